@@ -1,0 +1,63 @@
+# nvcf-mono: `make up` starts the all-in-one platform, `make test` runs every check.
+# Both create .venv on first use; nothing but Python >= 3.11 and make is needed.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+ARGS   ?=
+
+RUNTIME_STAMP := $(VENV)/.installed-runtime
+DEV_STAMP     := $(VENV)/.installed-dev
+
+.PHONY: up test lint typecheck pytest proto proto-check bench reference clean help
+
+help:
+	@echo "make up         start the all-in-one platform (ARGS='--set http.port=9000' to pass flags)"
+	@echo "make test       lint, typecheck and the whole test suite"
+	@echo "make lint       ruff"
+	@echo "make typecheck  mypy --strict"
+	@echo "make proto      regenerate nvcf_mono/proto/gen from the .proto files"
+	@echo "make reference  regenerate config/reference.yaml"
+	@echo "make bench      run the benchmarks in bench/"
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "nvcf-mono needs Python 3.11 or newer; set PYTHON=python3.11")'
+	$(PYTHON) -m venv $(VENV)
+
+$(RUNTIME_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	@touch $@
+
+$(DEV_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@touch $@ $(RUNTIME_STAMP)
+
+up: $(RUNTIME_STAMP)
+	exec $(BIN)/nvcf-mono up $(ARGS)
+
+test: $(DEV_STAMP) lint typecheck proto-check pytest
+
+lint: $(DEV_STAMP)
+	$(BIN)/ruff check nvcf_mono tests bench
+	$(BIN)/ruff format --check nvcf_mono tests bench
+
+typecheck: $(DEV_STAMP)
+	$(BIN)/mypy
+
+pytest: $(DEV_STAMP)
+	$(BIN)/pytest $(ARGS)
+
+proto: $(DEV_STAMP)
+	$(BIN)/python -m nvcf_mono.proto.generate
+
+proto-check: $(DEV_STAMP)
+	$(BIN)/python -m nvcf_mono.proto.generate --check
+
+reference: $(RUNTIME_STAMP)
+	$(BIN)/nvcf-mono config reference > config/reference.yaml
+
+bench: $(DEV_STAMP)
+	$(BIN)/python -m bench $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,76 @@
+"""Entry point of ``nvcf-mono``: the only place that reads argv and the environment and owns signals."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+import anyio
+
+from nvcf_mono.cli import main as cli_main
+from nvcf_mono.cli.context import CliContext
+from nvcf_mono.host import Host, HostFailed
+from nvcf_mono.plugin import Endpoints
+
+log = logging.getLogger("nvcf_mono")
+
+
+class _OnReady:
+    """A task_status that hands the host's endpoints to a callback."""
+
+    def __init__(self, callback: Callable[[Endpoints], None]) -> None:
+        self._callback = callback
+
+    def started(self, value: Endpoints | None = None) -> None:
+        if value is not None:
+            self._callback(value)
+
+
+async def _watch_signals(host: Host, scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        count = 0
+        async for signum in signals:
+            count += 1
+            name = signal.Signals(signum).name
+            if count == 1:
+                log.info("%s received: draining (send it again to stop at once)", name)
+                host.request_shutdown()
+            else:
+                log.warning("%s received again: stopping without waiting", name)
+                scope.cancel()
+
+
+async def _serve(host: Host, on_ready: Callable[[Endpoints], None]) -> None:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_watch_signals, host, tg.cancel_scope, name="main:signals")
+        try:
+            await host.serve(task_status=_OnReady(on_ready))
+        finally:
+            tg.cancel_scope.cancel()
+
+
+def run_host(host: Host, on_ready: Callable[[Endpoints], None]) -> int:
+    """Serve until signalled; 0 after a clean stop, 1 when something failed."""
+    try:
+        anyio.run(_serve, host, on_ready, backend="asyncio")
+    except HostFailed as err:
+        log.error("stopped: %s", err)
+        return 1
+    except BaseExceptionGroup as group:
+        for exc in group.exceptions:
+            log.error("stopped: %s", exc, exc_info=not isinstance(exc, HostFailed))
+        return 1
+    return 0
+
+
+def main() -> None:
+    """Console script ``nvcf-mono``."""
+    ctx = CliContext(environ=dict(os.environ), stdout=sys.stdout, stderr=sys.stderr, run_host=run_host)
+    sys.exit(cli_main(sys.argv[1:], ctx))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,470 @@
+"""JetStream streams, durable pull consumers and deliveries over nats-py."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any, final
+
+import anyio
+import anyio.lowlevel
+import nats.errors
+import nats.js.errors as js_errors
+from nats.aio.msg import Msg as NatsMsg
+from nats.js import JetStreamContext, api
+
+from nvcf_mono.bus.api import (
+    ConsumerSpec,
+    ConsumerState,
+    ConsumerStatistics,
+    Headers,
+    PubAck,
+    StoredMsg,
+    StreamSpec,
+    StreamState,
+)
+from nvcf_mono.bus.errors import BusError, BusUnavailable, NotFound, RequestTimeout, SpecConflict, StreamFull
+
+# JetStream API error codes (nats-server's errors.json).
+_STREAM_NOT_FOUND = 10059
+_CONSUMER_NOT_FOUND = 10014
+_STREAM_NAME_IN_USE = 10058
+_MAX_MESSAGES = 10077
+_MAX_BYTES = 10054  # "maximum bytes exceeded" on a discard-new stream
+_MAX_MSGS_PER_SUBJECT = 10164
+
+
+def translate(err: Exception, what: str) -> BusError:
+    """Turn a nats-py error into the bus's own."""
+    if isinstance(err, js_errors.NotFoundError):
+        return NotFound(f"{what}: not found")
+    if isinstance(err, js_errors.NoStreamResponseError):
+        return NotFound(f"{what}: no stream stores this subject")
+    if isinstance(err, js_errors.APIError):
+        description = err.description or ""
+        if err.err_code in (_MAX_MESSAGES, _MAX_BYTES, _MAX_MSGS_PER_SUBJECT) or "maximum" in description:
+            return StreamFull(f"{what}: {description}")
+        if err.err_code in (_STREAM_NOT_FOUND, _CONSUMER_NOT_FOUND) or err.code == 404:
+            return NotFound(f"{what}: {description or 'not found'}")
+        return BusError(f"{what}: {description or err} (code {err.err_code})")
+    if isinstance(err, nats.errors.TimeoutError | TimeoutError):
+        return RequestTimeout(f"{what}: no answer from JetStream in time")
+    if isinstance(err, nats.errors.ConnectionClosedError):
+        return BusUnavailable(f"{what}: the bus connection is closed")
+    if isinstance(err, nats.errors.NoRespondersError):
+        return BusUnavailable(f"{what}: JetStream is not available")
+    return BusError(f"{what}: {err}")
+
+
+_NATS_ERRORS = (nats.errors.Error, TimeoutError)
+
+
+def _optional_seconds(value: float) -> float | None:
+    return value if value > 0 else None
+
+
+def stream_config(spec: StreamSpec, default_storage: str, default_replicas: int) -> api.StreamConfig:
+    """The nats-py config for a declared stream."""
+    storage = spec.storage or default_storage
+    return api.StreamConfig(
+        name=spec.name,
+        description=spec.description or None,
+        subjects=list(spec.subjects),
+        retention=api.RetentionPolicy(spec.retention.value),
+        max_msgs=spec.max_msgs,
+        max_bytes=spec.max_bytes,
+        discard=api.DiscardPolicy(spec.discard.value),
+        discard_new_per_subject=spec.discard_new_per_subject,
+        max_age=_optional_seconds(spec.max_age),
+        max_msgs_per_subject=spec.max_msgs_per_subject,
+        max_msg_size=spec.max_msg_size,
+        storage=api.StorageType.FILE if storage == "file" else api.StorageType.MEMORY,
+        num_replicas=spec.replicas or default_replicas,
+        duplicate_window=spec.duplicate_window,
+        allow_direct=spec.allow_direct,
+        allow_msg_ttl=spec.allow_msg_ttl or None,
+    )
+
+
+# Fields compared to decide whether an existing stream needs an update.
+_COMPARED = (
+    "subjects", "retention", "max_msgs", "max_bytes", "discard", "discard_new_per_subject", "max_age",
+    "max_msgs_per_subject", "max_msg_size", "storage", "num_replicas", "duplicate_window", "allow_direct",
+    "allow_msg_ttl", "allow_rollup_hdrs", "deny_delete", "description", "subject_delete_marker_ttl",
+)  # fmt: skip
+
+
+def _normalised(config: api.StreamConfig, field: str) -> Any:
+    value = getattr(config, field)
+    if field in ("max_age", "duplicate_window", "subject_delete_marker_ttl"):
+        return round(value or 0.0, 3)
+    if field in (
+        "allow_msg_ttl",
+        "allow_direct",
+        "allow_rollup_hdrs",
+        "deny_delete",
+        "discard_new_per_subject",
+    ):
+        return bool(value)
+    if field == "subjects":
+        return sorted(value or [])
+    if field == "description":
+        return value or None
+    if field in ("max_msgs", "max_bytes", "max_msg_size", "max_msgs_per_subject"):
+        return -1 if value in (None, 0) and field != "max_msgs_per_subject" else value
+    return value
+
+
+def differences(current: api.StreamConfig, wanted: api.StreamConfig) -> list[str]:
+    """Names of the fields where an existing stream differs from the declared one."""
+    return [f for f in _COMPARED if _normalised(current, f) != _normalised(wanted, f)]
+
+
+async def ensure_stream_config(js: JetStreamContext, config: api.StreamConfig) -> api.StreamInfo:
+    """Create a stream, or update it when its configuration differs; idempotent and race-safe."""
+    name = config.name or "?"
+    for _ in range(3):
+        try:
+            info = await js.stream_info(name)
+        except js_errors.NotFoundError:
+            try:
+                return await js.add_stream(config)
+            except js_errors.BadRequestError as err:
+                if err.err_code == _STREAM_NAME_IN_USE:
+                    continue  # someone else created it first; compare with theirs
+                raise SpecConflict(f"stream {name}: {err.description}") from err
+            except _NATS_ERRORS as err:
+                raise translate(err, f"stream {name}") from err
+        except _NATS_ERRORS as err:
+            raise translate(err, f"stream {name}") from err
+        changed = differences(info.config, config)
+        if not changed:
+            return info
+        try:
+            return await js.update_stream(config)
+        except js_errors.APIError as err:
+            raise SpecConflict(
+                f"stream {name} exists with a different {', '.join(changed)} that cannot be changed in place: "
+                f"{err.description}"
+            ) from err
+        except _NATS_ERRORS as err:
+            raise translate(err, f"stream {name}") from err
+    raise SpecConflict(f"stream {name}: could not create or update it")
+
+
+def consumer_config(spec: ConsumerSpec) -> api.ConsumerConfig:
+    """The nats-py config of a durable pull consumer."""
+    filters = list(spec.filter_subjects)
+    return api.ConsumerConfig(
+        name=spec.durable,
+        durable_name=spec.durable,
+        description=spec.description or None,
+        deliver_policy=api.DeliverPolicy(spec.deliver_policy.value),
+        ack_policy=api.AckPolicy.EXPLICIT,
+        ack_wait=spec.ack_wait,
+        max_deliver=spec.max_deliver,
+        max_ack_pending=spec.max_ack_pending,
+        max_waiting=spec.max_waiting,
+        backoff=list(spec.backoff) or None,
+        filter_subject=filters[0] if len(filters) == 1 else None,
+        filter_subjects=filters if len(filters) > 1 else None,
+        inactive_threshold=spec.inactive_threshold,
+    )
+
+
+def _consumer_state(info: api.ConsumerInfo) -> ConsumerState:
+    return ConsumerState(
+        name=info.name,
+        num_pending=info.num_pending or 0,
+        num_ack_pending=info.num_ack_pending or 0,
+        num_redelivered=info.num_redelivered or 0,
+        num_waiting=info.num_waiting or 0,
+        delivered_stream_seq=info.delivered.stream_seq if info.delivered else 0,
+        ack_floor_stream_seq=info.ack_floor.stream_seq if info.ack_floor else 0,
+    )
+
+
+@final
+class NatsStream:
+    """A handle on one stream."""
+
+    def __init__(self, js: JetStreamContext, name: str, timeout: float) -> None:
+        self._js = js
+        self.name = name
+        self._timeout = timeout
+
+    async def publish(
+        self,
+        subject: str,
+        data: bytes = b"",
+        *,
+        msg_id: str | None = None,
+        headers: Headers | None = None,
+        ttl: float | None = None,
+        timeout: float | None = None,
+    ) -> PubAck:
+        """Store a message in this stream; ``msg_id`` deduplicates within the duplicate window."""
+        hdrs = dict(headers) if headers else {}
+        if msg_id is not None:
+            hdrs[api.Header.MSG_ID] = msg_id
+        if ttl is not None:
+            # JetStream TTLs are whole seconds; round up so a value never lives shorter than asked.
+            hdrs[api.Header.MSG_TTL] = f"{max(1, math.ceil(ttl))}s"
+        try:
+            ack = await self._js.publish(
+                subject, data, timeout=timeout or self._timeout, stream=self.name, headers=hdrs or None
+            )
+        except _NATS_ERRORS as err:
+            raise translate(err, f"publish to {self.name}") from err
+        return PubAck(stream=ack.stream, seq=ack.seq, duplicate=bool(ack.duplicate))
+
+    async def info(self) -> StreamState:
+        """Current counts of the stream."""
+        try:
+            info = await self._js.stream_info(self.name)
+        except _NATS_ERRORS as err:
+            raise translate(err, f"stream {self.name}") from err
+        s = info.state
+        return StreamState(
+            name=self.name,
+            messages=s.messages,
+            bytes=s.bytes,
+            first_seq=s.first_seq,
+            last_seq=s.last_seq,
+            consumer_count=s.consumer_count,
+        )
+
+    async def purge(self, *, subject: str | None = None) -> int:
+        """Remove all messages, or those on ``subject``; returns how many were removed."""
+        payload: dict[str, Any] = {"filter": subject} if subject else {}
+        try:
+            # purge_stream() hides the count; the raw API call returns it.
+            resp = await self._js._api_request(
+                f"{self._js._prefix}.STREAM.PURGE.{self.name}", _json(payload), timeout=self._timeout
+            )
+        except _NATS_ERRORS as err:
+            raise translate(err, f"purge {self.name}") from err
+        return int(resp.get("purged", 0))
+
+    async def delete_msg(self, seq: int) -> bool:
+        """Remove one message."""
+        try:
+            await self._js.delete_msg(self.name, seq)
+        except js_errors.NotFoundError:
+            return False
+        except js_errors.APIError as err:
+            if err.err_code == 10037:  # no message found
+                return False
+            raise translate(err, f"delete message {seq} of {self.name}") from err
+        except _NATS_ERRORS as err:
+            raise translate(err, f"delete message {seq} of {self.name}") from err
+        return True
+
+    async def get_last(self, subject: str) -> StoredMsg | None:
+        """The newest message on ``subject``, or None."""
+        try:
+            raw = await self._js.get_last_msg(self.name, subject)
+        except js_errors.NotFoundError:
+            return None
+        except _NATS_ERRORS as err:
+            raise translate(err, f"read {subject} from {self.name}") from err
+        return StoredMsg(
+            subject=raw.subject or subject,
+            seq=raw.seq or 0,
+            data=raw.data or b"",
+            headers=dict(raw.headers or {}),
+            time=raw.time,
+        )
+
+    async def delete(self) -> bool:
+        """Remove the stream itself."""
+        try:
+            return bool(await self._js.delete_stream(self.name))
+        except js_errors.NotFoundError:
+            return False
+        except _NATS_ERRORS as err:
+            raise translate(err, f"delete stream {self.name}") from err
+
+    async def ensure_consumer(self, spec: ConsumerSpec) -> ConsumerState:
+        """Create or update a durable consumer."""
+        try:
+            return _consumer_state(await self._js.add_consumer(self.name, config=consumer_config(spec)))
+        except js_errors.APIError as err:
+            if err.err_code in (_STREAM_NOT_FOUND,):
+                raise NotFound(f"stream {self.name}: not found") from err
+            raise SpecConflict(f"consumer {spec.durable} on {self.name}: {err.description}") from err
+        except _NATS_ERRORS as err:
+            raise translate(err, f"consumer {spec.durable} on {self.name}") from err
+
+    async def consumer_info(self, durable: str) -> ConsumerState:
+        """Snapshot of a consumer."""
+        try:
+            return _consumer_state(await self._js.consumer_info(self.name, durable))
+        except _NATS_ERRORS as err:
+            raise translate(err, f"consumer {durable} on {self.name}") from err
+
+    async def delete_consumer(self, durable: str) -> bool:
+        """Remove a consumer."""
+        try:
+            return bool(await self._js.delete_consumer(self.name, durable))
+        except js_errors.NotFoundError:
+            return False
+        except _NATS_ERRORS as err:
+            raise translate(err, f"delete consumer {durable} on {self.name}") from err
+
+    @asynccontextmanager
+    async def consume(
+        self, durable: str, *, batch: int = 16, max_inflight: int = 64, fetch_timeout: float = 5.0
+    ) -> AsyncIterator[NatsConsumer]:
+        """Bind to an existing durable and hand out its deliveries."""
+        if batch < 1 or max_inflight < 1:
+            raise ValueError("batch and max_inflight must be at least 1")
+        try:
+            await self._js.consumer_info(self.name, durable)
+            psub = await self._js.pull_subscribe_bind(durable, stream=self.name)
+        except _NATS_ERRORS as err:
+            raise translate(err, f"consumer {durable} on {self.name}") from err
+        try:
+            yield NatsConsumer(psub, batch=batch, max_inflight=max_inflight, fetch_timeout=fetch_timeout)
+        finally:
+            with anyio.move_on_after(self._timeout, shield=True):
+                try:
+                    await psub.unsubscribe()
+                except (nats.errors.Error, OSError):
+                    pass
+
+
+def _json(payload: dict[str, Any]) -> bytes:
+    return json.dumps(payload).encode()
+
+
+@final
+class NatsDelivery:
+    """One JetStream delivery; settling it frees its in-flight slot."""
+
+    __slots__ = ("_consumer", "_msg", "_settled", "consumer_seq", "data", "headers", "num_delivered",
+                 "num_pending", "stream_seq", "subject", "timestamp")  # fmt: skip
+
+    def __init__(self, msg: NatsMsg, consumer: NatsConsumer) -> None:
+        meta = msg.metadata
+        self._msg = msg
+        self._consumer = consumer
+        self._settled = False
+        self.subject: str = msg.subject
+        self.data: bytes = msg.data
+        self.headers: Headers = msg.headers or {}
+        self.stream_seq: int = meta.sequence.stream
+        self.consumer_seq: int = meta.sequence.consumer
+        self.num_delivered: int = meta.num_delivered
+        self.num_pending: int = meta.num_pending
+        self.timestamp: datetime | None = meta.timestamp
+
+    def _settle(self) -> None:
+        if not self._settled:
+            self._settled = True
+            self._consumer._release()
+
+    async def ack(self) -> None:
+        """Done."""
+        try:
+            await self._msg.ack()
+        except _NATS_ERRORS as err:
+            raise translate(err, "ack") from err
+        finally:
+            self._settle()
+
+    async def ack_sync(self, *, timeout: float | None = None) -> None:
+        """Done, confirmed by the server."""
+        try:
+            await self._msg.ack_sync(timeout=timeout or 5.0)
+        except _NATS_ERRORS as err:
+            raise translate(err, "ack") from err
+        finally:
+            self._settle()
+
+    async def nak(self, delay: float | None = None) -> None:
+        """Redeliver, optionally after ``delay`` seconds."""
+        try:
+            await self._msg.nak(delay=delay)
+        except _NATS_ERRORS as err:
+            raise translate(err, "nak") from err
+        finally:
+            self._settle()
+
+    async def in_progress(self) -> None:
+        """Restart the ack-wait timer."""
+        try:
+            await self._msg.in_progress()
+        except _NATS_ERRORS as err:
+            raise translate(err, "in_progress") from err
+
+    async def term(self) -> None:
+        """Never redeliver."""
+        try:
+            await self._msg.term()
+        except _NATS_ERRORS as err:
+            raise translate(err, "term") from err
+        finally:
+            self._settle()
+
+
+@final
+class NatsConsumer:
+    """Fetches only as many messages as there are free in-flight slots, so memory stays bounded."""
+
+    def __init__(
+        self, psub: JetStreamContext.PullSubscription, *, batch: int, max_inflight: int, fetch_timeout: float
+    ) -> None:
+        self._psub = psub
+        self._batch = batch
+        self._max_inflight = max_inflight
+        self._fetch_timeout = fetch_timeout
+        self._buffer: deque[NatsMsg] = deque()
+        self._in_flight = 0
+        self._delivered = 0
+        self._slot_freed = anyio.Event()
+
+    def _release(self) -> None:
+        self._in_flight -= 1
+        self._slot_freed.set()
+
+    def statistics(self) -> ConsumerStatistics:
+        """Unsettled deliveries and totals."""
+        return ConsumerStatistics(in_flight=self._in_flight, max_inflight=self._max_inflight, delivered=self._delivered)
+
+    def __aiter__(self) -> AsyncIterator[NatsDelivery]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[NatsDelivery]:
+        while True:
+            while not self._buffer:
+                await self._fill()
+            msg = self._buffer.popleft()
+            self._delivered += 1
+            yield NatsDelivery(msg, self)
+
+    async def _fill(self) -> None:
+        # Fetched messages count as in flight from the moment they arrive.
+        while self._in_flight >= self._max_inflight:
+            self._slot_freed = anyio.Event()
+            await self._slot_freed.wait()
+        want = min(self._batch, self._max_inflight - self._in_flight)
+        try:
+            msgs = await self._psub.fetch(want, timeout=self._fetch_timeout)
+        except (nats.errors.TimeoutError, TimeoutError):
+            await anyio.lowlevel.checkpoint()
+            return
+        except _NATS_ERRORS as err:
+            if isinstance(err, nats.errors.ConnectionClosedError):
+                raise translate(err, "fetch") from err
+            if isinstance(err, js_errors.APIError) and "deleted" in (err.description or "").lower():
+                raise NotFound(f"fetch: {err.description}") from err
+            # Transient (reconnecting, leader change): pause briefly, then fetch again.
+            await anyio.sleep(0.25)
+            return
+        self._in_flight += len(msgs)
+        self._buffer.extend(msgs)

@@ -1,0 +1,251 @@
+"""KV buckets in NATS's own layout (stream ``KV_<bucket>``, subjects ``$KV.<bucket>.<key>``)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import final
+
+import anyio
+import nats.errors
+import nats.js.errors as js_errors
+from nats.js import JetStreamContext, api
+from nats.js.kv import KeyValue as NatsKV
+
+from nvcf_mono.bus.api import BucketSpec, Entry, KvOp
+from nvcf_mono.bus.errors import ConflictError, RequestTimeout
+from nvcf_mono.bus.jetstream import translate
+
+_KV_OP = "KV-Operation"
+_WRONG_LAST_SEQUENCE = (10071, 10164)
+_KEY_RX = re.compile(r"[-/_=.a-zA-Z0-9]+")
+_PATTERN_RX = re.compile(r"[-/_=.a-zA-Z0-9*>]+")
+#: How long expiry markers stay visible, so watchers learn that a TTL'd key is gone.
+_MARKER_TTL = 300.0
+_NATS_ERRORS = (nats.errors.Error, TimeoutError)
+
+
+def check_key(key: str) -> str:
+    """Reject keys NATS cannot store."""
+    if not _KEY_RX.fullmatch(key) or key.startswith(".") or key.endswith(".") or ".." in key:
+        raise ValueError(f"invalid KV key {key!r}: use letters, digits and -/_= joined by '.'")
+    return key
+
+
+async def bucket_stream_config(
+    js: JetStreamContext, spec: BucketSpec, default_storage: str, default_replicas: int
+) -> api.StreamConfig:
+    """The stream behind a bucket, as NATS's own clients lay it out."""
+    storage = spec.storage or default_storage
+    marker_ttl = None
+    if spec.per_key_ttl or spec.ttl > 0:
+        try:
+            level = (await js.account_info()).api.level or 0
+        except _NATS_ERRORS as err:
+            raise translate(err, f"bucket {spec.name}") from err
+        if level >= 1:  # nats-server 2.11+: expiries leave markers that watchers see
+            marker_ttl = _MARKER_TTL
+    duplicate_window = 120.0 if spec.ttl == 0 else min(120.0, spec.ttl)
+    return api.StreamConfig(
+        name=f"KV_{spec.name}",
+        description=spec.description or None,
+        subjects=[f"$KV.{spec.name}.>"],
+        allow_direct=False,  # reads go to the leader, so a write is visible to the next read
+        allow_rollup_hdrs=True,
+        allow_msg_ttl=True,
+        deny_delete=True,
+        discard=api.DiscardPolicy.NEW,
+        duplicate_window=duplicate_window,
+        max_age=spec.ttl or None,
+        max_bytes=spec.max_bytes,
+        max_consumers=-1,
+        max_msg_size=spec.max_value_size,
+        max_msgs=-1,
+        max_msgs_per_subject=spec.history,
+        num_replicas=spec.replicas or default_replicas,
+        storage=api.StorageType.FILE if storage == "file" else api.StorageType.MEMORY,
+        subject_delete_marker_ttl=marker_ttl,
+    )
+
+
+def _op(value: str | None) -> KvOp:
+    if value == "DEL":
+        return KvOp.DELETE
+    if value == "PURGE":
+        return KvOp.PURGE
+    return KvOp.PUT
+
+
+def _ttl_header(ttl: float) -> str:
+    # JetStream TTLs are whole seconds; round up so a value never lives shorter than asked.
+    return f"{max(1, math.ceil(ttl))}s"
+
+
+@final
+class NatsWatch:
+    """Initial live entries, then changes as they happen."""
+
+    def __init__(self, watcher: NatsKV.KeyWatcher, initial: tuple[Entry, ...], bucket: str) -> None:
+        self._watcher = watcher
+        self.initial = initial
+        self._bucket = bucket
+
+    def __aiter__(self) -> AsyncIterator[Entry]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Entry]:
+        async for raw in self._watcher:
+            if raw is None:
+                continue
+            yield _entry(self._bucket, raw)
+
+
+def _entry(bucket: str, raw: NatsKV.Entry) -> Entry:
+    return Entry(
+        bucket=bucket,
+        key=raw.key,
+        value=raw.value or b"",
+        revision=raw.revision or 0,
+        operation=_op(raw.operation),
+        created=raw.created if isinstance(raw.created, datetime) else None,
+    )
+
+
+@final
+class NatsKeyValue:
+    """A handle on one bucket."""
+
+    def __init__(self, js: JetStreamContext, bucket: str, timeout: float) -> None:
+        self._js = js
+        self.bucket = bucket
+        self._stream = f"KV_{bucket}"
+        self._prefix = f"$KV.{bucket}."
+        self._timeout = timeout
+        self._watchable = NatsKV(name=bucket, stream=self._stream, pre=self._prefix, js=js, direct=False)
+
+    async def _publish(self, key: str, value: bytes, headers: dict[str, str]) -> int:
+        try:
+            ack = await self._js.publish(
+                self._prefix + check_key(key),
+                value,
+                timeout=self._timeout,
+                stream=self._stream,
+                headers=headers or None,
+            )
+        except js_errors.APIError as err:
+            if err.err_code in _WRONG_LAST_SEQUENCE:
+                raise ConflictError(f"{self.bucket}/{key}: {err.description}") from err
+            raise translate(err, f"write {self.bucket}/{key}") from err
+        except _NATS_ERRORS as err:
+            raise translate(err, f"write {self.bucket}/{key}") from err
+        return ack.seq
+
+    async def _last(self, key: str) -> tuple[Entry | None, int]:
+        """The newest revision of ``key`` (possibly a delete marker) and its sequence (0 if none)."""
+        try:
+            msg = await self._js.get_msg(self._stream, subject=self._prefix + check_key(key))
+        except js_errors.NotFoundError:
+            return None, 0
+        except _NATS_ERRORS as err:
+            raise translate(err, f"read {self.bucket}/{key}") from err
+        headers = msg.headers or {}
+        op = _op(headers.get(_KV_OP))
+        if op is KvOp.PUT and headers.get("Nats-Marker-Reason"):
+            op = KvOp.PURGE  # an expiry marker left by the server
+        entry = Entry(
+            bucket=self.bucket,
+            key=key,
+            value=msg.data or b"",
+            revision=msg.seq or 0,
+            operation=op,
+            created=msg.time,
+        )
+        return entry, entry.revision
+
+    async def get(self, key: str) -> Entry | None:
+        """The live entry, or None."""
+        entry, _ = await self._last(key)
+        return None if entry is None or entry.deleted else entry
+
+    async def put(self, key: str, value: bytes, *, ttl: float | None = None) -> int:
+        """Write unconditionally."""
+        return await self._publish(key, value, {api.Header.MSG_TTL: _ttl_header(ttl)} if ttl else {})
+
+    async def create(self, key: str, value: bytes, *, ttl: float | None = None) -> int:
+        """Write only if there is no live value (a deleted key can be created again)."""
+        headers = {"Nats-Expected-Last-Subject-Sequence": "0"}
+        if ttl:
+            headers[api.Header.MSG_TTL] = _ttl_header(ttl)
+        try:
+            return await self._publish(key, value, headers)
+        except ConflictError:
+            last, seq = await self._last(key)
+            if last is None or not last.deleted:
+                raise ConflictError(f"{self.bucket}/{key} already exists") from None
+            headers["Nats-Expected-Last-Subject-Sequence"] = str(seq)
+            try:
+                return await self._publish(key, value, headers)
+            except ConflictError:
+                raise ConflictError(f"{self.bucket}/{key} already exists") from None
+
+    async def update(self, key: str, value: bytes, *, revision: int) -> int:
+        """Write only if the key is still at ``revision``."""
+        try:
+            return await self._publish(key, value, {"Nats-Expected-Last-Subject-Sequence": str(revision)})
+        except ConflictError:
+            raise ConflictError(f"{self.bucket}/{key} is no longer at revision {revision}") from None
+
+    async def delete(self, key: str, *, revision: int | None = None) -> None:
+        """Leave a delete marker (only at ``revision`` when given)."""
+        headers = {_KV_OP: "DEL"}
+        if revision is not None:
+            headers["Nats-Expected-Last-Subject-Sequence"] = str(revision)
+        try:
+            await self._publish(key, b"", headers)
+        except ConflictError:
+            raise ConflictError(f"{self.bucket}/{key} is no longer at revision {revision}") from None
+
+    async def purge(self, key: str) -> None:
+        """Remove the key and its history."""
+        await self._publish(key, b"", {_KV_OP: "PURGE", "Nats-Rollup": "sub"})
+
+    async def keys(self, pattern: str = ">") -> list[str]:
+        """Live keys matching ``pattern``."""
+        async with self.watch(pattern) as watch:
+            return [entry.key for entry in watch.initial]
+
+    @asynccontextmanager
+    async def watch(self, pattern: str = ">", *, include_history: bool = False) -> AsyncIterator[NatsWatch]:
+        """Watch keys matching ``pattern``; the initial live values are loaded before this yields."""
+        if not _PATTERN_RX.fullmatch(pattern):
+            raise ValueError(f"invalid KV key pattern {pattern!r}")
+        try:
+            watcher = await self._watchable.watch(pattern, include_history=include_history)
+        except _NATS_ERRORS as err:
+            raise translate(err, f"watch {self.bucket}/{pattern}") from err
+        try:
+            initial: dict[str, Entry] = {}
+            while True:
+                # Each step of the initial load has its own deadline: a big bucket may take a while,
+                # a silent server may not.
+                try:
+                    raw = await watcher.updates(timeout=self._timeout)  # type: ignore[no-untyped-call]
+                except nats.errors.TimeoutError as err:
+                    raise RequestTimeout(f"watch {self.bucket}/{pattern}: initial values did not arrive") from err
+                if raw is None:
+                    break
+                entry = _entry(self.bucket, raw)
+                if entry.deleted and not include_history:
+                    initial.pop(entry.key, None)
+                else:
+                    initial[entry.key if not include_history else f"{entry.key}@{entry.revision}"] = entry
+            yield NatsWatch(watcher, tuple(initial.values()), self.bucket)
+        finally:
+            with anyio.move_on_after(self._timeout, shield=True):
+                try:
+                    await watcher.stop()  # type: ignore[no-untyped-call]
+                except _NATS_ERRORS:
+                    pass

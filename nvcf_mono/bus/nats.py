@@ -1,0 +1,452 @@
+"""The NATS implementation of the bus (nats-py), opened as an async context manager."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, final
+
+import anyio
+import attrs
+import nats
+import nats.errors
+import nats.js
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg as NatsMsg
+from nats.aio.subscription import Subscription as NatsSubscription
+
+from nvcf_mono.bus.api import (
+    ERROR_HEADER,
+    BucketSpec,
+    BusEvent,
+    BusStatistics,
+    ConnectionState,
+    Handler,
+    Headers,
+    KeyValue,
+    Msg,
+    ObjectStore,
+    ObjectStoreSpec,
+    StreamSpec,
+    StreamState,
+)
+from nvcf_mono.bus.errors import BusError, BusUnavailable, NoResponders, RemoteError, RequestTimeout
+from nvcf_mono.bus.jetstream import NatsStream, ensure_stream_config, stream_config
+from nvcf_mono.bus.kv import NatsKeyValue, bucket_stream_config
+from nvcf_mono.bus.objects import NatsObjectStore, object_store_stream_config
+from nvcf_mono.config.model import BusSettings
+from nvcf_mono.metrics import Metrics
+
+_EVENT_BUFFER = 64
+
+
+def _to_msg(msg: NatsMsg) -> Msg:
+    return Msg(subject=msg.subject, data=msg.data, headers=msg.headers or {}, reply=msg.reply or None)
+
+
+@final
+class CoreSubscription:
+    """A core subscription read without callbacks, straight from nats-py's pending queue."""
+
+    def __init__(self, sub: NatsSubscription, subject: str) -> None:
+        self._sub = sub
+        self.subject = subject
+        self._dropped = 0
+        # nats-py's own next_msg() spawns a task per message; reading the queue directly is the
+        # same thing without that cost. Checked here so an incompatible nats-py fails loudly.
+        self._queue = sub._pending_queue
+
+    def __aiter__(self) -> AsyncIterator[Msg]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Msg]:
+        while True:
+            yield await self._take()
+
+    async def _take(self) -> Msg:
+        msg: NatsMsg = await self._queue.get()
+        self._sub._pending_size -= len(msg.data)
+        self._queue.task_done()
+        return _to_msg(msg)
+
+    async def next(self, *, timeout: float) -> Msg:
+        """The next message, or RequestTimeout after ``timeout`` seconds."""
+        with anyio.move_on_after(timeout):
+            return await self._take()
+        raise RequestTimeout(f"no message on {self.subject!r} within {timeout:g}s")
+
+    @property
+    def dropped(self) -> int:
+        """Messages the server dropped for this subscription because it fell behind."""
+        return self._dropped
+
+
+@attrs.define
+class _Events:
+    """Fan-out of connection events to whoever listens; a slow listener loses the oldest."""
+
+    listeners: list[MemoryObjectSendStream[BusEvent]] = attrs.field(factory=list)
+    dropped: int = 0
+
+    def emit(self, event: BusEvent) -> None:
+        for send in list(self.listeners):
+            try:
+                send.send_nowait(event)
+            except anyio.WouldBlock:
+                self.dropped += 1
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self.listeners.remove(send)
+
+
+@final
+class NatsBus:
+    """The bus over one nats-py connection. Create it with :func:`open_nats_bus`."""
+
+    def __init__(self, nc: NatsClient, settings: BusSettings, metrics: Metrics, log: logging.Logger) -> None:
+        self._nc = nc
+        self._js = nc.jetstream(timeout=settings.request_timeout)
+        self._settings = settings
+        self._log = log
+        self._events = _Events()
+        self._kv: dict[str, NatsKeyValue] = {}
+        self._objects: dict[str, NatsObjectStore] = {}
+        self._streams: dict[str, NatsStream] = {}
+        self.connects = metrics.counter("nats_connects", "Connections and reconnections to NATS.")
+        self.disconnects = metrics.counter("nats_event_disconnected", "Times the NATS connection was lost.")
+        self.errors = metrics.counter("total_nats_errors", "Errors reported by the NATS connection.", ["kind"])
+        connected = metrics.gauge("nats_connected", "1 while the bus is connected to NATS.")
+        connected.set_function(lambda: [((), 1.0 if self._nc.is_connected else 0.0)])
+        for name, key, help_ in (
+            ("nats_in_messages", "in_msgs", "Messages received from NATS."),
+            ("nats_out_messages", "out_msgs", "Messages sent to NATS."),
+            ("nats_in_bytes", "in_bytes", "Bytes received from NATS."),
+            ("nats_out_bytes", "out_bytes", "Bytes sent to NATS."),
+        ):
+            metrics.gauge(name, help_).set_function(self._stat_reader(key))
+
+    def _stat_reader(self, key: str) -> Callable[[], list[tuple[tuple[str, ...], float]]]:
+        return lambda: [((), float(self._nc.stats[key]))]
+
+    # ---- connection ------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> ConnectionState:
+        """Where the connection stands now."""
+        if self._nc.is_closed:
+            return ConnectionState.CLOSED
+        if self._nc.is_connected:
+            return ConnectionState.CONNECTED
+        if self._nc.is_reconnecting:
+            return ConnectionState.RECONNECTING
+        return ConnectionState.CONNECTING
+
+    @property
+    def client(self) -> NatsClient:
+        """The nats-py client, for adapters that need what the interface does not offer."""
+        return self._nc
+
+    def statistics(self) -> BusStatistics:
+        """Counters of this connection."""
+        stats = self._nc.stats
+        return BusStatistics(
+            state=self.state,
+            connected_url=self._nc.connected_url.netloc if self._nc.connected_url else None,
+            reconnects=int(stats["reconnects"]),
+            in_msgs=int(stats["in_msgs"]),
+            out_msgs=int(stats["out_msgs"]),
+            in_bytes=int(stats["in_bytes"]),
+            out_bytes=int(stats["out_bytes"]),
+            errors=int(stats["errors_received"]),
+        )
+
+    @asynccontextmanager
+    async def events(self) -> AsyncIterator[AsyncIterator[BusEvent]]:
+        """Connection events from now on."""
+        send, receive = anyio.create_memory_object_stream[BusEvent](_EVENT_BUFFER)
+        self._events.listeners.append(send)
+        try:
+            async with receive:
+                yield receive
+        finally:
+            if send in self._events.listeners:
+                self._events.listeners.remove(send)
+            send.close()
+
+    # Callbacks nats-py invokes; they only record and report (no work happens here).
+    async def on_disconnected(self) -> None:
+        self.disconnects.inc()
+        if not self._nc.is_closed:
+            self._log.warning("lost the NATS connection; reconnecting")
+        self._events.emit(BusEvent(kind="disconnected"))
+
+    async def on_reconnected(self) -> None:
+        self.connects.inc()
+        url = self._nc.connected_url.netloc if self._nc.connected_url else "?"
+        self._log.info("reconnected to NATS at %s", url.rsplit("@", 1)[-1])
+        self._events.emit(BusEvent(kind="reconnected", detail=url))
+
+    async def on_error(self, err: Exception) -> None:
+        kind = type(err).__name__
+        self.errors.inc(kind=kind)
+        if isinstance(err, nats.errors.SlowConsumerError):
+            self._events.emit(BusEvent(kind="slow_consumer", detail=str(err.subject)))
+            self._log.warning("slow consumer on %s: messages dropped", err.subject)
+            return
+        self._log.debug("NATS connection error: %s: %s", kind, err)
+        self._events.emit(BusEvent(kind="error", detail=f"{kind}: {err}"))
+
+    async def on_closed(self) -> None:
+        self._events.emit(BusEvent(kind="closed"))
+
+    # ---- core ------------------------------------------------------------------------------------
+
+    async def publish(
+        self, subject: str, data: bytes = b"", *, headers: Headers | None = None, reply: str | None = None
+    ) -> None:
+        """Fire and forget; buffered by the client while reconnecting."""
+        try:
+            await self._nc.publish(subject, data, reply=reply or "", headers=dict(headers) if headers else None)
+        except nats.errors.ConnectionClosedError as err:
+            raise BusUnavailable("the bus connection is closed") from err
+        except nats.errors.OutboundBufferLimitError as err:
+            raise BusUnavailable("disconnected and the reconnect buffer is full") from err
+
+    async def request(
+        self, subject: str, data: bytes = b"", *, timeout: float | None = None, headers: Headers | None = None
+    ) -> Msg:
+        """One request, one reply."""
+        deadline = timeout if timeout is not None else self._settings.request_timeout
+        try:
+            reply = await self._nc.request(subject, data, timeout=deadline, headers=dict(headers) if headers else None)
+        except nats.errors.NoRespondersError as err:
+            raise NoResponders(f"nobody serves {subject!r}") from err
+        except nats.errors.TimeoutError as err:
+            raise RequestTimeout(f"no reply on {subject!r} within {deadline:g}s") from err
+        except nats.errors.ConnectionClosedError as err:
+            raise BusUnavailable("the bus connection is closed") from err
+        msg = _to_msg(reply)
+        error = msg.headers.get(ERROR_HEADER)
+        if error is not None:
+            raise RemoteError(error)
+        return msg
+
+    @asynccontextmanager
+    async def subscribe(
+        self, subject: str, *, queue: str | None = None, max_pending: int = 4096
+    ) -> AsyncIterator[CoreSubscription]:
+        """Subscribe for the duration of the context."""
+        try:
+            sub = await self._nc.subscribe(subject, queue=queue or "", pending_msgs_limit=max_pending)
+        except nats.errors.ConnectionClosedError as err:
+            raise BusUnavailable("the bus connection is closed") from err
+        try:
+            yield CoreSubscription(sub, subject)
+        finally:
+            with anyio.move_on_after(self._settings.request_timeout, shield=True):
+                try:
+                    await sub.unsubscribe()
+                except (nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError):
+                    pass
+
+    async def serve(
+        self,
+        subject: str,
+        handler: Handler,
+        *,
+        queue: str | None = None,
+        concurrency: int = 16,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Answer requests until cancelled; at most ``concurrency`` handlers run at once."""
+        limiter = anyio.CapacityLimiter(concurrency)
+
+        async def answer(msg: Msg) -> None:
+            try:
+                try:
+                    result = await handler(msg)
+                except anyio.get_cancelled_exc_class():
+                    raise
+                except Exception as err:
+                    self._log.exception("handler for %s failed", subject)
+                    if msg.reply:
+                        await self.publish(msg.reply, b"", headers={ERROR_HEADER: f"{type(err).__name__}: {err}"})
+                    return
+                if msg.reply:
+                    await self.publish(msg.reply, result)
+            except BusError as err:
+                self._log.warning("could not answer a request on %s: %s", subject, err)
+            finally:
+                limiter.release_on_behalf_of(msg)
+
+        async with self.subscribe(subject, queue=queue) as sub, anyio.create_task_group() as tg:
+            task_status.started()
+            async for msg in sub:
+                await limiter.acquire_on_behalf_of(msg)
+                tg.start_soon(answer, msg, name=f"bus:serve:{subject}")
+
+    async def flush(self, *, timeout: float | None = None) -> None:
+        """Round trip to the server."""
+        deadline = timeout if timeout is not None else self._settings.request_timeout
+        try:
+            await self._nc.flush(timeout=deadline)  # type: ignore[arg-type]
+        except nats.errors.TimeoutError as err:
+            raise RequestTimeout(f"flush not confirmed within {deadline:g}s") from err
+        except nats.errors.ConnectionClosedError as err:
+            raise BusUnavailable("the bus connection is closed") from err
+
+    # ---- JetStream -------------------------------------------------------------------------------
+
+    def _defaults(self) -> tuple[str, int]:
+        return self._settings.storage, self._settings.stream_replicas
+
+    async def ensure_stream(self, spec: StreamSpec) -> StreamState:
+        """Create or update the stream to match ``spec``."""
+        info = await ensure_stream_config(self._js, stream_config(spec, *self._defaults()))
+        state = info.state
+        return StreamState(
+            name=spec.name,
+            messages=state.messages,
+            bytes=state.bytes,
+            first_seq=state.first_seq,
+            last_seq=state.last_seq,
+            consumer_count=state.consumer_count,
+        )
+
+    def stream(self, name: str) -> NatsStream:
+        """A handle on a stream (no I/O)."""
+        handle = self._streams.get(name)
+        if handle is None:
+            handle = self._streams[name] = NatsStream(self._js, name, self._settings.request_timeout)
+        return handle
+
+    async def delete_stream(self, name: str) -> bool:
+        """Remove a stream."""
+        return await self.stream(name).delete()
+
+    async def ensure_bucket(self, spec: BucketSpec) -> KeyValue:
+        """Create or update a KV bucket."""
+        await ensure_stream_config(self._js, await bucket_stream_config(self._js, spec, *self._defaults()))
+        return self.kv(spec.name)
+
+    def kv(self, bucket: str) -> NatsKeyValue:
+        """A handle on a bucket (no I/O)."""
+        handle = self._kv.get(bucket)
+        if handle is None:
+            handle = self._kv[bucket] = NatsKeyValue(self._js, bucket, self._settings.request_timeout)
+        return handle
+
+    async def ensure_object_store(self, spec: ObjectStoreSpec) -> ObjectStore:
+        """Create or update an object store bucket."""
+        await ensure_stream_config(self._js, object_store_stream_config(spec, *self._defaults()))
+        return self.objects(spec.name)
+
+    def objects(self, bucket: str) -> NatsObjectStore:
+        """A handle on an object store (no I/O)."""
+        handle = self._objects.get(bucket)
+        if handle is None:
+            handle = self._objects[bucket] = NatsObjectStore(self._js, bucket, self._settings.request_timeout)
+        return handle
+
+
+def _tls_context(settings: BusSettings) -> ssl.SSLContext | None:
+    tls = settings.tls
+    wants_tls = tls.enabled or any(u.strip().startswith(("tls://", "wss://")) for u in (settings.url or "").split(","))
+    if not wants_tls:
+        return None
+    context = ssl.create_default_context(cafile=str(tls.ca_file) if tls.ca_file else None)
+    if tls.cert_file is not None and tls.key_file is not None:
+        context.load_cert_chain(str(tls.cert_file), str(tls.key_file))
+    return context
+
+
+def _redact(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme}{sep}{rest.rsplit('@', 1)[-1]}" if sep else url
+
+
+@asynccontextmanager
+async def open_nats_bus(
+    settings: BusSettings,
+    *,
+    servers: Sequence[str],
+    name: str,
+    metrics: Metrics,
+    log: logging.Logger,
+) -> AsyncIterator[NatsBus]:
+    """Connect (retrying for ``settings.connect_retry_for``), yield the bus, drain it on exit."""
+    holder: dict[str, NatsBus] = {}
+    last_logged = [0.0]
+
+    async def error_cb(err: Exception) -> None:
+        bus = holder.get("bus")
+        if bus is not None:
+            await bus.on_error(err)
+        elif time.monotonic() - last_logged[0] > 10:
+            last_logged[0] = time.monotonic()
+            log.warning("cannot reach NATS at %s yet: %s", ", ".join(_redact(s) for s in servers), err or type(err))
+
+    async def disconnected_cb() -> None:
+        if "bus" in holder:
+            await holder["bus"].on_disconnected()
+
+    async def reconnected_cb() -> None:
+        if "bus" in holder:
+            await holder["bus"].on_reconnected()
+
+    async def closed_cb() -> None:
+        if "bus" in holder:
+            await holder["bus"].on_closed()
+
+    options: dict[str, Any] = {
+        "servers": list(servers),
+        "name": name,
+        "connect_timeout": settings.connect_timeout,
+        "reconnect_time_wait": settings.reconnect_wait,
+        "max_reconnect_attempts": settings.max_reconnect_attempts,
+        "ping_interval": settings.ping_interval,
+        "max_outstanding_pings": 3,
+        "pending_size": settings.reconnect_buffer,
+        "drain_timeout": settings.drain_timeout,
+        "allow_reconnect": True,
+        "error_cb": error_cb,
+        "disconnected_cb": disconnected_cb,
+        "reconnected_cb": reconnected_cb,
+        "closed_cb": closed_cb,
+    }
+    tls = _tls_context(settings)
+    if tls is not None:
+        options["tls"] = tls
+    if settings.credentials_file is not None:
+        options["user_credentials"] = str(settings.credentials_file)
+
+    # nats-py keeps retrying a failed first connection internally; the deadline is ours.
+    try:
+        with anyio.fail_after(settings.connect_retry_for):
+            nc = await nats.connect(**options)
+    except TimeoutError as err:
+        where = ", ".join(_redact(s) for s in servers)
+        raise BusUnavailable(f"could not connect to NATS at {where} within {settings.connect_retry_for:g}s") from err
+    except (nats.errors.Error, OSError) as err:
+        raise BusUnavailable(f"could not connect to NATS: {err}") from err
+
+    bus = NatsBus(nc, settings, metrics, log)
+    holder["bus"] = bus
+    bus.connects.inc()
+    log.info("connected to NATS at %s", _redact(nc.connected_url.geturl()) if nc.connected_url else "?")
+    try:
+        yield bus
+    finally:
+        with anyio.move_on_after(settings.drain_timeout + 1, shield=True):
+            try:
+                if nc.is_connected:
+                    await nc.drain()
+            except (nats.errors.Error, OSError) as err:
+                log.debug("draining the NATS connection: %s", err)
+            finally:
+                if not nc.is_closed:
+                    await nc.close()

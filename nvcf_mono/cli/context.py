@@ -1,0 +1,32 @@
+"""What every subcommand receives instead of reaching for globals (argv, env, signals live in __main__)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import IO, TYPE_CHECKING
+
+import attrs
+
+from nvcf_mono.errors import NvcfMonoError
+
+if TYPE_CHECKING:
+    from nvcf_mono.host import Host
+    from nvcf_mono.plugin import Endpoints
+
+
+class CliError(NvcfMonoError):
+    """A failure to report as ``nvcf-mono: <line>`` per line, with exit ``code``."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@attrs.frozen(kw_only=True)
+class CliContext:
+    """The process's environment, streams, and the signal-owning host runner."""
+
+    environ: Mapping[str, str]
+    stdout: IO[str]
+    stderr: IO[str]
+    run_host: Callable[[Host, Callable[[Endpoints], None]], int]

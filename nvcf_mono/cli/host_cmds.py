@@ -1,0 +1,68 @@
+"""``nvcf-mono up`` and ``nvcf-mono run``: start a host and serve until signalled."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from nvcf_mono.cli.common import add_config_options, load_or_fail, sources_from
+from nvcf_mono.cli.context import CliContext, CliError
+from nvcf_mono.host import ENDPOINTS_FILE, Host, HostSetupError
+from nvcf_mono.log import configure_logging
+from nvcf_mono.plugin import Endpoints
+
+
+def register(sub: Any) -> None:
+    """Add the host commands."""
+    up = sub.add_parser(
+        "up",
+        help="start the all-in-one platform (embedded NATS, local compute)",
+        description="Start the all-in-one platform: every plane in one process, on the embedded "
+        "NATS unless bus.url is set. Ctrl-C (SIGTERM) drains and stops; a second one "
+        "stops at once.",
+    )
+    add_config_options(up, role=False)
+    up.set_defaults(func=_up)
+    run = sub.add_parser(
+        "run",
+        help="run any role from config files",
+        description="Run the role (and plugins) the configuration names.",
+    )
+    add_config_options(run)
+    run.set_defaults(func=_run)
+
+
+def _up(args: argparse.Namespace, ctx: CliContext) -> int:
+    return _serve(args, ctx, forced_role="all-in-one")
+
+
+def _run(args: argparse.Namespace, ctx: CliContext) -> int:
+    return _serve(args, ctx, forced_role=None)
+
+
+def _serve(args: argparse.Namespace, ctx: CliContext, *, forced_role: str | None) -> int:
+    config = load_or_fail(sources_from(args, ctx, forced_role=forced_role))
+    configure_logging(config.settings.logging, stream=ctx.stderr)
+    try:
+        host = Host(config)
+    except HostSetupError as err:
+        raise CliError("\n".join(err.problems)) from err
+    endpoints_file = config.settings.state_dir / ENDPOINTS_FILE
+
+    def banner(ep: Endpoints) -> None:
+        nats = ep.nats_url
+        if host.embedded is not None:
+            nats = nats.split("@", 1)[-1] if "@" in nats else nats
+            nats = f"nats://{nats.removeprefix('nats://')} (embedded, store {config.settings.state_dir}/nats)"
+        lines = [
+            f"nvcf-mono is ready: role {config.settings.role}, plugins {', '.join(config.order) or 'none'}",
+            f"  API         {ep.api_url}",
+            f"  invocation  {ep.invocation_url}",
+            f"  gRPC        {ep.grpc_address}",
+            f"  NATS        {nats}",
+            f"  endpoints   {endpoints_file}",
+            "Ctrl-C drains and stops.",
+        ]
+        print("\n".join(lines), file=ctx.stdout, flush=True)
+
+    return ctx.run_host(host, banner)

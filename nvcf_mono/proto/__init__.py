@@ -1,0 +1,1 @@
+"""Protocol buffer sources (``*.proto``) and the betterproto code generated from them (``gen/``)."""
