@@ -292,7 +292,8 @@ class Host:
         s = self.settings
         async with AsyncExitStack() as stack:
             infra = await stack.enter_async_context(anyio.create_task_group())
-            stack.callback(infra.cancel_scope.cancel)  # runs before the group exits: stops the supervisor
+            # Runs after everything entered below has closed (the bus included), so the server stops last.
+            stack.callback(self._stop_infra, infra)
             embedded: EmbeddedInfo | None = None
             if self.embedded is not None:
                 embedded = await infra.start(self.embedded.serve, name="host:embedded-nats")
@@ -362,6 +363,11 @@ class Host:
                 await self._stop_plugins()
                 tg.cancel_scope.cancel()
         log.info("stopped")
+
+    def _stop_infra(self, infra: TaskGroup) -> None:
+        if self.embedded is not None:
+            self.embedded.stop()
+        infra.cancel_scope.cancel()
 
     def _make_endpoints(
         self, http_port: int, grpc_port: int, embedded: EmbeddedInfo | None, servers: list[str]
@@ -503,7 +509,7 @@ class Host:
         with anyio.CancelScope(shield=True):
             await http.stop_accepting()
             await grpc.stop_accepting()
-        with anyio.move_on_after(grace, shield=True) as scope:
+        with anyio.move_on_after(grace) as scope:  # not shielded: a second signal cuts the drain short
             await self.inflight.wait_idle()
         if scope.cancelled_caught:
             log.warning("%d requests or jobs still in flight after %gs; cancelling them", self.inflight.count, grace)

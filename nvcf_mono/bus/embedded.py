@@ -126,7 +126,10 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # a zombie has exited; only its parent's wait() is missing
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _orphan_pid(pidfile: Path, config_path: Path) -> int | None:
@@ -199,6 +202,7 @@ class EmbeddedNats:
         self._restarts = metrics.counter("embedded_nats_restarts_total", "Restarts of a crashed embedded nats-server.")
         self._up = metrics.gauge("embedded_nats_up", "1 while the embedded nats-server runs.")
         self._proc: asyncio.subprocess.Process | None = None
+        self._scope: anyio.CancelScope | None = None
 
     @property
     def pid(self) -> int | None:
@@ -271,53 +275,61 @@ class EmbeddedNats:
         backoff = s.restart_backoff
         reported = False
         log_file = self.log_path.open("ab")
-        try:
-            while True:
-                self._proc = await self._spawn(binary, log_file)
-                try:
-                    await self._wait_ready(self._proc, monitor_port)
-                except EmbeddedNatsError:
-                    if not reported:
-                        raise
-                    self._log.error("the restarted nats-server did not become ready")
-                else:
-                    self._up.set(1)
-                    if not reported:
-                        self._log.info(
-                            "embedded nats-server %s (pid %d) ready, store %s",
-                            info.display_url,
-                            self._proc.pid,
-                            info.store_dir,
-                        )
-                        task_status.started(info)
-                        reported = True
+        # Shielded: cancelling the host does not take the server away from clients still draining;
+        # the host calls stop() once its bus connection is closed.
+        with anyio.CancelScope(shield=True) as self._scope:
+            try:
+                while True:
+                    self._proc = await self._spawn(binary, log_file)
+                    try:
+                        await self._wait_ready(self._proc, monitor_port)
+                    except EmbeddedNatsError:
+                        if not reported:
+                            raise
+                        self._log.error("the restarted nats-server did not become ready")
                     else:
-                        self._log.warning("embedded nats-server restarted (pid %d)", self._proc.pid)
-                    backoff = s.restart_backoff
-                    code = await self._proc.wait()
-                    self._up.set(0)
-                    self._log.error(
-                        "embedded nats-server exited unexpectedly (code %s); restarting. Log tail:\n%s",
-                        code,
-                        _tail(self.log_path, 800),
-                    )
-                now = time.monotonic()
-                crashes.append(now)
-                while crashes and now - crashes[0] > s.restart_window:
-                    crashes.popleft()
-                if len(crashes) > s.max_restarts:
-                    raise EmbeddedNatsError(
-                        f"the embedded nats-server crashed {len(crashes)} times within {s.restart_window:g}s; "
-                        f"giving up. Log: {self.log_path}"
-                    )
-                self._restarts.inc()
-                await anyio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-        finally:
-            with anyio.move_on_after(s.stop_timeout + 2, shield=True):
-                await self._terminate()
-            self._up.set(0)
-            log_file.close()
+                        self._up.set(1)
+                        if not reported:
+                            self._log.info(
+                                "embedded nats-server %s (pid %d) ready, store %s",
+                                info.display_url,
+                                self._proc.pid,
+                                info.store_dir,
+                            )
+                            task_status.started(info)
+                            reported = True
+                        else:
+                            self._log.warning("embedded nats-server restarted (pid %d)", self._proc.pid)
+                        backoff = s.restart_backoff
+                        code = await self._proc.wait()
+                        self._up.set(0)
+                        self._log.error(
+                            "embedded nats-server exited unexpectedly (code %s); restarting. Log tail:\n%s",
+                            code,
+                            _tail(self.log_path, 800),
+                        )
+                    now = time.monotonic()
+                    crashes.append(now)
+                    while crashes and now - crashes[0] > s.restart_window:
+                        crashes.popleft()
+                    if len(crashes) > s.max_restarts:
+                        raise EmbeddedNatsError(
+                            f"the embedded nats-server crashed {len(crashes)} times within {s.restart_window:g}s; "
+                            f"giving up. Log: {self.log_path}"
+                        )
+                    self._restarts.inc()
+                    await anyio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+            finally:
+                with anyio.move_on_after(s.stop_timeout + 2, shield=True):
+                    await self._terminate()
+                self._up.set(0)
+                log_file.close()
+
+    def stop(self) -> None:
+        """Stop the server (and its supervision); serve() returns once it has exited."""
+        if self._scope is not None:
+            self._scope.cancel()
 
     async def _spawn(self, binary: Path, log_file: IO[bytes]) -> asyncio.subprocess.Process:
         # anyio.open_process has no preexec_fn, which the parent-death signal needs.

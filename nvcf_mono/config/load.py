@@ -220,7 +220,7 @@ def load_config(sources: ConfigSources, *, catalog: Catalog | None = None) -> Re
 
     sections = _sections(raw, catalog, prov, issues)
     entries = _plugin_entries(plugins_raw, catalog, settings, prov, issues)
-    order = _order(entries, catalog, settings, issues)
+    order = _order(entries, catalog, settings, prov, issues)
 
     if issues or settings is None:
         raise ConfigError(_dedupe(issues))
@@ -299,12 +299,18 @@ def _plugin_entries(
 
 
 def _order(
-    entries: Mapping[str, PluginEntry], catalog: Catalog, settings: Settings | None, issues: list[Issue]
+    entries: Mapping[str, PluginEntry],
+    catalog: Catalog,
+    settings: Settings | None,
+    prov: Mapping[tuple[str, ...], str],
+    issues: list[Issue],
 ) -> list[str]:
     if settings is not None:
         roles = roles_of(catalog, BUILTIN_ROLES)
         if settings.role not in roles:
-            issues.append(Issue("role", f"unknown role {settings.role!r} (known: {', '.join(roles)})"))
+            issues.append(
+                Issue("role", f"unknown role {settings.role!r} (known: {', '.join(roles)})", prov.get(("role",)))
+            )
             return []
     enabled = {name: e.spec for name, e in entries.items() if e.enabled}
     for name, spec in enabled.items():
