@@ -1,0 +1,1 @@
+"""Cross-plane contracts: subjects, streams, buckets, payloads and the instance environment."""

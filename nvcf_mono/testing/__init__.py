@@ -1,0 +1,1 @@
+"""Helpers for testing nvcf-mono and its plugins against real processes (no mocks of NATS)."""

@@ -1,0 +1,72 @@
+"""A throwaway nats-server with JetStream for tests: free port, store in a temporary directory."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import final
+
+from nvcf_mono.bus.embedded import find_nats_server, free_port
+
+
+@final
+class NatsServer:
+    """Start with :meth:`start`, stop with :meth:`stop`; :meth:`restart` keeps the port and the store."""
+
+    def __init__(self, *, store_dir: Path | None = None, port: int | None = None) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="nvcf-mono-nats-") if store_dir is None else None
+        self.store_dir = store_dir or Path(self._tmp.name if self._tmp else ".")
+        self.port = port or free_port("127.0.0.1")
+        self.binary = find_nats_server(None)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.store_dir / "nats-server.log"
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> NatsServer:
+        """Launch and wait until the port accepts connections."""
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [str(self.binary), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir / "js")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"nats-server exited: {self.log_path.read_text()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                    if sock.recv(4).startswith(b"INFO"):
+                        return self
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError(f"nats-server did not start within {timeout}s")
+
+    def stop(self) -> None:
+        """Terminate and wait."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def restart(self) -> None:
+        """Stop and start again on the same port and store."""
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        """Stop and remove the temporary store."""
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()

@@ -1,0 +1,46 @@
+"""Shared fixtures: one real nats-server per test session, unique names per test."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from nvcf_mono.bus.nats import NatsBus, open_nats_bus
+from nvcf_mono.config.model import BusSettings
+from nvcf_mono.metrics import Metrics
+from nvcf_mono.testing.nats_server import NatsServer
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[NatsServer]:
+    """A real nats-server with JetStream, shared by the session (tests isolate by unique names)."""
+    server = NatsServer().start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def unique() -> Callable[[str], str]:
+    """``unique("orders")`` -> ``orders_3f2a...``: stream, bucket and subject names no other test uses."""
+    token = uuid.uuid4().hex[:10]
+    return lambda prefix: f"{prefix}_{token}"
+
+
+@asynccontextmanager
+async def connect(url: str, **settings: object) -> AsyncIterator[NatsBus]:
+    """A bus connected to ``url`` (open it inside the test body, not in a fixture)."""
+    options = {"connect_retry_for": 5.0, "request_timeout": 5.0, "reconnect_wait": 0.1, **settings}
+    async with open_nats_bus(
+        BusSettings(**options),  # type: ignore[arg-type]
+        servers=[url],
+        name="tests",
+        metrics=Metrics(),
+        log=logging.getLogger("tests.bus"),
+    ) as bus:
+        yield bus

@@ -1,0 +1,145 @@
+"""Run ``nvcf-mono`` as a child process, the way users do."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The test's environment, without NVCF_MONO__ overrides, with the repo importable (test plugins)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVCF_MONO__")}
+    env["PYTHONPATH"] = str(ROOT)
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a short command to completion."""
+    return subprocess.run(
+        [sys.executable, "-m", "nvcf_mono", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or cli_env(),
+        cwd=ROOT,
+    )
+
+
+def fast_flags(state_dir: Path) -> list[str]:
+    """Free ports and a private state directory, so tests never collide."""
+    return [
+        "--state-dir",
+        str(state_dir),
+        "--set",
+        "http.port=0",
+        "--set",
+        "grpc.port=0",
+        "--set",
+        "embedded_nats.port=0",
+    ]
+
+
+class Platform:
+    """A running ``nvcf-mono`` child process."""
+
+    def __init__(
+        self,
+        args: list[str],
+        state_dir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        command: list[str] | None = None,
+        new_session: bool = False,
+    ) -> None:
+        self.state_dir = state_dir
+        self.stdout_path = state_dir.parent / f"{state_dir.name}.stdout"
+        self.stderr_path = state_dir.parent / f"{state_dir.name}.stderr"
+        self._out = self.stdout_path.open("w")
+        self._err = self.stderr_path.open("w")
+        self.proc = subprocess.Popen(
+            command or [sys.executable, "-m", "nvcf_mono", *args],
+            stdout=self._out,
+            stderr=self._err,
+            env=env or cli_env(),
+            cwd=ROOT,
+            start_new_session=new_session,
+        )
+
+    @property
+    def endpoints_path(self) -> Path:
+        return self.state_dir / "endpoints.json"
+
+    def wait_ready(self, timeout: float = 60) -> dict[str, Any]:
+        """Wait until /ready answers 200 (endpoints.json is written when the host is ready)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"nvcf-mono exited with {self.proc.returncode}:\n{self.stderr()}")
+            if self.endpoints_path.exists():
+                doc: dict[str, Any] = json.loads(self.endpoints_path.read_text())
+                if get(doc["api_url"] + "/ready")[0] == 200:
+                    return doc
+            time.sleep(0.05)
+        raise AssertionError(f"not ready within {timeout}s:\n{self.stderr()}")
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(signum)
+
+    def signal_group(self, signum: int) -> None:
+        """Signal the whole process group, as a terminal's Ctrl-C does."""
+        os.killpg(self.proc.pid, signum)
+
+    def wait(self, timeout: float = 30) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        """Kill if still running (a test failed midway) and release the log files."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._out.close()
+        self._err.close()
+
+    def stdout(self) -> str:
+        return self.stdout_path.read_text()
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+
+def get(url: str, timeout: float = 5) -> tuple[int, bytes]:
+    """(status, body) of a GET; connection errors give status 0."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+    except (urllib.error.URLError, OSError):
+        return 0, b""
+
+
+def nats_servers_on(state_dir: Path) -> list[int]:
+    """Pids of nats-server processes running on this state directory's store."""
+    marker = str(state_dir.resolve() / "nats")
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if "nats-server" in cmd and marker in cmd and stat != "Z":
+                found.append(int(entry.name))
+    return found

@@ -1,0 +1,107 @@
+"""The command line as users meet it: config errors, config show/check/reference, plugins."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e.cli import ROOT, cli_env, run_cli
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "line"),
+    [
+        (
+            ["--set", "htp.port=1"],
+            {},
+            "nvcf-mono: config: htp: unknown key (did you mean 'http'?) (from --set htp.port)",
+        ),
+        (
+            [],
+            {"NVCF_MONO__HTTP__PORT": "eighty"},
+            "nvcf-mono: config: http.port: expected an integer, got 'eighty' (from env NVCF_MONO__HTTP__PORT)",
+        ),
+        (
+            ["--role", "everything"],
+            {},
+            "nvcf-mono: config: role: unknown role 'everything' (known: all-in-one, compute, control, custom, "
+            "invocation) (from --role)",
+        ),
+        (
+            ["--set", "plugins.nope.enabled=true"],
+            {},
+            "nvcf-mono: config: plugins.nope: unknown plugin (installed: compute, control, invocation) (from --set "
+            "plugins.nope.enabled)",
+        ),
+    ],
+    ids=["unknown-key", "wrong-type", "unknown-role", "unknown-plugin"],
+)
+def test_config_errors_exit_2_with_one_clear_line(
+    tmp_path: Path, args: list[str], env: dict[str, str], line: str
+) -> None:
+    result = run_cli("run", "--state-dir", str(tmp_path / "s"), *args, env=cli_env(**env))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [line]
+    assert result.stdout == ""
+    assert not (tmp_path / "s").exists()  # nothing was started or written
+
+
+def test_every_problem_gets_its_own_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("http:\n  port: x\ngrpc:\n  port: y\n")
+    result = run_cli("up", "--config", str(bad))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"nvcf-mono: config: http.port: expected an integer, got str 'x' (from {bad})",
+        f"nvcf-mono: config: grpc.port: expected an integer, got str 'y' (from {bad})",
+    ]
+
+
+def test_config_show_resolved_prints_the_effective_config() -> None:
+    result = run_cli("config", "show", "--resolved", "--set", "http.port=9999", "--role", "control")
+    assert result.returncode == 0, result.stderr
+    data = yaml.safe_load(result.stdout)
+    assert data["version"] == 1
+    assert data["role"] == "control"
+    assert data["http"]["port"] == 9999
+    assert data["plugins"]["control"]["enabled"] is True
+    assert data["plugins"]["compute"]["enabled"] is False
+    assert data["shutdown"]["drain_grace"] == 10.0
+
+
+def test_config_show_without_resolved_prints_only_what_was_set(tmp_path: Path) -> None:
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("http:\n  port: 9000\n")
+    result = run_cli("config", "show", "--config", str(mine), "--set", "node.region=eu")
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout) == {"http": {"port": 9000}, "node": {"region": "eu"}}
+
+
+def test_config_check_and_reference() -> None:
+    ok = run_cli("config", "check", "--config", str(ROOT / "config" / "invocation.yaml"))
+    assert ok.returncode == 0
+    assert ok.stdout.strip() == "configuration is valid: role invocation, plugins invocation"
+    reference = run_cli("config", "reference")
+    assert reference.returncode == 0
+    assert reference.stdout == (ROOT / "config" / "reference.yaml").read_text()
+
+
+def test_plugins_lists_what_is_enabled_and_why() -> None:
+    result = run_cli("plugins", "--json", "--role", "compute")
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert rows["compute"]["enabled"] is True and rows["compute"]["why"] == "role compute"
+    assert rows["control"]["enabled"] is False
+    assert rows["control"]["origin"] == "entry point nvcf_mono.planes.control.plugin:ControlPlane"
+
+
+def test_bad_set_syntax_and_no_command() -> None:
+    result = run_cli("run", "--set", "novalue")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "nvcf-mono: --set 'novalue': expected KEY=VALUE, e.g. --set http.port=0"
+    assert run_cli().returncode == 2

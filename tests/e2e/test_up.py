@@ -1,0 +1,160 @@
+"""``nvcf-mono up`` as a child process: ready, endpoints, signals, restarts on the same store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.cli import ROOT, Platform, cli_env, fast_flags, get, nats_servers_on
+
+pytestmark = [pytest.mark.e2e, pytest.mark.nats]
+
+
+def _publish_and_store(nats_url: str, stream: str) -> None:
+    """Write a stream message and a KV value through a separate client process."""
+    script = f"""
+import anyio, logging
+from nvcf_mono.bus.nats import open_nats_bus
+from nvcf_mono.bus.api import StreamSpec, BucketSpec
+from nvcf_mono.config.model import BusSettings
+from nvcf_mono.metrics import Metrics
+async def main():
+    async with open_nats_bus(BusSettings(), servers=[{nats_url!r}], name="t", metrics=Metrics(),
+                             log=logging.getLogger("t")) as bus:
+        await bus.ensure_stream(StreamSpec(name={stream!r}, subjects=("{stream.lower()}.>",)))
+        await bus.stream({stream!r}).publish("{stream.lower()}.x", b"kept")
+        kv = await bus.ensure_bucket(BucketSpec(name="{stream.lower()}"))
+        await kv.put("k", b"v")
+anyio.run(main)
+"""
+    subprocess.run([os.sys.executable, "-c", script], check=True, timeout=30, env=cli_env(), cwd=ROOT)
+
+
+def _read_back(nats_url: str, stream: str) -> tuple[bytes, bytes]:
+    script = f"""
+import anyio, logging
+from nvcf_mono.bus.nats import open_nats_bus
+from nvcf_mono.config.model import BusSettings
+from nvcf_mono.metrics import Metrics
+async def main():
+    async with open_nats_bus(BusSettings(), servers=[{nats_url!r}], name="t", metrics=Metrics(),
+                             log=logging.getLogger("t")) as bus:
+        msg = await bus.stream({stream!r}).get_last("{stream.lower()}.x")
+        entry = await bus.kv("{stream.lower()}").get("k")
+        print(msg.data.decode(), entry.value.decode())
+anyio.run(main)
+"""
+    out = subprocess.run(
+        [os.sys.executable, "-c", script],
+        check=True,
+        timeout=30,
+        env=cli_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return out[0].encode(), out[1].encode()
+
+
+def test_up_serves_writes_endpoints_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    platform = Platform(["up", *fast_flags(state)], state)
+    try:
+        doc = platform.wait_ready()
+        assert stat.S_IMODE(platform.endpoints_path.stat().st_mode) == 0o600
+        assert set(doc) == {"version", "api_url", "invocation_url", "grpc_url", "nats_url", "credentials"}
+        assert get(doc["api_url"] + "/health") == (200, b'{"status": "OK"}')
+        status, body = get(doc["api_url"] + "/ready")
+        assert status == 200 and json.loads(body)["role"] == "all-in-one"
+        assert "nvcf-mono is ready" in platform.stdout()
+        assert doc["api_url"] in platform.stdout()
+        servers = nats_servers_on(state)
+        assert len(servers) == 1
+        platform.signal(signal.SIGTERM)
+        assert platform.wait(timeout=30) == 0
+        assert nats_servers_on(state) == []
+        assert "Traceback" not in platform.stderr()
+    finally:
+        platform.stop()
+
+
+def test_after_sigkill_a_restart_reuses_the_store_without_a_second_server(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    first = Platform(["up", *fast_flags(state)], state)
+    try:
+        doc = first.wait_ready()
+        _publish_and_store(doc["nats_url"], "SURVIVE")
+        first.signal(signal.SIGKILL)
+        first.wait()
+    finally:
+        first.stop()
+    second = Platform(["up", *fast_flags(state)], state)
+    try:
+        doc = second.wait_ready()
+        assert len(nats_servers_on(state)) == 1
+        assert _read_back(doc["nats_url"], "SURVIVE") == (b"kept", b"v")
+        second.signal(signal.SIGTERM)
+        assert second.wait() == 0
+        assert nats_servers_on(state) == []
+    finally:
+        second.stop()
+
+
+def test_a_second_sigterm_stops_without_waiting_for_the_drain(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    args = [
+        "up",
+        *fast_flags(state),
+        "--set",
+        "extra_plugins=[tests.support.plugins:Recorder]",
+        "--set",
+        "plugins.recorder.enabled=true",
+        "--set",
+        "shutdown.drain_grace=60",
+    ]
+    platform = Platform(args, state)
+    try:
+        doc = platform.wait_ready()
+        slow = threading.Thread(target=get, args=(doc["api_url"] + "/recorder/slow?seconds=120", 130), daemon=True)
+        slow.start()
+        time.sleep(0.5)
+        platform.signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert platform.proc.poll() is None, "the first signal should drain, not exit"
+        started = time.monotonic()
+        platform.signal(signal.SIGTERM)
+        platform.wait(timeout=20)
+        assert time.monotonic() - started < 15
+        assert nats_servers_on(state) == []
+        assert "received again: stopping without waiting" in platform.stderr()
+    finally:
+        platform.stop()
+
+
+def test_make_up_starts_the_platform(tmp_path: Path) -> None:
+    """The README's first command, through the Makefile, against this test run's virtualenv."""
+    venv = Path(os.sys.prefix)
+    state = tmp_path / "state"
+    flags = " ".join(fast_flags(state))
+    command = ["make", "--no-print-directory", "-C", str(ROOT), "up", f"VENV={venv}", f"ARGS={flags}"]
+    for stamp in (".installed-runtime",):  # the venv the tests run in is already installed
+        (venv / stamp).touch()
+    platform = Platform([], state, command=command, new_session=True)
+    try:
+        doc = platform.wait_ready(timeout=120)
+        assert get(doc["api_url"] + "/health")[0] == 200
+        platform.signal_group(signal.SIGINT)  # Ctrl-C in the terminal running `make up`
+        platform.wait(timeout=30)  # make reports the interrupt; what matters is how the platform stopped
+        assert "SIGINT received: draining" in platform.stderr()
+        assert "nvcf_mono.host: stopped" in platform.stderr()
+        assert nats_servers_on(state) == []
+    finally:
+        platform.stop()

@@ -1,0 +1,127 @@
+"""Plugins used by the host tests, loaded through ``extra_plugins`` like any user plugin."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import anyio
+import attrs
+from aiohttp import web
+from anyio.abc import TaskStatus
+
+from nvcf_mono.bus.api import BucketSpec, StreamSpec
+from nvcf_mono.plugin import BasePlugin, PluginConfigError, PluginNotReady, PluginSpec, RunContext, SetupContext
+from nvcf_mono.structure import Seconds, setting
+
+#: What the plugins did, in order, per test run (tests clear it first).
+EVENTS: list[str] = []
+
+
+@attrs.frozen(kw_only=True)
+class FlakyConfig:
+    failures: int = setting(2, doc="How many times to raise PluginNotReady before starting.")
+
+
+class Flaky(BasePlugin[FlakyConfig]):
+    """Not ready ``failures`` times, then serves GET /flaky."""
+
+    spec: ClassVar[PluginSpec] = PluginSpec(name="flaky", description="test: not ready twice", config_type=FlakyConfig)
+    attempts = 0
+
+    def setup(self, ctx: SetupContext) -> None:
+        ctx.add_route("GET", "/flaky", self.hello)
+
+    async def hello(self, request: web.Request) -> web.Response:
+        return web.json_response({"attempts": Flaky.attempts})
+
+    async def run(self, ctx: RunContext[FlakyConfig], *, task_status: TaskStatus[None]) -> None:
+        Flaky.attempts += 1
+        EVENTS.append(f"flaky:attempt:{Flaky.attempts}")
+        if Flaky.attempts <= self.config.failures:
+            raise PluginNotReady(f"dependency missing (attempt {Flaky.attempts})")
+        task_status.started()
+        await ctx.wait_stopping()
+
+
+@attrs.frozen(kw_only=True)
+class BoomConfig:
+    after: Seconds = setting(0.2, doc="Seconds after start before run() raises.")
+
+
+class Boom(BasePlugin[BoomConfig]):
+    """Starts, then raises."""
+
+    spec: ClassVar[PluginSpec] = PluginSpec(name="boom", description="test: fails after start", config_type=BoomConfig)
+
+    async def run(self, ctx: RunContext[BoomConfig], *, task_status: TaskStatus[None]) -> None:
+        task_status.started()
+        await anyio.sleep(self.config.after)
+        raise RuntimeError("boom: the plugin broke")
+
+
+class Recorder(BasePlugin[Any]):
+    """Records start and stop; declares a stream and a bucket; serves GET /recorder and a slow route."""
+
+    spec: ClassVar[PluginSpec] = PluginSpec(name="recorder", description="test: records its lifecycle")
+
+    def setup(self, ctx: SetupContext) -> None:
+        ctx.declare_stream(StreamSpec(name="RECORDER", subjects=("recorder.>",)))
+        ctx.declare_bucket(BucketSpec(name="recorder"))
+        ctx.add_route("GET", "/recorder", self.hello)
+        ctx.add_route("GET", "/recorder/slow", self.slow)
+        ctx.add_route("GET", "/recorder/crash", self.crash)
+
+    async def hello(self, request: web.Request) -> web.Response:
+        return web.json_response({"hello": "recorder"})
+
+    async def slow(self, request: web.Request) -> web.Response:
+        EVENTS.append("recorder:slow:begin")
+        await anyio.sleep(float(request.query.get("seconds", "1")))
+        EVENTS.append("recorder:slow:end")
+        return web.json_response({"slow": True})
+
+    async def crash(self, request: web.Request) -> web.Response:
+        raise ValueError("secret internal detail")
+
+    async def run(self, ctx: RunContext[Any], *, task_status: TaskStatus[None]) -> None:
+        EVENTS.append("recorder:start")
+        await ctx.bus.stream("RECORDER").publish("recorder.started", b"1")
+        try:
+            task_status.started()
+            await ctx.wait_stopping()
+            EVENTS.append("recorder:stopping")
+            await anyio.sleep_forever()
+        finally:
+            EVENTS.append("recorder:stop")
+
+
+class After(BasePlugin[Any]):
+    """Requires the recorder, so it starts after it and stops before it."""
+
+    spec: ClassVar[PluginSpec] = PluginSpec(name="after", description="test: requires recorder", requires=("recorder",))
+
+    async def run(self, ctx: RunContext[Any], *, task_status: TaskStatus[None]) -> None:
+        EVENTS.append("after:start")
+        try:
+            task_status.started()
+            await anyio.sleep_forever()
+        finally:
+            EVENTS.append("after:stop")
+
+
+class BadSetup(BasePlugin[Any]):
+    """Refuses its configuration in setup()."""
+
+    spec: ClassVar[PluginSpec] = PluginSpec(name="bad_setup", description="test: bad config")
+
+    def setup(self, ctx: SetupContext) -> None:
+        raise PluginConfigError("needs a kubeconfig")
+
+
+class NeverStarts(BasePlugin[Any]):
+    """Returns from run() without calling started()."""
+
+    spec: ClassVar[PluginSpec] = PluginSpec(name="never_starts", description="test: forgets started()")
+
+    async def run(self, ctx: RunContext[Any], *, task_status: TaskStatus[None]) -> None:
+        return
