@@ -353,9 +353,9 @@ class NatsBus:
         return handle
 
 
-def _tls_context(settings: BusSettings) -> ssl.SSLContext | None:
+def _tls_context(settings: BusSettings, servers: Sequence[str]) -> ssl.SSLContext | None:
     tls = settings.tls
-    wants_tls = tls.enabled or any(u.strip().startswith(("tls://", "wss://")) for u in (settings.url or "").split(","))
+    wants_tls = tls.enabled or any(u.strip().startswith(("tls://", "wss://")) for u in servers)
     if not wants_tls:
         return None
     context = ssl.create_default_context(cafile=str(tls.ca_file) if tls.ca_file else None)
@@ -418,7 +418,7 @@ async def open_nats_bus(
         "reconnected_cb": reconnected_cb,
         "closed_cb": closed_cb,
     }
-    tls = _tls_context(settings)
+    tls = _tls_context(settings, servers)
     if tls is not None:
         options["tls"] = tls
     if settings.credentials_file is not None:
