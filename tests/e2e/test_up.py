@@ -94,6 +94,11 @@ def test_after_sigkill_a_restart_reuses_the_store_without_a_second_server(tmp_pa
         _publish_and_store(doc["nats_url"], "SURVIVE")
         first.signal(signal.SIGKILL)
         first.wait()
+        # The server dies with its host (parent-death signal) rather than lingering as an orphan.
+        deadline = time.monotonic() + 10
+        while nats_servers_on(state):
+            assert time.monotonic() < deadline, "nats-server outlived its SIGKILLed host"
+            time.sleep(0.05)
     finally:
         first.stop()
     second = Platform(["up", *fast_flags(state)], state)
