@@ -350,36 +350,39 @@ def _type_name(tp: Any) -> str:
     return str(tp)
 
 
-def _duration(value: Any, cur: _Cursor) -> Any:
-    if isinstance(value, int | float) and not isinstance(value, bool):
+def _with_unit(
+    value: Any, cur: _Cursor, *, what: str, example: str, integer: bool, parse: Callable[[str], float]
+) -> Any:
+    """A number, or text with a unit (``30s``, ``64MiB``); never negative or infinite."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and (not integer or isinstance(value, int)):
         if not math.isfinite(value):
-            return cur.fail(f"expected a finite duration, got {value!r}")
-        result = float(value)
+            return cur.fail(f"expected a finite {what}, got {value!r}")
+        result: float = value
     elif isinstance(value, str):
         try:
-            result = parse_duration(str(value))
+            result = parse(str(value))
         except ValueError as err:
             return cur.fail(str(err))
     else:
-        return cur.fail(f"expected a duration such as 500ms, 30s, 5m or a number of seconds, got {_describe(value)}")
+        return cur.fail(f"expected a {what} such as {example}, got {_describe(value)}")
     if result < 0:
-        return cur.fail(f"a duration cannot be negative, got {value!r}")
-    return result
+        return cur.fail(f"a {what} cannot be negative, got {value!r}")
+    return int(result) if integer else float(result)
+
+
+def _duration(value: Any, cur: _Cursor) -> Any:
+    return _with_unit(
+        value,
+        cur,
+        what="duration",
+        example="500ms, 30s, 5m or a number of seconds",
+        integer=False,
+        parse=parse_duration,
+    )
 
 
 def _bytesize(value: Any, cur: _Cursor) -> Any:
-    if isinstance(value, int) and not isinstance(value, bool):
-        result = value
-    elif isinstance(value, str):
-        try:
-            result = parse_bytes(str(value))
-        except ValueError as err:
-            return cur.fail(str(err))
-    else:
-        return cur.fail(f"expected a size such as 64MiB or a number of bytes, got {_describe(value)}")
-    if result < 0:
-        return cur.fail(f"a size cannot be negative, got {value!r}")
-    return result
+    return _with_unit(value, cur, what="size", example="64MiB or a number of bytes", integer=True, parse=parse_bytes)
 
 
 def _enum(tp: type[enum.Enum], value: Any, cur: _Cursor) -> Any:
