@@ -257,7 +257,7 @@ class NatsStream:
         except js_errors.NotFoundError:
             return False
         except js_errors.APIError as err:
-            if err.err_code == 10037:  # no message found
+            if err.err_code in (10037, 10043):  # no message found, sequence not found
                 return False
             raise translate(err, f"delete message {seq} of {self.name}") from err
         except _NATS_ERRORS as err:
@@ -436,16 +436,17 @@ class NatsConsumer:
         """Unsettled deliveries and totals."""
         return ConsumerStatistics(in_flight=self._in_flight, max_inflight=self._max_inflight, delivered=self._delivered)
 
-    def __aiter__(self) -> AsyncIterator[NatsDelivery]:
-        return self._iterate()
+    # A class iterator rather than an async generator: a cancelled __anext__ (a timeout around one
+    # step) leaves the consumer usable, where a generator would be finished for good.
+    def __aiter__(self) -> NatsConsumer:
+        return self
 
-    async def _iterate(self) -> AsyncIterator[NatsDelivery]:
-        while True:
-            while not self._buffer:
-                await self._fill()
-            msg = self._buffer.popleft()
-            self._delivered += 1
-            yield NatsDelivery(msg, self)
+    async def __anext__(self) -> NatsDelivery:
+        while not self._buffer:
+            await self._fill()
+        msg = self._buffer.popleft()
+        self._delivered += 1
+        return NatsDelivery(msg, self)
 
     async def _fill(self) -> None:
         # Fetched messages count as in flight from the moment they arrive.

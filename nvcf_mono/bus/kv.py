@@ -93,14 +93,14 @@ class NatsWatch:
         self.initial = initial
         self._bucket = bucket
 
-    def __aiter__(self) -> AsyncIterator[Entry]:
-        return self._iterate()
+    def __aiter__(self) -> NatsWatch:
+        return self  # a class iterator survives a cancelled step, unlike an async generator
 
-    async def _iterate(self) -> AsyncIterator[Entry]:
-        async for raw in self._watcher:
-            if raw is None:
-                continue
-            yield _entry(self._bucket, raw)
+    async def __anext__(self) -> Entry:
+        while True:
+            raw = await self._watcher.__anext__()  # type: ignore[no-untyped-call]
+            if raw is not None:  # the "caught up" marker was consumed before the watch was handed out
+                return _entry(self._bucket, raw)
 
 
 def _entry(bucket: str, raw: NatsKV.Entry) -> Entry:

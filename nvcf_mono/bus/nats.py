@@ -61,12 +61,11 @@ class CoreSubscription:
         # same thing without that cost. Checked here so an incompatible nats-py fails loudly.
         self._queue = sub._pending_queue
 
-    def __aiter__(self) -> AsyncIterator[Msg]:
-        return self._iterate()
+    def __aiter__(self) -> CoreSubscription:
+        return self  # a class iterator survives a cancelled step, unlike an async generator
 
-    async def _iterate(self) -> AsyncIterator[Msg]:
-        while True:
-            yield await self._take()
+    async def __anext__(self) -> Msg:
+        return await self._take()
 
     async def _take(self) -> Msg:
         msg: NatsMsg = await self._queue.get()
@@ -263,7 +262,7 @@ class NatsBus:
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Answer requests until cancelled; at most ``concurrency`` handlers run at once."""
-        limiter = anyio.CapacityLimiter(concurrency)
+        slots = anyio.Semaphore(concurrency)
 
         async def answer(msg: Msg) -> None:
             try:
@@ -281,12 +280,12 @@ class NatsBus:
             except BusError as err:
                 self._log.warning("could not answer a request on %s: %s", subject, err)
             finally:
-                limiter.release_on_behalf_of(msg)
+                slots.release()
 
         async with self.subscribe(subject, queue=queue) as sub, anyio.create_task_group() as tg:
             task_status.started()
             async for msg in sub:
-                await limiter.acquire_on_behalf_of(msg)
+                await slots.acquire()
                 tg.start_soon(answer, msg, name=f"bus:serve:{subject}")
 
     async def flush(self, *, timeout: float | None = None) -> None:
