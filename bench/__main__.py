@@ -1,0 +1,20 @@
+"""Run every benchmark: ``python -m bench [--quick]``."""
+
+from __future__ import annotations
+
+import argparse
+
+import anyio
+
+from bench import bus
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
+    args = parser.parse_args()
+    anyio.run(bus.run, args.quick, backend="asyncio")
+
+
+if __name__ == "__main__":
+    main()
