@@ -156,6 +156,19 @@ async def ensure_stream_config(js: JetStreamContext, config: api.StreamConfig) -
     raise SpecConflict(f"stream {name}: could not create or update it")
 
 
+def stream_state(name: str, info: api.StreamInfo) -> StreamState:
+    """The bus's snapshot of a stream from nats-py's info."""
+    s = info.state
+    return StreamState(
+        name=name,
+        messages=s.messages,
+        bytes=s.bytes,
+        first_seq=s.first_seq,
+        last_seq=s.last_seq,
+        consumer_count=s.consumer_count,
+    )
+
+
 def consumer_config(spec: ConsumerSpec) -> api.ConsumerConfig:
     """The nats-py config of a durable pull consumer."""
     filters = list(spec.filter_subjects)
@@ -228,15 +241,7 @@ class NatsStream:
             info = await self._js.stream_info(self.name)
         except _NATS_ERRORS as err:
             raise translate(err, f"stream {self.name}") from err
-        s = info.state
-        return StreamState(
-            name=self.name,
-            messages=s.messages,
-            bytes=s.bytes,
-            first_seq=s.first_seq,
-            last_seq=s.last_seq,
-            consumer_count=s.consumer_count,
-        )
+        return stream_state(self.name, info)
 
     async def purge(self, *, subject: str | None = None) -> int:
         """Remove all messages, or those on ``subject``; returns how many were removed."""

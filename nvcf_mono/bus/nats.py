@@ -36,7 +36,7 @@ from nvcf_mono.bus.api import (
     StreamState,
 )
 from nvcf_mono.bus.errors import BusError, BusUnavailable, NoResponders, RemoteError, RequestTimeout
-from nvcf_mono.bus.jetstream import NatsStream, ensure_stream_config, stream_config
+from nvcf_mono.bus.jetstream import NatsStream, ensure_stream_config, stream_config, stream_state
 from nvcf_mono.bus.kv import NatsKeyValue, bucket_stream_config
 from nvcf_mono.bus.objects import NatsObjectStore, object_store_stream_config
 from nvcf_mono.config.model import BusSettings
@@ -305,16 +305,7 @@ class NatsBus:
 
     async def ensure_stream(self, spec: StreamSpec) -> StreamState:
         """Create or update the stream to match ``spec``."""
-        info = await ensure_stream_config(self._js, stream_config(spec, *self._defaults()))
-        state = info.state
-        return StreamState(
-            name=spec.name,
-            messages=state.messages,
-            bytes=state.bytes,
-            first_seq=state.first_seq,
-            last_seq=state.last_seq,
-            consumer_count=state.consumer_count,
-        )
+        return stream_state(spec.name, await ensure_stream_config(self._js, stream_config(spec, *self._defaults())))
 
     def stream(self, name: str) -> NatsStream:
         """A handle on a stream (no I/O)."""
