@@ -247,7 +247,14 @@ class Host:
 
     def _readiness(self) -> dict[str, Any]:
         bus = self._bus.state.value if self._bus is not None else "connecting"
-        status = "ready" if self.ready else ("stopping" if self.stopping else "starting")
+        if self.ready:
+            status = "ready"
+        elif self.stopping:
+            status = "stopping"
+        elif self._ready:
+            status = "reconnecting"  # was ready; the bus connection is being re-established
+        else:
+            status = "starting"
         return {
             "status": status,
             "role": self.settings.role,
@@ -310,6 +317,7 @@ class Host:
                 )
             )
             self._bus = bus
+            infra.start_soon(self._follow_bus, bus, name="host:bus-events")
             await self._ensure_declared(bus)
 
             http = HttpServer(
@@ -363,6 +371,12 @@ class Host:
                 await self._stop_plugins()
                 tg.cancel_scope.cancel()
         log.info("stopped")
+
+    async def _follow_bus(self, bus: NatsBus) -> None:
+        """Wake gRPC health watchers when the connection (and so readiness) changes."""
+        async with bus.events() as events:
+            async for _ in events:
+                self._health.notify()
 
     def _stop_infra(self, infra: TaskGroup) -> None:
         if self.embedded is not None:

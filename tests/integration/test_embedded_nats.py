@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import aiohttp
 import anyio
 import pytest
 
@@ -59,8 +60,15 @@ async def test_a_crashed_server_is_restarted_and_clients_reconnect(tmp_path: Pat
         await bus.stream("CRASH").publish("crash.before", b"1")
         first = host.embedded.pid
         assert first is not None
-        async with bus.events() as events:
+        async with bus.events() as events, aiohttp.ClientSession() as http:
             os.kill(first, signal.SIGKILL)
+            with anyio.fail_after(10):
+                while True:  # readiness follows the connection, and says why it is not ready
+                    async with http.get(f"{host.endpoints.api_url}/ready") as resp:
+                        if resp.status == 503:
+                            assert (await resp.json())["status"] == "reconnecting"
+                            break
+                    await anyio.sleep(0.01)
             with anyio.fail_after(15):
                 kinds = []
                 async for event in events:
