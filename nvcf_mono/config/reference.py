@@ -102,5 +102,5 @@ def render_reference(catalog: Catalog) -> str:
                     example = None
                 if example is not None:
                     lines.append("#   <name>:")
-                    lines.extend("#" + line[1:] for line in render_attrs(item, example, "    "))
+                    lines.extend("#" + line[1:] for line in render_attrs(item, example, "      "))
     return "\n".join(lines) + "\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import anyio
@@ -125,3 +126,22 @@ class NeverStarts(BasePlugin[Any]):
 
     async def run(self, ctx: RunContext[Any], *, task_status: TaskStatus[None]) -> None:
         return
+
+
+@attrs.frozen(kw_only=True)
+class Image:
+    """How to run one image locally."""
+
+    command: tuple[str, ...] = setting((), doc="Command line of the image's server.")
+    port: int = setting(8000, doc="Port the server listens on.")
+
+
+class Catalogued(BasePlugin[Any]):
+    """Owns the top-level ``images:`` section, as the local compute backend does."""
+
+    spec: ClassVar[PluginSpec] = PluginSpec(
+        name="catalogued", description="test: owns images", sections={"images": Mapping[str, Image]}
+    )
+
+    def setup(self, ctx: SetupContext) -> None:
+        EVENTS.append(f"catalogued:images:{sorted(ctx.section('images'))}")
