@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -36,6 +37,8 @@ _STREAM_NAME_IN_USE = 10058
 _MAX_MESSAGES = 10077
 _MAX_BYTES = 10054  # "maximum bytes exceeded" on a discard-new stream
 _MAX_MSGS_PER_SUBJECT = 10164
+_MSG_DELETE_FAILED = 10057  # its description says why; some reasons only mean the message is not there
+_NO_SUCH_MSG = re.compile(r"no message found|stream store EOF", re.IGNORECASE)
 
 
 def translate(err: Exception, what: str) -> BusError:
@@ -70,6 +73,10 @@ def _optional_seconds(value: float) -> float | None:
 def stream_config(spec: StreamSpec, default_storage: str, default_replicas: int) -> api.StreamConfig:
     """The nats-py config for a declared stream."""
     storage = spec.storage or default_storage
+    duplicate_window = spec.duplicate_window
+    if spec.max_age > 0:
+        # The server refuses a duplicate window longer than max_age (nothing older is kept to match).
+        duplicate_window = min(duplicate_window, spec.max_age)
     return api.StreamConfig(
         name=spec.name,
         description=spec.description or None,
@@ -84,7 +91,7 @@ def stream_config(spec: StreamSpec, default_storage: str, default_replicas: int)
         max_msg_size=spec.max_msg_size,
         storage=api.StorageType.FILE if storage == "file" else api.StorageType.MEMORY,
         num_replicas=spec.replicas or default_replicas,
-        duplicate_window=spec.duplicate_window,
+        duplicate_window=duplicate_window,
         allow_direct=spec.allow_direct,
         allow_msg_ttl=spec.allow_msg_ttl or None,
     )
@@ -264,6 +271,8 @@ class NatsStream:
         except js_errors.APIError as err:
             if err.err_code in (10037, 10043):  # no message found, sequence not found
                 return False
+            if err.err_code == _MSG_DELETE_FAILED and _NO_SUCH_MSG.search(err.description or ""):
+                return False  # purged earlier, or past the end of the stream
             raise translate(err, f"delete message {seq} of {self.name}") from err
         except _NATS_ERRORS as err:
             raise translate(err, f"delete message {seq} of {self.name}") from err
@@ -447,17 +456,21 @@ class NatsConsumer:
         return self
 
     async def __anext__(self) -> NatsDelivery:
+        # A delivery is in flight from the moment it is handed out. A fetch can bring more than
+        # asked for (a pull request left behind by a cancelled step is still served), so the
+        # bound is enforced here, not by the size of the fetch.
+        while self._in_flight >= self._max_inflight:
+            self._slot_freed = anyio.Event()
+            await self._slot_freed.wait()
         while not self._buffer:
             await self._fill()
         msg = self._buffer.popleft()
+        self._in_flight += 1
         self._delivered += 1
         return NatsDelivery(msg, self)
 
     async def _fill(self) -> None:
-        # Fetched messages count as in flight from the moment they arrive.
-        while self._in_flight >= self._max_inflight:
-            self._slot_freed = anyio.Event()
-            await self._slot_freed.wait()
+        # Only called with an empty buffer and a free slot; never ask for more than the free slots.
         want = min(self._batch, self._max_inflight - self._in_flight)
         try:
             msgs = await self._psub.fetch(want, timeout=self._fetch_timeout)
@@ -472,5 +485,4 @@ class NatsConsumer:
             # Transient (reconnecting, leader change): pause briefly, then fetch again.
             await anyio.sleep(0.25)
             return
-        self._in_flight += len(msgs)
         self._buffer.extend(msgs)

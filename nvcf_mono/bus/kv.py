@@ -53,6 +53,7 @@ async def bucket_stream_config(
         name=f"KV_{spec.name}",
         description=spec.description or None,
         subjects=[f"$KV.{spec.name}.>"],
+        retention=api.RetentionPolicy.LIMITS,  # stated, so an unchanged bucket compares equal
         allow_direct=False,  # reads go to the leader, so a write is visible to the next read
         allow_rollup_hdrs=True,
         allow_msg_ttl=True,

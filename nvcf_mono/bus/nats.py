@@ -15,7 +15,7 @@ import nats
 import nats.errors
 import nats.js
 from anyio.abc import TaskStatus
-from anyio.streams.memory import MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg as NatsMsg
 from nats.aio.subscription import Subscription as NatsSubscription
@@ -73,6 +73,9 @@ class CoreSubscription:
         self._queue.task_done()
         return _to_msg(msg)
 
+    def _note_dropped(self) -> None:
+        self._dropped += 1
+
     async def next(self, *, timeout: float) -> Msg:
         """The next message, or RequestTimeout after ``timeout`` seconds."""
         with anyio.move_on_after(timeout):
@@ -81,7 +84,7 @@ class CoreSubscription:
 
     @property
     def dropped(self) -> int:
-        """Messages the server dropped for this subscription because it fell behind."""
+        """Messages dropped for this subscription because it fell behind (its pending queue was full)."""
         return self._dropped
 
 
@@ -89,17 +92,23 @@ class CoreSubscription:
 class _Events:
     """Fan-out of connection events to whoever listens; a slow listener loses the oldest."""
 
-    listeners: list[MemoryObjectSendStream[BusEvent]] = attrs.field(factory=list)
+    listeners: list[tuple[MemoryObjectSendStream[BusEvent], MemoryObjectReceiveStream[BusEvent]]] = attrs.field(
+        factory=list
+    )
     dropped: int = 0
 
     def emit(self, event: BusEvent) -> None:
-        for send in list(self.listeners):
+        for listener in list(self.listeners):
+            send, receive = listener
             try:
-                send.send_nowait(event)
-            except anyio.WouldBlock:
-                self.dropped += 1
+                try:
+                    send.send_nowait(event)
+                except anyio.WouldBlock:
+                    receive.receive_nowait()  # full: make room by dropping the oldest event
+                    self.dropped += 1
+                    send.send_nowait(event)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                self.listeners.remove(send)
+                self.listeners.remove(listener)
 
 
 @final
@@ -115,6 +124,7 @@ class NatsBus:
         self._kv: dict[str, NatsKeyValue] = {}
         self._objects: dict[str, NatsObjectStore] = {}
         self._streams: dict[str, NatsStream] = {}
+        self._core_subs: dict[int, CoreSubscription] = {}  # by sid, to count what nats-py drops
         self.connects = metrics.counter("nats_connects", "Connections and reconnections to NATS.")
         self.disconnects = metrics.counter("nats_event_disconnected", "Times the NATS connection was lost.")
         self.errors = metrics.counter("total_nats_errors", "Errors reported by the NATS connection.", ["kind"])
@@ -167,13 +177,14 @@ class NatsBus:
     async def events(self) -> AsyncIterator[AsyncIterator[BusEvent]]:
         """Connection events from now on."""
         send, receive = anyio.create_memory_object_stream[BusEvent](_EVENT_BUFFER)
-        self._events.listeners.append(send)
+        listener = (send, receive)
+        self._events.listeners.append(listener)
         try:
             async with receive:
                 yield receive
         finally:
-            if send in self._events.listeners:
-                self._events.listeners.remove(send)
+            if listener in self._events.listeners:
+                self._events.listeners.remove(listener)
             send.close()
 
     # Callbacks nats-py invokes; they only record and report (no work happens here).
@@ -193,6 +204,9 @@ class NatsBus:
         kind = type(err).__name__
         self.errors.inc(kind=kind)
         if isinstance(err, nats.errors.SlowConsumerError):
+            core = self._core_subs.get(err.sid)
+            if core is not None:
+                core._note_dropped()
             self._events.emit(BusEvent(kind="slow_consumer", detail=str(err.subject)))
             self._log.warning("slow consumer on %s: messages dropped", err.subject)
             return
@@ -243,9 +257,11 @@ class NatsBus:
             sub = await self._nc.subscribe(subject, queue=queue or "", pending_msgs_limit=max_pending)
         except nats.errors.ConnectionClosedError as err:
             raise BusUnavailable("the bus connection is closed") from err
+        core = self._core_subs[sub._id] = CoreSubscription(sub, subject)
         try:
-            yield CoreSubscription(sub, subject)
+            yield core
         finally:
+            self._core_subs.pop(sub._id, None)
             with anyio.move_on_after(self._settings.request_timeout, shield=True):
                 try:
                     await sub.unsubscribe()

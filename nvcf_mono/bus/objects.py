@@ -38,6 +38,7 @@ def object_store_stream_config(spec: ObjectStoreSpec, default_storage: str, defa
         name=f"OBJ_{spec.name}",
         description=spec.description or None,
         subjects=[f"$O.{spec.name}.C.>", f"$O.{spec.name}.M.>"],
+        retention=api.RetentionPolicy.LIMITS,  # stated, so an unchanged bucket compares equal
         max_age=spec.ttl or None,
         max_bytes=spec.max_bytes,
         storage=api.StorageType.FILE if storage == "file" else api.StorageType.MEMORY,
