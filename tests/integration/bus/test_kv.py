@@ -1,50 +1,99 @@
-"""KV buckets: revisions and compare-and-set, watches, TTLs."""
+"""KV buckets: revisions and compare-and-set, keys, watches, TTLs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import pytest
 
 from nvcf_mono.bus.api import BucketSpec, Entry, KvOp
-from nvcf_mono.bus.errors import ConflictError
+from nvcf_mono.bus.errors import ConflictError, RequestTimeout
 from nvcf_mono.testing.nats_server import NatsServer
 from tests.conftest import connect
 
 pytestmark = pytest.mark.nats
 
 
+async def _next(entries: AsyncIterator[Entry], n: int = 1, timeout: float = 10) -> list[Entry]:
+    with anyio.fail_after(timeout):
+        return [await anext(entries) for _ in range(n)]
+
+
 async def test_get_put_and_revisions(nats_server: NatsServer, unique: Callable[[str], str]) -> None:
+    name = unique("kv")
     async with connect(nats_server.url) as bus:
-        kv = await bus.ensure_bucket(BucketSpec(name=unique("kv"), history=5))
+        kv = await bus.ensure_bucket(BucketSpec(name=name, history=5))
+        assert kv.bucket == name
         assert await kv.get("fn.a") is None
         first = await kv.put("fn.a", b"1")
         second = await kv.put("fn.a", b"2")
         assert second > first
         entry = await kv.get("fn.a")
-        assert entry is not None and (entry.value, entry.revision, entry.operation) == (b"2", second, KvOp.PUT)
+        assert entry is not None
+        assert (entry.bucket, entry.key, entry.value, entry.revision) == (name, "fn.a", b"2", second)
+        assert (entry.operation, entry.deleted) == (KvOp.PUT, False)
+        assert entry.created is not None
+        assert await kv.get("fn.b") is None
+        await kv.put("fn.empty", b"")
+        empty = await kv.get("fn.empty")
+        assert empty is not None and empty.value == b""  # an empty value is a value, not a delete
         with pytest.raises(ValueError, match="invalid KV key"):
             await kv.put("bad key", b"x")
 
 
-async def test_create_and_update_are_compare_and_set(nats_server: NatsServer, unique: Callable[[str], str]) -> None:
+async def test_ensure_bucket_is_idempotent(nats_server: NatsServer, unique: Callable[[str], str]) -> None:
+    specs = [
+        BucketSpec(name=unique("idem")),
+        BucketSpec(name=unique("idem_ttl"), ttl=2.0, history=3),
+        BucketSpec(name=unique("idem_pk"), per_key_ttl=True),
+    ]
+    async with connect(nats_server.url) as bus, bus.subscribe("$JS.EVENT.ADVISORY.STREAM.UPDATED.>") as sub:
+        for spec in specs:
+            kv = await bus.ensure_bucket(spec)
+            await kv.put("k", b"v")
+            await bus.ensure_bucket(spec)
+            entry = await bus.kv(spec.name).get("k")
+            assert entry is not None and entry.value == b"v"  # the same bucket, not a new one
+        updated = []
+        with anyio.fail_after(5):
+            while True:
+                try:
+                    updated.append((await sub.next(timeout=0.5)).subject.rsplit(".", 1)[-1])
+                except RequestTimeout:
+                    break
+        assert not [name for name in updated if name in {f"KV_{s.name}" for s in specs}]
+
+
+async def test_create_update_and_delete_are_compare_and_set(
+    nats_server: NatsServer, unique: Callable[[str], str]
+) -> None:
     async with connect(nats_server.url) as bus:
         kv = await bus.ensure_bucket(BucketSpec(name=unique("cas")))
         revision = await kv.create("lease", b"node-a")
         with pytest.raises(ConflictError, match="already exists"):
             await kv.create("lease", b"node-b")
         newer = await kv.update("lease", b"node-a2", revision=revision)
+        assert newer > revision
         with pytest.raises(ConflictError, match=f"no longer at revision {revision}"):
             await kv.update("lease", b"node-b", revision=revision)  # a stale writer loses
         with pytest.raises(ConflictError):
             await kv.delete("lease", revision=revision)
+        entry = await kv.get("lease")
+        assert entry is not None and (entry.value, entry.revision) == (b"node-a2", newer)
+        with pytest.raises(ConflictError):
+            await kv.update("missing", b"x", revision=7)
+
         await kv.delete("lease", revision=newer)
         assert await kv.get("lease") is None
         again = await kv.create("lease", b"node-b")  # a deleted key can be created again
         assert again > newer
+        with pytest.raises(ConflictError, match="already exists"):
+            await kv.create("lease", b"node-c")
+
         await kv.purge("lease")
         assert await kv.get("lease") is None
+        assert await kv.create("lease", b"node-c") > again  # and so can a purged one
 
 
 async def test_racing_updates_let_exactly_one_writer_win(nats_server: NatsServer, unique: Callable[[str], str]) -> None:
@@ -60,9 +109,10 @@ async def test_racing_updates_let_exactly_one_writer_win(nats_server: NatsServer
             except ConflictError:
                 outcomes.append("lost")
 
-        async with anyio.create_task_group() as tg:
-            for i in range(20):
-                tg.start_soon(writer, i)
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                for i in range(20):
+                    tg.start_soon(writer, i)
         assert sorted(outcomes) == ["lost"] * 19 + ["won"]
 
 
@@ -70,11 +120,16 @@ async def test_keys_with_a_pattern(nats_server: NatsServer, unique: Callable[[st
     async with connect(nats_server.url) as bus:
         kv = await bus.ensure_bucket(BucketSpec(name=unique("keys")))
         assert await kv.keys() == []
-        for key in ("fn.a", "fn.b", "dep.a", "fn.c"):
+        for key in ("fn.a", "fn.b", "dep.a", "fn.c", "fn.x.deep"):
             await kv.put(key, b"x")
         await kv.delete("fn.c")
-        assert sorted(await kv.keys()) == ["dep.a", "fn.a", "fn.b"]
+        await kv.put("gone", b"x")
+        await kv.purge("gone")
+        assert sorted(await kv.keys()) == ["dep.a", "fn.a", "fn.b", "fn.x.deep"]
         assert sorted(await kv.keys("fn.*")) == ["fn.a", "fn.b"]
+        assert sorted(await kv.keys("fn.>")) == ["fn.a", "fn.b", "fn.x.deep"]
+        assert sorted(await kv.keys("*.a")) == ["dep.a", "fn.a"]
+        assert await kv.keys("nothing.*") == []
 
 
 async def test_watch_gives_live_values_then_changes_in_order(
@@ -85,24 +140,48 @@ async def test_watch_gives_live_values_then_changes_in_order(
         await kv.put("fn.a", b"1")
         await kv.put("fn.gone", b"x")
         await kv.delete("fn.gone")
+        await kv.put("fn.purged", b"x")
+        await kv.purge("fn.purged")
         await kv.put("other.z", b"ignored")
         with anyio.fail_after(10):
             async with kv.watch("fn.*") as watch:
                 assert [(e.key, e.value) for e in watch.initial] == [("fn.a", b"1")]
-                await kv.put("fn.b", b"2")
+                b_rev = await kv.put("fn.b", b"2")
                 await kv.put("other.y", b"not watched")
+                await kv.put("fn.deeper.no", b"not one level")
                 await kv.put("fn.a", b"3")
                 await kv.delete("fn.b")
-                seen: list[Entry] = []
-                async for entry in watch:
-                    seen.append(entry)
-                    if len(seen) == 3:
-                        break
+                await kv.purge("fn.a")
+                seen = await _next(aiter(watch), 4)
         assert [(e.key, e.value, e.operation) for e in seen] == [
             ("fn.b", b"2", KvOp.PUT),
             ("fn.a", b"3", KvOp.PUT),
             ("fn.b", b"", KvOp.DELETE),
+            ("fn.a", b"", KvOp.PURGE),
         ]
+        assert seen[0].revision == b_rev
+        assert [e.revision for e in seen] == sorted(e.revision for e in seen)
+        assert [e.deleted for e in seen] == [False, False, True, True]
+
+
+async def test_watch_of_an_empty_bucket_and_with_history(nats_server: NatsServer, unique: Callable[[str], str]) -> None:
+    async with connect(nats_server.url) as bus:
+        kv = await bus.ensure_bucket(BucketSpec(name=unique("hist"), history=5))
+        with anyio.fail_after(10):
+            async with kv.watch() as watch:
+                assert watch.initial == ()
+                await kv.put("a", b"first")
+                (entry,) = await _next(aiter(watch))
+                assert (entry.key, entry.value) == ("a", b"first")
+        await kv.put("a", b"second")
+        await kv.delete("a")
+        with anyio.fail_after(10):
+            async with kv.watch("a", include_history=True) as watch:
+                assert [(e.value, e.operation) for e in watch.initial] == [
+                    (b"first", KvOp.PUT),
+                    (b"second", KvOp.PUT),
+                    (b"", KvOp.DELETE),
+                ]
 
 
 async def test_bucket_ttl_expires_values_and_watchers_see_it(
@@ -113,32 +192,37 @@ async def test_bucket_ttl_expires_values_and_watchers_see_it(
         with anyio.fail_after(15):
             async with kv.watch() as watch:
                 await kv.put("result.r1", b"done")
-                assert (await kv.get("result.r1")) is not None
-                events = []
-                async for entry in watch:
-                    events.append(entry)
-                    if entry.deleted:
-                        break
-        assert [e.key for e in events] == ["result.r1", "result.r1"]
-        assert events[-1].deleted
+                live = await kv.get("result.r1")
+                assert live is not None and live.value == b"done"
+                put, expired = await _next(aiter(watch), 2)
+        assert (put.key, put.operation) == ("result.r1", KvOp.PUT)
+        assert expired.key == "result.r1" and expired.deleted
         assert await kv.get("result.r1") is None
+        assert await kv.keys() == []
+        async with kv.watch() as again:
+            assert again.initial == ()  # an expired key is not a live value
+        await kv.create("result.r1", b"anew")  # and can be created again
 
 
 async def test_per_key_ttl(nats_server: NatsServer, unique: Callable[[str], str]) -> None:
     async with connect(nats_server.url) as bus:
         kv = await bus.ensure_bucket(BucketSpec(name=unique("kttl"), per_key_ttl=True))
-        await kv.create("idem.k1", b"req-1", ttl=1)
-        await kv.put("idem.k2", b"req-2", ttl=1)
-        await kv.put("idem.forever", b"stays")
         with anyio.fail_after(15):
             async with kv.watch("idem.*") as watch:
-                expired = set()
-                async for entry in watch:
-                    if entry.deleted:
-                        expired.add(entry.key)
-                    if expired == {"idem.k1", "idem.k2"}:
-                        break
+                await kv.create("idem.k1", b"req-1", ttl=1)
+                await kv.put("idem.k2", b"req-2", ttl=1)
+                await kv.put("idem.forever", b"stays")
+                assert {e.key for e in await _next(aiter(watch), 3)} == {"idem.k1", "idem.k2", "idem.forever"}
+                with pytest.raises(ConflictError):
+                    await kv.create("idem.k1", b"req-1 again")  # still live
+                expired = await _next(aiter(watch), 2)
+        assert {e.key for e in expired} == {"idem.k1", "idem.k2"}
+        assert all(e.deleted for e in expired)
         assert await kv.get("idem.k1") is None
         assert await kv.get("idem.k2") is None
-        assert (await kv.get("idem.forever")) is not None
+        forever = await kv.get("idem.forever")
+        assert forever is not None and forever.value == b"stays"
+        assert await kv.keys() == ["idem.forever"]
         await kv.create("idem.k1", b"again")  # an expired key can be created anew
+        entry = await kv.get("idem.k1")
+        assert entry is not None and entry.value == b"again"
