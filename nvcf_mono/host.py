@@ -30,7 +30,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from nvcf_mono.bus.api import Bus, ConnectionState
 from nvcf_mono.bus.embedded import EmbeddedInfo, EmbeddedNats
-from nvcf_mono.bus.errors import BusError, BusUnavailable
+from nvcf_mono.bus.errors import BusError, BusUnavailable, RequestTimeout
 from nvcf_mono.bus.nats import NatsBus, open_nats_bus
 from nvcf_mono.config.load import PluginEntry, ResolvedConfig
 from nvcf_mono.errors import NvcfMonoError
@@ -424,10 +424,9 @@ class Host:
                 for _, store in c.object_stores.values():
                     await bus.ensure_object_store(store)
                 return
-            except (BusUnavailable, BusError) as err:
+            except (BusUnavailable, RequestTimeout) as err:
                 # JetStream may still be recovering its store after a restart; anything else is fatal.
-                transient = "not available" in str(err) or "in time" in str(err) or isinstance(err, BusUnavailable)
-                if not transient or time.monotonic() + delay > deadline:
+                if time.monotonic() + delay > deadline:
                     raise
                 log.info("JetStream not ready yet (%s); retrying", err)
                 await anyio.sleep(delay)

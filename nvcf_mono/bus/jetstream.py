@@ -53,6 +53,8 @@ def translate(err: Exception, what: str) -> BusError:
             return StreamFull(f"{what}: {description}")
         if err.err_code in (_STREAM_NOT_FOUND, _CONSUMER_NOT_FOUND) or err.code == 404:
             return NotFound(f"{what}: {description or 'not found'}")
+        if err.code == 503:  # JetStream temporarily unavailable (e.g. still recovering its store)
+            return BusUnavailable(f"{what}: {description or 'JetStream is unavailable'}")
         return BusError(f"{what}: {description or err} (code {err.err_code})")
     if isinstance(err, nats.errors.TimeoutError | TimeoutError):
         return RequestTimeout(f"{what}: no answer from JetStream in time")
