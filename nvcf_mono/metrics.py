@@ -75,6 +75,8 @@ class _Metric:
     kind = "untyped"
 
     def _key(self, labels: dict[str, str]) -> LabelValues:
+        if not labels and not self.label_names:
+            return ()
         if set(labels) != set(self.label_names):
             raise MetricError(f"{self.name} takes labels {self.label_names}, got {tuple(labels)}")
         return tuple(str(labels[n]) for n in self.label_names)
@@ -97,12 +99,12 @@ class Counter(_Metric):
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
         """Add ``amount`` (default 1) to the series named by ``labels``."""
-        key = self._key(labels) if labels or self.label_names else ()
+        key = self._key(labels)
         self._values[key] = self._values.get(key, 0.0) + amount
 
     def value(self, **labels: str) -> float:
         """Current value of one series (0 when never incremented)."""
-        return self._values.get(self._key(labels) if labels or self.label_names else (), 0.0)
+        return self._values.get(self._key(labels), 0.0)
 
     def samples(self) -> Iterable[str]:
         if not self.label_names and not self._values:
@@ -122,11 +124,11 @@ class Gauge(_Metric):
 
     def set(self, value: float, **labels: str) -> None:
         """Set the series named by ``labels``."""
-        self._values[self._key(labels) if labels or self.label_names else ()] = value
+        self._values[self._key(labels)] = value
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
         """Add to the series named by ``labels``."""
-        key = self._key(labels) if labels or self.label_names else ()
+        key = self._key(labels)
         self._values[key] = self._values.get(key, 0.0) + amount
 
     def dec(self, amount: float = 1.0, **labels: str) -> None:
@@ -139,7 +141,7 @@ class Gauge(_Metric):
 
     def value(self, **labels: str) -> float:
         """Current value of one series (0 when never set)."""
-        return self._values.get(self._key(labels) if labels or self.label_names else (), 0.0)
+        return self._values.get(self._key(labels), 0.0)
 
     def set_function(self, fn: Callable[[], Iterable[tuple[LabelValues, float]]]) -> None:
         """Read the series from ``fn`` at every scrape instead of storing them."""
@@ -171,7 +173,7 @@ class Histogram(_Metric):
 
     def observe(self, value: float, **labels: str) -> None:
         """Record one observation in the series named by ``labels``."""
-        key = self._key(labels) if labels or self.label_names else ()
+        key = self._key(labels)
         series = self._series.get(key)
         if series is None:
             series = self._series[key] = _HistogramSeries(counts=[0] * (len(self.buckets) + 1))
@@ -181,7 +183,7 @@ class Histogram(_Metric):
 
     def count(self, **labels: str) -> int:
         """Number of observations in one series."""
-        series = self._series.get(self._key(labels) if labels or self.label_names else ())
+        series = self._series.get(self._key(labels))
         return 0 if series is None else series.count
 
     def samples(self) -> Iterable[str]:

@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, final
 
-import anyio
 import attrs
 from aiohttp import web
 from anyio.abc import TaskStatus
@@ -284,14 +283,6 @@ async def serve_forever(ctx: RunContext[Any], *, task_status: TaskStatus[None]) 
     """A ``run()`` body for plugins that only contribute declarations: ready at once, wait for stop."""
     task_status.started()
     await ctx.wait_stopping()
-
-
-async def sleep_until_stopping(ctx: RunContext[Any], seconds: float) -> bool:
-    """Sleep ``seconds`` unless the host starts stopping first; returns True if it did."""
-    with anyio.move_on_after(seconds):
-        await ctx.wait_stopping()
-        return True
-    return False
 
 
 class BasePlugin(Generic[C]):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 from collections.abc import Sequence
 
 from nvcf_mono import __version__
@@ -45,4 +44,4 @@ def main(argv: Sequence[str], ctx: CliContext) -> int:
     return code
 
 
-__all__ = ["CliContext", "CliError", "build_parser", "main", "sys"]
+__all__ = ["CliContext", "CliError", "build_parser", "main"]

@@ -250,8 +250,8 @@ def _sections(
     for key, owner in owners.items():
         tp = catalog.plugins[owner].spec.sections[key]
         value = _structure_into(tp, raw.get(key), (key,), prov, issues)
-        if value is not None or key not in raw:
-            sections[key] = value if value is not None else structure(tp, None)
+        if value is not None:  # None: invalid, and the issue is already recorded
+            sections[key] = value
     return sections
 
 
