@@ -104,6 +104,24 @@ def setting(
     return attrs.field(default=default, metadata=metadata)
 
 
+def checked(
+    default: Any = attrs.NOTHING,
+    *,
+    check: Check | None = None,
+    factory: Callable[[], Any] | None = None,
+    key: str | None = None,
+) -> Any:
+    """An attrs field of a data model whose value ``structure()`` checks (no documentation needed)."""
+    metadata: dict[str, Any] = {}
+    if check is not None:
+        metadata[CHECK] = check
+    if key is not None:
+        metadata[KEY] = key
+    if factory is not None:
+        return attrs.field(factory=factory, metadata=metadata)
+    return attrs.field(default=default, metadata=metadata)
+
+
 # ---- checks ---------------------------------------------------------------------------------------
 
 
@@ -498,28 +516,67 @@ def _attrs(tp: type, value: Any, cur: _Cursor) -> Any:
 # ---- the reverse: plain data for YAML/JSON output -------------------------------------------------
 
 
-def unstructure(value: Any, *, redact: bool = False) -> Any:
-    """Turn attrs values (and what they hold) into plain data; ``redact`` masks secret fields."""
+def unstructure(value: Any, *, redact: bool = False, omit_none: bool = False) -> Any:
+    """Turn attrs values (and what they hold) into plain data.
+
+    ``redact`` masks secret fields; ``omit_none`` leaves out attrs fields whose value is ``None``
+    (the JSON convention of the NVCF API: null fields are omitted).
+    """
     if attrs.has(type(value)):
         out: dict[str, Any] = {}
         for field in attrs.fields(type(value)):
             item = getattr(value, field.name)
+            if item is None and omit_none:
+                continue
             if redact and field.metadata.get(SECRET) and item is not None:
-                out[external_key(field)] = "<redacted>"
+                # Keep the shape (a list stays a list) so the output still reads as config.
+                masked = ["<redacted>"] * len(item) if isinstance(item, tuple | list | frozenset) else "<redacted>"
+                out[external_key(field)] = masked
             else:
-                out[external_key(field)] = unstructure(item, redact=redact)
+                out[external_key(field)] = unstructure(item, redact=redact, omit_none=omit_none)
         return out
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, Path):
         return str(value)
     if isinstance(value, Mapping):
-        return {unstructure(k): unstructure(v, redact=redact) for k, v in value.items()}
+        return {unstructure(k): unstructure(v, redact=redact, omit_none=omit_none) for k, v in value.items()}
     if isinstance(value, frozenset | set):
-        return sorted(unstructure(v, redact=redact) for v in value)
+        return sorted(unstructure(v, redact=redact, omit_none=omit_none) for v in value)
     if isinstance(value, tuple | list):
-        return [unstructure(v, redact=redact) for v in value]
+        return [unstructure(v, redact=redact, omit_none=omit_none) for v in value]
     return value
+
+
+# ---- wire models: camelCase outside, snake_case inside --------------------------------------------
+
+
+def camel_case(name: str) -> str:
+    """``inference_url`` -> ``inferenceUrl`` (a trailing ``_`` is dropped: ``type_`` -> ``type``)."""
+    head, *rest = name.rstrip("_").split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def _camel_keys(cls: type, fields: list[attrs.Attribute[Any]]) -> list[attrs.Attribute[Any]]:
+    return [f if KEY in f.metadata else f.evolve(metadata={**f.metadata, KEY: camel_case(f.name)}) for f in fields]
+
+
+class WireModel:
+    """Base of :func:`wire` classes, so type checkers know them as attrs classes."""
+
+    if typing.TYPE_CHECKING:
+        __attrs_attrs__: typing.ClassVar[Any]
+
+
+@typing.dataclass_transform(frozen_default=True, kw_only_default=True, field_specifiers=(attrs.field, setting, checked))
+def wire(cls: type[T]) -> type[T]:
+    """A frozen, keyword-only attrs class whose fields are camelCase in external data (JSON)."""
+    return attrs.frozen(kw_only=True, field_transformer=_camel_keys)(cls)
+
+
+def evolve(inst: T, **changes: Any) -> T:
+    """``attrs.evolve`` for any attrs value, :func:`wire` classes included."""
+    return attrs.evolve(inst, **changes)  # type: ignore[misc]
 
 
 def iter_fields(cls: type) -> Iterable[tuple[attrs.Attribute[Any], Any]]:

@@ -371,12 +371,12 @@ class KeyValue(Protocol):
         """Write only if the key has no live value; raises ConflictError otherwise."""
         ...
 
-    async def update(self, key: str, value: bytes, *, revision: int) -> int:
+    async def update(self, key: str, value: bytes, *, revision: int, ttl: float | None = None) -> int:
         """Write only if the key is still at ``revision``; raises ConflictError otherwise."""
         ...
 
-    async def delete(self, key: str, *, revision: int | None = None) -> None:
-        """Delete (optionally only at ``revision``, else ConflictError); history keeps the marker."""
+    async def delete(self, key: str, *, revision: int | None = None) -> int:
+        """Delete (optionally only at ``revision``, else ConflictError); returns the marker's revision."""
         ...
 
     async def purge(self, key: str) -> None:

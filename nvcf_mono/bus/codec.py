@@ -118,11 +118,11 @@ class TypedKV(Generic[T]):
     async def create(self, key: str, value: T, *, ttl: float | None = None) -> int:
         return await self.kv.create(key, self.codec.encode(value), ttl=ttl)
 
-    async def update(self, key: str, value: T, *, revision: int) -> int:
-        return await self.kv.update(key, self.codec.encode(value), revision=revision)
+    async def update(self, key: str, value: T, *, revision: int, ttl: float | None = None) -> int:
+        return await self.kv.update(key, self.codec.encode(value), revision=revision, ttl=ttl)
 
-    async def delete(self, key: str, *, revision: int | None = None) -> None:
-        await self.kv.delete(key, revision=revision)
+    async def delete(self, key: str, *, revision: int | None = None) -> int:
+        return await self.kv.delete(key, revision=revision)
 
     @asynccontextmanager
     async def watch(self, pattern: str = ">") -> AsyncIterator[TypedWatch[T]]:

@@ -192,20 +192,23 @@ class NatsKeyValue:
             except ConflictError:
                 raise ConflictError(f"{self.bucket}/{key} already exists") from None
 
-    async def update(self, key: str, value: bytes, *, revision: int) -> int:
-        """Write only if the key is still at ``revision``."""
+    async def update(self, key: str, value: bytes, *, revision: int, ttl: float | None = None) -> int:
+        """Write only if the key is still at ``revision`` (with a new TTL when given)."""
+        headers = {"Nats-Expected-Last-Subject-Sequence": str(revision)}
+        if ttl:
+            headers[api.Header.MSG_TTL] = _ttl_header(ttl)
         try:
-            return await self._publish(key, value, {"Nats-Expected-Last-Subject-Sequence": str(revision)})
+            return await self._publish(key, value, headers)
         except ConflictError:
             raise ConflictError(f"{self.bucket}/{key} is no longer at revision {revision}") from None
 
-    async def delete(self, key: str, *, revision: int | None = None) -> None:
-        """Leave a delete marker (only at ``revision`` when given)."""
+    async def delete(self, key: str, *, revision: int | None = None) -> int:
+        """Leave a delete marker (only at ``revision`` when given); returns its revision."""
         headers = {_KV_OP: "DEL"}
         if revision is not None:
             headers["Nats-Expected-Last-Subject-Sequence"] = str(revision)
         try:
-            await self._publish(key, b"", headers)
+            return await self._publish(key, b"", headers)
         except ConflictError:
             raise ConflictError(f"{self.bucket}/{key} is no longer at revision {revision}") from None
 

@@ -1,0 +1,155 @@
+"""A local copy of a KV bucket, kept current by a watch: the read side of caches and reconcilers.
+
+The watch is restarted after the bus reconnects (nats-py's watch can go quiet for a while after a
+server restart), and the snapshot then replaces the copy, so nothing missed stays missed. Values
+that cannot be decoded are logged and skipped, never fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Generic, TypeVar, final
+
+import anyio
+from anyio.abc import TaskStatus
+
+from nvcf_mono.bus.api import Bus, Entry, KeyValue
+from nvcf_mono.bus.codec import SchemaVersionError, Versioned, VersionedCodec
+from nvcf_mono.bus.errors import BusError
+
+T = TypeVar("T")
+
+
+@final
+class Signal:
+    """A change counter tasks can wait on (``version = await signal.wait(after=version)``)."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._event = anyio.Event()
+
+    def notify(self) -> None:
+        self.version += 1
+        self._event.set()
+        self._event = anyio.Event()
+
+    async def wait(self, *, after: int) -> int:
+        """Return the current version once it is past ``after``."""
+        while self.version <= after:
+            await self._event.wait()
+        return self.version
+
+
+@final
+class KvMirror(Generic[T]):
+    """Every live key matching ``pattern`` in a bucket, decoded, with its revision."""
+
+    def __init__(
+        self,
+        kv: KeyValue,
+        codec: VersionedCodec[T],
+        *,
+        pattern: str = ">",
+        signal: Signal | None = None,
+        log: logging.Logger | None = None,
+    ) -> None:
+        self.kv = kv
+        self.codec = codec
+        self.pattern = pattern
+        self.signal = signal or Signal()
+        self._log = log or logging.getLogger(f"nvcf_mono.bus.mirror.{kv.bucket}")
+        self._data: dict[str, Versioned[T]] = {}
+        self.loaded = anyio.Event()
+
+    # ---- reading ----------------------------------------------------------------------------------
+
+    def get(self, key: str) -> T | None:
+        found = self._data.get(key)
+        return None if found is None else found.value
+
+    def entry(self, key: str) -> Versioned[T] | None:
+        return self._data.get(key)
+
+    def items(self) -> Iterator[tuple[str, T]]:
+        for key, found in list(self._data.items()):
+            yield key, found.value
+
+    def values(self) -> list[T]:
+        return [found.value for found in self._data.values()]
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    # ---- writing through --------------------------------------------------------------------------
+
+    def note(self, key: str, value: T | None, revision: int) -> None:
+        """Record this node's own write at once (the watch confirms it later)."""
+        current = self._data.get(key)
+        if current is not None and current.revision >= revision:
+            return
+        if value is None:
+            if self._data.pop(key, None) is not None:
+                self.signal.notify()
+            return
+        self._data[key] = Versioned(key, value, revision)
+        self.signal.notify()
+
+    # ---- running ----------------------------------------------------------------------------------
+
+    async def run(self, bus: Bus, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Keep the copy current until cancelled; ready once the first snapshot is loaded."""
+        delay = 0.1
+        while True:
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._restart_on_reconnect, bus, tg.cancel_scope)
+                    async with self.kv.watch(self.pattern) as watch:
+                        self._replace(watch.initial)
+                        if not self.loaded.is_set():
+                            self.loaded.set()
+                            task_status.started()
+                        delay = 0.1
+                        async for entry in watch:
+                            self._apply(entry)
+            except BusError as err:
+                self._log.warning("watch of %s/%s failed (%s); restarting", self.kv.bucket, self.pattern, err)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _restart_on_reconnect(self, bus: Bus, scope: anyio.CancelScope) -> None:
+        async with bus.events() as events:
+            async for event in events:
+                if event.kind == "reconnected":
+                    self._log.debug("bus reconnected: reloading %s", self.kv.bucket)
+                    scope.cancel()
+                    return
+
+    def _decode(self, entry: Entry) -> T | None:
+        try:
+            return self.codec.decode(entry.value)
+        except SchemaVersionError as err:
+            self._log.error("skipping %s/%s: %s", self.kv.bucket, entry.key, err)
+            return None
+
+    def _replace(self, initial: tuple[Entry, ...]) -> None:
+        data: dict[str, Versioned[T]] = {}
+        for entry in initial:
+            value = self._decode(entry)
+            if value is not None:
+                data[entry.key] = Versioned(entry.key, value, entry.revision)
+        self._data = data
+        self.signal.notify()
+
+    def _apply(self, entry: Entry) -> None:
+        current = self._data.get(entry.key)
+        if current is not None and current.revision >= entry.revision:
+            return
+        if entry.deleted:
+            if self._data.pop(entry.key, None) is not None:
+                self.signal.notify()
+            return
+        value = self._decode(entry)
+        if value is not None:
+            self._data[entry.key] = Versioned(entry.key, value, entry.revision)
+            self.signal.notify()
