@@ -54,7 +54,8 @@ async def test_ready_host_serves_health_readiness_metrics_and_plugin_routes(
                 body = await resp.json()
                 assert body["status"] == "ready"
                 assert body["bus"] == "connected"
-                assert set(body["plugins"]) == {"control", "invocation", "compute", "recorder"}
+                assert set(body["plugins"]) == set(config.order)
+                assert {"control", "invocation", "compute", "recorder"} <= set(body["plugins"])
                 assert all(p["state"] == "running" for p in body["plugins"].values())
             async with http.get(f"{base}/recorder") as resp:
                 assert resp.status == 200
@@ -244,7 +245,10 @@ async def test_endpoints_file_is_private_and_complete(tmp_path: Path, nats_serve
         assert doc["invocation_url"] == host.endpoints.invocation_url
         assert doc["grpc_url"] == host.endpoints.grpc_address
         assert doc["nats_url"] == nats_server.url
-        assert doc["credentials"] == {"admin_token": None, "api_key": None, "task_api_key": None}
+        creds = doc["credentials"]
+        assert set(creds) == {"admin_token", "api_key", "task_api_key"}
+        assert creds["admin_token"].startswith("nvcf-admin-")
+        assert creds["api_key"].startswith("nvapi-") and creds["task_api_key"].startswith("nvapi-")
         host.set_credential("admin_token", "t0ken")
         assert json.loads(path.read_text())["credentials"]["admin_token"] == "t0ken"
         assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]

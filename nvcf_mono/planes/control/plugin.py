@@ -1,22 +1,105 @@
-"""The control plane's plugin: management API, accounts and keys, clusters, deployments, autoscaler.
+"""The control plane's plugin: the NVCF management API, accounts and keys, clusters, deployments.
 
-So far it only takes its place in the host (roles all-in-one and control); the management API and
-reconcilers arrive with the control-plane work.
+Every control-plane process serves the API and the agents' calls (a NATS queue group); one of them
+at a time, the holder of the reconciler lease, places and terminates instances.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from nvcf_mono.plugin import BasePlugin, NoConfig, PluginSpec
+import anyio
+from anyio.abc import TaskStatus
+
+from nvcf_mono.auth.keystore import API_KEY_STORE
+from nvcf_mono.auth.secret import KEYRING
+from nvcf_mono.auth.strategy import AUTHENTICATOR
+from nvcf_mono.bus.codec import TypedKV
+from nvcf_mono.contracts import buckets, streams
+from nvcf_mono.http.api import ApiRouter
+from nvcf_mono.planes.control.api import ALL as API_MODULES
+from nvcf_mono.planes.control.bootstrap import bootstrap_keys, ensure_account
+from nvcf_mono.planes.control.config import ControlConfig
+from nvcf_mono.planes.control.context import Control
+from nvcf_mono.planes.control.icms import Icms
+from nvcf_mono.planes.control.leader import LeaderLease
+from nvcf_mono.planes.control.reconcile.reconciler import Reconciler
+from nvcf_mono.planes.control.store import ControlStore
+from nvcf_mono.plugin import BasePlugin, PluginSpec, RunContext, SetupContext
+
+BUCKETS = (
+    buckets.ACCOUNTS,
+    buckets.FUNCTIONS,
+    buckets.DEPLOYMENTS,
+    buckets.PLACEMENTS,
+    buckets.AUTOSCALER,
+    buckets.CLUSTERS,
+    buckets.CLUSTER_HEALTH,
+    buckets.SECRETS,
+    buckets.REGISTRY_CREDENTIALS,
+    buckets.AUTHORIZATIONS,
+    buckets.ASSETS,
+    buckets.LEASES,
+)
+RECONCILER_LEASE = "control-reconciler"
 
 
-class ControlPlane(BasePlugin[NoConfig]):
+class ControlPlane(BasePlugin[ControlConfig]):
     """Plugin ``control``."""
 
     spec: ClassVar[PluginSpec] = PluginSpec(
         name="control",
         description="Control plane: the NVCF management API, accounts, keys, clusters and deployments.",
         roles=frozenset({"all-in-one", "control"}),
-        config_type=NoConfig,
+        requires=("auth",),
+        after=("auth_api_key", "auth_static_token", "auth_jwt"),
+        config_type=ControlConfig,
     )
+
+    def setup(self, ctx: SetupContext) -> None:
+        for bucket in BUCKETS:
+            ctx.declare_bucket(bucket)
+        ctx.declare_object_store(buckets.ASSET_CONTENT)
+        ctx.declare_stream(streams.CREATE_STREAM)
+        ctx.declare_stream(streams.TERMINATE_STREAM)
+        self.ctl = Control(config=self.config, settings=ctx.settings, log=ctx.log)
+        self.router = ApiRouter()
+        for module in API_MODULES:
+            module.register(self.router, self.ctl)
+        self.router.install(ctx)
+
+    async def run(self, ctx: RunContext[ControlConfig], *, task_status: TaskStatus[None]) -> None:
+        ctl = self.ctl
+        store = ControlStore(ctx.bus, ctx.log, signal=ctl.wake)
+        keys = ctx.services.find(API_KEY_STORE)
+        async with anyio.create_task_group() as tg:
+            await tg.start(store.run, ctx.bus)
+            ctl.bind(store=store, bus=ctx.bus, keyring=ctx.services.get(KEYRING), keys=keys, endpoints=ctx.endpoints)
+
+            async def account_exists(nca_id: str) -> bool:
+                return await store.accounts.fetch(nca_id) is not None
+
+            self.router.bind(ctx.services.get(AUTHENTICATOR), account_exists=account_exists)
+            await ensure_account(ctl, self.config.default_account)
+            bootstrap = self.config.bootstrap_keys
+            if keys is not None and (ctx.settings.role == "all-in-one" if bootstrap is None else bootstrap):
+                for name, value in (await bootstrap_keys(ctl, keys, ctx.state_dir)).items():
+                    ctx.set_credential(name, value)
+            icms = Icms(ctl, ctx.log)
+            await tg.start(icms.serve)
+            await tg.start(icms.serve_secrets)
+            lease = LeaderLease(
+                TypedKV(ctx.bus.kv(buckets.LEASES.name), buckets.LEASE),
+                RECONCILER_LEASE,
+                node=ctx.settings.node.id or "control",
+                ttl=self.config.reconcile.lease_ttl,
+                log=ctx.log,
+            )
+            reconciler = Reconciler(ctl, ctx.metrics, ctx.log)
+            leader_gauge = ctx.metrics.gauge("nvcf_control_leader", "1 while this process runs the reconciler.")
+            leader_gauge.set_function(lambda: [((), 1.0 if lease.is_leader else 0.0)])
+            await tg.start(lease.run, reconciler.lead)
+            task_status.started()
+            await ctx.wait_stopping()
+            await lease.release()
+            tg.cancel_scope.cancel()

@@ -1,0 +1,145 @@
+"""API keys on the bus: minted and revoked by the control plane, verified on every node from a mirror.
+
+Verification is a dictionary lookup in a watch-fed copy of the bucket (no I/O per request). A node
+records its own writes at once, and other nodes see them through the watch within milliseconds,
+so a revoked key stops working at once; expiry is checked against the clock on every request.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import final
+
+import anyio
+from anyio.abc import TaskStatus
+
+from nvcf_mono.auth.apikeys import KEY_PREFIX, KeyFormatError, generate, masked, parse
+from nvcf_mono.auth.principal import AuthError, Principal
+from nvcf_mono.auth.secret import Keyring
+from nvcf_mono.bus.api import Bus
+from nvcf_mono.bus.mirror import KvMirror
+from nvcf_mono.contracts import buckets
+from nvcf_mono.models.api_key import ApiKeyRecord, Authorizations, KeyStatus
+from nvcf_mono.models.common import iso, new_id, parse_iso, utc_now
+from nvcf_mono.services import ServiceKey
+
+
+@final
+class ApiKeyStore:
+    """Create, list, revoke and verify API keys."""
+
+    def __init__(self, *, log: logging.Logger | None = None) -> None:
+        self._keyring: Keyring | None = None
+        self._log = log or logging.getLogger("nvcf_mono.auth.keys")
+        self._mirror: KvMirror[ApiKeyRecord] | None = None
+
+    def bind(self, keyring: Keyring) -> None:
+        """The platform secret's keys (known once the auth plugin runs)."""
+        self._keyring = keyring
+
+    @property
+    def keyring(self) -> Keyring:
+        if self._keyring is None:
+            raise AuthError(503, "API keys are not ready yet")
+        return self._keyring
+
+    @property
+    def mirror(self) -> KvMirror[ApiKeyRecord]:
+        if self._mirror is None:
+            raise AuthError(503, "API keys are not loaded yet")
+        return self._mirror
+
+    async def run(self, bus: Bus, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Mirror the bucket until cancelled."""
+        self._mirror = KvMirror(bus.kv(buckets.API_KEYS.name), buckets.API_KEY, log=self._log)
+        await self._mirror.run(bus, task_status=task_status)
+
+    # ---- verification ------------------------------------------------------------------------------
+
+    def verify(self, token: str) -> Principal | None:
+        """The principal of an ``nvapi-`` key; None for other tokens; AuthError for bad keys."""
+        if not token.startswith(KEY_PREFIX):
+            return None
+        try:
+            digest = parse(token, self.keyring.api_key_domain_key)
+        except KeyFormatError as err:
+            raise AuthError(401, f"invalid API key: {err}") from err
+        record = self.mirror.get(digest)
+        if record is None:
+            raise AuthError(401, "the API key is unknown or has been revoked")
+        status = effective_status(record)
+        if status is not KeyStatus.ACTIVE:
+            raise AuthError(401, f"the API key is {status.value.lower()}")
+        return Principal(
+            kind="api_key",
+            subject=record.owner_id,
+            account=record.nca_id,
+            scopes=record.authorizations.scopes(),
+            resources=record.authorizations.resources(),
+            key_id=record.id,
+        )
+
+    # ---- management --------------------------------------------------------------------------------
+
+    async def create(
+        self,
+        *,
+        nca_id: str,
+        owner_id: str,
+        description: str,
+        authorizations: Authorizations,
+        expires_in: timedelta,
+        issuer_service_id: str,
+        audience_service_ids: Sequence[str],
+    ) -> tuple[ApiKeyRecord, str]:
+        """Mint a key; returns the record and the key value (shown once, never stored)."""
+        value, digest = generate(self.keyring.api_key_domain_key)
+        now = utc_now()
+        record = ApiKeyRecord(
+            id=new_id(),
+            hash=digest,
+            nca_id=nca_id,
+            owner_id=owner_id,
+            description=description,
+            created_at=iso(now),
+            expires_at=iso(now + expires_in),
+            masked=masked(KEY_PREFIX, digest),
+            authorizations=authorizations,
+            issuer_service_id=issuer_service_id,
+            audience_service_ids=tuple(audience_service_ids),
+        )
+        revision = await self.mirror.kv.create(digest, buckets.API_KEY.encode(record))
+        self.mirror.note(digest, record, revision)
+        return record, value
+
+    def find(self, key_id: str) -> ApiKeyRecord | None:
+        for record in self.mirror.values():
+            if record.id == key_id:
+                return record
+        return None
+
+    def list(self, *, nca_id: str | None = None) -> list[ApiKeyRecord]:
+        records = [r for r in self.mirror.values() if nca_id is None or r.nca_id == nca_id]
+        return sorted(records, key=lambda r: r.created_at)
+
+    async def revoke(self, key_id: str) -> bool:
+        """Delete a key; it stops working on this node at once and on others within the watch delay."""
+        record = self.find(key_id)
+        if record is None:
+            return False
+        revision = await self.mirror.kv.delete(record.hash)
+        self.mirror.note(record.hash, None, revision)
+        return True
+
+
+def effective_status(record: ApiKeyRecord) -> KeyStatus:
+    """A stored ACTIVE key past its expiry reads as EXPIRED."""
+    if record.status is KeyStatus.ACTIVE and parse_iso(record.expires_at) <= utc_now():
+        return KeyStatus.EXPIRED
+    return record.status
+
+
+#: Provided by the ``auth_api_key`` plugin.
+API_KEY_STORE: ServiceKey[ApiKeyStore] = ServiceKey("nvcf_mono.auth.api_keys")

@@ -1,0 +1,70 @@
+"""Auth strategies and the chain that asks them in configured order; the first that claims decides."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, final
+
+from nvcf_mono.auth.principal import AuthError, Principal
+from nvcf_mono.services import ExtensionPoint, ServiceKey
+
+
+class AuthStrategy(Protocol):
+    """Turns a bearer token into a principal.
+
+    Return ``None`` when the token is not of this strategy's kind (the next one is asked); raise
+    :class:`AuthError` when it is, but is invalid, expired or revoked (the chain stops there).
+    """
+
+    name: str
+
+    async def authenticate(self, token: str) -> Principal | None: ...
+
+
+#: Strategies contributed by auth plugins (``api_key``, ``jwt``, ``static_token``, or your own).
+AUTH_STRATEGIES: ExtensionPoint[AuthStrategy] = ExtensionPoint("nvcf_mono.auth.strategies")
+#: The chain every API edge uses.
+AUTHENTICATOR: ServiceKey[Authenticator] = ServiceKey("nvcf_mono.auth.authenticator")
+
+MISSING_HEADER = "Header of type `authorization` was missing"
+
+
+def bearer_token(header: str | None) -> str:
+    """The token of an ``Authorization: Bearer <token>`` header, or a 401."""
+    if not header:
+        raise AuthError(401, MISSING_HEADER)
+    scheme, _, token = header.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise AuthError(401, "expected 'Authorization: Bearer <token>'")
+    return token
+
+
+@final
+class Authenticator:
+    """Asks each strategy in order until one claims the token."""
+
+    def __init__(self) -> None:
+        self._strategies: tuple[AuthStrategy, ...] = ()
+
+    def configure(self, strategies: Sequence[AuthStrategy]) -> None:
+        """Set the strategies, in the order they are asked."""
+        self._strategies = tuple(strategies)
+
+    @property
+    def strategies(self) -> tuple[AuthStrategy, ...]:
+        return self._strategies
+
+    async def authenticate(self, header: str | None) -> Principal:
+        """The principal behind an ``Authorization`` header; raises :class:`AuthError` (401)."""
+        return await self.authenticate_token(bearer_token(header))
+
+    async def authenticate_token(self, token: str) -> Principal:
+        """The principal behind a bare token."""
+        for strategy in self._strategies:
+            principal = await strategy.authenticate(token)
+            if principal is not None:
+                return principal
+        if not self._strategies:
+            raise AuthError(401, "no authentication strategy is enabled on this node")
+        raise AuthError(401, "the credential is not recognised")

@@ -1,0 +1,136 @@
+"""KV buckets and object stores that cross plane boundaries: spec, key layout, value schema.
+
+Values are stored with :class:`~nvcf_mono.bus.codec.VersionedCodec` (``{"v": N, "data": ...}``);
+bump a codec's version and add an upgrade when a stored shape changes incompatibly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nvcf_mono.bus.api import BucketSpec, KeyValue, ObjectStoreSpec
+from nvcf_mono.bus.codec import TypedKV, VersionedCodec
+from nvcf_mono.models.account import Account
+from nvcf_mono.models.api_key import ApiKeyRecord
+from nvcf_mono.models.asset import Asset
+from nvcf_mono.models.cluster import Cluster, ClusterHeartbeat
+from nvcf_mono.models.deployment import Deployment
+from nvcf_mono.models.function import FunctionVersion
+from nvcf_mono.models.placement import SpecPlacement
+from nvcf_mono.models.secret import SealedSecrets, StoredRegistryCredential
+from nvcf_mono.models.sharing import AuthorizedParties
+from nvcf_mono.structure import WireModel, wire
+
+# ---- specs ----------------------------------------------------------------------------------------
+
+ACCOUNTS = BucketSpec(name="nvcf_accounts", description="Accounts (key: <ncaId>).", history=5)
+FUNCTIONS = BucketSpec(name="nvcf_functions", description="Function versions (key: <fid>.<vid>).", history=5)
+DEPLOYMENTS = BucketSpec(name="nvcf_deployments", description="Deployments (key: <fid>.<vid>).", history=5)
+PLACEMENTS = BucketSpec(
+    name="nvcf_placements",
+    description="Instance requests per GPU spec (key: <fvid>.<gpuSpecificationId>).",
+    history=3,
+)
+AUTOSCALER = BucketSpec(
+    name="nvcf_autoscaler",
+    description="The autoscaler's desired instances per GPU spec (key: <fvid>.<gpuSpecificationId>).",
+)
+CLUSTERS = BucketSpec(name="nvcf_clusters", description="Registered clusters (key: <clusterId>).", history=3)
+CLUSTER_HEALTH = BucketSpec(
+    name="nvcf_cluster_health",
+    description="Last heartbeat per cluster (key: <clusterId>); it expires when heartbeats stop.",
+    per_key_ttl=True,
+)
+API_KEYS = BucketSpec(name="nvcf_api_keys", description="API keys by hash (key: <hash>); no secret is stored.")
+SECRETS = BucketSpec(
+    name="nvcf_secrets",
+    description="Sealed secrets (key: fn.<fid>.<vid> or task.<taskId>).",
+)
+REGISTRY_CREDENTIALS = BucketSpec(
+    name="nvcf_registry_credentials", description="Registry credentials (key: <ncaId>.<credentialId>)."
+)
+AUTHORIZATIONS = BucketSpec(name="nvcf_authorizations", description="Function sharing (key: <fid> or <fid>.<vid>).")
+ASSETS = BucketSpec(name="nvcf_assets", description="Asset metadata (key: <ncaId>.<assetId>).")
+ASSET_CONTENT = ObjectStoreSpec(name="nvcf_assets", description="Asset content (name: <ncaId>/<assetId>).")
+LEASES = BucketSpec(
+    name="nvcf_leases", description="Leader leases (key: <role>); a lease expires unless renewed.", per_key_ttl=True
+)
+
+# ---- codecs ---------------------------------------------------------------------------------------
+
+ACCOUNT = VersionedCodec(Account, 1, "account")
+FUNCTION = VersionedCodec(FunctionVersion, 1, "function version")
+DEPLOYMENT = VersionedCodec(Deployment, 1, "deployment")
+PLACEMENT = VersionedCodec(SpecPlacement, 1, "placement")
+CLUSTER = VersionedCodec(Cluster, 1, "cluster")
+HEARTBEAT = VersionedCodec(ClusterHeartbeat, 1, "cluster heartbeat")
+API_KEY = VersionedCodec(ApiKeyRecord, 1, "api key")
+SEALED_SECRETS = VersionedCodec(SealedSecrets, 1, "secrets")
+REGISTRY_CREDENTIAL = VersionedCodec(StoredRegistryCredential, 1, "registry credential")
+AUTHORIZED_PARTIES = VersionedCodec(AuthorizedParties, 1, "authorized parties")
+ASSET = VersionedCodec(Asset, 1, "asset")
+
+
+@wire
+class AutoscalerTarget(WireModel):
+    """What the autoscaler wants for one GPU spec, and why (written by the autoscaler)."""
+
+    desired: int
+    reason: str
+    at: str
+
+
+@wire
+class Lease(WireModel):
+    """Who holds a leader lease."""
+
+    holder: str
+    acquired_at: str
+    renewed_at: str
+
+
+AUTOSCALER_TARGET = VersionedCodec(AutoscalerTarget, 1, "autoscaler target")
+LEASE = VersionedCodec(Lease, 1, "lease")
+
+# ---- keys -----------------------------------------------------------------------------------------
+
+
+def version_key(function_id: str, version_id: str) -> str:
+    """``<fid>.<vid>`` (functions, deployments)."""
+    return f"{function_id}.{version_id}"
+
+
+def function_pattern(function_id: str) -> str:
+    """Every version of one function."""
+    return f"{function_id}.*"
+
+
+def spec_key(function_version_id: str, spec_id: str) -> str:
+    """``<fvid>.<gpuSpecificationId>`` (placements, autoscaler)."""
+    return f"{function_version_id}.{spec_id}"
+
+
+def version_specs_pattern(function_version_id: str) -> str:
+    return f"{function_version_id}.*"
+
+
+def function_secrets_key(function_id: str, version_id: str) -> str:
+    return f"fn.{function_id}.{version_id}"
+
+
+def task_secrets_key(task_id: str) -> str:
+    return f"task.{task_id}"
+
+
+def account_item_key(nca_id: str, item_id: str) -> str:
+    """``<ncaId>.<id>`` (registry credentials, assets)."""
+    return f"{nca_id}.{item_id}"
+
+
+def asset_object(nca_id: str, asset_id: str) -> str:
+    return f"{nca_id}/{asset_id}"
+
+
+def typed(kv: KeyValue, codec: VersionedCodec[Any]) -> TypedKV[Any]:
+    """A typed handle (``typed(bus.kv(FUNCTIONS.name), FUNCTION)``)."""
+    return TypedKV(kv, codec)

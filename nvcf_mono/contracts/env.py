@@ -1,0 +1,97 @@
+"""The instance environment contract: what the control plane puts in a creation message, what the
+agent adds when it launches an instance, and who reads each variable (reference invocation §3.6,
+compute-plane §1 "Environment keys").
+
+``python -m nvcf_mono.contracts.env`` prints the table as Markdown (it is in ``README.md`` too).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class Var:
+    """One variable of the contract."""
+
+    name: str
+    set_by: str
+    read_by: str
+    default: str
+    meaning: str
+
+
+CP, AGENT, WORKER = "control plane", "agent", "worker"
+
+INFERENCE_CONTAINER = "INFERENCE_CONTAINER"
+INFERENCE_CONTAINER_ARGS = "INFERENCE_CONTAINER_ARGS"
+INFERENCE_CONTAINER_ENV = "INFERENCE_CONTAINER_ENV"
+INFERENCE_URL = "INFERENCE_URL"
+INFERENCE_PORT = "INFERENCE_PORT"
+INFERENCE_PROTOCOL = "INFERENCE_PROTOCOL"
+INFERENCE_HEALTH_ENDPOINT = "INFERENCE_HEALTH_ENDPOINT"
+INFERENCE_HEALTH_PORT = "INFERENCE_HEALTH_PORT"
+INFERENCE_HEALTH_PROTOCOL = "INFERENCE_HEALTH_PROTOCOL"
+INFERENCE_HEALTH_EXPECTED_RESPONSE_CODE = "INFERENCE_HEALTH_EXPECTED_RESPONSE_CODE"
+INFERENCE_HEALTH_TIMEOUT = "INFERENCE_HEALTH_TIMEOUT"
+MAX_REQUEST_CONCURRENCY = "MAX_REQUEST_CONCURRENCY"
+NVCF_WORKER_TOKEN = "NVCF_WORKER_TOKEN"
+NVCF_FQDN_GRPC = "NVCF_FQDN_GRPC"
+NCA_ID = "NCA_ID"
+FUNCTION_ID = "FUNCTION_ID"
+FUNCTION_NAME = "FUNCTION_NAME"
+FUNCTION_VERSION_ID = "FUNCTION_VERSION_ID"
+FUNCTION_TYPE = "FUNCTION_TYPE"
+FUNCTION_SECRETS_PRESENT = "FUNCTION_SECRETS_PRESENT"
+DEPLOYMENT_ID = "DEPLOYMENT_ID"
+GPU_SPECIFICATION_ID = "GPU_SPECIFICATION_ID"
+ICMS_REQUEST_ID = "ICMS_REQUEST_ID"
+GPU_NAME = "GPU_NAME"
+INSTANCE_TYPE = "INSTANCE_TYPE"
+BACKEND = "BACKEND"
+REGION = "REGION"
+HELM_CHART_INFERENCE_SERVICE_NAME = "HELM_CHART_INFERENCE_SERVICE_NAME"
+INSTANCE_ID = "INSTANCE_ID"
+
+CONTRACT: tuple[Var, ...] = (
+    Var(INFERENCE_CONTAINER, CP, AGENT, "-", "The function's container image (local backend: an image catalog name)."),
+    Var(INFERENCE_CONTAINER_ARGS, CP, AGENT, "empty", "containerArgs, split like a shell would."),
+    Var(INFERENCE_CONTAINER_ENV, CP, AGENT, "[]", "containerEnvironment as JSON [{key, value}]."),
+    Var(INFERENCE_URL, CP, WORKER, "-", "inferenceUrl: the path requests are sent to (/grpc: a gRPC function)."),
+    Var(INFERENCE_PORT, CP, "worker, agent", "8000", "inferencePort of the inference server."),
+    Var(INFERENCE_PROTOCOL, CP, WORKER, "http", "http or grpc."),
+    Var(INFERENCE_HEALTH_ENDPOINT, CP, WORKER, "/v2/health/ready", "Health check path (gRPC: service name)."),
+    Var(INFERENCE_HEALTH_PORT, CP, WORKER, "INFERENCE_PORT", "Port of the health check."),
+    Var(INFERENCE_HEALTH_PROTOCOL, CP, WORKER, "http", "http or grpc."),
+    Var(INFERENCE_HEALTH_EXPECTED_RESPONSE_CODE, CP, WORKER, "200", "Status that means healthy."),
+    Var(INFERENCE_HEALTH_TIMEOUT, CP, WORKER, "10", "Seconds one health check may take."),
+    Var(MAX_REQUEST_CONCURRENCY, CP, WORKER, "1", "Requests the instance serves at once."),
+    Var(NVCF_WORKER_TOKEN, CP, "worker (never the inference process)", "-", "Per-instance token for ConnectOnce."),
+    Var(NVCF_FQDN_GRPC, CP, WORKER, "-", "host:port of the WorkerService (invocation plane gRPC)."),
+    Var(NCA_ID, CP, "worker, agent", "-", "The function's account."),
+    Var(FUNCTION_ID, CP, "worker, agent", "-", "Function id."),
+    Var(FUNCTION_NAME, CP, WORKER, "-", "Function name."),
+    Var(FUNCTION_VERSION_ID, CP, "worker, agent", "-", "Function version id."),
+    Var(FUNCTION_TYPE, CP, WORKER, "DEFAULT", "DEFAULT or STREAMING."),
+    Var(FUNCTION_SECRETS_PRESENT, CP, WORKER, "false", "true when the worker must fetch secrets at launch."),
+    Var(DEPLOYMENT_ID, CP, AGENT, "-", "Deployment id."),
+    Var(GPU_SPECIFICATION_ID, CP, AGENT, "-", "GPU specification id (echoed in status reports)."),
+    Var(ICMS_REQUEST_ID, CP, "worker, agent", "-", "The instance request this instance serves."),
+    Var(GPU_NAME, CP, "worker, agent", "-", "GPU model."),
+    Var(INSTANCE_TYPE, CP, "worker, agent", "-", "Instance type name."),
+    Var(BACKEND, CP, WORKER, "-", "Cluster group (backend) name."),
+    Var(REGION, CP, WORKER, "-", "Region of the cluster."),
+    Var(HELM_CHART_INFERENCE_SERVICE_NAME, CP, "worker, agent", "-", "Helm functions: the Service to call."),
+    Var(INSTANCE_ID, AGENT, "worker, inference", "-", "The instance's id (a pod or process name)."),
+)
+
+
+def markdown() -> str:
+    """The contract as a Markdown table."""
+    lines = ["| variable | set by | read by | default | meaning |", "|---|---|---|---|---|"]
+    lines += [f"| `{v.name}` | {v.set_by} | {v.read_by} | {v.default} | {v.meaning} |" for v in CONTRACT]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown())

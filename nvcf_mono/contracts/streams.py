@@ -1,0 +1,77 @@
+"""JetStream streams and durable consumers that cross plane boundaries; every creator uses these."""
+
+from __future__ import annotations
+
+from nvcf_mono.bus.api import ConsumerSpec, Discard, Retention, StreamSpec
+from nvcf_mono.contracts import subjects
+
+#: Creation messages wait here until the addressed cluster's agent takes them (reference §1: 96 h).
+CREATE_STREAM = StreamSpec(
+    name=subjects.CREATE_STREAM,
+    subjects=("Create.NVCA.>",),
+    description="Instance creation messages for cluster agents (Create.NVCA.<kind>.<cluster>.<gpu>.<type>).",
+    retention=Retention.WORK_QUEUE,
+    max_msgs=1_000_000,
+    max_age=96 * 3600.0,
+    # The control plane republishes a placement it is unsure was sent; the request id dedupes it.
+    duplicate_window=600.0,
+)
+
+TERMINATE_STREAM = StreamSpec(
+    name=subjects.TERMINATE_STREAM,
+    subjects=("Terminate.NVCA.>",),
+    description="Instance termination messages for cluster agents (Terminate.NVCA.<cluster>).",
+    retention=Retention.WORK_QUEUE,
+    max_msgs=1_000_000,
+    max_age=96 * 3600.0,
+    duplicate_window=600.0,
+)
+
+
+def create_consumer(cluster_id: str) -> ConsumerSpec:
+    """One cluster's durable on the creation stream (ack wait 360 s, as NVCA)."""
+    return ConsumerSpec(
+        durable=subjects.agent_durable(subjects.CREATE_STREAM, cluster_id),
+        filter_subjects=(subjects.create_filter(cluster_id),),
+        description=f"creation messages of cluster {cluster_id}",
+        ack_wait=360.0,
+    )
+
+
+def terminate_consumer(cluster_id: str) -> ConsumerSpec:
+    """One cluster's durable on the termination stream (ack wait 30 s, as NVCA)."""
+    return ConsumerSpec(
+        durable=subjects.agent_durable(subjects.TERMINATE_STREAM, cluster_id),
+        filter_subjects=(subjects.terminate_subject(cluster_id),),
+        description=f"termination messages of cluster {cluster_id}",
+        ack_wait=30.0,
+    )
+
+
+def request_stream(region: str, function_version_id: str, *, max_msgs: int, max_bytes: int) -> StreamSpec:
+    """The durable request buffer of one function version (work queue; a full stream refuses: 429)."""
+    return StreamSpec(
+        name=subjects.request_stream(region, function_version_id),
+        subjects=(subjects.request_filter(region, function_version_id),),
+        description=f"invocation requests of function version {function_version_id} in {region}",
+        retention=Retention.WORK_QUEUE,
+        max_msgs=max_msgs,
+        max_bytes=max_bytes,
+        discard=Discard.NEW,
+        # One message per request id: a repeated publish is a duplicate, not a second request.
+        max_msgs_per_subject=1,
+        discard_new_per_subject=True,
+    )
+
+
+def request_consumer(region: str, function_version_id: str, *, ack_wait: float, max_deliver: int) -> ConsumerSpec:
+    """The durable the invocation plane pulls for the version's workers (reference: ack wait 30 s)."""
+    return ConsumerSpec(
+        durable=subjects.worker_durable(region, function_version_id),
+        filter_subjects=(subjects.request_filter(region, function_version_id),),
+        description=f"workers of function version {function_version_id}",
+        ack_wait=ack_wait,
+        max_deliver=max_deliver,
+        max_ack_pending=100_000,
+        max_waiting=4096,
+    )

@@ -1,0 +1,94 @@
+"""NATS subjects that cross plane boundaries, built in one place.
+
+The creation/termination subjects, stream names and durables are NVCF's own (seed ``000_*``,
+reference compute-plane §1); the ``nvcf.icms.*`` subjects carry what NVCA sends ICMS over REST in
+NVCF (registration, heartbeat, request acks, instance status), here as request/reply on the bus.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+WorkloadKind = Literal["Function", "Task"]
+
+CREATE_STREAM = "CreateNvcaFunctionTaskStream"
+TERMINATE_STREAM = "TerminateNvcaStream"
+
+
+def instance_type_token(instance_type: str) -> str:
+    """An instance type as one subject token: ``NCP.GPU.H100_1x`` -> ``NCP|GPU|H100_1x``."""
+    return instance_type.replace(".", "|")
+
+
+def create_subject(kind: WorkloadKind, cluster_id: str, gpu: str, instance_type: str) -> str:
+    """``Create.NVCA.{Function|Task}.<clusterId>.<gpu>.<instanceType with '.'->'|'>``."""
+    return f"Create.NVCA.{kind}.{cluster_id}.{gpu}.{instance_type_token(instance_type)}"
+
+
+def create_filter(cluster_id: str) -> str:
+    """What one cluster's agent consumes from the creation stream."""
+    return f"Create.NVCA.*.{cluster_id}.*.*"
+
+
+def terminate_subject(cluster_id: str) -> str:
+    """``Terminate.NVCA.<clusterId>``."""
+    return f"Terminate.NVCA.{cluster_id}"
+
+
+def agent_durable(stream: str, cluster_id: str) -> str:
+    """The durable consumer of one cluster on a stream: ``<stream>-<clusterId>``."""
+    return f"{stream}-{cluster_id}"
+
+
+# ---- agent -> control plane (ICMS over the bus; request/reply, served by a queue group) ----------
+
+ICMS_QUEUE = "nvcf-control"
+ICMS_ALL = "nvcf.icms.>"
+IcmsCall = Literal["register", "heartbeat", "ack", "status", "instances"]
+
+
+def icms_subject(call: IcmsCall, cluster_id: str) -> str:
+    """``nvcf.icms.<call>.<clusterId>``: register, heartbeat, ack, status, instances."""
+    return f"nvcf.icms.{call}.{cluster_id}"
+
+
+def icms_call_of(subject: str) -> tuple[str, str]:
+    """``(call, clusterId)`` of an ``nvcf.icms.*`` subject."""
+    parts = subject.split(".")
+    if len(parts) != 4 or parts[:2] != ["nvcf", "icms"]:
+        raise ValueError(f"not an ICMS subject: {subject!r}")
+    return parts[2], parts[3]
+
+
+# ---- instances -> control plane -------------------------------------------------------------------
+
+#: Secrets of a function version or task, fetched at launch with the instance's worker token.
+SECRETS_FETCH = "nvcf.control.secrets"
+
+
+# ---- invocation -----------------------------------------------------------------------------------
+
+
+def request_stream(region: str, function_version_id: str) -> str:
+    """The durable buffer of one function version in one region: ``rq_<region>_<fvid>``."""
+    return f"rq_{region}_{function_version_id}"
+
+
+def request_subject(region: str, function_version_id: str, request_id: str) -> str:
+    """``rq.<region>.<fvid>.<requestId>``."""
+    return f"rq.{region}.{function_version_id}.{request_id}"
+
+
+def request_filter(region: str, function_version_id: str) -> str:
+    """Every request of one version in one region."""
+    return f"rq.{region}.{function_version_id}.>"
+
+
+def worker_durable(region: str, function_version_id: str) -> str:
+    """The durable consumer workers of a version pull from: ``rq_<region>_<fvid>_workers``."""
+    return f"rq_{region}_{function_version_id}_workers"
+
+
+def cancel_subject(function_version_id: str) -> str:
+    """``nvcf.cancel.<fvid>``: payload is the request id to stop."""
+    return f"nvcf.cancel.{function_version_id}"

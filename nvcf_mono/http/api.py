@@ -1,0 +1,290 @@
+"""Declared API operations: auth, scope checks, typed bodies, NVCF JSON, problem+json, and OpenAPI.
+
+A plugin describes each endpoint once as an :class:`Operation` (path, scopes, request and response
+types); :class:`ApiRouter` turns them into aiohttp routes and the OpenAPI document is generated from
+the same list, so the two cannot drift apart. Handlers receive a :class:`Call` and return an attrs
+value (rendered as camelCase JSON with nulls omitted), ``None`` (204), or an aiohttp response.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any, Generic, Literal, TypeVar, final
+
+import attrs
+from aiohttp import web
+
+from nvcf_mono.auth.principal import AuthError, Principal
+from nvcf_mono.auth.strategy import Authenticator
+from nvcf_mono.http.problem import ProblemError
+from nvcf_mono.plugin import SetupContext
+from nvcf_mono.services import ExtensionPoint
+from nvcf_mono.structure import Issue, StructureError, camel_case, structure, unstructure
+
+B = TypeVar("B")
+
+AuthMode = Literal["required", "none"]
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Param:
+    """A documented query or header parameter."""
+
+    name: str
+    description: str
+    location: Literal["query", "header"] = "query"
+    schema: Mapping[str, Any] = attrs.field(factory=lambda: {"type": "string"})
+    required: bool = False
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Operation:
+    """One endpoint."""
+
+    method: str
+    path: str
+    handler: Callable[[Call[Any]], Awaitable[Any]]
+    summary: str
+    tag: str
+    scopes: tuple[str, ...] = ()  # the caller needs one of these (none: any authenticated caller)
+    auth: AuthMode = "required"
+    body: type[Any] | None = None
+    body_optional: bool = False
+    response: type[Any] | None = None
+    status: int = 200
+    params: tuple[Param, ...] = ()
+    errors: tuple[int, ...] = ()
+    #: Content types of a raw (non-JSON) body or response, documented as binary.
+    raw_body: str | None = None
+    raw_response: str | None = None
+    #: Also served under ``<prefix>/accounts/{ncaId}`` for super admins (``admin:<scope>``).
+    cross_account: bool = False
+    deprecated: bool = False
+    description: str = ""
+
+    @property
+    def operation_id(self) -> str:
+        return camel_case(getattr(self.handler, "__name__", "op").lstrip("_"))
+
+
+#: Operations contributed by every plugin with an API; ``/v3/openapi`` documents them all.
+API_OPERATIONS: ExtensionPoint[Operation] = ExtensionPoint("nvcf_mono.http.api_operations")
+
+
+class Call(Generic[B]):
+    """One request to an operation: the caller, the target account, the parsed body."""
+
+    def __init__(
+        self,
+        request: web.Request,
+        operation: Operation,
+        *,
+        principal: Principal | None,
+        body: B,
+        account: str,
+        cross_account: bool,
+    ) -> None:
+        self.request = request
+        self.operation = operation
+        self.principal_or_none = principal
+        self.body = body
+        self.account = account
+        self.cross_account = cross_account
+
+    @property
+    def principal(self) -> Principal:
+        if self.principal_or_none is None:
+            raise RuntimeError(f"{self.operation.path} is public; there is no principal")
+        return self.principal_or_none
+
+    def path(self, name: str) -> str:
+        return self.request.match_info[name]
+
+    def query(self, name: str) -> str | None:
+        return self.request.query.get(name)
+
+    def query_bool(self, name: str, default: bool = False) -> bool:
+        raw = self.request.query.get(name)
+        if raw is None or raw == "":
+            return default
+        if raw.lower() in ("true", "1", "yes"):
+            return True
+        if raw.lower() in ("false", "0", "no"):
+            return False
+        raise ProblemError(400, f"query parameter {name!r} must be true or false, got {raw!r}")
+
+    def query_int(self, name: str, default: int, *, lo: int, hi: int) -> int:
+        raw = self.request.query.get(name)
+        if raw is None or raw == "":
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ProblemError(400, f"query parameter {name!r} must be an integer, got {raw!r}") from None
+        if not lo <= value <= hi:
+            raise ProblemError(400, f"query parameter {name!r} must be between {lo} and {hi}, got {value}")
+        return value
+
+    def query_list(self, name: str) -> list[str]:
+        """Comma-separated and/or repeated values."""
+        out: list[str] = []
+        for raw in self.request.query.getall(name, []):
+            out.extend(v.strip() for v in raw.split(",") if v.strip())
+        return out
+
+    def require(self, *scopes: str) -> None:
+        """403 unless the caller holds one of ``scopes`` (``admin:`` forms on the cross-account path)."""
+        wanted = tuple(f"admin:{s}" for s in scopes) if self.cross_account else scopes
+        try:
+            self.principal.require(*wanted)
+        except AuthError as err:
+            raise ProblemError(err.status, err.detail) from err
+
+
+def json_response(value: Any, status: int = 200) -> web.Response:
+    """NVCF JSON: camelCase keys from the models, null fields omitted."""
+    body = json.dumps(unstructure(value, omit_none=True), separators=(",", ":")).encode()
+    return web.Response(status=status, body=body, content_type="application/json")
+
+
+def _dig(data: Any, path: str) -> Any:
+    for part in path.split(".") if path else []:
+        if isinstance(data, Mapping):
+            data = data.get(part)
+        elif isinstance(data, list) and part.isdigit() and int(part) < len(data):
+            data = data[int(part)]
+        else:
+            return None
+    return data
+
+
+def validation_detail(tp: type[Any], raw: Any, issues: Sequence[Issue]) -> str:
+    """NVCF's bean-validation text: ``Validation failed: [object=…, field=…, rejected=…, message=…]``."""
+    obj = tp.__name__[:1].lower() + tp.__name__[1:]
+    parts = []
+    for issue in issues:
+        rejected = _dig(raw, issue.path)
+        text = rejected if isinstance(rejected, str) else json.dumps(rejected)
+        parts.append(f"[object={obj}, field={issue.path}, rejected={text[:256]}, message={issue.message}]")
+    return "Validation failed: " + ", ".join(parts)
+
+
+def parse_body(tp: type[B], raw: Any) -> B:
+    """Structure a decoded JSON body into ``tp``; 400 with NVCF's validation text on failure."""
+    if not isinstance(raw, Mapping):
+        raise ProblemError(400, f"Validation failed: the request body must be a JSON object, got {type(raw).__name__}")
+    try:
+        return structure(tp, raw, forbid_extra=False)
+    except StructureError as err:
+        raise ProblemError(400, validation_detail(tp, raw, err.issues)) from err
+
+
+async def read_json(request: web.Request, *, optional: bool = False) -> Any:
+    """The request's JSON body; 400 (with where it broke) when it is not JSON."""
+    text = await request.text()
+    if not text.strip():
+        if optional:
+            return {}
+        raise ProblemError(400, "Required request body is missing")
+    try:
+        return json.loads(text)
+    except ValueError as err:
+        raise ProblemError(400, f"Malformed JSON request body: {err}") from err
+
+
+AccountCheck = Callable[[str], Awaitable[bool]]
+
+
+@final
+class ApiRouter:
+    """Operations of one plugin; install() in setup(), bind() in run()."""
+
+    def __init__(self, *, cross_account_prefixes: Mapping[str, str] | None = None) -> None:
+        self._operations: list[Operation] = []
+        self._auth: Authenticator | None = None
+        self._account_exists: AccountCheck | None = None
+        # "/v2/nvcf/x" -> "/v2/nvcf/accounts/{ncaId}/x" for cross-account twins.
+        self._prefixes = dict(cross_account_prefixes or {"/v2/nvcf/": "/v2/nvcf/accounts/{ncaId}/"})
+
+    @property
+    def operations(self) -> tuple[Operation, ...]:
+        """Every operation, cross-account twins included."""
+        return tuple(self._expand())
+
+    def add(self, operation: Operation) -> None:
+        self._operations.append(operation)
+
+    def route(self, method: str, path: str, **options: Any) -> Callable[[Any], Any]:
+        """Decorator form of :meth:`add`."""
+
+        def register(handler: Callable[[Call[Any]], Awaitable[Any]]) -> Callable[[Call[Any]], Awaitable[Any]]:
+            self.add(Operation(method=method.upper(), path=path, handler=handler, **options))
+            return handler
+
+        return register
+
+    def install(self, ctx: SetupContext, extension_point: ExtensionPoint[Operation] = API_OPERATIONS) -> None:
+        """Add every operation as a route of the plugin, and to the OpenAPI document."""
+        for op in self._expand():
+            ctx.add_route(op.method, op.path, self._handler(op), name=None)
+            ctx.extend(extension_point, op)
+
+    def bind(self, authenticator: Authenticator, *, account_exists: AccountCheck | None = None) -> None:
+        """Give the routes the auth chain (once the plugin runs)."""
+        self._auth = authenticator
+        self._account_exists = account_exists
+
+    def _expand(self) -> Iterator[Operation]:
+        for op in self._operations:
+            yield op
+            if not op.cross_account:
+                continue
+            for prefix, twin in self._prefixes.items():
+                if op.path.startswith(prefix):
+                    yield attrs.evolve(
+                        op,
+                        path=twin + op.path[len(prefix) :],
+                        scopes=tuple(f"admin:{s}" for s in op.scopes),
+                        cross_account=False,
+                        summary=f"{op.summary} (any account; super admin)",
+                        description=op.description,
+                    )
+                    break
+
+    def _handler(self, op: Operation) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        twin = "{ncaId}" in op.path
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            principal: Principal | None = None
+            account = ""
+            if op.auth == "required":
+                if self._auth is None:
+                    raise ProblemError(503, "authentication is not ready yet", headers={"Retry-After": "1"})
+                try:
+                    principal = await self._auth.authenticate(request.headers.get("Authorization"))
+                    if op.scopes:
+                        principal.require(*op.scopes)
+                except AuthError as err:
+                    raise ProblemError(err.status, err.detail) from err
+                account = principal.account
+                if twin:
+                    account = request.match_info["ncaId"]
+                    if self._account_exists is not None and not await self._account_exists(account):
+                        raise ProblemError(404, f"account {account!r} not found")
+            body: Any = None
+            if op.body is not None:
+                body = parse_body(op.body, await read_json(request, optional=op.body_optional))
+            result = await op.handler(
+                Call(request, op, principal=principal, body=body, account=account, cross_account=twin)
+            )
+            if isinstance(result, web.StreamResponse):
+                return result
+            if result is None:
+                return web.Response(status=204)
+            return json_response(result, op.status)
+
+        handle.__name__ = op.operation_id
+        return handle

@@ -1,0 +1,245 @@
+"""The OpenAPI 3.1 document, generated from the declared operations and their attrs types.
+
+Response schemas are closed (``additionalProperties: false``): a field the code returns but the
+document does not name fails the schema test. Request schemas are open, because NVCF ignores
+unknown request fields; enums there are matched case-insensitively, so they are documented, not
+enforced.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import types
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal, Union, get_args, get_origin
+
+import attrs
+
+from nvcf_mono.http.api import Operation
+from nvcf_mono.structure import BYTESIZE, DURATION, external_key, iter_fields
+
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "RFC 7807 problem details.",
+    "properties": {
+        "type": {"type": "string"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "instance": {"type": "string"},
+    },
+    "required": ["title", "status"],
+    "additionalProperties": False,
+}
+
+_ERROR_TEXT = {
+    400: "Invalid request.",
+    401: "Missing or invalid credential.",
+    403: "The credential lacks a scope or resource.",
+    404: "Not found (or owned by another account).",
+    409: "Conflict.",
+    413: "Too large.",
+    429: "Too many requests.",
+    500: "Internal error.",
+    503: "Not ready; retry.",
+}
+
+
+class SchemaBuilder:
+    """JSON Schema (2020-12) for attrs types, collected under ``components.schemas``."""
+
+    def __init__(self) -> None:
+        self.components: dict[str, dict[str, Any]] = {"Problem": PROBLEM_SCHEMA}
+        self._names: dict[tuple[type, bool], str] = {}
+
+    def ref(self, tp: type[Any], *, closed: bool) -> dict[str, Any]:
+        return {"$ref": f"#/components/schemas/{self._define(tp, closed)}"}
+
+    def _define(self, tp: type[Any], closed: bool) -> str:
+        key = (tp, closed)
+        if key in self._names:
+            return self._names[key]
+        name = tp.__name__ if closed else f"{tp.__name__}Input"
+        taken = {n for k, n in self._names.items() if k != key}
+        base, n = name, 2
+        while name in taken:  # two classes of the same name in different modules
+            name, n = f"{base}{n}", n + 1
+        self._names[key] = name
+        schema: dict[str, Any] = {"type": "object", "properties": {}}
+        doc = (tp.__doc__ or "").strip().splitlines()
+        if doc:
+            schema["description"] = doc[0]
+        self.components[name] = schema  # placed first: recursive types refer to it
+        required = []
+        for field, hint in iter_fields(tp):
+            key_name = external_key(field)
+            schema["properties"][key_name] = self.schema(hint, closed=closed)
+            if field.default is attrs.NOTHING:
+                required.append(key_name)
+        if required:
+            schema["required"] = required
+        schema["additionalProperties"] = not closed
+        return name
+
+    def schema(self, tp: Any, *, closed: bool) -> dict[str, Any]:
+        origin = get_origin(tp)
+        if origin is typing.Annotated:
+            base, *extras = get_args(tp)
+            if DURATION in extras:
+                return {"type": ["number", "string"], "description": "seconds, or a duration such as 30s or PT30S"}
+            if BYTESIZE in extras:
+                return {"type": ["integer", "string"], "description": "bytes, or a size such as 64MiB"}
+            return self.schema(base, closed=closed)
+        if tp is Any or tp is object:
+            return {}
+        if origin in (Union, types.UnionType):
+            members = [m for m in get_args(tp) if m is not type(None)]
+            nullable = len(members) < len(get_args(tp))
+            inner = (
+                self.schema(members[0], closed=closed)
+                if len(members) == 1
+                else {"anyOf": [self.schema(m, closed=closed) for m in members]}
+            )
+            # Responses omit nulls; requests may send them.
+            return {"anyOf": [inner, {"type": "null"}]} if nullable and not closed else inner
+        if origin is Literal:
+            return {"enum": list(get_args(tp))}
+        if attrs.has(tp):
+            return self.ref(tp, closed=closed)
+        if isinstance(tp, type) and issubclass(tp, enum.Enum):
+            values = [m.value for m in tp]
+            if closed:
+                return {"type": "string", "enum": values}
+            return {"type": "string", "description": "one of (case-insensitive): " + ", ".join(map(str, values))}
+        if tp is bool:
+            return {"type": "boolean"}
+        if tp is int:
+            return {"type": "integer"}
+        if tp is float:
+            return {"type": "number"}
+        if tp is str:
+            return {"type": "string"}
+        if origin in (tuple, list, frozenset, set, Sequence):
+            args = get_args(tp)
+            items = self.schema(args[0], closed=closed) if args else {}
+            out: dict[str, Any] = {"type": "array", "items": items}
+            if origin in (frozenset, set):
+                out["uniqueItems"] = True
+            return out
+        if origin in (dict, Mapping) or tp in (dict, Mapping):
+            args = get_args(tp)
+            return {"type": "object", "additionalProperties": self.schema(args[1], closed=closed) if args else {}}
+        raise TypeError(f"no JSON schema for {tp!r}")
+
+
+_PATH_PARAM = re.compile(r"\{([^}/]+)\}")
+
+
+def path_template(path: str) -> str:
+    """Aiohttp's ``{name:regex}`` -> OpenAPI's ``{name}``."""
+    return _PATH_PARAM.sub(lambda m: "{" + m.group(1).split(":", 1)[0] + "}", path)
+
+
+def _problem(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
+    }
+
+
+def build_document(
+    operations: Iterable[Operation],
+    *,
+    title: str,
+    version: str,
+    extra_paths: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The whole document."""
+    builder = SchemaBuilder()
+    paths: dict[str, dict[str, Any]] = {}
+    for op in sorted(operations, key=lambda o: (o.path, o.method)):
+        template = path_template(op.path)
+        entry: dict[str, Any] = {
+            "operationId": f"{op.operation_id}{'AnyAccount' if '{ncaId}' in op.path else ''}",
+            "summary": op.summary,
+            "tags": [op.tag],
+        }
+        if op.description:
+            entry["description"] = op.description
+        if op.deprecated:
+            entry["deprecated"] = True
+        if op.auth == "required":
+            entry["security"] = [{"bearer": []}]
+            if op.scopes:
+                entry["x-scopes"] = list(op.scopes)
+        else:
+            entry["security"] = []
+        params = [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in (m.group(1).split(":", 1)[0] for m in _PATH_PARAM.finditer(op.path))
+        ]
+        params += [
+            {
+                "name": p.name,
+                "in": p.location,
+                "required": p.required,
+                "description": p.description,
+                "schema": dict(p.schema),
+            }
+            for p in op.params
+        ]
+        if params:
+            entry["parameters"] = params
+        if op.body is not None:
+            entry["requestBody"] = {
+                "required": not op.body_optional,
+                "content": {"application/json": {"schema": builder.ref(op.body, closed=False)}},
+            }
+        elif op.raw_body is not None:
+            entry["requestBody"] = {
+                "required": True,
+                "content": {
+                    op.raw_body: {"schema": {"type": "string", "contentMediaType": "application/octet-stream"}}
+                },
+            }
+        responses: dict[str, Any] = {}
+        if op.response is not None:
+            responses[str(op.status)] = {
+                "description": "Success.",
+                "content": {"application/json": {"schema": builder.ref(op.response, closed=True)}},
+            }
+        elif op.raw_response is not None:
+            responses[str(op.status)] = {
+                "description": "Success.",
+                "content": {op.raw_response: {"schema": {}}},
+            }
+        else:
+            responses[str(op.status if op.status != 200 else 204)] = {"description": "Done; no content."}
+        codes = set(op.errors) | {400, 500}
+        if op.auth == "required":
+            codes |= {401, 403}
+        for code in sorted(codes):
+            responses[str(code)] = _problem(_ERROR_TEXT.get(code, "Error."))
+        entry["responses"] = responses
+        paths.setdefault(template, {})[op.method.lower()] = entry
+    for template, methods in (extra_paths or {}).items():
+        for method, entry in methods.items():
+            paths.setdefault(template, {})[method] = dict(entry)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": version},
+        "jsonSchemaDialect": "https://json-schema.org/draft/2020-12/schema",
+        "paths": paths,
+        "components": {
+            "schemas": builder.components,
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "An nvapi- API key, a JWT, or the admin token.",
+                }
+            },
+        },
+    }

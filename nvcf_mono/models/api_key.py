@@ -1,0 +1,127 @@
+"""API keys as NVCF's API Keys service shows them (snake_case, reference auth §4)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import attrs
+
+from nvcf_mono.auth.principal import Resources
+
+
+class KeyStatus(enum.Enum):
+    """A key's status; a stored ACTIVE key past ``expires_at`` reads as EXPIRED."""
+
+    ACTIVE = "ACTIVE"
+    EXPIRED = "EXPIRED"
+    SUSPENDED = "SUSPENDED"
+
+
+class Product(enum.Enum):
+    """What a policy's key is for."""
+
+    FUNCTIONS = "nv-cloud-functions"
+    TASKS = "nv-cloud-tasks"
+
+
+FUNCTIONS_SERVICE_ID = "nvidia-cloud-functions-ncp-service-id-aketm"
+TASKS_SERVICE_ID = "nvidia-cloud-tasks-ncp-service-id-nvcttasks"
+
+
+@attrs.frozen(kw_only=True)
+class KeyResource:
+    """``{id, type}``: ``account-functions:*``, ``function:<fid>/<vid>``, ``task:<id>`` ..."""
+
+    id: str
+    type: str
+
+
+@attrs.frozen(kw_only=True)
+class Policy:
+    """One policy of a key's ``authorizations``."""
+
+    scopes: tuple[str, ...] = ()
+    resources: tuple[KeyResource, ...] = ()
+    product: Product = Product.FUNCTIONS
+    aud: str | None = None
+    auds: tuple[str, ...] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Authorizations:
+    """``{policies: [...]}``."""
+
+    policies: tuple[Policy, ...] = ()
+
+    def scopes(self) -> frozenset[str]:
+        return frozenset(s for p in self.policies for s in p.scopes)
+
+    def resources(self) -> Resources:
+        return Resources.from_entries({"id": r.id, "type": r.type} for p in self.policies for r in p.resources)
+
+
+@attrs.frozen(kw_only=True)
+class ApiKeyRecord:
+    """What is stored of a key (bucket ``nvcf_api_keys``, keyed by the key's hash)."""
+
+    id: str
+    hash: str
+    nca_id: str
+    owner_id: str
+    description: str
+    created_at: str
+    expires_at: str
+    masked: str
+    authorizations: Authorizations
+    status: KeyStatus = KeyStatus.ACTIVE
+    owner_type: str = "USER"
+    issuer_service_id: str = FUNCTIONS_SERVICE_ID
+    audience_service_ids: tuple[str, ...] = (FUNCTIONS_SERVICE_ID,)
+
+
+@attrs.frozen(kw_only=True)
+class CreateKeyRequest:
+    """Body of ``POST /v1/keys`` (NVCF's snake_case); ``nca_id`` is this platform's addition."""
+
+    description: str
+    expires_at: str | None = None
+    authorizations: Authorizations = attrs.field(factory=Authorizations)
+    audience_service_ids: tuple[str, ...] | None = None
+    nca_id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class KeyDto:
+    """A key as the API returns it; ``value`` only at creation."""
+
+    id: str
+    status: KeyStatus
+    owner_type: str
+    owner_id: str
+    issuer_service_id: str
+    audience_service_ids: tuple[str, ...]
+    description: str
+    created_at: str
+    expires_at: str
+    masked_key: str
+    nca_id: str
+    value: str | None = None
+    authorizations: Authorizations | None = None
+
+
+@attrs.frozen(kw_only=True)
+class KeyListResponse:
+    """``{keys: [...]}``."""
+
+    keys: tuple[KeyDto, ...]
+
+
+def key_policy_document(scopes: tuple[str, ...], resources: list[dict[str, str]], product: Product) -> dict[str, Any]:
+    """The authorizations document NVCF's CLI writes for a key."""
+    aud = FUNCTIONS_SERVICE_ID if product is Product.FUNCTIONS else TASKS_SERVICE_ID
+    return {
+        "policies": [
+            {"aud": aud, "auds": [aud], "product": product.value, "resources": resources, "scopes": list(scopes)}
+        ]
+    }

@@ -1,0 +1,283 @@
+"""``/v2/nvcf/deployments``: deploy a version on GPU specs, rescale a spec, undeploy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nvcf_mono.auth import scopes as S
+from nvcf_mono.bus.errors import ConflictError
+from nvcf_mono.contracts import buckets
+from nvcf_mono.http.api import ApiRouter, Call, Param
+from nvcf_mono.http.problem import ProblemError
+from nvcf_mono.models.common import new_id, now_iso
+from nvcf_mono.models.deployment import (
+    AutoscalingPolicy,
+    Deployment,
+    DeploymentRequest,
+    DeploymentResponse,
+    GpuSpec,
+    GpuSpecPatch,
+    GpuSpecResponse,
+)
+from nvcf_mono.models.function import FunctionResponse, FunctionStatus, FunctionVersion
+from nvcf_mono.planes.control.catalog import check_autoscaling, check_spec
+from nvcf_mono.planes.control.context import Control
+from nvcf_mono.planes.control.service import find_version, set_status, undeploy
+from nvcf_mono.planes.control.views import deployment_view, function_view
+from nvcf_mono.structure import evolve
+
+TAG = "deployments"
+D = "/v2/nvcf/deployments/functions/{functionId}/versions/{versionId}"
+UPDATABLE = frozenset(
+    {FunctionStatus.ACTIVE, FunctionStatus.DEPLOYING, FunctionStatus.DEGRADED, FunctionStatus.DEGRADING}
+)
+
+
+def register(router: ApiRouter, ctl: Control) -> None:
+    """Add the deployment endpoints."""
+
+    async def owned_deployment(call: Call[Any]) -> tuple[Deployment, FunctionVersion]:
+        fv, _ = await find_version(
+            ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"), owner_only=True
+        )
+        dep = await ctl.store.deployments.fetch(buckets.version_key(fv.id, fv.version_id))
+        if dep is None:
+            raise ProblemError(404, f"Function '{fv.id}' version '{fv.version_id}' is not deployed")
+        return dep, fv
+
+    @router.route(
+        "POST",
+        D,
+        summary="Deploy a version: DEPLOYING, or ACTIVE at once when every minInstances is 0.",
+        tag=TAG,
+        scopes=(S.DEPLOY_FUNCTION,),
+        body=DeploymentRequest,
+        response=DeploymentResponse,
+        errors=(404,),
+        cross_account=True,
+    )
+    async def create_deployment(call: Call[DeploymentRequest]) -> DeploymentResponse:
+        fv, _ = await find_version(
+            ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"), owner_only=True
+        )
+        specs_in = call.body.deployment_specifications
+        if not specs_in:
+            raise ProblemError(400, "'deploymentSpecifications' must not be empty")
+        store = ctl.store
+        key = buckets.version_key(fv.id, fv.version_id)
+        existing = await store.deployments.fetch(key)
+        if existing is not None:
+            if existing.undeploying:
+                raise ProblemError(400, "A graceful undeploy of this version is still draining its queue; retry later")
+            raise ProblemError(
+                400, "Function version is already deployed; use PATCH endpoint to update gpu-specification"
+            )
+        if fv.status is FunctionStatus.ERROR:
+            raise ProblemError(400, "Function version is in ERROR; remove its deployment first")
+        clusters = store.clusters.values()
+        specs = tuple(
+            evolve(check_spec(clusters, fv.nca_id, spec, fv), gpu_specification_id=new_id()) for spec in specs_in
+        )
+        now = now_iso()
+        dep = Deployment(
+            function_id=fv.id,
+            function_version_id=fv.version_id,
+            deployment_id=new_id(),
+            function_name=fv.name,
+            nca_id=fv.nca_id,
+            function_status=FunctionStatus.DEPLOYING,
+            created_at=now,
+            last_updated_at=now,
+            deployment_specifications=specs,
+        )
+        try:
+            await store.deployments.create(key, dep)
+        except ConflictError:
+            raise ProblemError(
+                400, "Function version is already deployed; use PATCH endpoint to update gpu-specification"
+            ) from None
+        status = FunctionStatus.ACTIVE if all(s.min_instances == 0 for s in specs) else FunctionStatus.DEPLOYING
+        await set_status(ctl, fv, status)
+        ctl.poke()
+        return DeploymentResponse(deployment=deployment_view(store, dep))
+
+    @router.route(
+        "GET",
+        D,
+        summary="Read a version's deployment, with where each spec's instances stand.",
+        tag=TAG,
+        scopes=(S.DEPLOY_FUNCTION,),
+        response=DeploymentResponse,
+        errors=(404,),
+        cross_account=True,
+    )
+    async def get_deployment(call: Call[None]) -> DeploymentResponse:
+        dep, _ = await owned_deployment(call)
+        return DeploymentResponse(deployment=deployment_view(ctl.store, dep))
+
+    async def by_id(call: Call[Any], deployment_id: str) -> Deployment:
+        dep = ctl.store.deployment_by_id(deployment_id)
+        if dep is None or dep.nca_id != call.account:
+            raise ProblemError(404, f"Deployment '{deployment_id}' not found")
+        return dep
+
+    @router.route(
+        "GET",
+        "/v2/nvcf/deployments/{deploymentId}",
+        summary="Read a deployment by its id.",
+        tag=TAG,
+        scopes=(S.DEPLOY_FUNCTION,),
+        response=DeploymentResponse,
+        errors=(404,),
+        cross_account=True,
+    )
+    async def get_deployment_by_id(call: Call[None]) -> DeploymentResponse:
+        dep = await by_id(call, call.path("deploymentId"))
+        return DeploymentResponse(deployment=deployment_view(ctl.store, dep))
+
+    @router.route(
+        "PUT",
+        D,
+        summary="Rescale every spec (deprecated: PATCH a gpu specification instead).",
+        tag=TAG,
+        scopes=(S.DEPLOY_FUNCTION,),
+        body=DeploymentRequest,
+        response=DeploymentResponse,
+        errors=(404,),
+        cross_account=True,
+        deprecated=True,
+    )
+    async def update_deployment(call: Call[DeploymentRequest]) -> DeploymentResponse:
+        dep, _fv = await owned_deployment(call)
+        status = ctl.store.functions.get(buckets.version_key(dep.function_id, dep.function_version_id))
+        if status is None or status.status not in UPDATABLE or dep.undeploying:
+            raise ProblemError(400, "the deployment can only be updated while ACTIVE, DEPLOYING, DEGRADED or DEGRADING")
+        wanted = call.body.deployment_specifications
+        if len(wanted) != len(dep.deployment_specifications):
+            raise ProblemError(400, "the number of deployment specifications cannot change")
+        by_id_ = {s.gpu_specification_id: s for s in dep.deployment_specifications}
+        updated: list[GpuSpec] = []
+        for index, new in enumerate(wanted):
+            old = (
+                by_id_.get(new.gpu_specification_id)
+                if new.gpu_specification_id
+                else dep.deployment_specifications[index]
+            )
+            if old is None:
+                raise ProblemError(400, f"unknown gpuSpecificationId {new.gpu_specification_id!r}")
+            if (new.backend or None) != (old.backend or None) or tuple(new.clusters or ()) != tuple(old.clusters or ()):
+                raise ProblemError(400, "'backend' and 'clusters' must match the existing deployment")
+            if new.min_instances > new.max_instances:
+                raise ProblemError(400, "'minInstances' must be lesser than or equal to 'maxInstances'")
+            updated.append(
+                evolve(
+                    old,
+                    min_instances=new.min_instances,
+                    max_instances=new.max_instances,
+                    max_request_concurrency=new.max_request_concurrency or old.max_request_concurrency,
+                )
+            )
+        result = await _write_specs(ctl, dep, {s.gpu_specification_id or "": s for s in updated})
+        return DeploymentResponse(deployment=deployment_view(ctl.store, result))
+
+    @router.route(
+        "PATCH",
+        "/v2/nvcf/deployments/{deploymentId}/gpu-specifications/{specId}",
+        summary="Rescale one gpu specification (min/max instances, autoscaling); takes effect at once.",
+        tag=TAG,
+        scopes=(S.DEPLOY_FUNCTION,),
+        body=GpuSpecPatch,
+        response=GpuSpecResponse,
+        errors=(404,),
+        cross_account=True,
+    )
+    async def patch_gpu_specification(call: Call[GpuSpecPatch]) -> GpuSpecResponse:
+        patch = call.body
+        for name, value in (
+            ("gpu", patch.gpu),
+            ("instanceType", patch.instance_type),
+            ("backend", patch.backend),
+            ("clusters", patch.clusters),
+            ("maxRequestConcurrency", patch.max_request_concurrency),
+        ):
+            if value is not None:
+                raise ProblemError(400, f"'{name}' cannot be changed on a deployed gpu specification; redeploy instead")
+        if (
+            patch.min_instances is None
+            and patch.max_instances is None
+            and patch.autoscaling_configuration is None
+            and patch.autoscaling_configuration_policy is None
+        ):
+            raise ProblemError(
+                400,
+                "At least one of 'minInstances', 'maxInstances', 'autoscalingConfiguration' or "
+                "'autoscalingConfigurationPolicy' must be specified",
+            )
+        dep = await by_id(call, call.path("deploymentId"))
+        spec_id = call.path("specId")
+        spec = next((s for s in dep.deployment_specifications if s.gpu_specification_id == spec_id), None)
+        if spec is None:
+            raise ProblemError(404, f"gpu specification '{spec_id}' not found in deployment '{dep.deployment_id}'")
+        lo = patch.min_instances if patch.min_instances is not None else spec.min_instances
+        hi = patch.max_instances if patch.max_instances is not None else spec.max_instances
+        if lo > hi:
+            raise ProblemError(400, "'minInstances' must be lesser than or equal to 'maxInstances'")
+        check_autoscaling(patch.autoscaling_configuration)
+        policy = patch.autoscaling_configuration_policy or spec.autoscaling_configuration_policy
+        autoscaling = patch.autoscaling_configuration or spec.autoscaling_configuration
+        if patch.autoscaling_configuration_policy is AutoscalingPolicy.PLATFORM_CONFIGURATION:
+            autoscaling = None
+        new_spec = evolve(
+            spec,
+            min_instances=lo,
+            max_instances=hi,
+            autoscaling_configuration=autoscaling,
+            autoscaling_configuration_policy=policy,
+        )
+        result = await _write_specs(ctl, dep, {spec_id: new_spec})
+        shown = deployment_view(ctl.store, result)
+        return GpuSpecResponse(
+            gpu_specification=next(s for s in shown.deployment_specifications if s.gpu_specification_id == spec_id)
+        )
+
+    @router.route(
+        "DELETE",
+        D,
+        summary="Undeploy: the version goes INACTIVE; graceful=true lets the queue drain first.",
+        tag=TAG,
+        scopes=(S.DEPLOY_FUNCTION,),
+        response=FunctionResponse,
+        params=(
+            Param(
+                name="graceful",
+                description="Wait for queued requests before terminating instances.",
+                schema={"type": "boolean"},
+            ),
+        ),
+        errors=(404,),
+        cross_account=True,
+    )
+    async def delete_deployment(call: Call[None]) -> FunctionResponse:
+        dep, fv = await owned_deployment(call)
+        if dep.undeploying and call.query_bool("graceful"):
+            raise ProblemError(400, "A graceful undeploy of this version is already draining its queue")
+        updated = await undeploy(ctl, fv, graceful=call.query_bool("graceful"))
+        return FunctionResponse(
+            function=function_view(ctl.store, updated, owner=True, details=True, include_secrets=False)
+        )
+
+
+async def _write_specs(ctl: Control, dep: Deployment, changed: dict[str, GpuSpec]) -> Deployment:
+    """Replace some specs of a deployment (CAS) and wake the reconciler."""
+    key = buckets.version_key(dep.function_id, dep.function_version_id)
+
+    def change(current: Deployment | None) -> Deployment | None:
+        if current is None or current.deployment_id != dep.deployment_id:
+            raise ProblemError(404, f"Deployment '{dep.deployment_id}' not found")
+        specs = tuple(changed.get(s.gpu_specification_id or "", s) for s in current.deployment_specifications)
+        return evolve(current, deployment_specifications=specs, last_updated_at=now_iso())
+
+    result = await ctl.store.deployments.mutate(key, change)
+    assert result is not None
+    ctl.poke()
+    return result

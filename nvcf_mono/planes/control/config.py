@@ -1,0 +1,75 @@
+"""Settings of the control plane (``plugins.control``)."""
+
+from __future__ import annotations
+
+import attrs
+
+from nvcf_mono.models.account import DEFAULT_ACCOUNT
+from nvcf_mono.structure import Seconds, at_least, in_range, matches, optional, positive, setting
+
+
+@attrs.frozen(kw_only=True)
+class ReconcileSettings:
+    """The deployment reconciler (one leader at a time across control-plane processes)."""
+
+    lease_ttl: Seconds = setting(10.0, doc="A leader that stops renewing is replaced after this.", check=positive)
+    interval: Seconds = setting(
+        2.0, doc="Reconcile at least this often (changes on the bus trigger it at once).", check=positive
+    )
+    ack_timeout: Seconds = setting(
+        120.0,
+        doc="An instance request no agent acknowledged after this is given up and placed again.",
+        check=positive,
+    )
+    start_timeout: Seconds = setting(
+        7200.0, doc="An acknowledged instance not running after this is terminated and replaced.", check=positive
+    )
+    terminate_timeout: Seconds = setting(
+        300.0, doc="A terminating instance whose agent never confirms is forgotten after this.", check=positive
+    )
+    deploy_failure_limit: int = setting(
+        3,
+        doc="While DEPLOYING, this many failed instances with none running puts the version in ERROR.",
+        check=at_least(1),
+    )
+    retry_backoff: Seconds = setting(2.0, doc="First pause before replacing a failed instance.", check=positive)
+    retry_backoff_max: Seconds = setting(300.0, doc="Longest pause between replacements.", check=positive)
+    failures_kept: int = setting(10, doc="Recent failures kept per spec for healthInfo.", check=in_range(1, 100))
+
+
+@attrs.frozen(kw_only=True)
+class ControlConfig:
+    """Settings of the control plane."""
+
+    default_account: str = setting(DEFAULT_ACCOUNT, doc="The account created at first start.")
+    region: str | None = setting(
+        None,
+        doc="Region of the request streams whose queues the API reports. Default: node.region.",
+        check=optional(matches(r"[A-Za-z0-9_-]+", "letters, digits, '-' or '_'")),
+    )
+    cluster_heartbeat_ttl: Seconds = setting(
+        30.0, doc="A cluster without a heartbeat for this long is unhealthy and gets no placements.", check=positive
+    )
+    worker_grpc_address: str | None = setting(
+        None,
+        doc="host:port instances dial for the WorkerService (the invocation plane). Default: this node's gRPC "
+        "address (all-in-one).",
+        check=optional(matches(r"[^\s:/]+:\d+", "host:port")),
+    )
+    api_url: str | None = setting(
+        None, doc="Base URL of the API in links the platform hands out (asset uploads). Default: this node's."
+    )
+    bootstrap_keys: bool | None = setting(
+        None,
+        doc="Mint a function key and a task key at first start and write them to endpoints.json. "
+        "Default: only in the all-in-one role.",
+    )
+    bootstrap_key_lifetime: Seconds = setting(
+        365 * 86400.0, doc="Lifetime of the bootstrap keys (they are re-minted when expired).", check=positive
+    )
+    max_key_lifetime: Seconds = setting(365 * 86400.0, doc="Longest lifetime an API key may be given.", check=positive)
+    asset_link_ttl: Seconds = setting(
+        34 * 60.0, doc="How long an asset upload or download link stays valid (NVCF: 34 min).", check=positive
+    )
+    max_asset_size: int = setting(5 * 1024**3, doc="Largest asset accepted, in bytes.", check=positive)
+    reconcile: ReconcileSettings = setting(factory=ReconcileSettings, doc="The deployment reconciler.")

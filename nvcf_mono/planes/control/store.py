@@ -1,0 +1,165 @@
+"""The control plane's state: typed KV buckets, watch-fed mirrors for reads, CAS loops for writes.
+
+Reads come from the mirrors (no I/O); a miss on a single-key read falls back to the bucket, so a
+write made through another node a moment ago is never reported missing. Writes go to the bucket
+with the revision they were computed from, and retry on conflict, so two control-plane processes
+never overwrite each other.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Generic, TypeVar, final
+
+import anyio
+import anyio.lowlevel
+from anyio.abc import TaskStatus
+
+from nvcf_mono.bus.api import Bus
+from nvcf_mono.bus.codec import TypedKV, VersionedCodec
+from nvcf_mono.bus.errors import ConflictError
+from nvcf_mono.bus.mirror import KvMirror, Signal
+from nvcf_mono.contracts import buckets
+from nvcf_mono.models.account import Account
+from nvcf_mono.models.asset import Asset
+from nvcf_mono.models.cluster import Cluster, ClusterHeartbeat
+from nvcf_mono.models.deployment import Deployment
+from nvcf_mono.models.function import FunctionVersion
+from nvcf_mono.models.placement import SpecPlacement
+from nvcf_mono.models.secret import SealedSecrets, StoredRegistryCredential
+from nvcf_mono.models.sharing import AuthorizedParties
+
+T = TypeVar("T")
+
+Change = Callable[[T | None], T | None]
+
+
+class Unchanged(Exception):
+    """Raised by a change function to leave the value as it is."""
+
+
+@final
+class Table(Generic[T]):
+    """One bucket: a mirror for reads and CAS writes."""
+
+    def __init__(self, bus: Bus, bucket: str, codec: VersionedCodec[T], signal: Signal, log: logging.Logger) -> None:
+        self.kv = TypedKV(bus.kv(bucket), codec)
+        self.mirror = KvMirror(bus.kv(bucket), codec, signal=signal, log=log)
+
+    def get(self, key: str) -> T | None:
+        return self.mirror.get(key)
+
+    async def fetch(self, key: str) -> T | None:
+        """The mirror's value, or the bucket's when the mirror has not seen the key yet."""
+        found = self.mirror.get(key)
+        if found is not None:
+            return found
+        stored = await self.kv.get(key)
+        if stored is None:
+            return None
+        self.mirror.note(key, stored.value, stored.revision)
+        return stored.value
+
+    def values(self) -> list[T]:
+        return self.mirror.values()
+
+    def items(self) -> list[tuple[str, T]]:
+        return list(self.mirror.items())
+
+    async def put(self, key: str, value: T) -> T:
+        revision = await self.kv.put(key, value)
+        self.mirror.note(key, value, revision)
+        return value
+
+    async def create(self, key: str, value: T) -> T:
+        """Write a new key; raises ConflictError when it exists."""
+        revision = await self.kv.create(key, value)
+        self.mirror.note(key, value, revision)
+        return value
+
+    async def delete(self, key: str) -> None:
+        revision = await self.kv.delete(key)
+        self.mirror.note(key, None, revision)
+
+    async def mutate(self, key: str, change: Change[T], *, attempts: int = 50) -> T | None:
+        """Apply ``change`` to the current value until the write wins; returns the new value.
+
+        ``change`` gets None for a missing key and returns None to delete; it may raise
+        :class:`Unchanged` to write nothing (the current value is returned) or any error to abort.
+        """
+        for _ in range(attempts):
+            current = await self.kv.get(key)
+            try:
+                updated = change(None if current is None else current.value)
+            except Unchanged:
+                return None if current is None else current.value
+            try:
+                if updated is None:
+                    if current is not None:
+                        revision = await self.kv.delete(key, revision=current.revision)
+                        self.mirror.note(key, None, revision)
+                    return None
+                if current is None:
+                    revision = await self.kv.create(key, updated)
+                else:
+                    revision = await self.kv.update(key, updated, revision=current.revision)
+            except ConflictError:
+                await anyio.lowlevel.checkpoint()
+                continue
+            self.mirror.note(key, updated, revision)
+            return updated
+        raise ConflictError(f"{self.kv.kv.bucket}/{key}: too many concurrent writers, gave up after {attempts} tries")
+
+
+@final
+class ControlStore:
+    """Every bucket the control plane keeps; ``changed`` fires on any change the mirrors see."""
+
+    def __init__(self, bus: Bus, log: logging.Logger, *, signal: Signal | None = None) -> None:
+        self.changed = signal or Signal()
+        self._tables: list[Table[object]] = []
+
+        def table(bucket: str, codec: VersionedCodec[T]) -> Table[T]:
+            t = Table(bus, bucket, codec, self.changed, log)
+            self._tables.append(t)  # type: ignore[arg-type]
+            return t
+
+        self.accounts: Table[Account] = table(buckets.ACCOUNTS.name, buckets.ACCOUNT)
+        self.functions: Table[FunctionVersion] = table(buckets.FUNCTIONS.name, buckets.FUNCTION)
+        self.deployments: Table[Deployment] = table(buckets.DEPLOYMENTS.name, buckets.DEPLOYMENT)
+        self.placements: Table[SpecPlacement] = table(buckets.PLACEMENTS.name, buckets.PLACEMENT)
+        self.autoscaler: Table[buckets.AutoscalerTarget] = table(buckets.AUTOSCALER.name, buckets.AUTOSCALER_TARGET)
+        self.clusters: Table[Cluster] = table(buckets.CLUSTERS.name, buckets.CLUSTER)
+        self.health: Table[ClusterHeartbeat] = table(buckets.CLUSTER_HEALTH.name, buckets.HEARTBEAT)
+        self.authorizations: Table[AuthorizedParties] = table(buckets.AUTHORIZATIONS.name, buckets.AUTHORIZED_PARTIES)
+        self.secrets: Table[SealedSecrets] = table(buckets.SECRETS.name, buckets.SEALED_SECRETS)
+        self.registry_credentials: Table[StoredRegistryCredential] = table(
+            buckets.REGISTRY_CREDENTIALS.name, buckets.REGISTRY_CREDENTIAL
+        )
+        self.assets: Table[Asset] = table(buckets.ASSETS.name, buckets.ASSET)
+
+    async def run(self, bus: Bus, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Keep every mirror current; ready once all have loaded."""
+        async with anyio.create_task_group() as tg:
+            for t in self._tables:
+                await tg.start(t.mirror.run, bus)
+            task_status.started()
+
+    # ---- lookups used across the API --------------------------------------------------------------
+
+    def versions_of(self, function_id: str) -> list[FunctionVersion]:
+        prefix = f"{function_id}."
+        return sorted(
+            (v for k, v in self.functions.items() if k.startswith(prefix)), key=lambda v: (v.created_at, v.version_id)
+        )
+
+    def deployment_by_id(self, deployment_id: str) -> Deployment | None:
+        for dep in self.deployments.values():
+            if dep.deployment_id == deployment_id:
+                return dep
+        return None
+
+    def placements_of(self, function_version_id: str) -> list[SpecPlacement]:
+        prefix = f"{function_version_id}."
+        return [p for k, p in self.placements.items() if k.startswith(prefix)]
