@@ -2,6 +2,17 @@
 
 from __future__ import annotations
 
-from nvcf_mono.planes.control.api import deployments, functions
+from nvcf_mono.planes.control.api import (
+    accounts,
+    assets,
+    clusters,
+    deployments,
+    functions,
+    keys,
+    queues,
+    registry_credentials,
+    secrets,
+    sharing,
+)
 
-ALL = (functions, deployments)
+ALL = (functions, deployments, accounts, keys, clusters, sharing, secrets, registry_credentials, assets, queues)

@@ -1,0 +1,260 @@
+"""A scripted cluster agent on the real bus, for testing the control plane without a compute plane.
+
+It registers a cluster, heartbeats, consumes its creation and termination durables exactly as a
+real agent does, and answers each creation by a behaviour the test picks (run it, fail it, leave
+it starting, or nothing), reporting instance status on ``nvcf.icms.status``. It launches nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import anyio
+import attrs
+from anyio.abc import TaskStatus
+
+from nvcf_mono.bus.api import Bus
+from nvcf_mono.contracts import rpc, states, streams, subjects
+from nvcf_mono.contracts.messages import (
+    AckRequest,
+    ClusterRegistration,
+    CreationMessage,
+    Empty,
+    Heartbeat,
+    HeartbeatResponse,
+    InstanceHealthInfo,
+    InstanceStatusReport,
+    RegistrationResponse,
+    RequestState,
+    TerminationMessage,
+    decode,
+)
+from nvcf_mono.models.cluster import ClusterGpu, GpuUsage, InstanceType, instance_type_name
+from nvcf_mono.models.common import now_iso
+
+Behaviour = Literal["run", "fail", "start", "ignore", "fail-permanent"]
+
+log = logging.getLogger("nvcf_mono.testing.agent")
+
+
+def gpu_inventory(
+    gpu: str, per_node: int, nodes: int = 1, *, provider: str = "ON-PREM", capabilities: int | None = None
+) -> ClusterGpu:
+    """A GPU with NVCA's instance types: ``_1x``, ``_2x``, ... up to the node's GPU count."""
+    sizes = sorted({n for n in (1, 2, 4, 8, 16) if n < per_node} | {per_node})
+    types = tuple(
+        InstanceType(
+            name=instance_type_name(provider, gpu, n),
+            value=f"{provider}.GPU.{gpu}",
+            gpu_count=n,
+            max_instances=(per_node // n) * nodes,
+            default=i == 0,
+        )
+        for i, n in enumerate(sizes)
+    )
+    return ClusterGpu(
+        name=gpu, capacity=capabilities if capabilities is not None else per_node * nodes, instance_types=types
+    )
+
+
+@attrs.define(eq=False)
+class Instance:
+    """One instance the scripted agent holds."""
+
+    request_id: str
+    instance_id: str
+    message: CreationMessage
+    state: str
+
+
+class ScriptedAgent:
+    """A fake NVCA on the real bus (``await tg.start(agent.run)``)."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        cluster_id: str,
+        cluster_name: str,
+        gpus: Sequence[ClusterGpu],
+        region: str = "us-west-1",
+        behaviour: Behaviour | Callable[[CreationMessage], Behaviour] = "run",
+        heartbeat_interval: float = 0.5,
+        attributes: tuple[str, ...] = (),
+        capabilities: tuple[str, ...] = (),
+        cluster_group_name: str | None = None,
+        healthy: bool = True,
+    ) -> None:
+        self.bus = bus
+        self.cluster_id = cluster_id
+        self.cluster_name = cluster_name
+        self.gpus = tuple(gpus)
+        self.region = region
+        self.behaviour = behaviour
+        self.heartbeat_interval = heartbeat_interval
+        self.attributes = attributes
+        self.capabilities = capabilities
+        self.cluster_group_name = cluster_group_name
+        self.healthy = healthy
+        self.creations: list[CreationMessage] = []
+        self.terminations: list[TerminationMessage] = []
+        self.instances: dict[str, Instance] = {}
+        self.changed = anyio.Event()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        await self.register()
+        for spec in (streams.create_consumer(self.cluster_id), streams.terminate_consumer(self.cluster_id)):
+            stream = (
+                streams.CREATE_STREAM if spec.durable.startswith(subjects.CREATE_STREAM) else streams.TERMINATE_STREAM
+            )
+            await self.bus.ensure_stream(stream)
+            await self.bus.stream(stream.name).ensure_consumer(spec)
+        await self.heartbeat()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._heartbeats)
+            tg.start_soon(self._creations)
+            tg.start_soon(self._terminations)
+            task_status.started()
+
+    async def register(self) -> RegistrationResponse:
+        reg = ClusterRegistration(
+            cluster_id=self.cluster_id,
+            cluster_name=self.cluster_name,
+            cluster_group_name=self.cluster_group_name,
+            region=self.region,
+            gpus=self.gpus,
+            attributes=self.attributes,
+            capabilities=self.capabilities,
+        )
+        return await rpc.call(self.bus, subjects.icms_subject("register", self.cluster_id), reg, RegistrationResponse)
+
+    async def heartbeat(self) -> None:
+        used: dict[str, int] = {}
+        for inst in self.instances.values():
+            if inst.state not in states.GONE_STATES:
+                used[inst.message.gpu_type] = used.get(inst.message.gpu_type, 0) + inst.message.gpus_needed
+        usage = {
+            g.name: GpuUsage(
+                capacity=g.capacity, allocated=used.get(g.name, 0), available=g.capacity - used.get(g.name, 0)
+            )
+            for g in self.gpus
+        }
+        beat = Heartbeat(status="healthy" if self.healthy else "unhealthy", gpu_usage=usage)
+        await rpc.call(self.bus, subjects.icms_subject("heartbeat", self.cluster_id), beat, HeartbeatResponse)
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await anyio.sleep(self.heartbeat_interval)
+            try:
+                await self.heartbeat()
+            except Exception as err:  # a test agent keeps beating through bus hiccups
+                log.debug("heartbeat failed: %s", err)
+
+    def _notify(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    async def _creations(self) -> None:
+        async with self.bus.stream(subjects.CREATE_STREAM).consume(
+            subjects.agent_durable(subjects.CREATE_STREAM, self.cluster_id), batch=10, fetch_timeout=1.0
+        ) as deliveries:
+            async for delivery in deliveries:
+                msg = decode(CreationMessage, delivery.data)
+                if msg.request_id in self.instances or any(c.request_id == msg.request_id for c in self.creations):
+                    await delivery.ack()  # a redelivery: never a second instance
+                    continue
+                self.creations.append(msg)
+                behaviour = self.behaviour(msg) if callable(self.behaviour) else self.behaviour
+                if behaviour == "ignore":
+                    await delivery.ack()
+                    self._notify()
+                    continue
+                try:
+                    await rpc.call(
+                        self.bus,
+                        subjects.icms_subject("ack", self.cluster_id),
+                        AckRequest(
+                            request_id=msg.request_id,
+                            instance_count=msg.instance_count,
+                            message_batch_id=msg.message_batch_id,
+                            function_version_id=msg.function_details.function_version_id
+                            if msg.function_details
+                            else None,
+                            gpu_specification_id=msg.gpu_specification_id,
+                        ),
+                        Empty,
+                    )
+                except rpc.RpcError as err:
+                    await delivery.ack()
+                    log.info("ack of %s refused: %s", msg.request_id, err)
+                    self._notify()
+                    continue
+                await delivery.ack()
+                inst = Instance(
+                    request_id=msg.request_id, instance_id=f"0-sr-{msg.request_id}", message=msg, state="new"
+                )
+                self.instances[msg.request_id] = inst
+                await self.report(msg.request_id, states.STARTING)
+                if behaviour == "run":
+                    await self.report(msg.request_id, states.RUNNING)
+                elif behaviour == "fail":
+                    await self.report(
+                        msg.request_id, states.CONTAINER_RESTART_LOOP, error="the inference server exited with code 1"
+                    )
+                elif behaviour == "fail-permanent":
+                    await self.report(msg.request_id, states.IMAGE_PULL_ISSUES, error="image 'nope' not found")
+                self._notify()
+
+    async def _terminations(self) -> None:
+        async with self.bus.stream(subjects.TERMINATE_STREAM).consume(
+            subjects.agent_durable(subjects.TERMINATE_STREAM, self.cluster_id), batch=10, fetch_timeout=1.0
+        ) as deliveries:
+            async for delivery in deliveries:
+                msg = decode(TerminationMessage, delivery.data)
+                self.terminations.append(msg)
+                await delivery.ack()
+                for request_id in msg.request_ids:
+                    inst = self.instances.get(request_id)
+                    if inst is not None and inst.state not in states.GONE_STATES:
+                        await self.report(request_id, states.TERMINATED, status=states.TERMINATED_BY_USER)
+                self._notify()
+
+    async def report(self, request_id: str, state: str, *, error: str | None = None, status: str | None = None) -> None:
+        """Send one instance status report (a test may call this to script a change)."""
+        inst = self.instances[request_id]
+        inst.state = state
+        gone = state in states.GONE_STATES
+        msg = inst.message
+        report = InstanceStatusReport(
+            request_id=request_id,
+            instance_id=inst.instance_id,
+            status=status
+            or (
+                states.TERMINATED_BY_SERVICE
+                if gone
+                else states.FULFILLED
+                if state == states.RUNNING
+                else states.PENDING_FULFILLMENT
+            ),
+            instance_state=state,
+            request_state=RequestState.CLOSED if gone else RequestState.ACTIVE,
+            action="RequestSpotInstances",
+            at=now_iso(),
+            termination_cause=state if gone and state in states.BAD_STATES else None,
+            health_info=InstanceHealthInfo(error_log=error, error_source="utils") if error else None,
+            function_id=msg.function_details.function_id if msg.function_details else None,
+            function_version_id=msg.function_details.function_version_id if msg.function_details else None,
+            gpu_specification_id=msg.gpu_specification_id,
+        )
+        try:
+            await rpc.call(self.bus, subjects.icms_subject("status", self.cluster_id), report, Empty)
+        except rpc.RpcError as err:
+            if err.code == 412 and not gone:
+                inst.state = states.TERMINATED
+            else:
+                raise
+
+    def live(self) -> list[Instance]:
+        return [i for i in self.instances.values() if i.state not in states.GONE_STATES]

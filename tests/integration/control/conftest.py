@@ -1,0 +1,83 @@
+"""Shared setup for control-plane tests: a platform with its own NATS, a scripted agent, the API."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import attrs
+
+from nvcf_mono.bus.nats import NatsBus, open_nats_bus
+from nvcf_mono.config.model import BusSettings
+from nvcf_mono.host import Host
+from nvcf_mono.metrics import Metrics
+from nvcf_mono.testing.host import running_host
+from nvcf_mono.testing.platform import Api, credentials, platform_config
+from nvcf_mono.testing.scripted_agent import ScriptedAgent, gpu_inventory
+
+CONTAINER_FUNCTION = {
+    "name": "echo",
+    "inferenceUrl": "/echo",
+    "inferencePort": 9000,
+    "containerImage": "registry.example.com/echo:1",
+    "health": {"protocol": "HTTP", "uri": "/health", "port": 9000, "timeout": "PT5S", "expectedStatusCode": 200},
+}
+
+
+@attrs.define
+class Platform:
+    """One running all-in-one platform with its clients."""
+
+    host: Host
+    bus: NatsBus
+    admin: Api
+    key: Api
+    task_key: Api
+    anonymous: Api
+
+    def api(self, token: str | None) -> Api:
+        return self.admin.as_(token)
+
+
+@asynccontextmanager
+async def platform(tmp_path: Path, **settings: Any) -> AsyncIterator[Platform]:
+    """An all-in-one host on its own embedded NATS, with admin, key and anonymous clients."""
+    config = platform_config(tmp_path / "state", settings=settings)
+    async with running_host(config) as host, aiohttp.ClientSession() as session:
+        creds = credentials(host)
+        base = host.endpoints.api_url
+        async with open_nats_bus(
+            BusSettings(connect_retry_for=5.0, request_timeout=5.0),
+            servers=[host.endpoints.nats_url],
+            name="tests",
+            metrics=Metrics(),
+            log=logging.getLogger("tests.bus"),
+        ) as bus:
+            yield Platform(
+                host=host,
+                bus=bus,
+                admin=Api(session, base, creds["admin_token"]),
+                key=Api(session, base, creds["api_key"]),
+                task_key=Api(session, base, creds["task_api_key"]),
+                anonymous=Api(session, base, None),
+            )
+
+
+@asynccontextmanager
+async def agent(bus: NatsBus, **options: Any) -> AsyncIterator[ScriptedAgent]:
+    """A scripted agent for the duration of the block (default: one node with 8 H100)."""
+    options.setdefault("cluster_id", "6b1e4d3a-58a1-4a5e-9d58-2a1c0f000001")
+    options.setdefault("cluster_name", "local")
+    options.setdefault("gpus", [gpu_inventory("H100", 8)])
+    fake = ScriptedAgent(bus, **options)
+    async with anyio.create_task_group() as tg:
+        await tg.start(fake.run)
+        try:
+            yield fake
+        finally:
+            tg.cancel_scope.cancel()
