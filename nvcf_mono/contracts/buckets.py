@@ -52,6 +52,12 @@ REGISTRY_CREDENTIALS = BucketSpec(
 AUTHORIZATIONS = BucketSpec(name="nvcf_authorizations", description="Function sharing (key: <fid> or <fid>.<vid>).")
 ASSETS = BucketSpec(name="nvcf_assets", description="Asset metadata (key: <ncaId>.<assetId>).")
 ASSET_CONTENT = ObjectStoreSpec(name="nvcf_assets", description="Asset content (name: <ncaId>/<assetId>).")
+REQUESTS = BucketSpec(
+    name="nvcf_requests",
+    description="Invocation requests in flight or with a kept result (key: <requestId>); written by the "
+    "invocation plane, read by the queue endpoints.",
+    per_key_ttl=True,
+)
 LEASES = BucketSpec(
     name="nvcf_leases", description="Leader leases (key: <role>); a lease expires unless renewed.", per_key_ttl=True
 )
@@ -81,6 +87,19 @@ class AutoscalerTarget(WireModel):
 
 
 @wire
+class RequestRecord(WireModel):
+    """Where an invocation request is: enough for the queue-position endpoint and status polls."""
+
+    request_id: str
+    function_id: str
+    function_version_id: str
+    nca_id: str
+    region: str
+    state: str  # queued, running, done
+    created_at: str
+
+
+@wire
 class Lease(WireModel):
     """Who holds a leader lease."""
 
@@ -91,6 +110,7 @@ class Lease(WireModel):
 
 AUTOSCALER_TARGET = VersionedCodec(AutoscalerTarget, 1, "autoscaler target")
 LEASE = VersionedCodec(Lease, 1, "lease")
+REQUEST = VersionedCodec(RequestRecord, 1, "request")
 
 # ---- keys -----------------------------------------------------------------------------------------
 
