@@ -129,6 +129,8 @@ class Host:
         self._endpoints: Endpoints | None = None
         self._endpoints_written = False
         self._bus: NatsBus | None = None
+        #: The HTTP server once bound (tests read its routes).
+        self.http: HttpServer | None = None
         self.embedded: EmbeddedNats | None = None
         self._health = HealthServicer(self._service_status)
         self._plugin_state = self.metrics.gauge("plugin_up", "1 while the plugin runs.", ["plugin"])
@@ -333,6 +335,7 @@ class Host:
                 metrics=self.metrics,
                 log=logging.getLogger("nvcf_mono.http"),
             )
+            self.http = http
             http_port = await http.start()
             stack.push_async_callback(_shielded, http.close, s.shutdown.plugin_grace)
             grpc = GrpcServer(

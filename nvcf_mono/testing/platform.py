@@ -20,6 +20,7 @@ from nvcf_mono.auth.secret import PlatformSecret
 from nvcf_mono.config.load import ResolvedConfig
 from nvcf_mono.host import ENDPOINTS_FILE, Host
 from nvcf_mono.testing.host import config_for_test
+from nvcf_mono.testing.openapi import ResponseChecker
 
 #: Timers short enough for tests to see failures, retries and takeovers in seconds.
 FAST = {
@@ -80,15 +81,24 @@ class Reply:
 class Api:
     """An HTTP client for one base URL and token; every call has a deadline."""
 
-    def __init__(self, session: aiohttp.ClientSession, base: str, token: str | None, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base: str,
+        token: str | None,
+        *,
+        timeout: float = 10.0,
+        checker: ResponseChecker | None = None,
+    ) -> None:
         self.session = session
         self.base = base.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self.checker = checker
 
     def as_(self, token: str | None) -> Api:
         """The same client with another credential (None: no Authorization header)."""
-        return Api(self.session, self.base, token, timeout=self.timeout)
+        return Api(self.session, self.base, token, timeout=self.timeout, checker=self.checker)
 
     async def call(
         self,
@@ -110,7 +120,14 @@ class Api:
             async with self.session.request(
                 method, self.base + path, data=payload, headers=hdrs, params=params
             ) as resp:
-                return Reply(status=resp.status, headers=dict(resp.headers), body=await resp.read())
+                reply = Reply(status=resp.status, headers=dict(resp.headers), body=await resp.read())
+        if self.checker is not None:
+            content_type = reply.headers.get("Content-Type", "")
+            is_json = "json" in content_type and reply.body
+            self.checker.check(
+                method, path.split("?", 1)[0], reply.status, content_type, reply.json if is_json else None
+            )
+        return reply
 
     async def get(self, path: str, **kw: Any) -> Reply:
         return await self.call("GET", path, **kw)

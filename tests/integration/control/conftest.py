@@ -17,6 +17,7 @@ from nvcf_mono.config.model import BusSettings
 from nvcf_mono.host import Host
 from nvcf_mono.metrics import Metrics
 from nvcf_mono.testing.host import running_host
+from nvcf_mono.testing.openapi import ResponseChecker
 from nvcf_mono.testing.platform import Api, credentials, platform_config
 from nvcf_mono.testing.scripted_agent import ScriptedAgent, gpu_inventory
 
@@ -51,6 +52,8 @@ async def platform(tmp_path: Path, **settings: Any) -> AsyncIterator[Platform]:
     async with running_host(config) as host, aiohttp.ClientSession() as session:
         creds = credentials(host)
         base = host.endpoints.api_url
+        async with session.get(f"{base}/v3/openapi") as resp:
+            checker = ResponseChecker(await resp.json())
         async with open_nats_bus(
             BusSettings(connect_retry_for=5.0, request_timeout=5.0),
             servers=[host.endpoints.nats_url],
@@ -61,10 +64,10 @@ async def platform(tmp_path: Path, **settings: Any) -> AsyncIterator[Platform]:
             yield Platform(
                 host=host,
                 bus=bus,
-                admin=Api(session, base, creds["admin_token"]),
-                key=Api(session, base, creds["api_key"]),
-                task_key=Api(session, base, creds["task_api_key"]),
-                anonymous=Api(session, base, None),
+                admin=Api(session, base, creds["admin_token"], checker=checker),
+                key=Api(session, base, creds["api_key"], checker=checker),
+                task_key=Api(session, base, creds["task_api_key"], checker=checker),
+                anonymous=Api(session, base, None, checker=checker),
             )
 
 
