@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from nvcf_mono.contracts import states, subjects
 from nvcf_mono.contracts.messages import CreationMessage
 from nvcf_mono.testing.platform import Api, wait_for
@@ -212,3 +214,36 @@ async def test_scaling_down_terminates_the_surplus(tmp_path: Path) -> None:
 
         await wait_for(one_left, what="scale down to 1")
         assert (await status_of(p.admin, d))["functionStatus"] == "ACTIVE"
+
+
+async def test_graceful_undeploy_waits_for_the_queue_to_drain(tmp_path: Path) -> None:
+    from nvcf_mono.contracts import streams as stream_specs
+
+    async with platform(tmp_path) as p, agent(p.bus) as fake:
+        _, vid, d = await new_function(p.admin)
+        await p.admin.post(d, {"deploymentSpecifications": [spec(1, 1)]})
+        await wait_status(p.admin, d, "ACTIVE")
+        region = p.host.settings.node.region
+        await p.bus.ensure_stream(stream_specs.request_stream(region, vid, max_msgs=100, max_bytes=-1))
+        queue = p.bus.stream(subjects.request_stream(region, vid))
+        await queue.ensure_consumer(stream_specs.request_consumer(region, vid, ack_wait=30, max_deliver=3))
+        await queue.publish(subjects.request_subject(region, vid, "r1"), b"{}", msg_id="r1")
+
+        removed = await p.admin.delete(d, params={"graceful": "true"})
+        assert removed.status == 200 and removed.json["function"]["status"] == "INACTIVE"
+        again = await p.admin.post(d, {"deploymentSpecifications": [spec(1, 1)]})
+        assert again.status == 400 and "draining" in again.detail
+        await anyio.sleep(1.5)  # several reconcile rounds: the instance must stay while work waits
+        assert len(fake.live()) == 1 and fake.terminations == []
+
+        async with queue.consume(subjects.worker_durable(region, vid), fetch_timeout=1.0) as deliveries:
+            async for delivery in deliveries:
+                await delivery.ack_sync()
+                break
+
+        async def gone() -> bool:
+            return not fake.live() and (await p.admin.get(d)).status == 404
+
+        await wait_for(gone, what="instances terminated and the deployment removed")
+        redeployed = await p.admin.post(d, {"deploymentSpecifications": [spec(1, 1)]})
+        assert redeployed.status == 200
