@@ -7,6 +7,7 @@ import enum
 import attrs
 
 from nvcf_mono.models.common import NameValue, max_len
+from nvcf_mono.models.function import tags_check
 from nvcf_mono.structure import WireModel, checked, wire
 
 
@@ -28,6 +29,17 @@ class ArtifactType(enum.Enum):
     RESOURCE = "RESOURCE"
 
 
+class ProvisionedBy(enum.Enum):
+    """Who added a registry credential: a user, or the platform (never deletable by users)."""
+
+    USER = "USER"
+    SYSTEM = "SYSTEM"
+
+
+def _artifact_types_check(value: tuple[ArtifactType, ...] | None) -> str | None:
+    return None if value is None or value else "must name at least one of CONTAINER, HELM, MODEL, RESOURCE"
+
+
 @wire
 class SecretValue(WireModel):
     """``{name, value}`` of a registry credential (value: base64 of ``user:password``)."""
@@ -46,7 +58,7 @@ class RegistryCredential(WireModel):
     registry_name: str
     registry_hostname: str
     artifact_types: tuple[ArtifactType, ...]
-    provisioned_by: str
+    provisioned_by: ProvisionedBy
     created_at: str
     last_updated_at: str
     tags: tuple[str, ...] | None = None
@@ -67,8 +79,8 @@ class AddRegistryCredentialRequest(WireModel):
 
     registry_hostname: str = checked(check=max_len(253))
     secret: SecretValue
-    artifact_types: tuple[ArtifactType, ...]
-    tags: tuple[str, ...] | None = None
+    artifact_types: tuple[ArtifactType, ...] = checked(check=_artifact_types_check)
+    tags: tuple[str, ...] | None = checked(None, check=tags_check)
     description: str | None = checked(None, check=max_len(256))
 
 
@@ -77,7 +89,7 @@ class UpdateRegistryCredentialRequest(WireModel):
     """Body of ``PATCH /v2/nvcf/registry-credentials/{id}``: artifact types are added, not replaced."""
 
     secret: SecretValue | None = None
-    artifact_type_enums: tuple[ArtifactType, ...] | None = None
+    artifact_type_enums: tuple[ArtifactType, ...] | None = checked(None, check=_artifact_types_check)
 
 
 @wire
@@ -103,7 +115,24 @@ class SecretsRequest(WireModel):
 
 @attrs.frozen
 class RecognizedRegistry:
-    """A registry NVCF recognises by host name."""
+    """A registry NVCF recognises by host name (``*.`` marks any subdomain)."""
 
     name: str
     hostname: str
+
+
+@wire
+class RecognizedRegistriesByType(WireModel):
+    """The recognized registries for each artifact type (keys are the type names)."""
+
+    container: tuple[RecognizedRegistry, ...] = checked(key="CONTAINER")
+    helm: tuple[RecognizedRegistry, ...] = checked(key="HELM")
+    model: tuple[RecognizedRegistry, ...] = checked(key="MODEL")
+    resource: tuple[RecognizedRegistry, ...] = checked(key="RESOURCE")
+
+
+@wire
+class RecognizedRegistriesResponse(WireModel):
+    """``{recognizedRegistries: {CONTAINER: [{name, hostname}], HELM: [...], ...}}``."""
+
+    recognized_registries: RecognizedRegistriesByType

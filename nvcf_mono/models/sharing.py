@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
-from nvcf_mono.structure import WireModel, wire
+from nvcf_mono.models.common import max_len
+from nvcf_mono.structure import WireModel, checked, wire
+
+#: The party that stands for every account.
+EVERYONE = "*"
+
+
+def _nca_check(value: str) -> str | None:
+    if not value.strip():
+        return "must not be blank"
+    return None if len(value) <= 128 else "size must be between 1 and 128"
 
 
 @wire
 class AuthorizedParty(WireModel):
     """An account allowed to use a function (``clientId`` is deprecated and kept for clients)."""
 
-    nca_id: str
-    client_id: str | None = None
+    nca_id: str = checked(check=_nca_check)
+    client_id: str | None = checked(None, check=max_len(256))
 
 
 @wire
