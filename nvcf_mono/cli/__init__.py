@@ -10,7 +10,16 @@ from nvcf_mono import __version__
 from nvcf_mono.cli.context import CliContext, CliError
 
 #: Subcommand modules, in help order; each has ``register(subparsers)``. Planes add theirs here.
-COMMAND_MODULES = ("nvcf_mono.cli.host_cmds", "nvcf_mono.cli.config_cmds", "nvcf_mono.cli.plugins_cmds")
+COMMAND_MODULES = (
+    "nvcf_mono.cli.host_cmds",
+    "nvcf_mono.cli.config_cmds",
+    "nvcf_mono.cli.plugins_cmds",
+    "nvcf_mono.cli.function_cmds",
+    "nvcf_mono.cli.deploy_cmds",
+    "nvcf_mono.cli.key_cmds",
+    "nvcf_mono.cli.cluster_cmds",
+    "nvcf_mono.cli.secret_cmds",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -109,3 +109,14 @@ def test_bad_set_syntax_and_no_command() -> None:
     assert result.returncode == 2
     assert result.stderr.strip() == "nvcf-mono: --set 'novalue': expected KEY=VALUE, e.g. --set http.port=0"
     assert run_cli().returncode == 2
+
+
+def test_secret_generate_writes_a_private_file_and_refuses_to_overwrite(tmp_path: Path) -> None:
+    target = tmp_path / "platform-secret"
+    made = run_cli("secret", "generate", str(target))
+    assert made.returncode == 0 and "fingerprint" in made.stdout
+    assert oct(target.stat().st_mode & 0o777) == "0o600"
+    printed = run_cli("secret", "fingerprint", str(target))
+    assert printed.returncode == 0 and printed.stdout.strip() in made.stdout
+    again = run_cli("secret", "generate", str(target))
+    assert again.returncode == 2 and "exists" in again.stderr

@@ -1,0 +1,347 @@
+"""A small synchronous client for the platform's REST API, with NVCF's CLI's choice of credential.
+
+Where things come from, first match wins: flags (``--api-url``, ``--token``, ``--api-key``), then
+the environment (``NVCF_API_URL``, ``NVCF_TOKEN``, ``NVCF_API_KEY``), then ``endpoints.json`` in the
+state directory of a platform started here. Credentials are taken as a set from the first of those
+that has any, so an explicit ``--api-key`` is never overridden by a token found further down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from http.client import HTTPMessage
+from pathlib import Path
+from typing import IO, Any
+
+import attrs
+
+from nvcf_mono import __version__
+from nvcf_mono.cli.context import CliContext, CliError
+from nvcf_mono.host import ENDPOINTS_FILE
+
+DEFAULT_STATE_DIR = ".nvcf-mono"
+DEFAULT_TIMEOUT = 30.0
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+_SOURCES = (
+    "pass --token (or --api-key), set NVCF_TOKEN (or NVCF_API_KEY), or point --state-dir at a platform "
+    "started with `nvcf-mono up` (its endpoints.json holds the credentials)"
+)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number of seconds above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text!r}")
+    return value
+
+
+def add_api_options(parser: argparse.ArgumentParser, *, timeout_flag: str = "--timeout") -> None:
+    """--api-url, --token, --api-key, --state-dir, the HTTP timeout and --json."""
+    parser.add_argument("--json", action="store_true", help="print the raw JSON response")
+    group = parser.add_argument_group("API connection")
+    group.add_argument(
+        "--api-url", metavar="URL", help="the platform's API (default: env NVCF_API_URL, else the state dir's)"
+    )
+    group.add_argument("--token", metavar="TOKEN", help="admin token or JWT for management calls (env NVCF_TOKEN)")
+    group.add_argument("--api-key", metavar="KEY", help="API key, used when there is no token (env NVCF_API_KEY)")
+    group.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help=f"state directory of a local platform, read for its endpoints.json (env NVCF_MONO_STATE_DIR; "
+        f"default {DEFAULT_STATE_DIR})",
+    )
+    group.add_argument(
+        timeout_flag,
+        dest="http_timeout",
+        type=positive_float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"give up on one HTTP call after this long (default {DEFAULT_TIMEOUT:g})",
+    )
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """These calls are never redirected; following one would hand the bearer to wherever it points."""
+
+    def redirect_request(  # noqa: PLR0917 (urllib's signature)
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: HTTPMessage,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        return None
+
+
+@attrs.frozen
+class Credential:
+    """A bearer and where it came from (for error messages)."""
+
+    value: str
+    kind: str  # "token" or "API key"
+    origin: str
+
+
+class ApiClient:
+    """Calls the API with the right credential; failures become :class:`CliError` (exit 1)."""
+
+    def __init__(
+        self,
+        api_url: str,
+        url_origin: str,
+        *,
+        token: Credential | None,
+        api_key: Credential | None,
+        timeout: float,
+        proxies: Mapping[str, str],
+    ) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.url_origin = url_origin
+        self.token = token
+        self.api_key = api_key
+        self.timeout = timeout
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler(dict(proxies)), _NoRedirect())
+
+    def credential(self) -> Credential:
+        """The token when there is one, else the API key."""
+        cred = self.token or self.api_key
+        if cred is None:  # connect() refuses to build a client without either
+            raise CliError(f"no credentials: {_SOURCES}")
+        return cred
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+        management: bool,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """One request; the parsed JSON body (None for an empty one)."""
+        cred = self.credential()
+        url = self.api_url + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        hdrs = {
+            "Authorization": f"Bearer {cred.value}",
+            "Accept": "application/json",
+            "User-Agent": f"nvcf-mono-cli/{__version__}",
+            **(headers or {}),
+        }
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            hdrs["Content-Type"] = "application/json"
+        request = urllib.request.Request(url, data=data, headers=hdrs, method=method)
+        limit = timeout if timeout is not None else self.timeout
+        try:
+            with self._opener.open(request, timeout=limit) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as err:
+            raise self._http_error(err, cred, management) from None
+        except urllib.error.URLError as err:
+            raise self._unreachable(err.reason, limit) from None
+        except (TimeoutError, ConnectionError) as err:
+            raise self._unreachable(err, limit) from None
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise CliError(f"{method} {url}: the answer is not JSON: {raw[:200]!r}", 1) from None
+
+    def get(self, path: str, *, management: bool = False, **kw: Any) -> Any:
+        return self.call("GET", path, management=management, **kw)
+
+    def post(self, path: str, body: Any = None, **kw: Any) -> Any:
+        return self.call("POST", path, body=body, management=True, **kw)
+
+    def put(self, path: str, body: Any = None, **kw: Any) -> Any:
+        return self.call("PUT", path, body=body, management=True, **kw)
+
+    def patch(self, path: str, body: Any = None, **kw: Any) -> Any:
+        return self.call("PATCH", path, body=body, management=True, **kw)
+
+    def delete(self, path: str, **kw: Any) -> Any:
+        return self.call("DELETE", path, management=True, **kw)
+
+    def _unreachable(self, reason: object, timeout: float) -> CliError:
+        where = f"the API at {self.api_url} (from {self.url_origin})"
+        if isinstance(reason, TimeoutError):
+            return CliError(f"no answer from {where} within {timeout:g}s (raise it with --timeout)", 1)
+        if isinstance(reason, ConnectionRefusedError):
+            lines = [
+                f"cannot connect to {where}: connection refused.",
+                "Is the platform running? Start it with `make up` or `nvcf-mono up`.",
+            ]
+            if self.url_origin.endswith(ENDPOINTS_FILE):
+                lines.append(f"({self.url_origin} stays behind when the platform that wrote it stops.)")
+            return CliError("\n".join(lines), 1)
+        text = getattr(reason, "strerror", None) or str(reason) or type(reason).__name__
+        return CliError(f"cannot connect to {where}: {text}", 1)
+
+    def _http_error(self, err: urllib.error.HTTPError, cred: Credential, management: bool) -> CliError:
+        try:
+            raw = err.read()
+        except OSError:
+            raw = b""
+        detail = ""
+        try:
+            doc = json.loads(raw) if raw else None
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):
+            detail = str(doc.get("detail") or doc.get("title") or doc.get("message") or "")
+        if not detail:
+            detail = raw[:200].decode(errors="replace").strip() or str(err.reason)
+        lines = [f"HTTP {err.code}: {detail}"]
+        if err.code == 401:
+            lines.append(f"The {cred.kind} from {cred.origin} was not accepted by {self.api_url}.")
+        elif err.code == 403 and management and cred.kind == "API key":
+            lines.append(
+                f"This used the API key from {cred.origin}; management commands need a token with the "
+                "scope: pass --token or set NVCF_TOKEN."
+            )
+        return CliError("\n".join(lines), 1)
+
+
+def _state_dir(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Path, str]:
+    flag = getattr(args, "state_dir", None)
+    if flag:
+        return Path(flag), "--state-dir"
+    for name in ("NVCF_MONO_STATE_DIR", "NVCF_MONO__STATE_DIR"):
+        if environ.get(name):
+            return Path(environ[name]), name
+    return Path(DEFAULT_STATE_DIR), "the default state directory"
+
+
+def _read_endpoints(path: Path) -> dict[str, Any] | None:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise CliError(f"cannot read {path}: {err.strerror or err}") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as err:
+        raise CliError(f"{path} is not valid JSON ({err}); restart the platform to rewrite it") from None
+    if not isinstance(doc, dict):
+        raise CliError(f"{path} is not an endpoints document; restart the platform to rewrite it")
+    return doc
+
+
+def _proxies(environ: Mapping[str, str], url: str) -> dict[str, str]:
+    """Proxies from the given environment (urllib's own lookup would read the process's)."""
+    found: dict[str, str] = {}
+    for lower in (False, True):  # the lowercase variable wins, as in urllib
+        for name, value in environ.items():
+            if value and name.lower().endswith("_proxy") and (name.islower() == lower):
+                found[name.lower().removesuffix("_proxy")] = value
+    host = (urllib.parse.urlsplit(url).hostname or "").lower()
+    bypass = [entry.strip().lower().lstrip(".") for entry in found.pop("no", "").split(",") if entry.strip()]
+    if host in _LOOPBACK or any(e in ("*", host) or host.endswith("." + e) for e in bypass):
+        return {}
+    return found
+
+
+def _same_url(a: str, b: str) -> bool:
+    return a.rstrip("/").lower() == b.rstrip("/").lower()
+
+
+def connect(args: argparse.Namespace, ctx: CliContext) -> ApiClient:
+    """The client the command line and environment describe; exit 2 when something is missing."""
+    env = ctx.environ
+    state_dir, state_origin = _state_dir(args, env)
+    endpoints_path = state_dir / ENDPOINTS_FILE
+    state = _read_endpoints(endpoints_path)
+    state_url = state.get("api_url") if state else None
+    if args.api_url:
+        url, url_origin = args.api_url, "--api-url"
+    elif env.get("NVCF_API_URL"):
+        url, url_origin = env["NVCF_API_URL"], "env NVCF_API_URL"
+    elif isinstance(state_url, str) and state_url:
+        url, url_origin = state_url, str(endpoints_path)
+    else:
+        raise CliError(
+            f"no API URL: pass --api-url, set NVCF_API_URL, or start the platform with `nvcf-mono up` "
+            f"(it writes {endpoints_path}; {state_origin} has none)"
+        )
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise CliError(f"{url_origin} {url!r}: expected an http:// or https:// URL, e.g. http://127.0.0.1:8080")
+
+    layers: list[tuple[str | None, str | None, str, str]] = [
+        (args.token, args.api_key, "--token", "--api-key"),
+        (env.get("NVCF_TOKEN"), env.get("NVCF_API_KEY"), "env NVCF_TOKEN", "env NVCF_API_KEY"),
+    ]
+    state_is_elsewhere = False
+    if state is not None:
+        creds = state.get("credentials")
+        creds = creds if isinstance(creds, dict) else {}
+        # Never send a local platform's credentials to some other server.
+        if isinstance(state_url, str) and _same_url(state_url, url):
+            origin = str(endpoints_path)
+            layers.append((creds.get("admin_token"), creds.get("api_key"), origin, origin))
+        else:
+            state_is_elsewhere = True
+    token = api_key = None
+    for tok, key, tok_origin, key_origin in layers:
+        if tok or key:
+            token = Credential(tok, "token", tok_origin) if tok else None
+            api_key = Credential(key, "API key", key_origin) if key else None
+            break
+    if token is None and api_key is None:
+        note = f" ({endpoints_path} is for {state_url}, not {url})" if state_is_elsewhere else ""
+        raise CliError(f"no credentials for {url}: {_SOURCES}{note}")
+    return ApiClient(
+        url,
+        url_origin,
+        token=token,
+        api_key=api_key,
+        timeout=args.http_timeout,
+        proxies=_proxies(env, url),
+    )
+
+
+# ---- argument helpers shared by the API commands ---------------------------------------------------
+
+
+def csv_list(text: str) -> list[str]:
+    """An argparse type: ``a,b`` -> ``["a", "b"]`` (blanks dropped; ``""`` gives ``[]``)."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def key_value(flag: str, item: str) -> tuple[str, str]:
+    """``KEY=VALUE`` -> ``(KEY, VALUE)``; anything else is a usage error (exit 2)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise CliError(f"{flag} {item!r}: expected KEY=VALUE")
+    return key.strip(), value
+
+
+def read_json_object(flag: str, path: str) -> dict[str, Any]:
+    """A JSON object from a file named on the command line (exit 2 when it is not one)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise CliError(f"{flag} {path}: {err.strerror or err}") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as err:
+        raise CliError(f"{flag} {path}: not valid JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise CliError(f"{flag} {path}: expected a JSON object, got {type(doc).__name__}")
+    return doc

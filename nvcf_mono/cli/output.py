@@ -1,0 +1,46 @@
+"""How API commands print: raw JSON, aligned tables, aligned ``key: value`` lines."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from nvcf_mono.cli.context import CliContext
+
+
+def emit_json(ctx: CliContext, data: Any) -> None:
+    """The response as the API sent it, indented."""
+    print(json.dumps(data, indent=2), file=ctx.stdout)
+
+
+def cell(value: Any) -> str:
+    """One value as a short, single-line string ('-' for nothing)."""
+    if value is None or value in ("", [], {}):
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple):
+        return ", ".join(cell(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={cell(v)}" for k, v in value.items())
+    return " ".join(str(value).split())
+
+
+def table(ctx: CliContext, headers: Sequence[str], rows: Iterable[Sequence[Any]], *, empty: str) -> None:
+    """Columns aligned two spaces apart; ``empty`` is printed when there are no rows."""
+    cells = [[cell(v) for v in row] for row in rows]
+    if not cells:
+        print(empty, file=ctx.stdout)
+        return
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    for row in [list(headers), *cells]:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip(), file=ctx.stdout)
+
+
+def fields(ctx: CliContext, pairs: Iterable[tuple[str, Any]]) -> None:
+    """``key: value`` lines with the values aligned; pairs whose value is None are left out."""
+    shown = [(k, cell(v)) for k, v in pairs if v is not None]
+    width = max((len(k) for k, _ in shown), default=0) + 1
+    for key, value in shown:
+        print(f"{key + ':':<{width}} {value}", file=ctx.stdout)

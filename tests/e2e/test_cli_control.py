@@ -1,0 +1,485 @@
+"""The API commands as users run them: ``nvcf-mono function|deploy|api-key|cluster`` against a live platform."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from nvcf_mono.testing.platform import credentials, wait_for
+from tests.e2e.cli import ROOT, cli_env, run_cli
+from tests.integration.control.conftest import CONTAINER_FUNCTION, Platform, agent, platform
+
+pytestmark = pytest.mark.e2e
+
+H100 = ["--gpu", "H100", "--instance-type", "ON-PREM.GPU.H100_1x"]
+# The developer's own settings must not leak into the child.
+_OURS = ("NVCF_API_URL", "NVCF_TOKEN", "NVCF_API_KEY", "NVCF_MONO_STATE_DIR")
+
+
+def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The child's environment: no NVCF_* credentials of the caller, an empty default state dir."""
+    env = {k: v for k, v in cli_env().items() if k not in _OURS}
+    env["NVCF_MONO_STATE_DIR"] = str(tmp_path / "no-state")
+    env.update(extra)
+    return env
+
+
+async def cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the CLI in a thread so the platform in this event loop keeps serving."""
+    return await anyio.to_thread.run_sync(lambda: run_cli(*args, env=env, timeout=timeout))
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result.stdout
+
+
+def kv(text: str) -> dict[str, str]:
+    """The ``key: value`` lines of a command's output."""
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-z][a-z ]*):\s+(.*)$", line)
+        if m:
+            out[m[1]] = m[2]
+    return out
+
+
+def flags(p: Platform) -> list[str]:
+    creds = credentials(p.host)
+    return ["--api-url", p.host.endpoints.api_url, "--token", creds["admin_token"]]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_function_commands_with_flags(tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    async with platform(tmp_path) as p:
+        conn = flags(p)
+        created = kv(
+            ok(
+                await cli(
+                    "function", "create", "--name", "echo", "--image", "registry.example.com/echo:1",
+                    "--inference-url", "/echo", "--inference-port", "9000", "--health-uri", "/health",
+                    "--container-env", "A=1", "B=x=y", "--secrets", "S1=hush", "--tags", "a,b",
+                    "--description", "an echo", "--rate-limit", "10-S", "--container-args=--verbose",
+                    *conn, env=env,
+                )
+            )
+        )  # fmt: skip
+        fid, vid = created["function id"], created["version id"]
+        assert created["status"] == "INACTIVE" and created["name"] == "echo"
+        stored = (await p.admin.get(f"/v2/nvcf/functions/{fid}/versions/{vid}?includeSecrets=true")).json["function"]
+        # Health defaults are filled the way NVCF fills them: the inference port, PT10S, 200, HTTP.
+        assert stored["health"] == {
+            "protocol": "HTTP",
+            "uri": "/health",
+            "port": 9000,
+            "timeout": "PT10S",
+            "expectedStatusCode": 200,
+        }
+        assert stored["containerEnvironment"] == [{"key": "A", "value": "1"}, {"key": "B", "value": "x=y"}]
+        assert stored["secrets"] == ["S1"]
+        assert stored["tags"] == ["a", "b"]
+        assert stored["rateLimit"] == {"rateLimit": "10-S"}
+        assert stored["containerArgs"] == "--verbose"
+        assert stored["description"] == "an echo"
+
+        spec = tmp_path / "v2.json"
+        spec.write_text(json.dumps({**CONTAINER_FUNCTION, "containerImage": "registry.example.com/echo:2"}))
+        second = kv(
+            ok(await cli("function", "create", "--function-id", fid, "--input-file", str(spec), *conn, env=env))
+        )
+        assert second["function id"] == fid
+        vid2 = second["version id"]
+        assert vid2 != vid
+
+        listed = ok(await cli("function", "list", *conn, env=env))
+        header, *rows = listed.splitlines()
+        assert header.split() == ["FUNCTION", "ID", "VERSION", "ID", "NAME", "STATUS", "TYPE", "CREATED"]
+        assert sorted(row.split()[1] for row in rows) == sorted([vid, vid2])
+        as_json = json.loads(ok(await cli("function", "list", "--json", *conn, env=env)))
+        assert {fn["versionId"] for fn in as_json["functions"]} == {vid, vid2}
+        assert json.loads(
+            ok(await cli("function", "list", "--visibility", "authorized", "--json", *conn, env=env))
+        ) == {"functions": []}
+
+        shown = kv(ok(await cli("function", "get", fid, vid, "--include-secrets", *conn, env=env)))
+        assert shown["secrets"] == "S1"
+        assert shown["health"] == "HTTP /health on port 9000 (timeout PT10S, expects 200)"
+        assert shown["container env"] == "A=1, B=x=y"
+        assert shown["image"] == "registry.example.com/echo:1"
+        assert "secrets" not in kv(ok(await cli("function", "get", fid, vid, *conn, env=env)))
+        both = ok(await cli("function", "get", fid, "--include-secrets", *conn, env=env))
+        assert both.count("function id:") == 2 and vid in both and vid2 in both and "secrets:" in both
+        versions = json.loads(ok(await cli("function", "versions", fid, "--json", *conn, env=env)))
+        assert [fn["versionId"] for fn in versions["functions"]] == [vid, vid2]
+
+        updated = kv(
+            ok(await cli("function", "update", fid, vid, "--tags", "c", "--description", "renamed", *conn, env=env))
+        )
+        assert updated["tags"] == "c" and updated["description"] == "renamed"
+        again = (await p.admin.get(f"/v2/nvcf/functions/{fid}/versions/{vid}")).json["function"]
+        assert again["tags"] == ["c"] and again["rateLimit"] == {"rateLimit": "10-S"}
+
+        deleted = await cli("function", "delete", fid, vid2, *conn, env=env)
+        assert ok(deleted).strip() == f"deleted version {vid2} of function {fid}"
+        assert (await p.admin.get(f"/v2/nvcf/functions/{fid}/versions/{vid2}")).status == 404
+        gone = await cli("function", "get", fid, vid2, *conn, env=env)
+        assert gone.returncode == 1
+        assert gone.stderr.startswith("nvcf-mono: HTTP 404: "), gone.stderr
+        assert gone.stdout == ""
+
+
+async def test_function_create_and_update_from_files_with_env_credentials(tmp_path: Path) -> None:
+    async with platform(tmp_path) as p:
+        env = env_for(tmp_path, NVCF_API_URL=p.host.endpoints.api_url, NVCF_TOKEN=credentials(p.host)["admin_token"])
+        body = tmp_path / "fn.json"
+        body.write_text(
+            json.dumps(
+                {**CONTAINER_FUNCTION, "name": "fromfile", "tags": ["file"], "secrets": [{"name": "K", "value": "1"}]}
+            )
+        )
+        doc = json.loads(
+            ok(
+                await cli(
+                    "function", "create", "--input-file", str(body), "--name", "override", "--secrets", "L=2",
+                    "--health-timeout", "PT30S", "--json", env=env,
+                )
+            )
+        )  # fmt: skip
+        fn = doc["function"]
+        assert fn["name"] == "override"  # flags beat the file
+        assert fn["tags"] == ["file"]  # the rest of the file is kept
+        assert fn["secrets"] == ["K", "L"]
+        # The file's health object is kept, the flag changes one field of it.
+        assert fn["health"] == {**CONTAINER_FUNCTION["health"], "timeout": "PT30S"}
+
+        patch = tmp_path / "update.json"
+        patch.write_text(json.dumps({"tags": ["x", "y"], "rateLimit": {"rateLimit": "5-S", "syncCheck": True}}))
+        upd = json.loads(
+            ok(
+                await cli(
+                    "function", "update", fn["id"], fn["versionId"], "--input-file", str(patch), "--rate-limit",
+                    "7-M", "--json", env=env,
+                )
+            )
+        )["function"]  # fmt: skip
+        assert upd["tags"] == ["x", "y"]
+        assert upd["rateLimit"] == {"rateLimit": "7-M", "syncCheck": True}
+
+        helm = await cli(
+            "function", "create", "--name", "h", "--helm-chart", "oci://r.example.com/charts/h-1.0.0.tgz",
+            "--helm-chart-service", "svc", "--inference-url", "/x", "--inference-port", "8000", "--json", env=env,
+        )  # fmt: skip
+        assert json.loads(ok(helm))["function"]["helmChartServiceName"] == "svc"
+
+        bad = tmp_path / "bad.json"
+        bad.write_text("[1, 2]")
+        refused = await cli("function", "create", "--input-file", str(bad), env=env)
+        assert refused.returncode == 2
+        assert refused.stderr.strip() == f"nvcf-mono: --input-file {bad}: expected a JSON object, got list"
+        server_says = await cli("function", "create", "--name", "n", "--inference-url", "/x", env=env)
+        assert server_says.returncode == 1
+        assert server_says.stderr.strip() == (
+            "nvcf-mono: HTTP 400: One of the following properties 'containerImage', 'models', or 'helmChart' "
+            "must be specified"
+        )
+
+
+async def test_deploy_waits_for_active_then_rescales_and_removes(tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    async with platform(tmp_path) as p, agent(p.bus) as fake:
+        # Credentials and URL from the platform's endpoints.json.
+        conn = ["--state-dir", str(p.host.settings.state_dir)]
+        fn = json.loads(ok(await cli("function", "create", "--input-file", _write(tmp_path), "--json", *conn, env=env)))
+        fid, vid = fn["function"]["id"], fn["function"]["versionId"]
+
+        done = await cli("deploy", "create", fid, vid, *H100, "--min-instances", "2", *conn, env=env)
+        out = kv(ok(done))
+        assert out["status"] == "ACTIVE"
+        assert out["function id"] == fid and out["deployment id"]
+        progress = done.stderr.splitlines()
+        assert progress, "no progress on stderr"
+        assert all(re.match(r"^\[\s*\d+s\] (DEPLOYING|ACTIVE)  H100 ON-PREM\.GPU\.H100_1x: ", ln) for ln in progress)
+        assert progress[-1].endswith("ACTIVE  H100 ON-PREM.GPU.H100_1x: 2/2 running"), progress
+        assert len(fake.live()) == 2
+
+        got = json.loads(ok(await cli("deploy", "get", fid, vid, "--json", *conn, env=env)))
+        dep = got["deployment"]
+        assert dep["functionStatus"] == "ACTIVE"
+        spec = dep["deploymentSpecifications"][0]
+        assert spec["placement"]["runningInstances"] == 2
+        table = ok(await cli("deploy", "get", fid, vid, *conn, env=env))
+        assert re.search(
+            rf"^{spec['gpuSpecificationId']}\s+H100\s+ON-PREM\.GPU\.H100_1x\s+2\s+2\s+1\s+any\s+2/2", table, re.M
+        )
+
+        scaled = json.loads(
+            ok(await cli("deploy", "update", fid, vid, "--max-instances", "4", "--json", *conn, env=env))
+        )
+        assert scaled["gpuSpecification"]["maxInstances"] == 4
+        assert scaled["gpuSpecification"]["minInstances"] == 2
+        refused = await cli("deploy", "update", fid, vid, "--min-instances", "5", *conn, env=env)
+        assert refused.returncode == 1
+        assert (
+            refused.stderr.strip()
+            == "nvcf-mono: HTTP 400: 'minInstances' must be lesser than or equal to 'maxInstances'"
+        )
+        wrong_spec = await cli(
+            "deploy", "update", fid, vid, "--spec-id", "nope", "--min-instances", "1", *conn, env=env
+        )
+        assert wrong_spec.returncode == 1 and "HTTP 404" in wrong_spec.stderr
+        nothing = await cli("deploy", "update", fid, vid, *conn, env=env)
+        assert nothing.returncode == 2
+        assert nothing.stderr.strip() == "nvcf-mono: deploy update: give --min-instances and/or --max-instances"
+
+        again = await cli("deploy", "create", fid, vid, *H100, *conn, env=env)
+        assert again.returncode == 1
+        assert "HTTP 400: Function version is already deployed" in again.stderr
+
+        removed = ok(await cli("deploy", "remove", fid, vid, *conn, env=env))
+        assert removed.strip() == f"removed the deployment of function {fid} version {vid}; status INACTIVE"
+        state = (await p.admin.get(f"/v2/nvcf/functions/{fid}/versions/{vid}")).json["function"]
+        assert state["status"] == "INACTIVE"
+        assert (await p.admin.get(f"/v2/nvcf/deployments/functions/{fid}/versions/{vid}")).status == 404
+
+        # --no-wait returns at once with the accepted deployment.
+        quick = json.loads(ok(await cli("deploy", "create", fid, vid, *H100, "--no-wait", "--json", *conn, env=env)))
+        assert quick["deployment"]["functionStatus"] == "DEPLOYING"
+
+
+async def test_failing_deployment_exits_1_with_the_error(tmp_path: Path) -> None:
+    async with platform(tmp_path) as p, agent(p.bus, behaviour="fail-permanent"):
+        # Credentials from the state directory named in the environment.
+        env = env_for(tmp_path, NVCF_MONO_STATE_DIR=str(p.host.settings.state_dir))
+        fn = json.loads(ok(await cli("function", "create", "--input-file", _write(tmp_path), "--json", env=env)))
+        fid, vid = fn["function"]["id"], fn["function"]["versionId"]
+        failed = await cli("deploy", "create", fid, vid, *H100, env=env)
+        assert failed.returncode == 1, failed.stderr
+        assert failed.stdout == ""
+        lines = failed.stderr.splitlines()
+        errors = [ln for ln in lines if ln.startswith("nvcf-mono: ")]
+        assert errors[0] == f"nvcf-mono: deployment of function {fid} version {vid} failed: status ERROR"
+        assert any("H100 ON-PREM.GPU.H100_1x on local: " in ln and "image 'nope' not found" in ln for ln in errors)
+        assert errors[-1] == f"nvcf-mono: Remove it before deploying again: nvcf-mono deploy remove {fid} {vid}"
+        assert any(ln.startswith("[") and "DEPLOYING" in ln for ln in lines)  # progress came first
+
+        shown = ok(await cli("deploy", "get", fid, vid, env=env))
+        assert kv(shown)["status"] == "ERROR"
+        assert "image 'nope' not found" in shown
+        ok(await cli("deploy", "undeploy", fid, vid, env=env))
+        assert (await p.admin.get(f"/v2/nvcf/functions/{fid}/versions/{vid}")).json["function"]["status"] == "INACTIVE"
+
+
+async def test_deploy_timeout_exits_1_and_says_what_it_saw(tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    async with platform(tmp_path) as p, agent(p.bus, behaviour="start"):
+        conn = flags(p)
+        fn = json.loads(ok(await cli("function", "create", "--input-file", _write(tmp_path), "--json", *conn, env=env)))
+        fid, vid = fn["function"]["id"], fn["function"]["versionId"]
+        slow = await cli("deploy", "create", fid, vid, *H100, "--timeout", "2", *conn, env=env)
+        assert slow.returncode == 1
+        assert (
+            "nvcf-mono: timed out after 2s waiting for ACTIVE; last seen: DEPLOYING  H100 ON-PREM.GPU.H100_1x: 0/1 "
+            "running, 1 starting" in slow.stderr
+        ), slow.stderr
+        assert f"nvcf-mono deploy remove {fid} {vid}" in slow.stderr
+
+
+async def test_ctrl_c_stops_waiting_and_leaves_the_deployment(tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    async with platform(tmp_path) as p, agent(p.bus, behaviour="start"):
+        conn = flags(p)
+        fn = json.loads(ok(await cli("function", "create", "--input-file", _write(tmp_path), "--json", *conn, env=env)))
+        fid, vid = fn["function"]["id"], fn["function"]["versionId"]
+        err = tmp_path / "deploy.stderr"
+        with err.open("w") as sink:
+            async with await anyio.open_process(
+                [sys.executable, "-m", "nvcf_mono", "deploy", "create", fid, vid, *H100, *conn],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=sink,
+                env=env,
+                cwd=ROOT,
+            ) as proc:
+
+                async def waiting() -> bool:
+                    return "DEPLOYING" in err.read_text()
+
+                try:
+                    await wait_for(waiting, timeout=30, what="the progress line")
+                    proc.send_signal(signal.SIGINT)
+                    with anyio.fail_after(30):
+                        code = await proc.wait()
+                finally:
+                    if proc.returncode is None:  # the test failed midway: do not wait out its 900 s
+                        proc.kill()
+        assert code == 130
+        assert err.read_text().splitlines()[-1] == "stopped waiting; the deployment goes on"
+        dep = await p.admin.get(f"/v2/nvcf/deployments/functions/{fid}/versions/{vid}")
+        assert dep.status == 200 and dep.json["deployment"]["functionStatus"] == "DEPLOYING"
+
+
+async def test_errors_and_credential_choice(tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    dead = f"http://127.0.0.1:{free_port()}"
+    refused = await cli("function", "list", "--api-url", dead, "--token", "t", env=env)
+    assert refused.returncode == 1
+    assert refused.stderr.splitlines() == [
+        f"nvcf-mono: cannot connect to the API at {dead} (from --api-url): connection refused.",
+        "nvcf-mono: Is the platform running? Start it with `make up` or `nvcf-mono up`.",
+    ]
+    nothing = await cli("function", "list", env=env)
+    assert nothing.returncode == 2
+    assert "no API URL: pass --api-url, set NVCF_API_URL, or start the platform with `nvcf-mono up`" in nothing.stderr
+    no_creds = await cli("function", "list", "--api-url", dead, env=env)
+    assert no_creds.returncode == 2
+    assert no_creds.stderr.strip() == (
+        f"nvcf-mono: no credentials for {dead}: pass --token (or --api-key), set NVCF_TOKEN (or NVCF_API_KEY), "
+        "or point --state-dir at a platform started with `nvcf-mono up` (its endpoints.json holds the credentials)"
+    )
+    not_a_url = await cli("function", "list", "--api-url", "localhost:8080", "--token", "t", env=env)
+    assert not_a_url.returncode == 2 and "expected an http:// or https:// URL" in not_a_url.stderr
+
+    # Usage errors: argparse (exit 2) and values checked before any call.
+    assert (await cli("deploy", "create", "only-one-id", env=env)).returncode == 2
+    negative = await cli("deploy", "create", "f", "v", *H100, "--min-instances", "-1", env=env)
+    assert negative.returncode == 2 and "must not be negative" in negative.stderr
+    no_eq = await cli("function", "create", "--name", "n", "--inference-url", "/x", "--container-env", "FOO", env=env)
+    assert no_eq.returncode == 2
+    assert no_eq.stderr.strip() == "nvcf-mono: --container-env 'FOO': expected KEY=VALUE"
+    both = await cli("function", "create", "--image", "i", "--helm-chart", "c", env=env)
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+    bare = await cli("function", env=env)
+    assert bare.returncode == 2 and "create" in bare.stdout
+
+    async with platform(tmp_path) as p:
+        url = p.host.endpoints.api_url
+        creds = credentials(p.host)
+        bad = await cli("function", "list", "--api-url", url, "--token", "not-a-token", env=env)
+        assert bad.returncode == 1
+        assert bad.stderr.splitlines()[0].startswith("nvcf-mono: HTTP 401: ")
+        assert bad.stderr.splitlines()[1] == f"nvcf-mono: The token from --token was not accepted by {url}."
+
+        missing = await cli("function", "get", "00000000-0000-4000-8000-000000000000", "--api-url", url, "--token",
+                            creds["admin_token"], env=env)  # fmt: skip
+        assert missing.returncode == 1
+        assert missing.stderr.startswith("nvcf-mono: HTTP 404: ")
+
+        # The API key (from the environment) reads; management with it gets 403 and a hint.
+        key_env = env_for(tmp_path, NVCF_API_URL=url, NVCF_API_KEY=creds["api_key"])
+        assert json.loads(ok(await cli("function", "list", "--json", env=key_env))) == {"functions": []}
+        forbidden = await cli("function", "create", "--input-file", _write(tmp_path), env=key_env)
+        assert forbidden.returncode == 1
+        assert forbidden.stderr.splitlines()[0].startswith("nvcf-mono: HTTP 403: ")
+        assert "management commands need a token" in forbidden.stderr
+        # An explicit --api-key is used even when the environment has a token.
+        both_env = env_for(tmp_path, NVCF_API_URL=url, NVCF_TOKEN=creds["admin_token"])
+        explicit = await cli("function", "create", "--input-file", _write(tmp_path), "--api-key", creds["api_key"],
+                             env=both_env)  # fmt: skip
+        assert explicit.returncode == 1 and explicit.stderr.startswith("nvcf-mono: HTTP 403: ")
+
+        # A platform's credentials are never sent to another URL.
+        elsewhere = await cli("function", "list", "--state-dir", str(p.host.settings.state_dir), "--api-url", dead,
+                              env=env)  # fmt: skip
+        assert elsewhere.returncode == 2
+        assert f"is for {url}, not {dead}" in elsewhere.stderr
+
+
+async def test_api_key_commands(tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    async with platform(tmp_path) as p:
+        conn = flags(p)
+        url = p.host.endpoints.api_url
+        fn = (await p.admin.post("/v2/nvcf/functions", CONTAINER_FUNCTION)).json["function"]
+
+        made = await cli("api-key", "generate", "--description", "ci key", *conn, env=env)
+        fields = kv(ok(made))
+        key, key_id = fields["key"], fields["id"]
+        assert key.startswith("nvapi-")
+        assert fields["scopes"] == "invoke_function, list_functions, queue_details, list_functions_details"
+        assert fields["resources"] == "account-functions:*, authorized-functions:*"
+        assert "Save the key now: it is not shown again" in made.stderr
+        listed = json.loads(ok(await cli("function", "list", "--json", "--api-url", url, "--api-key", key, env=env)))
+        assert [f["id"] for f in listed["functions"]] == [fn["id"]]
+
+        keys = ok(await cli("api-key", "list", *conn, env=env))
+        assert key_id in keys and key not in keys  # the value is never listed
+        assert key_id in {
+            k["id"] for k in json.loads(ok(await cli("api-key", "list", "--json", *conn, env=env)))["keys"]
+        }
+
+        narrow = json.loads(
+            ok(
+                await cli(
+                    "api-key", "generate", "--scopes", "list_functions", "--resources",
+                    f"function:{fn['id']}/{fn['versionId']}", "--expires-in", "1h", "--json", *conn, env=env,
+                )
+            )
+        )  # fmt: skip
+        policy = narrow["authorizations"]["policies"][0]
+        assert policy["scopes"] == ["list_functions"]
+        assert policy["resources"] == [{"id": f"{fn['id']}/{fn['versionId']}", "type": "function"}]
+        other = (await p.admin.post("/v2/nvcf/functions", {**CONTAINER_FUNCTION, "name": "other"})).json["function"]
+        seen = await cli(
+            "function", "get", fn["id"], fn["versionId"], "--api-url", url, "--api-key", narrow["value"], env=env
+        )
+        ok(seen)
+        hidden = await cli("function", "get", other["id"], other["versionId"], "--api-url", url, "--api-key",
+                           narrow["value"], env=env)  # fmt: skip
+        assert hidden.returncode == 1 and re.match(r"nvcf-mono: HTTP 40[34]: ", hidden.stderr)
+
+        task = json.loads(ok(await cli("api-key", "generate", "--for", "task", "--json", *conn, env=env)))
+        assert task["value"].startswith("nvapi-")
+
+        revoked = ok(await cli("api-key", "revoke", key_id, *conn, env=env))
+        assert revoked.strip() == f"revoked API key {key_id}"
+        after = await cli("function", "list", "--api-url", url, "--api-key", key, env=env)
+        assert after.returncode == 1 and after.stderr.startswith("nvcf-mono: HTTP 401: ")
+
+        bad = await cli("api-key", "generate", "--expires-in", "soon", *conn, env=env)
+        assert bad.returncode == 2 and "expected a duration such as 24h" in bad.stderr
+        bad_res = await cli("api-key", "generate", "--resources", "everything", *conn, env=env)
+        assert bad_res.returncode == 2 and "expected TYPE:ID" in bad_res.stderr
+
+
+async def test_cluster_commands(tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    async with platform(tmp_path) as p, agent(p.bus):
+        conn = flags(p)
+        shown = ok(await cli("cluster", "list", *conn, env=env))
+        header, *rows = shown.splitlines()
+        assert header.split() == ["NAME", "CLUSTER", "ID", "GROUP", "REGION", "STATUS", "GPUS"]
+        assert len(rows) == 1
+        assert re.match(r"^local\s+6b1e4d3a-58a1-4a5e-9d58-2a1c0f000001\s+local\s+us-west-1\s+healthy\s+H100 ", rows[0])
+        doc = json.loads(ok(await cli("cluster", "list", "--json", *conn, env=env)))
+        clusters = doc["clusters"] if isinstance(doc, dict) else doc
+        assert [c["clusterName"] for c in clusters] == ["local"]
+        other = await cli("cluster", "list", "--account", "someone-else", *conn, env=env)
+        if other.returncode == 0:
+            assert other.stdout.strip() == "no clusters in account someone-else"
+        else:
+            assert other.returncode == 1 and re.match(r"nvcf-mono: HTTP 40[34]: ", other.stderr), other.stderr
+
+        groups = ok(await cli("cluster", "groups", *conn, env=env))
+        assert re.search(r"^local\s+\S+\s+local\s+H100\s+ON-PREM\.GPU\.H100_1x", groups, re.M), groups
+        gdoc = json.loads(ok(await cli("cluster", "groups", "--json", *conn, env=env)))
+        assert [g["name"] for g in gdoc["clusterGroups"]] == ["local"]
+
+
+def _write(tmp_path: Path) -> str:
+    path = tmp_path / "function.json"
+    path.write_text(json.dumps(CONTAINER_FUNCTION))
+    return str(path)
