@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import final
 
 import anyio
@@ -90,11 +90,14 @@ class ApiKeyStore:
         owner_id: str,
         description: str,
         authorizations: Authorizations,
-        expires_in: timedelta,
+        expires_in: timedelta | None = None,
+        expires_at: datetime | None = None,
         issuer_service_id: str,
         audience_service_ids: Sequence[str],
     ) -> tuple[ApiKeyRecord, str]:
-        """Mint a key; returns the record and the key value (shown once, never stored)."""
+        """Mint a key expiring after ``expires_in`` or at ``expires_at``; returns the record and the value."""
+        if (expires_in is None) == (expires_at is None):
+            raise ValueError("give exactly one of expires_in and expires_at")
         value, digest = generate(self.keyring.api_key_domain_key)
         now = utc_now()
         record = ApiKeyRecord(
@@ -104,7 +107,7 @@ class ApiKeyStore:
             owner_id=owner_id,
             description=description,
             created_at=iso(now),
-            expires_at=iso(now + expires_in),
+            expires_at=iso(expires_at or now + (expires_in or timedelta())),
             masked=masked(KEY_PREFIX, digest),
             authorizations=authorizations,
             issuer_service_id=issuer_service_id,

@@ -27,6 +27,16 @@ class Product(enum.Enum):
 
 FUNCTIONS_SERVICE_ID = "nvidia-cloud-functions-ncp-service-id-aketm"
 TASKS_SERVICE_ID = "nvidia-cloud-tasks-ncp-service-id-nvcttasks"
+#: The API Keys service id of each product (a policy's ``aud``, a key's issuer and audiences).
+SERVICE_IDS = {Product.FUNCTIONS: FUNCTIONS_SERVICE_ID, Product.TASKS: TASKS_SERVICE_ID}
+#: The resource types a policy may name, and the id each takes.
+RESOURCE_TYPES = {
+    "account-functions": "*",
+    "authorized-functions": "*",
+    "function": "<functionId>/<versionId> or <functionId>/*",
+    "account-tasks": "*",
+    "task": "<taskId>",
+}
 
 
 @attrs.frozen(kw_only=True)
@@ -119,7 +129,7 @@ class KeyListResponse:
 
 def key_policy_document(scopes: tuple[str, ...], resources: list[dict[str, str]], product: Product) -> dict[str, Any]:
     """The authorizations document NVCF's CLI writes for a key."""
-    aud = FUNCTIONS_SERVICE_ID if product is Product.FUNCTIONS else TASKS_SERVICE_ID
+    aud = SERVICE_IDS[product]
     return {
         "policies": [
             {"aud": aud, "auds": [aud], "product": product.value, "resources": resources, "scopes": list(scopes)}
