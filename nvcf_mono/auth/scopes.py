@@ -30,6 +30,10 @@ LIST_RESULTS = "list_results"
 CLUSTER_MANAGEMENT = "cluster-management"
 CLUSTER_LISTING = "cluster_listing"
 INSTANCE_TYPES = "instance_types"
+GPU_LISTING = "gpu_listing"
+REGIONS_LISTING = "regions_listing"
+CLUSTERS_LISTING = "clusters_listing"
+ATTRIBUTES_LISTING = "attributes_listing"
 
 ACCOUNT_ADMIN_SCOPES = frozenset(
     {
@@ -48,6 +52,10 @@ ACCOUNT_ADMIN_SCOPES = frozenset(
         LIST_CLUSTER_GROUPS,
         CLUSTER_LISTING,
         INSTANCE_TYPES,
+        GPU_LISTING,
+        REGIONS_LISTING,
+        CLUSTERS_LISTING,
+        ATTRIBUTES_LISTING,
     }
 )
 #: What ``nvcf-cli api-key generate`` gives a function key.

@@ -327,6 +327,10 @@ class Stream(Protocol):
         """The newest message on ``subject``."""
         ...
 
+    async def count_stored(self, first_seq: int, last_seq: int) -> int:
+        """How many messages the stream still holds with a sequence in ``[first_seq, last_seq]``."""
+        ...
+
     async def ensure_consumer(self, spec: ConsumerSpec) -> ConsumerState:
         """Create or update a durable consumer."""
         ...

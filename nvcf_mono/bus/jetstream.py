@@ -296,6 +296,24 @@ class NatsStream:
             time=raw.time,
         )
 
+    async def count_stored(self, first_seq: int, last_seq: int) -> int:
+        """Messages still held with a sequence in ``[first_seq, last_seq]`` (range minus interior deletes)."""
+        if last_seq < first_seq:
+            return 0
+        try:
+            # stream_info() drops the list of deleted sequences; the raw API call returns it.
+            resp = await self._js._api_request(
+                f"{self._js._prefix}.STREAM.INFO.{self.name}", _json({"deleted_details": True}), timeout=self._timeout
+            )
+        except _NATS_ERRORS as err:
+            raise translate(err, f"stream {self.name}") from err
+        state = resp.get("state") or {}
+        lo = max(first_seq, int(state.get("first_seq") or 0))
+        hi = min(last_seq, int(state.get("last_seq") or 0))
+        if int(state.get("messages") or 0) == 0 or hi < lo:
+            return 0
+        return hi - lo + 1 - sum(1 for seq in state.get("deleted") or () if lo <= seq <= hi)
+
     async def delete(self) -> bool:
         """Remove the stream itself."""
         try:

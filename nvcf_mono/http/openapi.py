@@ -208,7 +208,14 @@ def build_document(
         if op.response is not None:
             responses[str(op.status)] = {
                 "description": "Success.",
-                "content": {"application/json": {"schema": builder.ref(op.response, closed=True)}},
+                "content": {"application/json": {"schema": builder.schema(op.response, closed=True)}},
+            }
+        elif op.raw_response == "*/*":
+            # The function's own answer, any status: documented as a pass-through.
+            entry["x-passthrough"] = True
+            responses["default"] = {
+                "description": "The function's response (status, headers and body) passed through.",
+                "content": {"*/*": {"schema": {}}},
             }
         elif op.raw_response is not None:
             responses[str(op.status)] = {

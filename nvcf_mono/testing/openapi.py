@@ -60,6 +60,8 @@ class ResponseChecker:
                 return  # no route: the server's own 404/405
             raise AssertionError(f"{method} {path} answered {status} but is not in /v3/openapi")
         template, op = found
+        if op.get("x-passthrough"):
+            return  # the function's own status and body
         responses = op.get("responses", {})
         spec = responses.get(str(status))
         if spec is None:

@@ -1,0 +1,262 @@
+"""Assets: create, upload and download through pre-signed links on the platform, list, delete."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
+
+import anyio
+
+from nvcf_mono.auth import scopes
+from nvcf_mono.auth.keystore import API_KEY_STORE
+from nvcf_mono.auth.secret import KEYRING, b64u
+from nvcf_mono.contracts import buckets
+from nvcf_mono.models.account import Account
+from nvcf_mono.models.api_key import FUNCTIONS_SERVICE_ID, Authorizations, KeyResource, Policy
+from nvcf_mono.models.common import now_iso
+from nvcf_mono.testing.platform import Reply
+
+from .conftest import Platform, platform
+
+ASSETS = "/v2/nvcf/assets"
+MiB = 1024 * 1024
+
+
+async def raw(
+    p: Platform,
+    method: str,
+    url: str,
+    *,
+    data: bytes | AsyncIterator[bytes] | None = None,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+) -> Reply:
+    """A request to an absolute URL (a pre-signed link) with no Authorization header."""
+    body = io.BytesIO(data) if isinstance(data, bytes) else data  # raw bytes this large warn in aiohttp
+    with anyio.fail_after(timeout):
+        async with p.anonymous.session.request(method, url, data=body, headers=dict(headers or {})) as resp:
+            reply = Reply(status=resp.status, headers=dict(resp.headers), body=await resp.read())
+    checker = p.anonymous.checker
+    content_type = reply.headers.get("Content-Type", "")
+    if checker is not None and not (method == "GET" and reply.status == 200):  # downloads: the asset's own type
+        checker.check(
+            method, urlsplit(url).path, reply.status, content_type, reply.json if "json" in content_type else None
+        )
+    return reply
+
+
+async def chunks(data: bytes, size: int = 64 * 1024) -> AsyncIterator[bytes]:
+    """``data`` as a body of unknown length (chunked transfer encoding)."""
+    for start in range(0, len(data), size):
+        yield data[start : start + size]
+
+
+async def create(p: Platform, content_type: str = "application/octet-stream", description: str = "input") -> dict:
+    reply = await p.key.post(ASSETS, {"contentType": content_type, "description": description})
+    assert reply.status == 200, reply.body
+    return reply.json  # type: ignore[no-any-return]
+
+
+async def download_url(p: Platform, asset_id: str) -> str:
+    reply = await p.key.get(f"{ASSETS}/{asset_id}/content-redirect")
+    assert reply.status == 200, reply.body
+    return str(reply.json["presignedUrl"])
+
+
+def with_query(url: str, **changes: str | None) -> str:
+    parts = urlsplit(url)
+    query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+    for key, value in changes.items():
+        if value is None:
+            query.pop(key, None)
+        else:
+            query[key] = value
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+async def other_account_key(p: Platform, nca_id: str) -> str:
+    """A function key of another account (written straight to the buckets)."""
+    accounts = buckets.typed(p.bus.kv(buckets.ACCOUNTS.name), buckets.ACCOUNT)
+    await accounts.put(nca_id, Account(nca_id=nca_id, name=nca_id, last_updated_at=now_iso()))
+    policy = Policy(
+        scopes=tuple(sorted(scopes.FUNCTION_KEY_SCOPES)),
+        resources=(KeyResource(id="*", type="account-functions"), KeyResource(id="*", type="authorized-functions")),
+    )
+    _, value = await p.host.services.get(API_KEY_STORE).create(
+        nca_id=nca_id,
+        owner_id=f"{nca_id}-user",
+        description="test key",
+        authorizations=Authorizations(policies=(policy,)),
+        expires_in=timedelta(hours=1),
+        issuer_service_id=FUNCTIONS_SERVICE_ID,
+        audience_service_ids=(FUNCTIONS_SERVICE_ID,),
+    )
+    return value
+
+
+async def test_a_20_mib_asset_round_trips_through_the_pre_signed_links(tmp_path: Path) -> None:
+    async with platform(tmp_path) as p:
+        created = await create(p, "image/png", "a large input")
+        asset_id = created["assetId"]
+        assert created["contentType"] == "image/png" and created["description"] == "a large input"
+        upload = created["uploadUrl"]
+        assert upload.startswith(f"{p.host.endpoints.api_url.rstrip('/')}{ASSETS}/{asset_id}/upload?")
+        assert {"expires", "signature"} <= set(parse_qs(urlsplit(upload).query))
+
+        listed = await p.key.get(ASSETS)
+        assert listed.status == 200
+        assert [a["assetId"] for a in listed.json["assets"]] == [asset_id]
+        assert "size" not in listed.json["assets"][0]
+
+        not_yet = await raw(p, "GET", await download_url(p, asset_id))
+        assert not_yet.status == 404 and "upload" in not_yet.json["detail"]
+
+        content = os.urandom(20 * MiB)
+        put = await raw(p, "PUT", upload, data=content, headers={"Content-Type": "image/png"})
+        assert put.status == 200, put.body
+        assert put.body == b""
+
+        meta = await p.key.get(f"{ASSETS}/{asset_id}")
+        assert meta.status == 200
+        asset = meta.json["asset"]
+        assert asset["size"] == 20 * MiB and asset["uploadedAt"] and asset["createdAt"]
+
+        got = await raw(p, "GET", await download_url(p, asset_id))
+        assert got.status == 200
+        assert got.headers["Content-Type"] == "image/png"
+        assert int(got.headers["Content-Length"]) == 20 * MiB
+        assert hashlib.sha256(got.body).hexdigest() == hashlib.sha256(content).hexdigest()
+
+        # A link stays usable until it expires: a second upload (streamed, no length) replaces the content.
+        smaller = os.urandom(3 * MiB + 17)
+        again = await raw(p, "PUT", upload, data=chunks(smaller), headers={"Content-Type": "image/png"})
+        assert again.status == 200, again.body
+        got = await raw(p, "GET", await download_url(p, asset_id))
+        assert hashlib.sha256(got.body).hexdigest() == hashlib.sha256(smaller).hexdigest()
+        assert (await p.key.get(f"{ASSETS}/{asset_id}")).json["asset"]["size"] == len(smaller)
+
+        link = await download_url(p, asset_id)
+        deleted = await p.key.delete(f"{ASSETS}/{asset_id}")
+        assert deleted.status == 204
+        assert (await p.key.get(f"{ASSETS}/{asset_id}")).status == 404
+        assert (await p.key.delete(f"{ASSETS}/{asset_id}")).status == 404
+        assert (await raw(p, "GET", link)).status == 404
+        assert await p.bus.objects(buckets.ASSET_CONTENT.name).info(f"nvcf-default/{asset_id}") is None
+        assert (await p.key.get(ASSETS)).json["assets"] == []
+        gone = await raw(p, "PUT", upload, data=b"x", headers={"Content-Type": "image/png"})
+        assert gone.status == 404
+
+
+async def test_links_are_refused_when_altered_swapped_or_expired(tmp_path: Path) -> None:
+    async with platform(tmp_path) as p:
+        created = await create(p, "text/plain; charset=utf-8")
+        asset_id, upload = created["assetId"], created["uploadUrl"]
+        ok = {"Content-Type": "text/plain; charset=utf-8"}
+
+        async def refused(url: str, method: str = "PUT") -> str:
+            reply = await raw(p, method, url, data=b"hello" if method == "PUT" else None, headers=ok)
+            assert reply.status == 403, (url, reply.status, reply.body)
+            assert reply.headers["Content-Type"].startswith("application/problem+json")
+            return str(reply.json["detail"])
+
+        sig = parse_qs(urlsplit(upload).query)["signature"][0]
+        tampered = sig[:-2] + ("AA" if not sig.endswith("AA") else "BB")
+        assert "signature" in await refused(with_query(upload, signature=tampered))
+        expires = int(parse_qs(urlsplit(upload).query)["expires"][0])
+        assert "signature" in await refused(with_query(upload, expires=str(expires + 3600)))
+        assert "lacks" in await refused(with_query(upload, signature=None))
+        assert "lacks" in await refused(with_query(upload, expires=None))
+        assert "unix time" in await refused(with_query(upload, expires="tomorrow"))
+        # The same signature on another asset, or an upload link used to download, does not pass.
+        other = (await create(p))["assetId"]
+        assert "signature" in await refused(upload.replace(asset_id, other))
+        assert "signature" in await refused(upload.replace("/upload?", "/download?"), "GET")
+
+        # A correctly signed link past its expiry (signed here with the platform's link key).
+        key = p.host.services.get(KEYRING).secret.derive("asset-links/v1")
+        past = int(time.time()) - 5
+        signed = b64u(hmac.digest(key, f"nvcf-asset-link\nupload\n{asset_id}\n{past}".encode(), "sha256"))
+        assert "expired" in await refused(with_query(upload, expires=str(past), signature=signed))
+        future = int(time.time()) + 60
+        signed = b64u(hmac.digest(key, f"nvcf-asset-link\nupload\n{asset_id}\n{future}".encode(), "sha256"))
+        fresh = with_query(upload, expires=str(future), signature=signed)
+
+        # A valid link still needs the content type the asset was created with.
+        wrong = await raw(p, "PUT", fresh, data=b"hello", headers={"Content-Type": "image/png"})
+        assert wrong.status == 400 and "text/plain; charset=utf-8" in wrong.json["detail"]
+        missing = await raw(p, "PUT", fresh, data=b"hello", headers={"Content-Type": ""})
+        assert missing.status == 400
+        spaced = await raw(p, "PUT", fresh, data=b"hello", headers={"Content-Type": "Text/Plain;charset=UTF-8"})
+        assert spaced.status == 200, spaced.body
+        got = await raw(p, "GET", await download_url(p, asset_id))
+        assert got.status == 200 and got.body == b"hello"
+        assert got.headers["Content-Type"] == "text/plain; charset=utf-8"
+
+        # The links are documented, without a bearer.
+        doc = (await p.anonymous.get("/v3/openapi")).json
+        put_op = doc["paths"][f"{ASSETS}/{{assetId}}/upload"]["put"]
+        get_op = doc["paths"][f"{ASSETS}/{{assetId}}/download"]["get"]
+        assert put_op["security"] == [] and get_op["security"] == []
+        assert "requestBody" in put_op and "200" in get_op["responses"]
+        assert {"403", "404", "413"} <= set(put_op["responses"])
+
+
+async def test_uploads_over_the_size_limit_are_refused_and_keep_the_earlier_content(tmp_path: Path) -> None:
+    async with platform(tmp_path, **{"plugins.control.max_asset_size": "1024"}) as p:
+        created = await create(p)
+        upload = created["uploadUrl"]
+        octets = {"Content-Type": "application/octet-stream"}
+        exact = os.urandom(1024)
+        assert (await raw(p, "PUT", upload, data=exact, headers=octets)).status == 200
+
+        declared = await raw(p, "PUT", upload, data=os.urandom(1025), headers=octets)
+        assert declared.status == 413 and "1024" in declared.json["detail"]
+        streamed = await raw(p, "PUT", upload, data=chunks(os.urandom(8192), 512), headers=octets)
+        assert streamed.status == 413
+
+        got = await raw(p, "GET", await download_url(p, created["assetId"]))
+        assert got.status == 200 and got.body == exact
+        assert (await p.key.get(f"{ASSETS}/{created['assetId']}")).json["asset"]["size"] == 1024
+
+
+async def test_assets_belong_to_their_account(tmp_path: Path) -> None:
+    async with platform(tmp_path) as p:
+        created = await create(p)
+        asset_id = created["assetId"]
+        other = p.api(await other_account_key(p, "acct-two"))
+        for reply in (
+            await other.get(f"{ASSETS}/{asset_id}"),
+            await other.get(f"{ASSETS}/{asset_id}/content-redirect"),
+            await other.delete(f"{ASSETS}/{asset_id}"),
+        ):
+            assert reply.status == 404, reply.body
+        assert (await other.get(ASSETS)).json["assets"] == []
+        mine = await other.post(ASSETS, {"contentType": "application/json", "description": "theirs"})
+        assert mine.status == 200
+        assert [a["assetId"] for a in (await p.key.get(ASSETS)).json["assets"]] == [asset_id]
+
+        # A super admin reaches any account's assets through the cross-account twin.
+        twin = await p.admin.get(f"/v2/nvcf/accounts/acct-two/assets/{mine.json['assetId']}")
+        assert twin.status == 200 and twin.json["asset"]["description"] == "theirs"
+        assert (await p.admin.get(f"/v2/nvcf/accounts/acct-two/assets/{asset_id}")).status == 404
+        assert (await p.key.get(f"{ASSETS}/not-a-uuid")).status == 404
+
+
+async def test_asset_requests_are_validated_and_scoped(tmp_path: Path) -> None:
+    async with platform(tmp_path) as p:
+        bad = await p.key.post(ASSETS, {"contentType": "not a type", "description": "x"})
+        assert bad.status == 400 and "contentType" in bad.json["detail"]
+        missing = await p.key.post(ASSETS, {"contentType": "image/png"})
+        assert missing.status == 400 and "description" in missing.json["detail"]
+        too_long = await p.key.post(ASSETS, {"contentType": "image/png", "description": "d" * 257})
+        assert too_long.status == 400
+        assert (await p.anonymous.post(ASSETS, {"contentType": "image/png", "description": "x"})).status == 401
+        assert (await p.task_key.post(ASSETS, {"contentType": "image/png", "description": "x"})).status == 403
+        assert (await p.task_key.get(ASSETS)).status == 403
