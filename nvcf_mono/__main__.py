@@ -14,6 +14,8 @@ from nvcf_mono.cli import main as cli_main
 from nvcf_mono.cli.context import CliContext
 from nvcf_mono.host import Host, HostFailed
 from nvcf_mono.plugin import Endpoints
+from nvcf_mono.worker.agent import Worker
+from nvcf_mono.worker.main import run_worker as serve_worker
 
 log = logging.getLogger("nvcf_mono")
 
@@ -66,9 +68,44 @@ def run_host(host: Host, on_ready: Callable[[Endpoints], None]) -> int:
     return 0
 
 
+async def _watch_worker_signals(worker: Worker, scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        count = 0
+        async for signum in signals:
+            count += 1
+            if count == 1:
+                log.info("%s received: draining (send it again to stop at once)", signal.Signals(signum).name)
+                worker.request_drain()
+            else:
+                scope.cancel()
+
+
+def run_worker(worker: Worker, secrets: bool) -> int:
+    """Serve until drained (first signal) or stopped (second); 1 when the worker could not run."""
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_watch_worker_signals, worker, tg.cancel_scope, name="worker:signals")
+            await serve_worker(worker, secrets=secrets)
+            tg.cancel_scope.cancel()
+
+    try:
+        anyio.run(main, backend="asyncio")
+    except (TimeoutError, OSError) as err:
+        log.error("worker stopped: %s", err)
+        return 1
+    except BaseExceptionGroup as group:
+        for exc in group.exceptions:
+            log.error("worker stopped: %s", exc)
+        return 1
+    return 0
+
+
 def main() -> None:
     """Console script ``nvcf-mono``."""
-    ctx = CliContext(environ=dict(os.environ), stdout=sys.stdout, stderr=sys.stderr, run_host=run_host)
+    ctx = CliContext(
+        environ=dict(os.environ), stdout=sys.stdout, stderr=sys.stderr, run_host=run_host, run_worker=run_worker
+    )
     sys.exit(cli_main(sys.argv[1:], ctx))
 
 

@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "nvcf_mono.cli.key_cmds",
     "nvcf_mono.cli.cluster_cmds",
     "nvcf_mono.cli.secret_cmds",
+    "nvcf_mono.cli.worker_cmds",
 )
 
 

@@ -12,6 +12,7 @@ from nvcf_mono.errors import NvcfMonoError
 if TYPE_CHECKING:
     from nvcf_mono.host import Host
     from nvcf_mono.plugin import Endpoints
+    from nvcf_mono.worker.agent import Worker
 
 
 class CliError(NvcfMonoError):
@@ -30,3 +31,5 @@ class CliContext:
     stdout: IO[str]
     stderr: IO[str]
     run_host: Callable[[Host, Callable[[Endpoints], None]], int]
+    #: Runs a worker until it drains (first SIGTERM) or is stopped (second); returns the exit code.
+    run_worker: Callable[[Worker, bool], int] | None = None

@@ -58,6 +58,21 @@ REQUESTS = BucketSpec(
     "invocation plane, read by the queue endpoints.",
     per_key_ttl=True,
 )
+RESULTS = BucketSpec(
+    name="nvcf_results",
+    description="Results of requests that answered 202, until fetched or expired (key: <requestId>).",
+    per_key_ttl=True,
+)
+IDEMPOTENCY = BucketSpec(
+    name="nvcf_idempotency",
+    description="Idempotency-Key -> request id (key: <ncaId>.<fid>.<sha256 of the key>).",
+    per_key_ttl=True,
+)
+PAYLOADS = ObjectStoreSpec(
+    name="nvcf_payloads",
+    description="Large request bodies and 202 results (names: req/<requestId>, res/<requestId>).",
+    ttl=24 * 3600.0,
+)
 LEASES = BucketSpec(
     name="nvcf_leases", description="Leader leases (key: <role>); a lease expires unless renewed.", per_key_ttl=True
 )
@@ -100,6 +115,29 @@ class RequestRecord(WireModel):
 
 
 @wire
+class StoredResult(WireModel):
+    """A finished response kept for a status poll: inline body, or an object in ``nvcf_payloads``."""
+
+    request_id: str
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    finished_at: str
+    body: str = ""  # base64 when inline
+    body_object: str | None = None
+    body_size: int = 0
+    percent: int | None = None
+
+
+@wire
+class IdempotentRequest(WireModel):
+    """The request an Idempotency-Key stands for."""
+
+    request_id: str
+    function_version_id: str
+    created_at: str
+
+
+@wire
 class Lease(WireModel):
     """Who holds a leader lease."""
 
@@ -111,6 +149,17 @@ class Lease(WireModel):
 AUTOSCALER_TARGET = VersionedCodec(AutoscalerTarget, 1, "autoscaler target")
 LEASE = VersionedCodec(Lease, 1, "lease")
 REQUEST = VersionedCodec(RequestRecord, 1, "request")
+RESULT = VersionedCodec(StoredResult, 1, "result")
+IDEMPOTENT = VersionedCodec(IdempotentRequest, 1, "idempotent request")
+
+
+def request_body_object(request_id: str) -> str:
+    return f"req/{request_id}"
+
+
+def result_body_object(request_id: str) -> str:
+    return f"res/{request_id}"
+
 
 # ---- keys -----------------------------------------------------------------------------------------
 

@@ -2,10 +2,13 @@
 agent adds when it launches an instance, and who reads each variable (reference invocation §3.6,
 compute-plane §1 "Environment keys").
 
-``python -m nvcf_mono.contracts.env`` prints the table as Markdown (it is in ``README.md`` too).
+``python -m nvcf_mono.contracts.env`` prints the table as Markdown; ``--write`` puts it in ``README.md``.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import attrs
 
@@ -52,6 +55,13 @@ BACKEND = "BACKEND"
 REGION = "REGION"
 HELM_CHART_INFERENCE_SERVICE_NAME = "HELM_CHART_INFERENCE_SERVICE_NAME"
 INSTANCE_ID = "INSTANCE_ID"
+HEALTH_PORT = "HEALTH_PORT"
+INFERENCE_HOST = "INFERENCE_HOST"
+INFERENCE_READY_TIMEOUT = "INFERENCE_READY_TIMEOUT"
+WORKER_HEALTH_INTERVAL = "WORKER_HEALTH_INTERVAL"
+BASE_ASSET_DIR = "BASE_ASSET_DIR"
+BASE_RESPONSE_DIR = "BASE_RESPONSE_DIR"
+SECRETS_FILE = "SECRETS_FILE"
 
 CONTRACT: tuple[Var, ...] = (
     Var(INFERENCE_CONTAINER, CP, AGENT, "-", "The function's container image (local backend: an image catalog name)."),
@@ -83,6 +93,13 @@ CONTRACT: tuple[Var, ...] = (
     Var(REGION, CP, WORKER, "-", "Region of the cluster."),
     Var(HELM_CHART_INFERENCE_SERVICE_NAME, CP, "worker, agent", "-", "Helm functions: the Service to call."),
     Var(INSTANCE_ID, AGENT, "worker, inference", "-", "The instance's id (a pod or process name)."),
+    Var(HEALTH_PORT, AGENT, WORKER, "0 (any)", "Port of the worker's own /v1/health/live and /ready (per instance)."),
+    Var(INFERENCE_HOST, AGENT, WORKER, "127.0.0.1", "Host of the inference server (a Service name for Helm)."),
+    Var(INFERENCE_READY_TIMEOUT, AGENT, WORKER, "7200", "Seconds to wait for the inference server to be healthy."),
+    Var(WORKER_HEALTH_INTERVAL, AGENT, WORKER, "1", "Seconds between health checks of the inference server."),
+    Var(BASE_ASSET_DIR, AGENT, WORKER, "/tmp/nvcf-assets", "Where input assets are downloaded (per request)."),
+    Var(BASE_RESPONSE_DIR, AGENT, WORKER, "/tmp/nvcf-responses", "Per-request output dir (NVCF-LARGE-OUTPUT-DIR)."),
+    Var(SECRETS_FILE, AGENT, "worker, inference", "-", "Where the worker writes the instance's secrets (JSON)."),
 )
 
 
@@ -93,5 +110,19 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
+BEGIN, END = "<!-- env-contract:begin -->", "<!-- env-contract:end -->"
+
+
+def update_readme(path: Path) -> None:
+    """Replace the table between the markers of ``contracts/README.md``."""
+    text = path.read_text()
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    path.write_text(f"{head}{BEGIN}\n{markdown()}\n{END}{tail}")
+
+
 if __name__ == "__main__":
-    print(markdown())
+    if sys.argv[1:] == ["--write"]:
+        update_readme(Path(__file__).with_name("README.md"))
+    else:
+        print(markdown())

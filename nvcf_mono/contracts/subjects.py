@@ -92,3 +92,17 @@ def worker_durable(region: str, function_version_id: str) -> str:
 def cancel_subject(function_version_id: str) -> str:
     """``nvcf.cancel.<fvid>``: payload is the request id to stop."""
     return f"nvcf.cancel.{function_version_id}"
+
+
+def response_prefix(inbox: str) -> str:
+    """Where an invocation node receives response frames: ``nvcf.resp.<inbox>``."""
+    return f"nvcf.resp.{inbox.replace('.', '_')}"
+
+
+def response_subject(inbox: str, request_id: str) -> str:
+    """``nvcf.resp.<inbox>.<requestId>``: the frames of one request."""
+    return f"{response_prefix(inbox)}.{request_id}"
+
+
+#: Results of requests whose accepting node went away, stored by whichever node relays them.
+RESULTS_QUEUE = "nvcf-invocation"

@@ -152,7 +152,11 @@ class HttpServer:
 
     async def start(self) -> int:
         """Bind and serve; returns the bound port."""
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        # A client that hangs up cancels its handler: an invocation must stop (and cancel its request)
+        # when the caller is gone, not run on for nobody.
+        self._runner = web.AppRunner(
+            self.app, access_log=None, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True
+        )
         await self._runner.setup()
         self._site = web.TCPSite(self._runner, self._settings.host, self._settings.port, reuse_address=True)
         try:

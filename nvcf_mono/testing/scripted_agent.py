@@ -8,14 +8,19 @@ it starting, or nothing), reporting instance status on ``nvcf.icms.status``. It 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Literal
 
+import aiohttp
 import anyio
+import anyio.abc
 import attrs
 from anyio.abc import TaskStatus
 
 from nvcf_mono.bus.api import Bus
+from nvcf_mono.bus.embedded import free_port
 from nvcf_mono.contracts import rpc, states, streams, subjects
 from nvcf_mono.contracts.messages import (
     AckRequest,
@@ -34,7 +39,7 @@ from nvcf_mono.contracts.messages import (
 from nvcf_mono.models.cluster import ClusterGpu, GpuUsage, InstanceType, instance_type_name
 from nvcf_mono.models.common import now_iso
 
-Behaviour = Literal["run", "fail", "start", "ignore", "fail-permanent"]
+Behaviour = Literal["run", "fail", "start", "ignore", "fail-permanent", "launch"]
 
 log = logging.getLogger("nvcf_mono.testing.agent")
 
@@ -86,6 +91,7 @@ class ScriptedAgent:
         capabilities: tuple[str, ...] = (),
         cluster_group_name: str | None = None,
         healthy: bool = True,
+        launcher: ProcessLauncher | None = None,
     ) -> None:
         self.bus = bus
         self.cluster_id = cluster_id
@@ -98,6 +104,7 @@ class ScriptedAgent:
         self.capabilities = capabilities
         self.cluster_group_name = cluster_group_name
         self.healthy = healthy
+        self.launcher = launcher
         self.creations: list[CreationMessage] = []
         self.terminations: list[TerminationMessage] = []
         self.instances: dict[str, Instance] = {}
@@ -112,11 +119,15 @@ class ScriptedAgent:
             await self.bus.ensure_stream(stream)
             await self.bus.stream(stream.name).ensure_consumer(spec)
         await self.heartbeat()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._heartbeats)
-            tg.start_soon(self._creations)
-            tg.start_soon(self._terminations)
-            task_status.started()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._heartbeats)
+                tg.start_soon(self._creations)
+                tg.start_soon(self._terminations)
+                task_status.started()
+        finally:
+            if self.launcher is not None:
+                await self.launcher.stop_all()
 
     async def register(self) -> RegistrationResponse:
         reg = ClusterRegistration(
@@ -157,9 +168,12 @@ class ScriptedAgent:
         self.changed = anyio.Event()
 
     async def _creations(self) -> None:
-        async with self.bus.stream(subjects.CREATE_STREAM).consume(
-            subjects.agent_durable(subjects.CREATE_STREAM, self.cluster_id), batch=10, fetch_timeout=1.0
-        ) as deliveries:
+        async with (
+            anyio.create_task_group() as launches,
+            self.bus.stream(subjects.CREATE_STREAM).consume(
+                subjects.agent_durable(subjects.CREATE_STREAM, self.cluster_id), batch=10, fetch_timeout=1.0
+            ) as deliveries,
+        ):
             async for delivery in deliveries:
                 msg = decode(CreationMessage, delivery.data)
                 if msg.request_id in self.instances or any(c.request_id == msg.request_id for c in self.creations):
@@ -205,7 +219,20 @@ class ScriptedAgent:
                     )
                 elif behaviour == "fail-permanent":
                     await self.report(msg.request_id, states.IMAGE_PULL_ISSUES, error="image 'nope' not found")
+                elif behaviour == "launch":
+                    launches.start_soon(self._launch, msg)
                 self._notify()
+
+    async def _launch(self, msg: CreationMessage) -> None:
+        assert self.launcher is not None, "behaviour 'launch' needs a launcher"
+        launched = await self.launcher.start(msg)
+        try:
+            await self.launcher.wait_ready(launched)
+        except RuntimeError as err:
+            await self.launcher.stop(msg.request_id)
+            await self.report(msg.request_id, states.FAILED, error=str(err))
+            return
+        await self.report(msg.request_id, states.RUNNING)
 
     async def _terminations(self) -> None:
         async with self.bus.stream(subjects.TERMINATE_STREAM).consume(
@@ -218,6 +245,8 @@ class ScriptedAgent:
                 for request_id in msg.request_ids:
                     inst = self.instances.get(request_id)
                     if inst is not None and inst.state not in states.GONE_STATES:
+                        if self.launcher is not None:
+                            await self.launcher.stop(request_id)
                         await self.report(request_id, states.TERMINATED, status=states.TERMINATED_BY_USER)
                 self._notify()
 
@@ -258,3 +287,98 @@ class ScriptedAgent:
 
     def live(self) -> list[Instance]:
         return [i for i in self.instances.values() if i.state not in states.GONE_STATES]
+
+
+@attrs.define(eq=False)
+class Launched:
+    """The processes of one launched instance."""
+
+    inference: anyio.abc.Process
+    worker: anyio.abc.Process
+    health_port: int
+    inference_port: int
+    log: Path
+
+
+class ProcessLauncher:
+    """Starts an instance as the local backend will: the inference server and ``nvcf-mono worker``.
+
+    Test support until the compute plane's agent exists: the inference server is the test echo
+    server (whatever image the function names), on a free port the instance's env is pointed at.
+    """
+
+    def __init__(self, workdir: Path, *, environ: Mapping[str, str], ready_timeout: float = 30.0) -> None:
+        self.workdir = workdir
+        self.environ = dict(environ)
+        self.ready_timeout = ready_timeout
+        self.running: dict[str, Launched] = {}
+
+    async def start(self, msg: CreationMessage) -> Launched:
+        port, health_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+        spec_env = msg.launch_specification.environment
+        env = {**self.environ, **spec_env}
+        same = spec_env.get("INFERENCE_HEALTH_PORT") == spec_env.get("INFERENCE_PORT")
+        env.update(
+            {
+                "INFERENCE_PORT": str(port),
+                "INFERENCE_HEALTH_PORT": str(port if same else spec_env.get("INFERENCE_HEALTH_PORT", port)),
+                "HEALTH_PORT": str(health_port),
+                "INSTANCE_ID": f"0-sr-{msg.request_id}",
+                "WORKER_HEALTH_INTERVAL": "0.2",
+                "BASE_ASSET_DIR": str(self.workdir / "assets"),
+                "BASE_RESPONSE_DIR": str(self.workdir / "responses"),
+            }
+        )
+        log = self.workdir / f"{msg.request_id}.log"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        out = log.open("ab")
+        inference_env = {k: v for k, v in env.items() if k != "NVCF_WORKER_TOKEN"}
+        inference = await anyio.open_process(
+            [sys.executable, "-m", "nvcf_mono.testing.echo_server", "--port", str(port)],
+            env=inference_env,
+            stdout=out,
+            stderr=out,
+        )
+        worker = await anyio.open_process(
+            [sys.executable, "-m", "nvcf_mono", "worker"], env=env, stdout=out, stderr=out
+        )
+        out.close()
+        launched = Launched(inference=inference, worker=worker, health_port=health_port, inference_port=port, log=log)
+        self.running[msg.request_id] = launched
+        return launched
+
+    async def wait_ready(self, launched: Launched) -> None:
+        """Until the worker says ready (connected, inference healthy); raises with the log tail."""
+        url = f"http://127.0.0.1:{launched.health_port}/v1/health/ready"
+        deadline = anyio.current_time() + self.ready_timeout
+        async with aiohttp.ClientSession() as session:
+            while anyio.current_time() < deadline:
+                if launched.worker.returncode is not None:
+                    break
+                try:
+                    async with session.get(url, timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                        if resp.status == 200:
+                            return
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                await anyio.sleep(0.05)
+        raise RuntimeError(f"instance did not become ready: {launched.log.read_text()[-2000:]}")
+
+    async def stop(self, request_id: str) -> None:
+        launched = self.running.pop(request_id, None)
+        if launched is None:
+            return
+        with anyio.move_on_after(10, shield=True):
+            for proc in (launched.worker, launched.inference):
+                if proc.returncode is None:
+                    proc.terminate()
+            for proc in (launched.worker, launched.inference):
+                with anyio.move_on_after(5):
+                    await proc.wait()
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+
+    async def stop_all(self) -> None:
+        for request_id in list(self.running):
+            await self.stop(request_id)

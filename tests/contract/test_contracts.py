@@ -74,4 +74,4 @@ def test_the_env_contract_names_every_variable_once() -> None:
     table = env.markdown()
     assert all(f"`{n}`" in table for n in names)
     readme = (PACKAGE / "contracts" / "README.md").read_text()
-    assert table in readme, "contracts/README.md is stale: paste `python -m nvcf_mono.contracts.env` into it"
+    assert table in readme, "contracts/README.md is stale: run `python -m nvcf_mono.contracts.env --write`"

@@ -1,0 +1,211 @@
+"""The invocation hot path's wire format: requests in the request streams and response frames.
+
+Both are ``<4-byte big-endian header length><JSON header><raw body>``: the body is never copied
+into another encoding, and the same bytes sit in the stream, cross the bus between invocation
+nodes and ride the WorkerService stream as a ``bytes`` field, so relaying never re-encodes them.
+(A betterproto message costs ~100 us to decode; this header costs a few.) Keys are short because
+every request pays for them.
+
+Response frames of one request are numbered from 0 per delivery attempt; the last one has ``end``
+(with the total body length) or a problem. A receiver that sees a gap aborts the response.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+_LEN = struct.Struct(">I")
+Headers = tuple[tuple[str, str], ...]
+
+
+class FrameError(ValueError):
+    """Bytes that are not a frame of this format."""
+
+
+def _pack(header: dict[str, Any], body: bytes | memoryview) -> bytes:
+    meta = json.dumps(header, separators=(",", ":")).encode()
+    return b"".join((_LEN.pack(len(meta)), meta, body))
+
+
+def _unpack(blob: bytes) -> tuple[dict[str, Any], bytes]:
+    if len(blob) < 4:
+        raise FrameError("frame shorter than its length prefix")
+    (size,) = _LEN.unpack_from(blob)
+    if 4 + size > len(blob):
+        raise FrameError("frame header runs past the end")
+    try:
+        header = json.loads(blob[4 : 4 + size])
+    except ValueError as err:
+        raise FrameError(f"frame header is not JSON: {err}") from err
+    if not isinstance(header, dict):
+        raise FrameError("frame header is not an object")
+    return header, blob[4 + size :]
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Request:
+    """An invocation request, as published to ``rq.<region>.<fvid>.<requestId>``."""
+
+    request_id: str
+    nca_id: str
+    function_id: str
+    function_version_id: str
+    method: str
+    #: Path and query the inference server is called with.
+    path: str
+    headers: Headers
+    #: Subject of the invocation node that holds the client; frames go there.
+    reply: str
+    time_ms: int
+    #: Queue deadline (epoch ms): not started by then, the request is dropped with a stored 504.
+    deadline_ms: int
+    poll_seconds: int
+    body: bytes = b""
+    #: Name in the payload object store when the body was too large to inline.
+    body_object: str | None = None
+    body_size: int = 0
+    function_name: str = ""
+    asset_ids: tuple[str, ...] = ()
+    client_subject: str = ""
+    streaming: bool = False
+    grpc: bool = False
+
+    def encode(self) -> bytes:
+        header: dict[str, Any] = {
+            "i": self.request_id,
+            "n": self.nca_id,
+            "f": self.function_id,
+            "v": self.function_version_id,
+            "m": self.method,
+            "p": self.path,
+            "h": self.headers,
+            "r": self.reply,
+            "t": self.time_ms,
+            "d": self.deadline_ms,
+            "w": self.poll_seconds,
+            "z": self.body_size,
+        }
+        if self.body_object:
+            header["o"] = self.body_object
+        if self.function_name:
+            header["fn"] = self.function_name
+        if self.asset_ids:
+            header["a"] = self.asset_ids
+        if self.client_subject:
+            header["c"] = self.client_subject
+        if self.streaming:
+            header["s"] = 1
+        if self.grpc:
+            header["g"] = 1
+        return _pack(header, self.body)
+
+    @classmethod
+    def decode(cls, blob: bytes) -> Request:
+        h, body = _unpack(blob)
+        try:
+            return cls(
+                request_id=h["i"],
+                nca_id=h["n"],
+                function_id=h["f"],
+                function_version_id=h["v"],
+                method=h["m"],
+                path=h["p"],
+                headers=tuple((str(k), str(v)) for k, v in h["h"]),
+                reply=h["r"],
+                time_ms=int(h["t"]),
+                deadline_ms=int(h["d"]),
+                poll_seconds=int(h["w"]),
+                body=bytes(body),
+                body_object=h.get("o"),
+                body_size=int(h.get("z", len(body))),
+                function_name=h.get("fn", ""),
+                asset_ids=tuple(h.get("a", ())),
+                client_subject=h.get("c", ""),
+                streaming=bool(h.get("s")),
+                grpc=bool(h.get("g")),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise FrameError(f"not an invocation request: {err}") from err
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Problem:
+    """An error that ends a response (rendered as problem+json by the receiving node)."""
+
+    status: int
+    detail: str
+    title: str = ""
+    type: str = ""
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Frame:
+    """A piece of a response."""
+
+    request_id: str
+    seq: int
+    attempt: int = 1
+    #: Status and headers: only on the first frame of an attempt.
+    status: int | None = None
+    headers: Headers = ()
+    body: bytes = b""
+    end: bool = False
+    total_length: int | None = None
+    problem: Problem | None = None
+    #: A progress 202 (the worker's progress file): percent complete.
+    percent: int | None = None
+    #: gRPC relay: the call's trailers with the end frame.
+    trailers: Headers = ()
+
+    @property
+    def last(self) -> bool:
+        return self.end or self.problem is not None
+
+    def encode(self) -> bytes:
+        header: dict[str, Any] = {"i": self.request_id, "s": self.seq}
+        if self.attempt != 1:
+            header["a"] = self.attempt
+        if self.status is not None:
+            header["st"] = self.status
+            header["h"] = self.headers
+        if self.end:
+            header["e"] = 1
+            header["n"] = self.total_length
+        if self.problem is not None:
+            header["p"] = [self.problem.status, self.problem.detail, self.problem.title, self.problem.type]
+        if self.percent is not None:
+            header["pc"] = self.percent
+        if self.trailers:
+            header["tr"] = self.trailers
+        return _pack(header, self.body)
+
+    @classmethod
+    def decode(cls, blob: bytes) -> Frame:
+        h, body = _unpack(blob)
+        try:
+            p = h.get("p")
+            return cls(
+                request_id=h["i"],
+                seq=int(h["s"]),
+                attempt=int(h.get("a", 1)),
+                status=h.get("st"),
+                headers=tuple((str(k), str(v)) for k, v in h.get("h", ())),
+                body=bytes(body),
+                end=bool(h.get("e")),
+                total_length=h.get("n"),
+                problem=None if p is None else Problem(status=int(p[0]), detail=p[1], title=p[2], type=p[3]),
+                percent=h.get("pc"),
+                trailers=tuple((str(k), str(v)) for k, v in h.get("tr", ())),
+            )
+        except (KeyError, TypeError, ValueError, IndexError) as err:
+            raise FrameError(f"not a response frame: {err}") from err
+
+
+def headers_of(pairs: Sequence[tuple[str, str]]) -> Headers:
+    """A normalized header tuple."""
+    return tuple((str(k), str(v)) for k, v in pairs)

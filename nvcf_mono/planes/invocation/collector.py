@@ -1,0 +1,78 @@
+"""Requests that answered 202 on this node: keep listening, and store the result when it comes."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import final
+
+import anyio
+from anyio.abc import TaskStatus
+
+from nvcf_mono.bus.errors import BusError
+from nvcf_mono.contracts.frames import Frame, Request
+from nvcf_mono.planes.invocation.dispatch import Dispatcher
+from nvcf_mono.planes.invocation.responses import Pending, ResponseRouter
+from nvcf_mono.planes.invocation.results import ResultStore
+
+
+@final
+class Collector:
+    """One task per detached request, in the plugin's task group (none outlives the plugin)."""
+
+    def __init__(
+        self, *, router: ResponseRouter, results: ResultStore, dispatcher: Dispatcher, log: logging.Logger
+    ) -> None:
+        self._router = router
+        self._results = results
+        self._dispatcher = dispatcher
+        self._log = log
+        self._send, self._recv = anyio.create_memory_object_stream[tuple[Pending, Request]](10_000)
+
+    async def adopt(self, pending: Pending, request: Request) -> None:
+        await self._send.send((pending, request))
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with self._send, anyio.create_task_group() as tg:
+            task_status.started()
+            async with self._recv:
+                async for pending, request in self._recv:
+                    tg.start_soon(self._collect, pending, request)
+
+    async def _collect(self, pending: Pending, request: Request) -> None:
+        rid = request.request_id
+        try:
+            remaining = request.deadline_ms / 1000 - time.time()
+            try:
+                first = await self._next_result(pending, max(remaining, 0.0) + 5)
+            except TimeoutError:
+                await self._dispatcher.cancel(request.function_version_id, rid, reason="queue deadline")
+                await self._results.store_problem(
+                    rid, 504, "no instance answered the request before its queue deadline; it was dropped"
+                )
+                return
+
+            async def rest() -> AsyncIterator[Frame]:
+                while True:
+                    yield await pending.next(timeout=self._dispatcher_timeout(request))
+
+            await self._results.store_frames(first, rest())
+        except BusError as err:
+            self._log.error("could not store the result of %s: %s", rid, err)
+        except TimeoutError:
+            await self._results.store_problem(rid, 502, "the response stopped arriving before it was complete")
+        finally:
+            self._router.forget(rid)
+
+    async def _next_result(self, pending: Pending, timeout: float) -> Frame:
+        """The first frame of the result, past any progress reports."""
+        with anyio.fail_after(timeout):
+            while True:
+                frame = await pending.next()
+                if not (frame.status == 202 and frame.percent is not None and not frame.last):
+                    return frame
+
+    @staticmethod
+    def _dispatcher_timeout(request: Request) -> float:
+        return max(request.deadline_ms / 1000 - time.time(), 0.0) + 600

@@ -1,0 +1,71 @@
+"""Settings of the invocation plane (``plugins.invocation``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+from nvcf_mono.structure import ByteSize, Seconds, at_least, in_range, positive, setting
+
+
+@attrs.frozen(kw_only=True)
+class InvocationConfig:
+    """Settings of the invocation plane."""
+
+    default_poll_seconds: int = setting(
+        60, doc="How long a request waits for its response head before the client gets a 202.", check=in_range(1, 3600)
+    )
+    streaming_poll_seconds: int = setting(
+        1200, doc="The same for clients that accept text/event-stream.", check=in_range(1, 3600)
+    )
+    max_poll_seconds: int = setting(3600, doc="Largest NVCF-POLL-SECONDS accepted.", check=in_range(1, 3600))
+    queue_deadline: Seconds = setting(
+        3600.0,
+        doc="A request no instance has started by then is dropped with a stored 504 result.",
+        check=positive,
+    )
+    result_ttl: Seconds = setting(3600.0, doc="How long the result of a 202'd request is kept.", check=positive)
+    inline_body_limit: ByteSize = setting(
+        256 * 1024,
+        doc="Request bodies up to this size travel in the request message; larger ones in the object store.",
+        check=in_range(1024, 4 * 1024 * 1024),
+    )
+    max_request_body: ByteSize = setting(
+        1024**3, doc="Largest request body accepted (streamed through the object store).", check=positive
+    )
+    frame_size: ByteSize = setting(
+        256 * 1024, doc="Largest body piece in one response frame.", check=in_range(1024, 4 * 1024 * 1024)
+    )
+    relay_window: int = setting(
+        16, doc="Response frames a relay may send before the receiver acknowledges them.", check=in_range(1, 1024)
+    )
+    queue_max_messages: int = setting(
+        100_000, doc="Requests one version's queue holds; more are refused with 429.", check=positive
+    )
+    queue_max_bytes: ByteSize = setting(1024**3, doc="Bytes one version's queue holds.", check=positive)
+    ack_wait: Seconds = setting(
+        30.0, doc="A delivery not confirmed in progress for this long is redelivered.", check=positive
+    )
+    max_deliver: int = setting(
+        3,
+        doc="Deliveries before a request that keeps failing its instance gets a stored 500 result.",
+        check=in_range(1, 100),
+    )
+    keepalive: Seconds = setting(
+        10.0, doc="How often an instance's in-progress requests are kept alive.", check=positive
+    )
+    session_ttl: Seconds = setting(3 * 3600.0, doc="Lifetime of a worker session token.", check=positive)
+    transport: Literal["grpc", "nats"] = setting(
+        "grpc", doc="How requests reach workers: over the WorkerService stream, or pulled by workers from NATS."
+    )
+    idempotency_ttl: Seconds = setting(
+        24 * 3600.0, doc="How long an Idempotency-Key keeps naming its request.", check=positive
+    )
+    rate_limit_flush: Seconds = setting(
+        0.05, doc="How often local rate-limit counts are shared with the other invocation nodes.", check=positive
+    )
+    rate_limit_timeout: Seconds = setting(
+        0.05, doc="A rate-limit check the bus does not answer in time lets the request through.", check=positive
+    )
+    sweep_interval: Seconds = setting(5.0, doc="How often expired queued requests are swept.", check=at_least(0.1))

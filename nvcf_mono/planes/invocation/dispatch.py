@@ -1,0 +1,112 @@
+"""Putting requests into their version's durable buffer, and taking them out again (cancel, expiry).
+
+Each version has one request stream (``rq_<region>_<fvid>``) with one durable consumer the
+invocation plane pulls for the version's workers; both are created on first use from the specs in
+``contracts.streams``, once per process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterable
+from typing import final
+
+import anyio
+
+from nvcf_mono.bus.api import Bus
+from nvcf_mono.bus.errors import NotFound, StreamFull
+from nvcf_mono.contracts import buckets, streams, subjects
+from nvcf_mono.contracts.frames import Request
+from nvcf_mono.http.problem import ProblemError
+from nvcf_mono.planes.invocation.config import InvocationConfig
+
+
+@final
+class Dispatcher:
+    """Publishes requests, cancels them, and keeps their large bodies."""
+
+    def __init__(self, bus: Bus, config: InvocationConfig, region: str, log: logging.Logger) -> None:
+        self._bus = bus
+        self._config = config
+        self.region = region
+        self._log = log
+        self._ensured: set[str] = set()
+        self._lock = anyio.Lock()
+        self.payloads = bus.objects(buckets.PAYLOADS.name)
+
+    def stream_name(self, function_version_id: str) -> str:
+        return subjects.request_stream(self.region, function_version_id)
+
+    def durable(self, function_version_id: str) -> str:
+        return subjects.worker_durable(self.region, function_version_id)
+
+    async def ensure(self, function_version_id: str, *, again: bool = False) -> None:
+        """The version's stream and consumer exist (created once per process)."""
+        if function_version_id in self._ensured and not again:
+            return
+        async with self._lock:
+            if function_version_id in self._ensured and not again:
+                return
+            c = self._config
+            await self._bus.ensure_stream(
+                streams.request_stream(
+                    self.region, function_version_id, max_msgs=c.queue_max_messages, max_bytes=c.queue_max_bytes
+                )
+            )
+            await self._bus.stream(self.stream_name(function_version_id)).ensure_consumer(
+                streams.request_consumer(
+                    self.region, function_version_id, ack_wait=c.ack_wait, max_deliver=c.max_deliver
+                )
+            )
+            self._ensured.add(function_version_id)
+
+    async def publish(self, request: Request) -> None:
+        """Store the request durably; 429 when the version's queue is full."""
+        fvid = request.function_version_id
+        await self.ensure(fvid)
+        subject = subjects.request_subject(self.region, fvid, request.request_id)
+        data = request.encode()
+        for attempt in range(2):
+            try:
+                await self._bus.stream(self.stream_name(fvid)).publish(subject, data, msg_id=request.request_id)
+                return
+            except StreamFull as err:
+                raise ProblemError(
+                    429, "the function's request queue is full; retry later or raise its maxInstances"
+                ) from err
+            except NotFound:
+                if attempt:
+                    raise
+                await self.ensure(fvid, again=True)  # the stream was removed under us (a reset store)
+
+    async def put_body(self, request_id: str, chunks: AsyncIterable[bytes]) -> tuple[str, int]:
+        """Store a large request body; returns its object name and size."""
+        name = buckets.request_body_object(request_id)
+        info = await self.payloads.put(name, chunks)
+        return name, info.size
+
+    async def cancel(self, function_version_id: str, request_id: str, *, reason: str = "cancelled") -> None:
+        """Take a queued request out and tell the worker serving it to stop (best effort, bounded)."""
+        with anyio.move_on_after(10, shield=True):
+            try:
+                await self._bus.stream(self.stream_name(function_version_id)).purge(
+                    subject=subjects.request_subject(self.region, function_version_id, request_id)
+                )
+            except NotFound:
+                pass
+            await self._bus.publish(subjects.cancel_subject(function_version_id), request_id.encode())
+            self._log.debug("cancelled %s (%s)", request_id, reason)
+
+    async def queue_state(self, function_version_id: str, request_id: str) -> tuple[str, int | None]:
+        """``("queued", position)`` while no worker has the request, else ``("running", None)``."""
+        stream = self._bus.stream(self.stream_name(function_version_id))
+        try:
+            stored = await stream.get_last(subjects.request_subject(self.region, function_version_id, request_id))
+            if stored is None:
+                return "running", None
+            consumer = await stream.consumer_info(self.durable(function_version_id))
+        except NotFound:
+            return "running", None
+        if consumer.delivered_stream_seq >= stored.seq:
+            return "running", None
+        return "queued", max(1, min(stored.seq - consumer.delivered_stream_seq, 1000))

@@ -1,0 +1,115 @@
+"""Response frames arriving at the node that holds the client, routed to the waiting request.
+
+Relays send each frame as a bus request to ``nvcf.resp.<inbox>.<requestId>`` and wait for the
+answer before sending the next (stop-and-wait: frames of a request stay in order, and a slow client
+slows the relay down all the way to the inference server). Answers: ``ok``, or ``gone`` when no
+request waits for the frame (the client left: stop). A relay on this node hands frames over
+directly, without the bus.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from typing import Literal, final
+
+import anyio
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from nvcf_mono.bus.api import Bus, Msg
+from nvcf_mono.contracts import subjects
+from nvcf_mono.contracts.frames import Frame, FrameError
+
+Verdict = Literal["ok", "gone"]
+OK, GONE = b"ok", b"gone"
+
+
+class ResponseAborted(Exception):
+    """The response cannot be completed (a gap, an attempt restarting after bytes were sent)."""
+
+
+@final
+class Pending:
+    """One request waiting for its response frames (bounded: a full queue holds the relay back)."""
+
+    def __init__(self, request_id: str, function_version_id: str, *, capacity: int = 16) -> None:
+        self.request_id = request_id
+        self.function_version_id = function_version_id
+        send, recv = anyio.create_memory_object_stream[Frame](capacity)
+        self._send: MemoryObjectSendStream[Frame] = send
+        self._recv: MemoryObjectReceiveStream[Frame] = recv
+        self.closed = False
+        #: The client got a 202: whoever holds this stores the result.
+        self.detached = False
+
+    async def put(self, frame: Frame) -> Verdict:
+        if self.closed:
+            return "gone"
+        try:
+            await self._send.send(frame)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return "gone"
+        return "ok"
+
+    async def next(self, timeout: float = math.inf) -> Frame:
+        """The next frame; TimeoutError after ``timeout`` seconds."""
+        with anyio.fail_after(timeout):
+            return await self._recv.receive()
+
+    def close(self) -> None:
+        self.closed = True
+        self._send.close()
+        self._recv.close()
+
+
+@final
+class ResponseRouter:
+    """Receives frames for this node's requests."""
+
+    def __init__(self, bus: Bus, node: str, log: logging.Logger) -> None:
+        self._bus = bus
+        self._log = log
+        # A fresh inbox per process: a restarted node never receives its predecessor's frames.
+        self.inbox = f"{node}-{uuid.uuid4().hex[:8]}"
+        self.prefix = subjects.response_prefix(self.inbox) + "."
+        self._pending: dict[str, Pending] = {}
+
+    def reply_subject(self, request_id: str) -> str:
+        return subjects.response_subject(self.inbox, request_id)
+
+    def is_local(self, reply_subject: str) -> bool:
+        return reply_subject.startswith(self.prefix)
+
+    def register(self, request_id: str, function_version_id: str) -> Pending:
+        pending = Pending(request_id, function_version_id)
+        self._pending[request_id] = pending
+        return pending
+
+    def forget(self, request_id: str) -> None:
+        pending = self._pending.pop(request_id, None)
+        if pending is not None:
+            pending.close()
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    async def deliver(self, frame: Frame) -> Verdict:
+        """Hand a frame to its request on this node."""
+        pending = self._pending.get(frame.request_id)
+        if pending is None:
+            return "gone"
+        return await pending.put(frame)
+
+    async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Answer relays until cancelled."""
+        await self._bus.serve(self.prefix + ">", self._on_frame, concurrency=1024, task_status=task_status)
+
+    async def _on_frame(self, msg: Msg) -> bytes:
+        try:
+            frame = Frame.decode(msg.data)
+        except FrameError as err:
+            self._log.warning("dropping a malformed response frame on %s: %s", msg.subject, err)
+            return GONE
+        return OK if await self.deliver(frame) == "ok" else GONE

@@ -1,0 +1,155 @@
+"""Durable state of requests that outlive their poll window: where they are, and their results.
+
+A request that answered 202 gets a record in ``nvcf_requests``; whoever ends up with its response
+(the node that accepted it, or the relay when that node is gone) stores it in ``nvcf_results`` (the
+body inline, or in ``nvcf_payloads`` when large), so a status poll on any node finds it. Fetching
+a finished result removes it: the next poll answers 404, as NVCF does.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import final
+
+import anyio
+
+from nvcf_mono.bus.api import Bus
+from nvcf_mono.bus.codec import TypedKV
+from nvcf_mono.bus.errors import BusError, NotFound
+from nvcf_mono.contracts import buckets
+from nvcf_mono.contracts.buckets import RequestRecord, StoredResult
+from nvcf_mono.contracts.frames import Frame, Headers
+from nvcf_mono.http.problem import PROBLEM_CONTENT_TYPE, problem_body
+from nvcf_mono.models.common import now_iso
+from nvcf_mono.structure import evolve
+
+INLINE_RESULT = 512 * 1024
+
+QUEUED, RUNNING, DONE = "queued", "running", "done"
+
+
+@final
+class ResultStore:
+    """Records and results of detached requests."""
+
+    def __init__(self, bus: Bus, *, result_ttl: float, log: logging.Logger) -> None:
+        self._bus = bus
+        self._ttl = result_ttl
+        self._log = log
+        self.records = TypedKV(bus.kv(buckets.REQUESTS.name), buckets.REQUEST)
+        self.results = TypedKV(bus.kv(buckets.RESULTS.name), buckets.RESULT)
+        self.payloads = bus.objects(buckets.PAYLOADS.name)
+
+    async def track(self, record: RequestRecord, *, ttl: float) -> None:
+        """Remember a request that answered 202 (until its deadline plus the result TTL)."""
+        await self.records.put(record.request_id, record, ttl=ttl)
+
+    async def record(self, request_id: str) -> RequestRecord | None:
+        found = await self.records.get(request_id)
+        return None if found is None else found.value
+
+    async def store(
+        self,
+        request_id: str,
+        status: int,
+        headers: Headers,
+        body: bytes | AsyncIterable[bytes],
+        *,
+        percent: int | None = None,
+    ) -> None:
+        """Keep a finished response for ``result_ttl``."""
+        if isinstance(body, bytes) and len(body) <= INLINE_RESULT:
+            result = StoredResult(
+                request_id=request_id,
+                status=status,
+                headers=headers,
+                finished_at=now_iso(),
+                body=base64.b64encode(body).decode(),
+                body_size=len(body),
+                percent=percent,
+            )
+        else:
+            name = buckets.result_body_object(request_id)
+            info = await self.payloads.put(name, body)
+            result = StoredResult(
+                request_id=request_id,
+                status=status,
+                headers=headers,
+                finished_at=now_iso(),
+                body_object=name,
+                body_size=info.size,
+                percent=percent,
+            )
+        await self.results.put(request_id, result, ttl=self._ttl)
+        record = await self.records.get(request_id)
+        if record is not None:
+            await self.records.put(request_id, evolve(record.value, state=DONE), ttl=self._ttl)
+
+    async def store_frames(self, first: Frame, rest: AsyncIterator[Frame]) -> None:
+        """Store a response given as frames (first frame in hand): the result, or its problem."""
+        if first.problem is not None:
+            await self.store_problem(first.request_id, first.problem.status, first.problem.detail)
+            return
+        chunks = [first.body]
+        size = len(first.body)
+        last = first
+        while not last.last:
+            last = await anext(rest)
+            if last.problem is not None:
+                await self.store_problem(first.request_id, 502, f"the response broke off: {last.problem.detail}")
+                return
+            chunks.append(last.body)
+            size += len(last.body)
+        body = b"".join(chunks)
+        await self.store(first.request_id, first.status or 200, first.headers, body, percent=first.percent)
+
+    async def store_problem(self, request_id: str, status: int, detail: str) -> None:
+        """A problem+json result (a 504 past the deadline, a 500 after too many deliveries)."""
+        body = json.dumps(problem_body(status, detail)).encode()
+        await self.store(request_id, status, (("Content-Type", PROBLEM_CONTENT_TYPE),), body)
+
+    async def take(self, request_id: str) -> tuple[StoredResult, bytes | AsyncIterator[bytes]] | None:
+        """The stored result, removed so the next poll says 404 (None while there is none)."""
+        found = await self.results.get(request_id)
+        if found is None:
+            return None
+        result = found.value
+        await self.results.delete(request_id)
+        await self._forget_record(request_id)
+        if result.body_object is None:
+            return result, base64.b64decode(result.body)
+        return result, self._stream(result.body_object)
+
+    async def _stream(self, name: str) -> AsyncIterator[bytes]:
+        try:
+            async with self.payloads.open(name) as reader:
+                async for chunk in reader:
+                    yield chunk
+        finally:
+            with anyio.move_on_after(5, shield=True):
+                try:
+                    await self.payloads.delete(name)
+                except BusError:
+                    pass
+
+    async def _forget_record(self, request_id: str) -> None:
+        try:
+            await self.records.delete(request_id)
+        except (NotFound, BusError) as err:
+            self._log.debug("could not forget request %s: %s", request_id, err)
+
+    async def wait(self, request_id: str, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the result to exist."""
+        if await self.results.get(request_id) is not None:
+            return True
+        with anyio.move_on_after(timeout):
+            async with self.results.kv.watch(request_id) as watch:
+                if watch.initial:
+                    return True
+                async for entry in watch:
+                    if not entry.deleted:
+                        return True
+        return False

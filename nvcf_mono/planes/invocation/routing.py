@@ -1,0 +1,118 @@
+"""Which function version a request goes to, from watch-fed copies of the control plane's buckets.
+
+No KV read happens per request: functions, deployments, sharing and placement ledgers are
+mirrored and indexed by function id.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+from typing import final
+
+import anyio
+from anyio.abc import TaskStatus
+
+from nvcf_mono.auth.principal import Principal
+from nvcf_mono.bus.api import Bus
+from nvcf_mono.bus.mirror import KvMirror, Signal
+from nvcf_mono.contracts import buckets
+from nvcf_mono.http.problem import ProblemError
+from nvcf_mono.models.deployment import Deployment
+from nvcf_mono.models.function import CONNECTABLE, INVOCABLE, FunctionStatus, FunctionVersion
+from nvcf_mono.models.placement import SpecPlacement
+from nvcf_mono.models.sharing import AuthorizedParties
+
+
+@final
+class RoutingTable:
+    """Function versions, deployments, sharing and placements, kept current by watches."""
+
+    def __init__(self, bus: Bus, log: logging.Logger) -> None:
+        self.changed = Signal()
+        self.functions = KvMirror(bus.kv(buckets.FUNCTIONS.name), buckets.FUNCTION, signal=self.changed, log=log)
+        self.deployments = KvMirror(bus.kv(buckets.DEPLOYMENTS.name), buckets.DEPLOYMENT, signal=self.changed, log=log)
+        self.sharing = KvMirror(
+            bus.kv(buckets.AUTHORIZATIONS.name), buckets.AUTHORIZED_PARTIES, signal=self.changed, log=log
+        )
+        self.placements = KvMirror(bus.kv(buckets.PLACEMENTS.name), buckets.PLACEMENT, signal=self.changed, log=log)
+        self._by_function: dict[str, list[FunctionVersion]] = {}
+        self._seen = -1
+
+    async def run(self, bus: Bus, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with anyio.create_task_group() as tg:
+            for mirror in (self.functions, self.deployments, self.sharing, self.placements):
+                await tg.start(mirror.run, bus)
+            task_status.started()
+
+    def _index(self) -> dict[str, list[FunctionVersion]]:
+        if self._seen != self.changed.version:
+            self._seen = self.changed.version
+            index: dict[str, list[FunctionVersion]] = {}
+            for fv in self.functions.values():
+                index.setdefault(fv.id, []).append(fv)
+            self._by_function = index
+        return self._by_function
+
+    def version(self, function_id: str, version_id: str) -> FunctionVersion | None:
+        return self.functions.get(buckets.version_key(function_id, version_id))
+
+    def version_by_id(self, version_id: str) -> FunctionVersion | None:
+        for versions in self._index().values():
+            for fv in versions:
+                if fv.version_id == version_id:
+                    return fv
+        return None
+
+    def deployment(self, fv: FunctionVersion) -> Deployment | None:
+        return self.deployments.get(buckets.version_key(fv.id, fv.version_id))
+
+    def placements_of(self, fv: FunctionVersion) -> list[SpecPlacement]:
+        prefix = f"{fv.version_id}."
+        return [p for k, p in self.placements.items() if k.startswith(prefix)]
+
+    def _shared(self, fv: FunctionVersion, account: str) -> bool:
+        for key in (fv.id, f"{fv.id}.{fv.version_id}"):
+            parties: AuthorizedParties | None = self.sharing.get(key)
+            if parties is not None and any(p.nca_id in (account, "*") for p in parties.authorized_parties):
+                return True
+        return False
+
+    def may_invoke(self, principal: Principal, fv: FunctionVersion) -> bool:
+        """Own account's or shared with it, and (for API keys) among the key's resources."""
+        own = fv.nca_id == principal.account
+        if not own and not self._shared(fv, principal.account):
+            return False
+        res = principal.resources
+        return res is None or res.allows_function(fv.id, fv.version_id, own_account=own)
+
+    def resolve(self, principal: Principal, function_id: str, version_id: str | None) -> FunctionVersion:
+        """The version to invoke: the pinned one, or any ACTIVE/DEGRADING one at random."""
+        candidates: Sequence[FunctionVersion]
+        if version_id is not None:
+            fv = self.version(function_id, version_id)
+            candidates = [] if fv is None else [fv]
+        else:
+            candidates = self._index().get(function_id, [])
+        visible = [fv for fv in candidates if self.may_invoke(principal, fv)]
+        if not visible:
+            if candidates and any(fv.nca_id == principal.account for fv in candidates):
+                raise ProblemError(403, "the API key does not grant access to this function")
+            raise ProblemError(404, f"function '{function_id}' not found")
+        ready = [fv for fv in visible if fv.status in INVOCABLE]
+        if ready:
+            return random.choice(ready)
+        statuses = {fv.status for fv in visible}
+        if FunctionStatus.DEGRADED in statuses:
+            raise ProblemError(400, "the function is DEGRADED: none of its instances is ready")
+        if FunctionStatus.DEPLOYING in statuses:
+            raise ProblemError(400, "the function is still DEPLOYING; retry once it is ACTIVE")
+        if FunctionStatus.ERROR in statuses:
+            raise ProblemError(400, "the function's deployment is in ERROR")
+        raise ProblemError(404, f"function '{function_id}' is not deployed")
+
+    def connectable(self, function_id: str, version_id: str) -> bool:
+        """May a worker of this version connect (it is deployed)?"""
+        fv = self.version(function_id, version_id)
+        return fv is not None and fv.status in CONNECTABLE

@@ -1,0 +1,397 @@
+"""The WorkerService: instances' workers connect here, and this node serves them their requests.
+
+``ConnectOnce`` trades the per-instance worker token (from the creation message) for a session.
+``Serve`` is the work channel: the node pulls the version's durable consumer on the worker's
+behalf (never more unsettled deliveries than the instance's ``maxRequestConcurrency``), sends each
+request down the stream, keeps it alive in JetStream while the worker works, relays the response
+frames to the node that holds the client, and acks at the end. A worker that goes away leaves its
+requests to be redelivered (at-least-once); one that has failed a request ``max_deliver`` times
+gets a stored 500 result instead of taking down instance after instance.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, final
+
+import anyio
+import attrs
+import betterproto
+from anyio.streams.memory import MemoryObjectSendStream
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.exceptions import GRPCError
+from grpclib.server import Stream
+
+from nvcf_mono.auth.secret import Keyring
+from nvcf_mono.auth.tokens import WORKER, InvalidToken, TokenSigner
+from nvcf_mono.bus.api import Bus, Delivery
+from nvcf_mono.bus.errors import BusError
+from nvcf_mono.contracts import rpc, subjects
+from nvcf_mono.contracts.frames import Frame, FrameError, Problem, Request
+from nvcf_mono.contracts.messages import SecretsFetch, SecretsReply
+from nvcf_mono.planes.invocation.config import InvocationConfig
+from nvcf_mono.planes.invocation.dispatch import Dispatcher
+from nvcf_mono.planes.invocation.relay import Relay
+from nvcf_mono.planes.invocation.results import ResultStore
+from nvcf_mono.planes.invocation.routing import RoutingTable
+from nvcf_mono.proto.gen.nvcf.worker.v1 import (
+    BodyChunk,
+    BodyRequest,
+    Cancel,
+    ConnectRequest,
+    ConnectResponse,
+    NodeMessage,
+    SecretsRequest,
+    SecretsResponse,
+    SessionInfo,
+    WorkerMessage,
+)
+from nvcf_mono.proto.gen.nvcf.worker.v1 import (
+    Delivery as DeliveryMessage,
+)
+
+SESSION = "worker-session"
+SERVICE = "/nvcf.worker.v1.WorkerService"
+
+
+@attrs.define(eq=False)
+class InFlight:
+    """A request a worker holds."""
+
+    request: Request
+    delivery: Delivery
+    attempt: int
+    #: Frames relayed so far (0: the worker has not answered yet).
+    frames: int = 0
+    #: The receiving node is gone: keep the response here and store it.
+    orphan: list[Frame] | None = None
+
+
+@final
+class WorkerService:
+    """grpclib servicer; one instance per invocation node."""
+
+    def __init__(self, config: InvocationConfig, log: logging.Logger) -> None:
+        self._config = config
+        self._log = log
+        self.sessions: dict[str, WorkerSession] = {}
+
+    def bind(
+        self,
+        *,
+        bus: Bus,
+        keyring: Keyring,
+        routing: RoutingTable,
+        dispatcher: Dispatcher,
+        relay: Relay,
+        results: ResultStore,
+    ) -> None:
+        """What the service needs, known once the plugin runs (calls before that get UNAVAILABLE)."""
+        self._bus = bus
+        self._keyring = keyring
+        self._routing = routing
+        self._dispatcher = dispatcher
+        self._relay = relay
+        self._results = results
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {
+            f"{SERVICE}/ConnectOnce": Handler(
+                self._connect_once, Cardinality.UNARY_UNARY, ConnectRequest, ConnectResponse
+            ),
+            f"{SERVICE}/Serve": Handler(self._serve, Cardinality.STREAM_STREAM, WorkerMessage, NodeMessage),
+            f"{SERVICE}/FetchSecrets": Handler(
+                self._fetch_secrets, Cardinality.UNARY_UNARY, SecretsRequest, SecretsResponse
+            ),
+            f"{SERVICE}/FetchBody": Handler(self._fetch_body, Cardinality.UNARY_STREAM, BodyRequest, BodyChunk),
+        }
+
+    @property
+    def _signer(self) -> TokenSigner:
+        return TokenSigner(self._keyring.token_key)
+
+    def _verify(self, token: str, kind: str) -> dict[str, Any]:
+        try:
+            return self._signer.verify(token, kind)
+        except InvalidToken as err:
+            raise GRPCError(Status.UNAUTHENTICATED, f"invalid {kind} token: {err}") from err
+
+    async def _connect_once(self, stream: Stream[ConnectRequest, ConnectResponse]) -> None:
+        req = await stream.recv_message()
+        assert req is not None
+        claims = self._verify(req.worker_token, WORKER)
+        fid, fvid = str(claims["fid"]), str(claims["fvid"])
+        if not self._routing.connectable(fid, fvid):
+            raise GRPCError(Status.PERMISSION_DENIED, f"function version {fvid} is not deployed")
+        await self._dispatcher.ensure(fvid)
+        ttl = self._config.session_ttl
+        token = self._signer.mint(
+            SESSION,
+            {"fid": fid, "fvid": fvid, "nca": claims["nca"], "rid": claims["rid"], "iid": req.instance_id},
+            ttl=ttl,
+        )
+        await stream.send_message(
+            ConnectResponse(
+                session_token=token,
+                region=self._dispatcher.region,
+                expires_ms=int((time.time() + ttl) * 1000),
+                max_concurrency=max(1, req.max_concurrency),
+                transport="grpc",
+                stream=self._dispatcher.stream_name(fvid),
+                durable=self._dispatcher.durable(fvid),
+                cancel_subject=subjects.cancel_subject(fvid),
+                ack_wait_seconds=int(self._config.ack_wait),
+                max_deliver=self._config.max_deliver,
+            )
+        )
+
+    async def _fetch_secrets(self, stream: Stream[SecretsRequest, SecretsResponse]) -> None:
+        req = await stream.recv_message()
+        assert req is not None
+        self._verify(req.worker_token, WORKER)
+        try:
+            reply = await rpc.call(
+                self._bus, subjects.SECRETS_FETCH, SecretsFetch(worker_token=req.worker_token), SecretsReply
+            )
+        except rpc.RpcError as err:
+            status = Status.PERMISSION_DENIED if err.code in (401, 403) else Status.UNAVAILABLE
+            raise GRPCError(status, err.message) from err
+        except BusError as err:
+            raise GRPCError(Status.UNAVAILABLE, f"the control plane did not answer: {err}") from err
+        await stream.send_message(SecretsResponse(secrets_json=json.dumps(reply.secrets)))
+
+    async def _fetch_body(self, stream: Stream[BodyRequest, BodyChunk]) -> None:
+        req = await stream.recv_message()
+        assert req is not None
+        self._verify(req.session_token, SESSION)
+        try:
+            async with self._dispatcher.payloads.open(req.body_object) as reader:
+                async for chunk in reader:
+                    await stream.send_message(BodyChunk(data=chunk))
+        except BusError as err:
+            raise GRPCError(Status.NOT_FOUND, f"request body {req.body_object}: {err}") from err
+
+    async def _serve(self, stream: Stream[WorkerMessage, NodeMessage]) -> None:
+        with anyio.fail_after(10):
+            first = await stream.recv_message()
+        if first is None or betterproto.which_one_of(first, "kind")[0] != "hello":
+            raise GRPCError(Status.INVALID_ARGUMENT, "the first message must be a hello with the session token")
+        claims = self._verify(first.hello.session_token, SESSION)
+        session = WorkerSession(
+            self,
+            function_id=str(claims["fid"]),
+            function_version_id=str(claims["fvid"]),
+            instance_id=first.hello.instance_id or str(claims.get("iid", "")),
+            max_concurrency=max(1, first.hello.max_concurrency),
+        )
+        self.sessions[session.id] = session
+        try:
+            await session.run(stream)
+        finally:
+            self.sessions.pop(session.id, None)
+
+
+class WorkerSession:
+    """One worker's Serve stream."""
+
+    def __init__(
+        self,
+        service: WorkerService,
+        *,
+        function_id: str,
+        function_version_id: str,
+        instance_id: str,
+        max_concurrency: int,
+    ) -> None:
+        self._svc = service
+        self.function_id = function_id
+        self.function_version_id = function_version_id
+        self.instance_id = instance_id
+        self.max_concurrency = max_concurrency
+        self.id = f"{instance_id}:{id(self):x}"
+        self.in_flight: dict[str, InFlight] = {}
+        self.ready = anyio.Event()
+        self.ready.set()
+        self.draining = False
+        self._log = service._log
+
+    async def run(self, stream: Stream[WorkerMessage, NodeMessage]) -> None:
+        send, recv = anyio.create_memory_object_stream[NodeMessage](self.max_concurrency + 16)
+        try:
+            async with send, anyio.create_task_group() as tg:
+
+                async def sender() -> None:
+                    async with recv:
+                        async for message in recv:
+                            await stream.send_message(message)
+
+                tg.start_soon(sender)
+                await send.send(
+                    NodeMessage(session=SessionInfo(session_id=self.id, max_concurrency=self.max_concurrency))
+                )
+                tg.start_soon(self._pull, send)
+                tg.start_soon(self._keepalive)
+                tg.start_soon(self._cancellations, send)
+                await self._receive(stream, send)
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.move_on_after(10, shield=True):
+                await self._release()
+
+    # ---- requests down ------------------------------------------------------------------------------
+
+    async def _pull(self, out: MemoryObjectSendStream[NodeMessage]) -> None:
+        svc = self._svc
+        stream = svc._bus.stream(svc._dispatcher.stream_name(self.function_version_id))
+        durable = svc._dispatcher.durable(self.function_version_id)
+        while True:
+            await self.ready.wait()
+            if self.draining:
+                return
+            async with stream.consume(
+                durable, batch=self.max_concurrency, max_inflight=self.max_concurrency, fetch_timeout=5.0
+            ) as deliveries:
+                async for delivery in deliveries:
+                    await self._dispatch(delivery, out)
+                    if self.draining or not self.ready.is_set():
+                        break
+
+    async def _dispatch(self, delivery: Delivery, out: MemoryObjectSendStream[NodeMessage]) -> None:
+        try:
+            request = Request.decode(delivery.data)
+        except FrameError as err:
+            self._log.error("dropping a malformed request in %s: %s", delivery.subject, err)
+            await delivery.term()
+            return
+        if request.deadline_ms and request.deadline_ms < time.time() * 1000:
+            await delivery.term()
+            await self._answer_problem(request, 504, "the request waited in the queue past its deadline")
+            return
+        self.in_flight[request.request_id] = InFlight(
+            request=request, delivery=delivery, attempt=delivery.num_delivered
+        )
+        await out.send(NodeMessage(request=DeliveryMessage(request=delivery.data, attempt=delivery.num_delivered)))
+
+    async def _keepalive(self) -> None:
+        while True:
+            await anyio.sleep(self._svc._config.keepalive)
+            for held in list(self.in_flight.values()):
+                try:
+                    await held.delivery.in_progress()
+                except BusError as err:
+                    self._log.debug("keepalive of %s failed: %s", held.request.request_id, err)
+
+    async def _cancellations(self, out: MemoryObjectSendStream[NodeMessage]) -> None:
+        async with self._svc._bus.subscribe(subjects.cancel_subject(self.function_version_id)) as sub:
+            async for msg in sub:
+                request_id = msg.data.decode(errors="replace")
+                held = self.in_flight.pop(request_id, None)
+                if held is not None:
+                    await out.send(NodeMessage(cancel=Cancel(request_id=request_id, reason="cancelled by the client")))
+                    await self._settle(held, ack=True)
+
+    # ---- frames up ----------------------------------------------------------------------------------
+
+    async def _receive(
+        self, stream: Stream[WorkerMessage, NodeMessage], out: MemoryObjectSendStream[NodeMessage]
+    ) -> None:
+        while True:
+            message = await stream.recv_message()
+            if message is None:
+                return
+            kind, _ = betterproto.which_one_of(message, "kind")
+            if kind == "frame":
+                await self._on_frame(message.frame, out)
+            elif kind == "status":
+                if message.status.ready:
+                    self.ready.set()
+                elif self.ready.is_set():
+                    self.ready = anyio.Event()
+            elif kind == "failed":
+                held = self.in_flight.pop(message.failed.request_id, None)
+                if held is not None:
+                    await self._failed(held, message.failed.reason)
+            elif kind == "drain":
+                self.draining = True
+
+    async def _on_frame(self, blob: bytes, out: MemoryObjectSendStream[NodeMessage]) -> None:
+        try:
+            frame = Frame.decode(blob)
+        except FrameError as err:
+            self._log.warning("malformed frame from %s: %s", self.instance_id, err)
+            return
+        held = self.in_flight.get(frame.request_id)
+        if held is None:
+            return  # cancelled or already settled: drop
+        held.frames += 1
+        if held.orphan is not None:
+            held.orphan.append(frame)
+        else:
+            outcome = await self._svc._relay.send(held.request.reply, frame, blob)
+            if outcome == "gone":
+                self.in_flight.pop(frame.request_id, None)
+                await out.send(NodeMessage(cancel=Cancel(request_id=frame.request_id, reason="the client went away")))
+                await self._settle(held, ack=True)
+                return
+            if outcome == "orphaned":
+                # Nobody holds the request any more (its node went away): keep the response here.
+                held.orphan = [frame] if frame.seq == 0 else None
+                if held.orphan is None:
+                    self.in_flight.pop(frame.request_id, None)
+                    await self._settle(held, ack=True)
+                    await self._svc._results.store_problem(
+                        frame.request_id, 502, "the invocation node holding this request went away mid-response"
+                    )
+                    return
+        if frame.last:
+            self.in_flight.pop(frame.request_id, None)
+            await self._settle(held, ack=True)
+            if held.orphan is not None:
+                await self._store_orphan(held.orphan)
+
+    async def _store_orphan(self, frames: list[Frame]) -> None:
+        async def rest() -> Any:
+            for f in frames[1:]:
+                yield f
+
+        await self._svc._results.store_frames(frames[0], rest())
+
+    # ---- endings ------------------------------------------------------------------------------------
+
+    async def _settle(self, held: InFlight, *, ack: bool) -> None:
+        try:
+            if ack:
+                await held.delivery.ack()
+            else:
+                await held.delivery.nak()
+        except BusError as err:
+            self._log.warning("could not settle %s: %s", held.request.request_id, err)
+
+    async def _failed(self, held: InFlight, reason: str) -> None:
+        """The request took the instance down with it: try another instance, up to max_deliver times."""
+        limit = self._svc._config.max_deliver
+        if held.attempt >= limit:
+            await held.delivery.term()
+            await self._answer_problem(
+                held.request, 500, f"the request failed on {held.attempt} deliveries (last: {reason}); not retried"
+            )
+        elif held.frames == 0:
+            await self._settle(held, ack=False)
+        else:
+            await held.delivery.term()
+            await self._answer_problem(held.request, 502, f"the instance failed mid-response: {reason}")
+
+    async def _answer_problem(self, request: Request, status: int, detail: str) -> None:
+        frame = Frame(request_id=request.request_id, seq=0, attempt=99, problem=Problem(status=status, detail=detail))
+        outcome = await self._svc._relay.send(request.reply, frame)
+        if outcome != "ok":
+            await self._svc._results.store_problem(request.request_id, status, detail)
+
+    async def _release(self) -> None:
+        """The worker is gone: what it held goes to another instance (or ends, after max_deliver)."""
+        held_all = list(self.in_flight.values())
+        self.in_flight.clear()
+        for held in held_all:
+            await self._failed(held, "the worker disconnected")

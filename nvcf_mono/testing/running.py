@@ -1,0 +1,146 @@
+"""A running platform in a test body: an all-in-one host on its own NATS, API clients, scripted agents.
+
+Use inside the test (``async with platform(tmp_path) as p:``), never across a fixture ``yield``.
+Every API client validates the responses it receives against the host's ``/v3/openapi``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import attrs
+
+from nvcf_mono.bus.nats import NatsBus, open_nats_bus
+from nvcf_mono.config.model import BusSettings
+from nvcf_mono.host import Host
+from nvcf_mono.metrics import Metrics
+from nvcf_mono.testing.host import running_host
+from nvcf_mono.testing.openapi import ResponseChecker
+from nvcf_mono.testing.platform import Api, credentials, platform_config, wait_for
+from nvcf_mono.testing.scripted_agent import ProcessLauncher, ScriptedAgent, gpu_inventory
+
+CONTAINER_FUNCTION = {
+    "name": "echo",
+    "inferenceUrl": "/echo",
+    "inferencePort": 9000,
+    "containerImage": "registry.example.com/echo:1",
+    "health": {"protocol": "HTTP", "uri": "/health", "port": 9000, "timeout": "PT5S", "expectedStatusCode": 200},
+}
+
+
+@attrs.define
+class Platform:
+    """One running all-in-one platform with its clients."""
+
+    host: Host
+    bus: NatsBus
+    admin: Api
+    key: Api
+    task_key: Api
+    anonymous: Api
+
+    def api(self, token: str | None) -> Api:
+        return self.admin.as_(token)
+
+
+@asynccontextmanager
+async def platform(tmp_path: Path, **settings: Any) -> AsyncIterator[Platform]:
+    """An all-in-one host on its own embedded NATS, with admin, key and anonymous clients."""
+    config = platform_config(tmp_path / "state", settings=settings)
+    async with running_host(config) as host, aiohttp.ClientSession() as session:
+        creds = credentials(host)
+        base = host.endpoints.api_url
+        async with session.get(f"{base}/v3/openapi") as resp:
+            checker = ResponseChecker(await resp.json())
+        async with open_nats_bus(
+            BusSettings(connect_retry_for=5.0, request_timeout=5.0),
+            servers=[host.endpoints.nats_url],
+            name="tests",
+            metrics=Metrics(),
+            log=logging.getLogger("tests.bus"),
+        ) as bus:
+            yield Platform(
+                host=host,
+                bus=bus,
+                admin=Api(session, base, creds["admin_token"], checker=checker),
+                key=Api(session, base, creds["api_key"], checker=checker),
+                task_key=Api(session, base, creds["task_api_key"], checker=checker),
+                anonymous=Api(session, base, None, checker=checker),
+            )
+
+
+@asynccontextmanager
+async def agent(bus: NatsBus, **options: Any) -> AsyncIterator[ScriptedAgent]:
+    """A scripted agent for the duration of the block (default: one node with 8 H100)."""
+    options.setdefault("cluster_id", "6b1e4d3a-58a1-4a5e-9d58-2a1c0f000001")
+    options.setdefault("cluster_name", "local")
+    options.setdefault("gpus", [gpu_inventory("H100", 8)])
+    fake = ScriptedAgent(bus, **options)
+    async with anyio.create_task_group() as tg:
+        await tg.start(fake.run)
+        try:
+            yield fake
+        finally:
+            tg.cancel_scope.cancel()
+
+
+ECHO_FUNCTION = {
+    "name": "echo",
+    "inferenceUrl": "/echo",
+    "inferencePort": 9000,
+    "containerImage": "echo",
+    "health": {"protocol": "HTTP", "uri": "/health", "port": 9000, "timeout": "PT5S", "expectedStatusCode": 200},
+}
+
+
+@asynccontextmanager
+async def launching_agent(p: Platform, workdir: Path, **options: Any) -> AsyncIterator[ScriptedAgent]:
+    """A scripted agent that starts real instances: the test echo server and ``nvcf-mono worker``."""
+    options.setdefault("cluster_id", "6b1e4d3a-58a1-4a5e-9d58-2a1c0f000002")
+    options.setdefault("cluster_name", "local")
+    options.setdefault("gpus", [gpu_inventory("H100", 8)])
+    launcher = ProcessLauncher(workdir, environ=dict(os.environ))  # noqa: TID251 - child processes inherit it
+    fake = ScriptedAgent(p.bus, behaviour="launch", launcher=launcher, **options)
+    async with anyio.create_task_group() as tg:
+        await tg.start(fake.run)
+        try:
+            yield fake
+        finally:
+            tg.cancel_scope.cancel()
+
+
+async def deployed(
+    api: Api,
+    function: dict[str, Any] | None = None,
+    *,
+    min_instances: int = 1,
+    max_instances: int = 1,
+    concurrency: int = 1,
+) -> tuple[str, str]:
+    """Create and deploy a function; returns (function id, version id) once it is ACTIVE."""
+    created = await api.post("/v2/nvcf/functions", function or ECHO_FUNCTION)
+    assert created.status == 200, created.body
+    fid, vid = created.json["function"]["id"], created.json["function"]["versionId"]
+    d = f"/v2/nvcf/deployments/functions/{fid}/versions/{vid}"
+    spec = {
+        "gpu": "H100",
+        "instanceType": "ON-PREM.GPU.H100_1x",
+        "minInstances": min_instances,
+        "maxInstances": max_instances,
+        "maxRequestConcurrency": concurrency,
+    }
+    reply = await api.post(d, {"deploymentSpecifications": [spec]})
+    assert reply.status == 200, reply.body
+
+    async def active() -> bool:
+        return bool((await api.get(d)).json["deployment"]["functionStatus"] == "ACTIVE")
+
+    await wait_for(active, timeout=60, what="ACTIVE")
+    return fid, vid
