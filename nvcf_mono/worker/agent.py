@@ -41,7 +41,9 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     WorkerMessage,
     WorkerStatus,
 )
+from nvcf_mono.worker.assets import download_assets
 from nvcf_mono.worker.config import WorkerConfig
+from nvcf_mono.worker.grpc_relay import grpc_call
 from nvcf_mono.worker.inference import InferenceCrashed, call, check_health, problem_frame, request_headers
 
 SERVICE = "/nvcf.worker.v1.WorkerService"
@@ -253,7 +255,16 @@ class Worker:
                     output_dir=f"{self.config.response_dir}/{request.request_id}",
                 )
                 try:
-                    async for frame in call(http, self.config, request, body, headers, attempt=attempt):
+                    if request.asset_ids:
+                        await download_assets(
+                            channel, session, request, f"{self.config.asset_dir}/{request.request_id}"
+                        )
+                    frames = (
+                        grpc_call(self.config, request, request.body, attempt=attempt)
+                        if request.grpc
+                        else call(http, self.config, request, body, headers, attempt=attempt)
+                    )
+                    async for frame in frames:
                         await out.send(WorkerMessage(frame=frame.encode()))
                 except InferenceCrashed as err:
                     log.warning("request %s: the inference server failed: %s", request.request_id, err)

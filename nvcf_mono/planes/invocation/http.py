@@ -29,6 +29,7 @@ from nvcf_mono.models.common import now_iso
 from nvcf_mono.models.function import FunctionVersion
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
+from nvcf_mono.planes.invocation.ratelimit import RateLimiter
 from nvcf_mono.planes.invocation.responses import Pending, ResponseRouter
 from nvcf_mono.planes.invocation.results import QUEUED, ResultStore
 from nvcf_mono.planes.invocation.routing import RoutingTable
@@ -79,6 +80,7 @@ class Invoker:
         router: ResponseRouter,
         results: ResultStore,
         adopt: Callable[[Pending, Request], Awaitable[None]],
+        limiter: RateLimiter,
         log: logging.Logger,
     ) -> None:
         self.config = config
@@ -87,6 +89,7 @@ class Invoker:
         self.router = router
         self.results = results
         self._adopt = adopt
+        self.limiter = limiter
         self.log = log
 
     def poll_seconds(self, headers: Mapping[str, str], *, streaming: bool) -> int:
@@ -134,8 +137,10 @@ class Invoker:
         method: str,
         path: str,
         headers: Mapping[str, str],
+        asset_ids: tuple[str, ...] = (),
     ) -> web.StreamResponse:
         started = time.perf_counter()
+        await self.limiter.admit(principal, fv)
         streaming = headers.get("Accept", "").strip() == "text/event-stream"
         poll = self.poll_seconds(headers, streaming=streaming)
         request_id = str(uuid.uuid4())
@@ -159,6 +164,7 @@ class Invoker:
             body_size=size,
             client_subject=principal.subject,
             streaming=streaming,
+            asset_ids=asset_ids,
         )
         pending = self.router.register(request_id, fv.version_id)
         try:

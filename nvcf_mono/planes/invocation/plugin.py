@@ -21,6 +21,7 @@ from nvcf_mono.planes.invocation import http
 from nvcf_mono.planes.invocation.collector import Collector
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
+from nvcf_mono.planes.invocation.ratelimit import RateLimiter
 from nvcf_mono.planes.invocation.relay import Relay
 from nvcf_mono.planes.invocation.responses import ResponseRouter
 from nvcf_mono.planes.invocation.results import ResultStore
@@ -94,6 +95,7 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
                 router=router,
                 results=results,
                 adopt=collector.adopt,
+                limiter=RateLimiter(),
                 log=log,
             )
             self.router.bind(ctx.services.get(AUTHENTICATOR))

@@ -1,0 +1,14 @@
+"""gRPC functions (``inferenceUrl: /grpc``): a relayed call made to the inference server (placeholder)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from nvcf_mono.contracts.frames import Frame, Request
+from nvcf_mono.worker.config import WorkerConfig
+
+
+async def grpc_call(config: WorkerConfig, request: Request, body: bytes, *, attempt: int) -> AsyncIterator[Frame]:
+    """Relay one gRPC call to the inference server (not implemented yet)."""
+    raise NotImplementedError("gRPC functions are not supported by this worker yet")
+    yield  # pragma: no cover
