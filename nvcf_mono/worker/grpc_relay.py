@@ -10,7 +10,6 @@ from nvcf_mono.worker.config import WorkerConfig
 
 async def grpc_call(config: WorkerConfig, request: Request, body: bytes, *, attempt: int) -> AsyncIterator[Frame]:
     """Relay one gRPC call to the inference server (not implemented yet)."""
-    if not request.grpc:
-        return
+    for _ in ():
+        yield Frame(request_id=request.request_id, seq=0)
     raise NotImplementedError("gRPC functions are not supported by this worker yet")
-    yield Frame(request_id=request.request_id, seq=0)
