@@ -60,8 +60,14 @@ class Operation:
     #: Content types of a raw (non-JSON) body or response, documented as binary.
     raw_body: str | None = None
     raw_response: str | None = None
+    #: The answer is the function's own (any status, any body): documented as a pass-through.
+    passthrough: bool = False
     #: Also served under ``<prefix>/accounts/{ncaId}`` for super admins (``admin:<scope>``).
     cross_account: bool = False
+    #: The account acted for is the path's ``{ncaId}`` (404 when it does not exist), not the caller's.
+    account_from_path: bool = False
+    #: This is the cross-account twin of another operation (set by the router).
+    twin: bool = False
     deprecated: bool = False
     description: str = ""
 
@@ -249,13 +255,15 @@ class ApiRouter:
                         path=twin + op.path[len(prefix) :],
                         scopes=tuple(f"admin:{s}" for s in op.scopes),
                         cross_account=False,
+                        account_from_path=True,
+                        twin=True,
                         summary=f"{op.summary} (any account; super admin)",
                         description=op.description,
                     )
                     break
 
     def _handler(self, op: Operation) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-        twin = "{ncaId}" in op.path
+        twin = op.account_from_path
 
         async def handle(request: web.Request) -> web.StreamResponse:
             principal: Principal | None = None

@@ -162,7 +162,7 @@ def build_document(
     for op in sorted(operations, key=lambda o: (o.path, o.method)):
         template = path_template(op.path)
         entry: dict[str, Any] = {
-            "operationId": f"{op.operation_id}{'AnyAccount' if '{ncaId}' in op.path else ''}",
+            "operationId": f"{op.operation_id}{'AnyAccount' if op.twin else ''}",
             "summary": op.summary,
             "tags": [op.tag],
         }
@@ -210,7 +210,7 @@ def build_document(
                 "description": "Success.",
                 "content": {"application/json": {"schema": builder.schema(op.response, closed=True)}},
             }
-        elif op.raw_response == "*/*":
+        elif op.passthrough:
             # The function's own answer, any status: documented as a pass-through.
             entry["x-passthrough"] = True
             responses["default"] = {

@@ -305,6 +305,7 @@ def register(router: ApiRouter, invoker_of: Callable[[], Invoker]) -> None:
         scopes=(S.INVOKE_FUNCTION,),
         raw_body="*/*",
         raw_response="*/*",
+        passthrough=True,
         params=(poll_param,),
         errors=(404, 413, 429),
     )
@@ -319,6 +320,7 @@ def register(router: ApiRouter, invoker_of: Callable[[], Invoker]) -> None:
         scopes=(S.INVOKE_FUNCTION,),
         raw_body="*/*",
         raw_response="*/*",
+        passthrough=True,
         params=(poll_param,),
         errors=(404, 413, 429),
     )
@@ -332,6 +334,7 @@ def register(router: ApiRouter, invoker_of: Callable[[], Invoker]) -> None:
         tag=TAG,
         scopes=(S.INVOKE_FUNCTION,),
         raw_response="*/*",
+        passthrough=True,
         params=(poll_param,),
         errors=(404,),
     )

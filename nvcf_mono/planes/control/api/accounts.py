@@ -27,11 +27,9 @@ from nvcf_mono.structure import evolve
 
 TAG = "accounts"
 ACCOUNTS = "/v2/nvcf/accounts"
-# ``{ncaId:[^\x2f]+}`` matches what ``{ncaId}`` matches (one segment; \x2f is "/", spelled so that
-# OpenAPI still reads the template as ``{ncaId}``), but the router does not take these routes for
-# cross-account twins, which answer 404 for an unknown ncaId before the handler runs: creating an
-# account must reach it, and a malformed id deserves a 400.
-ACCOUNT = r"/v2/nvcf/accounts/{ncaId:[^\x2f]+}"
+# These routes name an account but act as the caller (account_from_path stays off): creating an
+# account must reach its handler, and a malformed id deserves a 400, not the twins' 404.
+ACCOUNT = "/v2/nvcf/accounts/{ncaId}"
 LIMITS = (
     "max_functions_allowed",
     "max_tasks_allowed",

@@ -414,6 +414,7 @@ def register(router: ApiRouter, ctl: Control) -> None:
     @router.route(
         "GET",
         "/v1/si/accounts/{ncaId}/clusterGroups",
+        account_from_path=True,
         summary="Cluster groups an account may deploy on (ICMS).",
         tag=TAG_ICMS,
         scopes=(S.CLUSTER_LISTING, S.LIST_CLUSTER_GROUPS),
@@ -469,6 +470,7 @@ def register(router: ApiRouter, ctl: Control) -> None:
     @router.route(
         "GET",
         "/v1/si/accounts/{ncaId}/instanceTypes",
+        account_from_path=True,
         summary="Instance types by GPU on the account's ready clusters: {<gpu>: [instance type, ...]}.",
         tag=TAG_ICMS,
         scopes=(S.INSTANCE_TYPES,),
@@ -514,6 +516,7 @@ def register(router: ApiRouter, ctl: Control) -> None:
     @router.route(
         "GET",
         "/v1/si/accounts/{ncaId}/gpus",
+        account_from_path=True,
         summary="GPU names on the account's ready clusters.",
         tag=TAG_ICMS,
         scopes=(S.GPU_LISTING, S.INSTANCE_TYPES),
@@ -530,6 +533,7 @@ def register(router: ApiRouter, ctl: Control) -> None:
     @router.route(
         "GET",
         "/v1/si/accounts/{ncaId}/regions",
+        account_from_path=True,
         summary="Regions of the account's ready clusters.",
         tag=TAG_ICMS,
         scopes=(S.REGIONS_LISTING, S.INSTANCE_TYPES),
@@ -543,6 +547,7 @@ def register(router: ApiRouter, ctl: Control) -> None:
     @router.route(
         "GET",
         "/v1/si/accounts/{ncaId}/clusterNames",
+        account_from_path=True,
         summary="Names of the account's ready clusters.",
         tag=TAG_ICMS,
         scopes=(S.CLUSTERS_LISTING, S.INSTANCE_TYPES),
@@ -556,6 +561,7 @@ def register(router: ApiRouter, ctl: Control) -> None:
     @router.route(
         "GET",
         "/v1/si/accounts/{ncaId}/attributes",
+        account_from_path=True,
         summary="Attributes of the account's ready clusters.",
         tag=TAG_ICMS,
         scopes=(S.ATTRIBUTES_LISTING, S.INSTANCE_TYPES),
@@ -606,6 +612,7 @@ def register(router: ApiRouter, ctl: Control) -> None:
     @router.route(
         "POST",
         "/v1/accounts/{ncaId}/clusters",
+        account_from_path=True,
         summary="Register a cluster; its agent then connects with the returned clusterId.",
         tag=TAG_ICMS,
         scopes=(S.CLUSTER_MANAGEMENT,),
@@ -652,6 +659,7 @@ def register(router: ApiRouter, ctl: Control) -> None:
     @router.route(
         "GET",
         "/v1/accounts/{ncaId}/clusters",
+        account_from_path=True,
         summary="The account's registered clusters, with health from their agents' heartbeats.",
         tag=TAG_ICMS,
         scopes=MANAGE_READ_SCOPES,
@@ -669,6 +677,7 @@ def register(router: ApiRouter, ctl: Control) -> None:
     @router.route(
         "GET",
         "/v1/accounts/{ncaId}/clusters/{clusterId}",
+        account_from_path=True,
         summary="One registered cluster, with its health.",
         tag=TAG_ICMS,
         scopes=MANAGE_READ_SCOPES,
@@ -681,6 +690,7 @@ def register(router: ApiRouter, ctl: Control) -> None:
     @router.route(
         "PUT",
         "/v1/accounts/{ncaId}/clusters/{clusterId}",
+        account_from_path=True,
         summary="Change a cluster's group, authorized accounts, attributes, capabilities or region.",
         description="The settings then outlast the agent's registrations (which still update the inventory).",
         tag=TAG_ICMS,
@@ -733,6 +743,7 @@ def register(router: ApiRouter, ctl: Control) -> None:
     @router.route(
         "DELETE",
         "/v1/accounts/{ncaId}/clusters/{clusterId}",
+        account_from_path=True,
         summary="Deregister a cluster (refused while deployments have instances on it).",
         tag=TAG_ICMS,
         scopes=(S.CLUSTER_MANAGEMENT,),
