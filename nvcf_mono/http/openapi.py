@@ -226,7 +226,7 @@ def build_document(
             responses[str(op.status if op.status != 200 else 204)] = {"description": "Done; no content."}
         codes = set(op.errors) | {400, 500}
         if op.auth == "required":
-            codes |= {401, 403}
+            codes |= {401, 403, 404}  # 404: a JWT whose client id no account knows
         for code in sorted(codes):
             responses[str(code)] = _problem(_ERROR_TEXT.get(code, "Error."))
         entry["responses"] = responses

@@ -185,7 +185,8 @@ class JwtStrategy:
         principal = Principal(
             kind="jwt", subject=str(claims["sub"]), account=self._account(claims), scopes=self._scopes(claims)
         )
-        self._cache[token] = (principal, float(claims["exp"]))
+        # Cached at most a minute: an account change (a client disassociated) takes effect soon.
+        self._cache[token] = (principal, min(float(claims["exp"]), time.time() + 60))
         while len(self._cache) > self._config.cache_size:
             self._cache.popitem(last=False)
         return principal

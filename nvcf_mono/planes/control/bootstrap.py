@@ -29,13 +29,15 @@ from nvcf_mono.state_dir import write_private
 KEYS_FILE = "bootstrap-keys.json"
 
 
-async def ensure_account(ctl: Control, nca_id: str, name: str | None = None) -> Account:
-    """Create the account if it does not exist."""
+async def ensure_account(
+    ctl: Control, nca_id: str, name: str | None = None, *, clients: tuple[str, ...] = ()
+) -> Account:
+    """Create the account if it does not exist (NVCF's bootstrap account has client ``ncp``)."""
 
     def change(current: Account | None) -> Account:
         if current is not None:
             return current
-        return Account(nca_id=nca_id, name=name or nca_id, last_updated_at=now_iso())
+        return Account(nca_id=nca_id, name=name or nca_id, admin_client_ids=clients, last_updated_at=now_iso())
 
     account = await ctl.store.accounts.mutate(nca_id, change)
     assert account is not None

@@ -80,7 +80,7 @@ class ControlPlane(BasePlugin[ControlConfig]):
                 return await store.accounts.fetch(nca_id) is not None
 
             self.router.bind(ctx.services.get(AUTHENTICATOR), account_exists=account_exists)
-            await ensure_account(ctl, self.config.default_account)
+            await ensure_account(ctl, self.config.default_account, clients=("ncp",))
             bootstrap = self.config.bootstrap_keys
             if keys is not None and (ctx.settings.role == "all-in-one" if bootstrap is None else bootstrap):
                 for name, value in (await bootstrap_keys(ctl, keys, ctx.state_dir)).items():
