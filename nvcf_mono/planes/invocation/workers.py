@@ -18,7 +18,6 @@ from typing import Any, final
 
 import anyio
 import attrs
-import betterproto
 from anyio.streams.memory import MemoryObjectSendStream
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
@@ -27,8 +26,9 @@ from grpclib.server import Stream
 from nvcf_mono.auth.secret import Keyring
 from nvcf_mono.auth.tokens import WORKER, InvalidToken, TokenSigner
 from nvcf_mono.bus.api import Bus, Delivery
-from nvcf_mono.bus.errors import BusError
-from nvcf_mono.contracts import rpc, subjects
+from nvcf_mono.bus.codec import TypedKV
+from nvcf_mono.bus.errors import BusError, NotFound
+from nvcf_mono.contracts import buckets, rpc, subjects
 from nvcf_mono.contracts.frames import Frame, FrameError, Problem, Request
 from nvcf_mono.contracts.messages import SecretsFetch, SecretsReply
 from nvcf_mono.planes.invocation.config import InvocationConfig
@@ -37,6 +37,8 @@ from nvcf_mono.planes.invocation.relay import Relay
 from nvcf_mono.planes.invocation.results import ResultStore
 from nvcf_mono.planes.invocation.routing import RoutingTable
 from nvcf_mono.proto.gen.nvcf.worker.v1 import (
+    AssetChunk,
+    AssetRequest,
     BodyChunk,
     BodyRequest,
     Cancel,
@@ -46,11 +48,8 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     SecretsRequest,
     SecretsResponse,
     SessionInfo,
-    WorkerMessage,
 )
-from nvcf_mono.proto.gen.nvcf.worker.v1 import (
-    Delivery as DeliveryMessage,
-)
+from nvcf_mono.proto.serve_wire import NodeEnvelope, WorkerEnvelope
 
 SESSION = "worker-session"
 SERVICE = "/nvcf.worker.v1.WorkerService"
@@ -101,11 +100,13 @@ class WorkerService:
             f"{SERVICE}/ConnectOnce": Handler(
                 self._connect_once, Cardinality.UNARY_UNARY, ConnectRequest, ConnectResponse
             ),
-            f"{SERVICE}/Serve": Handler(self._serve, Cardinality.STREAM_STREAM, WorkerMessage, NodeMessage),
+            # The hot stream: a codec that passes request and frame bytes through (serve_wire.py).
+            f"{SERVICE}/Serve": Handler(self._serve, Cardinality.STREAM_STREAM, WorkerEnvelope, NodeEnvelope),
             f"{SERVICE}/FetchSecrets": Handler(
                 self._fetch_secrets, Cardinality.UNARY_UNARY, SecretsRequest, SecretsResponse
             ),
             f"{SERVICE}/FetchBody": Handler(self._fetch_body, Cardinality.UNARY_STREAM, BodyRequest, BodyChunk),
+            f"{SERVICE}/FetchAsset": Handler(self._fetch_asset, Cardinality.UNARY_STREAM, AssetRequest, AssetChunk),
         }
 
     @property
@@ -173,18 +174,67 @@ class WorkerService:
         except BusError as err:
             raise GRPCError(Status.NOT_FOUND, f"request body {req.body_object}: {err}") from err
 
-    async def _serve(self, stream: Stream[WorkerMessage, NodeMessage]) -> None:
+    async def _fetch_asset(self, stream: Stream[AssetRequest, AssetChunk]) -> None:
+        """An input asset of a request the calling worker holds, streamed from the asset store."""
+        req = await stream.recv_message()
+        assert req is not None
+        claims = self._verify(req.session_token, SESSION)
+        # Only the worker serving the request may read its assets, and only the ones it names.
+        request = next(
+            (
+                held.request
+                for session in self.sessions.values()
+                if session.function_version_id == claims["fvid"] and session.instance_id == claims.get("iid")
+                for held in (session.in_flight.get(req.request_id),)
+                if held is not None
+            ),
+            None,
+        )
+        if request is None:
+            raise GRPCError(Status.NOT_FOUND, f"request {req.request_id} is not held by this worker")
+        if req.asset_id not in request.asset_ids:
+            raise GRPCError(
+                Status.PERMISSION_DENIED, f"asset {req.asset_id} is not an input asset of request {req.request_id}"
+            )
+        missing = GRPCError(Status.NOT_FOUND, f"asset {req.asset_id} not found in account {request.nca_id}")
+        try:
+            found = await TypedKV(self._bus.kv(buckets.ASSETS.name), buckets.ASSET).get(
+                buckets.account_item_key(request.nca_id, req.asset_id)
+            )
+            if found is None or found.value.uploaded_at is None:
+                raise missing
+            content_type = found.value.content_type
+            async with self._bus.objects(buckets.ASSET_CONTENT.name).open(
+                buckets.asset_object(request.nca_id, req.asset_id)
+            ) as reader:
+                size = reader.info.size
+                sent = False
+                async for chunk in reader:
+                    # The first chunk says what the whole is; the rest are data only.
+                    await stream.send_message(
+                        AssetChunk(data=chunk) if sent else AssetChunk(data=chunk, content_type=content_type, size=size)
+                    )
+                    sent = True
+                if not sent:
+                    await stream.send_message(AssetChunk(content_type=content_type, size=0))
+        except NotFound as err:
+            raise missing from err
+        except BusError as err:
+            raise GRPCError(Status.UNAVAILABLE, f"asset {req.asset_id} could not be read: {err}") from err
+
+    async def _serve(self, stream: Stream[WorkerEnvelope, NodeEnvelope]) -> None:
         with anyio.fail_after(10):
             first = await stream.recv_message()
-        if first is None or betterproto.which_one_of(first, "kind")[0] != "hello":
+        if first is None or first.message is None or first.kind != "hello":
             raise GRPCError(Status.INVALID_ARGUMENT, "the first message must be a hello with the session token")
-        claims = self._verify(first.hello.session_token, SESSION)
+        hello = first.message.hello
+        claims = self._verify(hello.session_token, SESSION)
         session = WorkerSession(
             self,
             function_id=str(claims["fid"]),
             function_version_id=str(claims["fvid"]),
-            instance_id=first.hello.instance_id or str(claims.get("iid", "")),
-            max_concurrency=max(1, first.hello.max_concurrency),
+            instance_id=hello.instance_id or str(claims.get("iid", "")),
+            max_concurrency=max(1, hello.max_concurrency),
         )
         self.sessions[session.id] = session
         try:
@@ -217,8 +267,8 @@ class WorkerSession:
         self.draining = False
         self._log = service._log
 
-    async def run(self, stream: Stream[WorkerMessage, NodeMessage]) -> None:
-        send, recv = anyio.create_memory_object_stream[NodeMessage](self.max_concurrency + 16)
+    async def run(self, stream: Stream[WorkerEnvelope, NodeEnvelope]) -> None:
+        send, recv = anyio.create_memory_object_stream[NodeEnvelope](self.max_concurrency + 16)
         try:
             async with send, anyio.create_task_group() as tg:
 
@@ -229,7 +279,7 @@ class WorkerSession:
 
                 tg.start_soon(sender)
                 await send.send(
-                    NodeMessage(session=SessionInfo(session_id=self.id, max_concurrency=self.max_concurrency))
+                    _message(NodeMessage(session=SessionInfo(session_id=self.id, max_concurrency=self.max_concurrency)))
                 )
                 tg.start_soon(self._pull, send)
                 tg.start_soon(self._keepalive)
@@ -242,7 +292,7 @@ class WorkerSession:
 
     # ---- requests down ------------------------------------------------------------------------------
 
-    async def _pull(self, out: MemoryObjectSendStream[NodeMessage]) -> None:
+    async def _pull(self, out: MemoryObjectSendStream[NodeEnvelope]) -> None:
         svc = self._svc
         stream = svc._bus.stream(svc._dispatcher.stream_name(self.function_version_id))
         durable = svc._dispatcher.durable(self.function_version_id)
@@ -258,7 +308,7 @@ class WorkerSession:
                     if self.draining or not self.ready.is_set():
                         break
 
-    async def _dispatch(self, delivery: Delivery, out: MemoryObjectSendStream[NodeMessage]) -> None:
+    async def _dispatch(self, delivery: Delivery, out: MemoryObjectSendStream[NodeEnvelope]) -> None:
         try:
             request = Request.decode(delivery.data)
         except FrameError as err:
@@ -272,7 +322,7 @@ class WorkerSession:
         self.in_flight[request.request_id] = InFlight(
             request=request, delivery=delivery, attempt=delivery.num_delivered
         )
-        await out.send(NodeMessage(request=DeliveryMessage(request=delivery.data, attempt=delivery.num_delivered)))
+        await out.send(NodeEnvelope(request=delivery.data, attempt=delivery.num_delivered))
 
     async def _keepalive(self) -> None:
         while True:
@@ -283,28 +333,33 @@ class WorkerSession:
                 except BusError as err:
                     self._log.debug("keepalive of %s failed: %s", held.request.request_id, err)
 
-    async def _cancellations(self, out: MemoryObjectSendStream[NodeMessage]) -> None:
+    async def _cancellations(self, out: MemoryObjectSendStream[NodeEnvelope]) -> None:
         async with self._svc._bus.subscribe(subjects.cancel_subject(self.function_version_id)) as sub:
             async for msg in sub:
                 request_id = msg.data.decode(errors="replace")
                 held = self.in_flight.pop(request_id, None)
                 if held is not None:
-                    await out.send(NodeMessage(cancel=Cancel(request_id=request_id, reason="cancelled by the client")))
+                    await out.send(
+                        _message(NodeMessage(cancel=Cancel(request_id=request_id, reason="cancelled by the client")))
+                    )
                     await self._settle(held, ack=True)
 
     # ---- frames up ----------------------------------------------------------------------------------
 
     async def _receive(
-        self, stream: Stream[WorkerMessage, NodeMessage], out: MemoryObjectSendStream[NodeMessage]
+        self, stream: Stream[WorkerEnvelope, NodeEnvelope], out: MemoryObjectSendStream[NodeEnvelope]
     ) -> None:
         while True:
-            message = await stream.recv_message()
-            if message is None:
+            envelope = await stream.recv_message()
+            if envelope is None:
                 return
-            kind, _ = betterproto.which_one_of(message, "kind")
-            if kind == "frame":
-                await self._on_frame(message.frame, out)
-            elif kind == "status":
+            if envelope.frame is not None:
+                await self._on_frame(envelope.frame, out)
+                continue
+            message = envelope.message
+            assert message is not None
+            kind = envelope.kind
+            if kind == "status":
                 if message.status.ready:
                     self.ready.set()
                 elif self.ready.is_set():
@@ -316,7 +371,7 @@ class WorkerSession:
             elif kind == "drain":
                 self.draining = True
 
-    async def _on_frame(self, blob: bytes, out: MemoryObjectSendStream[NodeMessage]) -> None:
+    async def _on_frame(self, blob: bytes, out: MemoryObjectSendStream[NodeEnvelope]) -> None:
         try:
             frame = Frame.decode(blob)
         except FrameError as err:
@@ -332,7 +387,9 @@ class WorkerSession:
             outcome = await self._svc._relay.send(held.request.reply, frame, blob)
             if outcome == "gone":
                 self.in_flight.pop(frame.request_id, None)
-                await out.send(NodeMessage(cancel=Cancel(request_id=frame.request_id, reason="the client went away")))
+                await out.send(
+                    _message(NodeMessage(cancel=Cancel(request_id=frame.request_id, reason="the client went away")))
+                )
                 await self._settle(held, ack=True)
                 return
             if outcome == "orphaned":
@@ -395,3 +452,7 @@ class WorkerSession:
         self.in_flight.clear()
         for held in held_all:
             await self._failed(held, "the worker disconnected")
+
+
+def _message(message: NodeMessage) -> NodeEnvelope:
+    return NodeEnvelope(message=message)
