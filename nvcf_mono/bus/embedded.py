@@ -30,6 +30,7 @@ import anyio
 import attrs
 from anyio.abc import TaskStatus
 
+from nvcf_mono.bus.callout import Issuer
 from nvcf_mono.config.model import EmbeddedNatsSettings
 from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.metrics import Metrics
@@ -52,6 +53,8 @@ class EmbeddedInfo:
     port: int
     monitor_port: int
     store_dir: Path
+    #: Seed of the account key the server trusts for auth callout (None: callout off).
+    callout_seed_file: Path | None = None
 
 
 def find_nats_server(configured: Path | None) -> Path:
@@ -222,6 +225,22 @@ class EmbeddedNats:
     def log_path(self) -> Path:
         return self._root / "nats-server.log"
 
+    @property
+    def callout_seed_file(self) -> Path:
+        return self._root / "callout-issuer.seed"
+
+    def _callout_issuer(self) -> str:
+        """The public key of the auth-callout issuer (its seed is created once, mode 0600)."""
+        path = self.callout_seed_file
+        try:
+            seed = path.read_bytes()
+        except OSError:
+            seed = b""
+        if len(seed) != 32:
+            seed = secrets.token_bytes(32)
+            write_private(path, seed)
+        return Issuer(seed).public_key
+
     def _write_config(self, port: int, monitor_port: int, password: str) -> None:
         s = self._settings
         q = json.dumps
@@ -242,6 +261,17 @@ class EmbeddedNats:
                 "authorization {",
                 f"  user: {q(_USER)}",
                 f"  password: {q(password)}",
+                *(
+                    [
+                        # Other connections (workers with a token) are decided by the platform.
+                        "  auth_callout {",
+                        f"    issuer: {q(self._callout_issuer())}",
+                        f"    auth_users: [{q(_USER)}]",
+                        "  }",
+                    ]
+                    if s.auth_callout
+                    else []
+                ),
                 "}",
                 "",
             ]
@@ -270,6 +300,7 @@ class EmbeddedNats:
             port=port,
             monitor_port=monitor_port,
             store_dir=self._root / "jetstream",
+            callout_seed_file=self.callout_seed_file if s.auth_callout else None,
         )
         crashes: deque[float] = deque()
         backoff = s.restart_backoff

@@ -112,10 +112,19 @@ class KvMirror(Generic[T]):
                         delay = 0.1
                         async for entry in watch:
                             self._apply(entry)
-            except BusError as err:
-                self._log.warning("watch of %s/%s failed (%s); restarting", self.kv.bucket, self.pattern, err)
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+            except BaseExceptionGroup as group:
+                # The task group wraps the watch's error: a bus failure restarts the watch, anything
+                # else is a bug and propagates.
+                if not all(isinstance(e, BusError) for e in _leaves(group)):
+                    raise
+                err = _leaves(group)[0]
+            except BusError as single:
+                err = single
+            else:
+                continue
+            self._log.warning("watch of %s/%s failed (%s); restarting", self.kv.bucket, self.pattern, err)
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     async def _restart_on_reconnect(self, bus: Bus, scope: anyio.CancelScope) -> None:
         async with bus.events() as events:
@@ -153,3 +162,10 @@ class KvMirror(Generic[T]):
         if value is not None:
             self._data[entry.key] = Versioned(entry.key, value, entry.revision)
             self.signal.notify()
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out

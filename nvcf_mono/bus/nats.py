@@ -383,8 +383,12 @@ async def open_nats_bus(
     name: str,
     metrics: Metrics,
     log: logging.Logger,
+    token: str | None = None,
 ) -> AsyncIterator[NatsBus]:
-    """Connect (retrying for ``settings.connect_retry_for``), yield the bus, drain it on exit."""
+    """Connect (retrying for ``settings.connect_retry_for``), yield the bus, drain it on exit.
+
+    ``token`` is a connect token (workers present an auth-callout envelope with it).
+    """
     holder: dict[str, NatsBus] = {}
     last_logged = [0.0]
 
@@ -429,6 +433,8 @@ async def open_nats_bus(
         options["tls"] = tls
     if settings.credentials_file is not None:
         options["user_credentials"] = str(settings.credentials_file)
+    if token is not None:
+        options["token"] = token
 
     # nats-py keeps retrying a failed first connection internally; the deadline is ours.
     try:

@@ -115,6 +115,11 @@ class EmbeddedNatsSettings:
         5, doc="Crashes tolerated within restart_window before the host gives up.", check=at_least(0)
     )
     restart_window: Seconds = setting(60.0, doc="Window over which crashes are counted.", check=positive)
+    auth_callout: bool = setting(
+        True,
+        doc="Let the platform decide other connections (auth callout): workers on the nats transport connect "
+        "with a token and get permissions scoped to their function version.",
+    )
 
 
 @attrs.frozen(kw_only=True)
