@@ -6,7 +6,7 @@ import argparse
 
 import anyio
 
-from bench import bus
+from bench import bus, invoke
 
 
 def main() -> None:
@@ -14,6 +14,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     args = parser.parse_args()
     anyio.run(bus.run, args.quick, backend="asyncio")
+    for transport in ("grpc", "nats"):
+        print(f"-- invocation, worker transport {transport}")
+        anyio.run(invoke.run, args.quick, f"plugins.invocation.transport={transport}", backend="asyncio")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,7 @@ from typing import Any
 
 import aiohttp
 import anyio
+import anyio.to_thread
 
 from nvcf_mono.bus.nats import NatsBus, open_nats_bus
 from nvcf_mono.config.model import BusSettings
@@ -35,18 +37,25 @@ from nvcf_mono.testing.scripted_agent import ProcessLauncher, ScriptedAgent, gpu
 BODY = b'{"pad": "' + b"x" * 52 + b'"}'  # 64 bytes
 
 
+def _spawn(state: Path, flags: list[str]) -> subprocess.Popen[bytes]:
+    state.mkdir(parents=True, exist_ok=True)
+    with (state / "platform.log").open("ab") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "nvcf_mono", "run", "--role", "all-in-one", "--state-dir", str(state), *flags],
+            stdout=log,
+            stderr=log,
+        )
+
+
 @asynccontextmanager
 async def platform_process(state: Path, *settings: str) -> AsyncIterator[dict[str, Any]]:
     """``nvcf-mono run`` (all-in-one) as a child process; yields its endpoints.json."""
     flags = ["--set", "http.port=0", "--set", "grpc.port=0", "--set", "embedded_nats.port=0"]
+    # The instance comes from the scripted agent below (one echo server and worker, measured directly).
+    flags += ["--set", "plugins.compute.enabled=false"]
     for item in settings:
         flags += ["--set", item]
-    log = (state / "platform.log").open("ab") if state.mkdir(parents=True, exist_ok=True) is None else None
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "nvcf_mono", "run", "--role", "all-in-one", "--state-dir", str(state), *flags],
-        stdout=log,
-        stderr=log,
-    )
+    proc = _spawn(state, flags)
     try:
         endpoints = state / "endpoints.json"
 
@@ -65,8 +74,6 @@ async def platform_process(state: Path, *settings: str) -> AsyncIterator[dict[st
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
-        if log is not None:
-            log.close()
 
 
 @asynccontextmanager
@@ -79,6 +86,49 @@ async def bus_of(url: str) -> AsyncIterator[NatsBus]:
         log=logging.getLogger("bench.bus"),
     ) as bus:
         yield bus
+
+
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.body = '%s'
+wrk.headers["Content-Type"] = "application/json"
+%s
+"""
+
+
+def _wrk(url: str, headers: dict[str, str], connections: int, seconds: float) -> dict[str, float]:
+    """Drive ``url`` with wrk (a C load generator: the client's cost stays out of the figures)."""
+    lines = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in headers.items() if k != "Content-Type")
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(WRK_SCRIPT % (BODY.decode(), lines))
+    out = subprocess.run(
+        ["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds:g}s", "--latency", "-s", script.name, url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    os.unlink(script.name)
+    stats: dict[str, float] = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if line.startswith("Requests/sec:"):
+            stats["rps"] = float(parts[1])
+        elif len(parts) == 2 and parts[0] in ("50%", "99%"):
+            stats[f"p{parts[0][:-1]}_ms"] = _ms(parts[1])
+        elif "Non-2xx or 3xx responses:" in line:
+            stats["errors"] = float(parts[-1])
+        elif line.strip().startswith("Socket errors:"):
+            stats["errors"] = stats.get("errors", 0) + sum(int(p.strip(",")) for p in parts if p.strip(",").isdigit())
+        elif "requests in" in line:
+            stats["done"] = float(parts[0])
+    return stats
+
+
+def _ms(text: str) -> float:
+    for unit, scale in (("us", 0.001), ("ms", 1.0), ("s", 1000.0)):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * scale
+    return float(text)
 
 
 def _quantile(samples: list[float], q: float) -> float:
@@ -176,8 +226,15 @@ async def run(quick: bool = False, *settings: str) -> dict[str, Any]:
                 }
                 results["added_p50_ms"] = results["platform_p50_ms"] - results["direct_p50_ms"]
                 results["added_p99_ms"] = results["platform_p99_ms"] - results["direct_p99_ms"]
+                results["load_generator"] = "wrk" if shutil.which("wrk") else "aiohttp"
                 for clients in (16, 64):
-                    rate, done, errors = await _load(session, through, key, clients, seconds)
+                    if shutil.which("wrk"):
+                        stats = await anyio.to_thread.run_sync(_wrk, through, key, clients, seconds)
+                        rate, done, errors = stats["rps"], int(stats.get("done", 0)), int(stats.get("errors", 0))
+                        results[f"p50_ms_{clients}"] = stats.get("p50_ms")
+                        results[f"p99_ms_{clients}"] = stats.get("p99_ms")
+                    else:
+                        rate, done, errors = await _load(session, through, key, clients, seconds)
                     results[f"rps_{clients}"] = rate
                     results[f"errors_{clients}"] = errors
                     results[f"done_{clients}"] = done
@@ -188,9 +245,13 @@ async def run(quick: bool = False, *settings: str) -> dict[str, Any]:
         f"added p50 {results['added_p50_ms']:.2f} ms p99 {results['added_p99_ms']:.2f} ms"
     )
     for clients in (16, 64):
+        latency = ""
+        if results.get(f"p50_ms_{clients}") is not None:
+            latency = f", p50 {results[f'p50_ms_{clients}']:.2f} ms p99 {results[f'p99_ms_{clients}']:.2f} ms"
         print(
             f"invoke: {clients} clients {results[f'rps_{clients}']:.0f} req/s "
-            f"({results[f'done_{clients}']} ok, {results[f'errors_{clients}']} errors)"
+            f"({results[f'done_{clients}']} ok, {results[f'errors_{clients}']} errors{latency}; "
+            f"{results['load_generator']})"
         )
     return results
 

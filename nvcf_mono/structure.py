@@ -418,15 +418,21 @@ def _enum(tp: type[enum.Enum], value: Any, cur: _Cursor) -> Any:
 def _sequence(tp: Any, origin: Any, value: Any, cur: _Cursor) -> Any:
     args = get_args(tp)
     item_tp = args[0] if args else Any
+    fixed: tuple[Any, ...] = ()
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         item_tp = args[0]
     elif origin is tuple and args and Ellipsis not in args:
-        raise TypeError(f"fixed-length tuples are not supported: {tp!r}")
+        fixed = args  # e.g. tuple[str, str]: a header as a [name, value] pair
     if isinstance(value, Text):
         parsed = _from_text(value)
         value = parsed if isinstance(parsed, list) else [Text(v.strip()) for v in str(value).split(",") if v.strip()]
     if not isinstance(value, list | tuple):
         return cur.fail(f"expected a list, got {_describe(value)}")
+    if fixed:
+        if len(value) != len(fixed):
+            return cur.fail(f"expected {len(fixed)} items, got {len(value)}")
+        pairs = enumerate(zip(fixed, value, strict=True))
+        return tuple(_structure(member, item, cur.child(str(i))) for i, (member, item) in pairs)
     items = [_structure(item_tp, item, cur.child(str(i))) for i, item in enumerate(value)]
     if origin in (frozenset, set):
         return frozenset(items)

@@ -7,7 +7,9 @@ so a revoked key stops working at once; expiry is checked against the clock on e
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import final
@@ -34,10 +36,16 @@ class ApiKeyStore:
         self._keyring: Keyring | None = None
         self._log = log or logging.getLogger("nvcf_mono.auth.keys")
         self._mirror: KvMirror[ApiKeyRecord] | None = None
+        # Per-request verification is a dict hit: a key's hash (an HMAC) is computed once, and its
+        # principal is reused while the mirror holds the very same record (a change makes a new one).
+        self._digests: dict[bytes, str] = {}
+        self._principals: dict[str, tuple[ApiKeyRecord, Principal, float]] = {}
 
     def bind(self, keyring: Keyring) -> None:
         """The platform secret's keys (known once the auth plugin runs)."""
         self._keyring = keyring
+        self._digests.clear()  # hashes made with other keys
+        self._principals.clear()
 
     @property
     def keyring(self) -> Keyring:
@@ -62,17 +70,27 @@ class ApiKeyStore:
         """The principal of an ``nvapi-`` key; None for other tokens; AuthError for bad keys."""
         if not token.startswith(KEY_PREFIX):
             return None
-        try:
-            digest = parse(token, self.keyring.api_key_domain_key)
-        except KeyFormatError as err:
-            raise AuthError(401, f"invalid API key: {err}") from err
+        # Remembered by a fast hash of the key, so no key value is kept in memory past its request.
+        seen = hashlib.blake2b(token.encode(), digest_size=16).digest()
+        digest = self._digests.get(seen)
+        if digest is None:
+            try:
+                digest = parse(token, self.keyring.api_key_domain_key)
+            except KeyFormatError as err:
+                raise AuthError(401, f"invalid API key: {err}") from err
+            if len(self._digests) >= _CACHE_LIMIT:
+                self._digests.clear()
+            self._digests[seen] = digest  # only well-formed keys of this platform get here
         record = self.mirror.get(digest)
         if record is None:
             raise AuthError(401, "the API key is unknown or has been revoked")
+        cached = self._principals.get(digest)
+        if cached is not None and cached[0] is record and time.time() < cached[2]:
+            return cached[1]
         status = effective_status(record)
         if status is not KeyStatus.ACTIVE:
             raise AuthError(401, f"the API key is {status.value.lower()}")
-        return Principal(
+        principal = Principal(
             kind="api_key",
             subject=record.owner_id,
             account=record.nca_id,
@@ -80,6 +98,10 @@ class ApiKeyStore:
             resources=record.authorizations.resources(),
             key_id=record.id,
         )
+        if len(self._principals) >= _CACHE_LIMIT:
+            self._principals.clear()
+        self._principals[digest] = (record, principal, parse_iso(record.expires_at).timestamp())
+        return principal
 
     # ---- management --------------------------------------------------------------------------------
 
@@ -143,6 +165,9 @@ def effective_status(record: ApiKeyRecord) -> KeyStatus:
         return KeyStatus.EXPIRED
     return record.status
 
+
+#: Verified keys remembered (a full cache starts afresh: it only ever costs a recomputation).
+_CACHE_LIMIT = 4096
 
 #: Provided by the ``auth_api_key`` plugin.
 API_KEY_STORE: ServiceKey[ApiKeyStore] = ServiceKey("nvcf_mono.auth.api_keys")

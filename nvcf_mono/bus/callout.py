@@ -23,6 +23,7 @@ import nacl.signing
 import nkeys
 
 from nvcf_mono.errors import NvcfMonoError
+from nvcf_mono.services import ServiceKey
 
 CALLOUT_SUBJECT = "$SYS.REQ.USER.AUTH"
 #: The account of a configuration-mode server without accounts.
@@ -191,3 +192,15 @@ def open_envelope(token: str) -> tuple[str, str, str]:
 
 def subjects_of(grant: Grant) -> Sequence[str]:
     return (*grant.publish, *grant.subscribe)
+
+
+@final
+class CalloutStatus:
+    """Whether this node answers auth callouts (the invocation plane offers the nats transport then)."""
+
+    def __init__(self) -> None:
+        self.available = False
+
+
+#: Provided by the ``nats_auth`` plugin.
+NATS_AUTH: ServiceKey[CalloutStatus] = ServiceKey("nvcf_mono.nats_auth.status")

@@ -362,10 +362,12 @@ class NatsStream:
             psub = await self._js.pull_subscribe_bind(durable, stream=self.name)
         except _NATS_ERRORS as err:
             raise translate(err, f"consumer {durable} on {self.name}") from err
+        consumer = NatsConsumer(psub, batch=batch, max_inflight=max_inflight, fetch_timeout=fetch_timeout)
         try:
-            yield NatsConsumer(psub, batch=batch, max_inflight=max_inflight, fetch_timeout=fetch_timeout)
+            yield consumer
         finally:
             with anyio.move_on_after(self._timeout, shield=True):
+                await consumer.release_buffered()
                 try:
                     await psub.unsubscribe()
                 except (nats.errors.Error, OSError):
@@ -465,6 +467,15 @@ class NatsConsumer:
     def _release(self) -> None:
         self._in_flight -= 1
         self._slot_freed.set()
+
+    async def release_buffered(self) -> None:
+        """Give back what was fetched but never handed out, for redelivery now rather than after ack_wait."""
+        while self._buffer:
+            msg = self._buffer.popleft()
+            try:
+                await msg.nak()
+            except _NATS_ERRORS:
+                return
 
     def statistics(self) -> ConsumerStatistics:
         """Unsettled deliveries and totals."""

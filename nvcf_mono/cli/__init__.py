@@ -18,8 +18,10 @@ COMMAND_MODULES = (
     "nvcf_mono.cli.deploy_cmds",
     "nvcf_mono.cli.key_cmds",
     "nvcf_mono.cli.cluster_cmds",
+    "nvcf_mono.cli.instance_cmds",
     "nvcf_mono.cli.secret_cmds",
     "nvcf_mono.cli.worker_cmds",
+    "nvcf_mono.cli.invoke_cmds",
 )
 
 

@@ -6,10 +6,13 @@ bump a codec's version and add an upgrade when a stored shape changes incompatib
 
 from __future__ import annotations
 
+import base64
+import re
 from typing import Any
 
 from nvcf_mono.bus.api import BucketSpec, KeyValue, ObjectStoreSpec
 from nvcf_mono.bus.codec import TypedKV, VersionedCodec
+from nvcf_mono.contracts.agent import AgentRequest
 from nvcf_mono.models.account import Account
 from nvcf_mono.models.api_key import ApiKeyRecord
 from nvcf_mono.models.asset import Asset
@@ -200,6 +203,92 @@ def asset_object(nca_id: str, asset_id: str) -> str:
     return f"{nca_id}/{asset_id}"
 
 
+def idempotency_key(nca_id: str, function_id: str, key_sha256: str) -> str:
+    """``<ncaId>.<fid>.<sha256 hex of the Idempotency-Key>`` (idempotency)."""
+    return f"{nca_id}.{function_id}.{key_sha256}"
+
+
 def typed(kv: KeyValue, codec: VersionedCodec[Any]) -> TypedKV[Any]:
     """A typed handle (``typed(bus.kv(FUNCTIONS.name), FUNCTION)``)."""
     return TypedKV(kv, codec)
+
+
+# ---- rate limiting (invocation plane) -------------------------------------------------------------
+
+RATE_LIMITS = BucketSpec(
+    name="nvcf_rate_limits",
+    description="Invocation rate-limit counters, one per fixed window, each expiring after its window (key: "
+    "<ncaId>.<fvid>.<N>-<unit>.<window> or user.<subject>.<ncaId>.<fvid>.<N>-<unit>.<window>), and the live "
+    "invocation nodes that share them (key: node.<node>).",
+    per_key_ttl=True,
+    # File storage like every other bucket: a restarted nats-server must still have it (a memory
+    # bucket would be gone, and with it the watch of every invocation node).
+)
+
+
+@wire
+class RateCount(WireModel):
+    """Requests admitted in one rate-limit window by every invocation node together."""
+
+    count: int
+
+
+@wire
+class RateLimiterNode(WireModel):
+    """An invocation node taking part in rate limiting (its share of a window's headroom is 1/nodes)."""
+
+    node: str
+    seen_at: str
+
+
+RATE_COUNT = VersionedCodec(RateCount, 1, "rate-limit count")
+RATE_LIMITER_NODE = VersionedCodec(RateLimiterNode, 1, "rate-limiter node")
+RATE_NODES_PATTERN = "node.*"
+_RATE_TOKEN_RX = re.compile(r"[-_a-zA-Z0-9][-_=a-zA-Z0-9]*")
+
+
+def rate_token(value: str) -> str:
+    """``value`` as one KV key token: kept when it is safe, else ``=`` + unpadded base64url (never ambiguous)."""
+    if _RATE_TOKEN_RX.fullmatch(value):
+        return value
+    return "=" + base64.urlsafe_b64encode(value.encode()).decode().rstrip("=")
+
+
+def rate_account_key(nca_id: str, function_version_id: str, rate: str) -> str:
+    """``<ncaId>.<fvid>.<N>-<unit>`` (NVCF's ``<ncaId>:<fvid>:<rate>``); a window index follows it."""
+    return f"{rate_token(nca_id)}.{rate_token(function_version_id)}.{rate}"
+
+
+def rate_user_key(subject: str, nca_id: str, function_version_id: str, rate: str) -> str:
+    """``user.<subject>.<ncaId>.<fvid>.<N>-<unit>`` (NVCF's ``user:<subject>:<ncaId>:<fvid>:<rate>``)."""
+    return f"user.{rate_token(subject)}.{rate_account_key(nca_id, function_version_id, rate)}"
+
+
+def rate_window_key(base: str, window: int) -> str:
+    """One fixed window of a rate key: the window's start divided by its length."""
+    return f"{base}.{window}"
+
+
+def rate_node_key(node: str) -> str:
+    return f"node.{rate_token(node)}"
+
+
+# ---- cluster agents (compute plane) ---------------------------------------------------------------
+
+AGENT_REQUESTS = BucketSpec(
+    name="nvcf_agent_requests",
+    description="Instance requests each cluster agent holds, with the processes that run them (key: "
+    "<clusterId>.<requestId>); finished ones linger with a TTL so a redelivered message is recognised.",
+    per_key_ttl=True,
+)
+AGENT_REQUEST = VersionedCodec(AgentRequest, 1, "agent request")
+
+
+def agent_request_key(cluster_id: str, request_id: str) -> str:
+    """``<clusterId>.<requestId>`` (agent requests)."""
+    return f"{cluster_id}.{request_id}"
+
+
+def agent_requests_pattern(cluster_id: str) -> str:
+    """Every request one cluster's agent holds."""
+    return f"{cluster_id}.*"

@@ -62,6 +62,18 @@ WORKER_HEALTH_INTERVAL = "WORKER_HEALTH_INTERVAL"
 BASE_ASSET_DIR = "BASE_ASSET_DIR"
 BASE_RESPONSE_DIR = "BASE_RESPONSE_DIR"
 SECRETS_FILE = "SECRETS_FILE"
+NVCF_INSTANCE_ID = "NVCF_INSTANCE_ID"
+NVCF_CLUSTER_ID = "NVCF_CLUSTER_ID"
+PORT = "PORT"
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+NVCF_REGION = "NVCF_REGION"
+NVCF_INSTANCETYPE = "NVCF_INSTANCETYPE"
+NVCF_INSTANCETYPE_VALUE = "NVCF_INSTANCETYPE_VALUE"
+NVCF_BACKEND = "NVCF_BACKEND"
+NVCF_NCA_ID = "NVCF_NCA_ID"
+NVCF_FUNCTION_ID = "NVCF_FUNCTION_ID"
+NVCF_FUNCTION_VERSION_ID = "NVCF_FUNCTION_VERSION_ID"
+NVCF_FUNCTION_NAME = "NVCF_FUNCTION_NAME"
 
 CONTRACT: tuple[Var, ...] = (
     Var(INFERENCE_CONTAINER, CP, AGENT, "-", "The function's container image (local backend: an image catalog name)."),
@@ -100,6 +112,18 @@ CONTRACT: tuple[Var, ...] = (
     Var(BASE_ASSET_DIR, AGENT, WORKER, "/tmp/nvcf-assets", "Where input assets are downloaded (per request)."),
     Var(BASE_RESPONSE_DIR, AGENT, WORKER, "/tmp/nvcf-responses", "Per-request output dir (NVCF-LARGE-OUTPUT-DIR)."),
     Var(SECRETS_FILE, AGENT, "worker, inference", "-", "Where the worker writes the instance's secrets (JSON)."),
+    Var(NVCF_INSTANCE_ID, AGENT, "worker, inference", "-", "The same as INSTANCE_ID (NVCF sets both)."),
+    Var(NVCF_CLUSTER_ID, AGENT, AGENT, "-", "The cluster whose agent started the process (finds orphans)."),
+    Var(PORT, AGENT, "inference", "-", "Local backend: the port the inference server listens on (= INFERENCE_PORT)."),
+    Var(CUDA_VISIBLE_DEVICES, AGENT, "inference", "-", "Local backend: the GPU devices of the instance."),
+    Var(NVCF_REGION, AGENT, "inference", "-", "Region of the cluster (NVCF's pod fieldRef)."),
+    Var(NVCF_INSTANCETYPE, AGENT, "inference", "-", "Instance type name (NVCF's pod fieldRef)."),
+    Var(NVCF_INSTANCETYPE_VALUE, AGENT, "inference", "-", "Instance type value, without _<n>x."),
+    Var(NVCF_BACKEND, AGENT, "inference", "-", "Cluster group (backend) name."),
+    Var(NVCF_NCA_ID, AGENT, "inference", "-", "The function's account."),
+    Var(NVCF_FUNCTION_ID, AGENT, "inference", "-", "Function id."),
+    Var(NVCF_FUNCTION_VERSION_ID, AGENT, "inference", "-", "Function version id."),
+    Var(NVCF_FUNCTION_NAME, AGENT, "inference", "-", "Function name."),
 )
 
 

@@ -106,3 +106,26 @@ def response_subject(inbox: str, request_id: str) -> str:
 
 #: Results of requests whose accepting node went away, stored by whichever node relays them.
 RESULTS_QUEUE = "nvcf-invocation"
+
+
+# ---- anyone -> a cluster agent (request/reply; the CLI's instance list and logs) -----------------
+
+AgentCall = Literal["cluster", "instances", "logs"]
+
+
+def agent_subject(call: AgentCall, cluster_id: str) -> str:
+    """``nvcf.agent.<call>.<clusterId>``: cluster, instances, logs (answered by that cluster's agent)."""
+    return f"nvcf.agent.{call}.{cluster_id}"
+
+
+def agent_call_of(subject: str) -> tuple[str, str]:
+    """``(call, clusterId)`` of an ``nvcf.agent.*`` subject."""
+    parts = subject.split(".")
+    if len(parts) != 4 or parts[:2] != ["nvcf", "agent"]:
+        raise ValueError(f"not an agent subject: {subject!r}")
+    return parts[2], parts[3]
+
+
+def agent_calls(cluster_id: str) -> str:
+    """Every call one cluster's agent answers."""
+    return f"nvcf.agent.*.{cluster_id}"

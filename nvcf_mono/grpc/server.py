@@ -1,24 +1,38 @@
-"""Assemble and run the host's grpclib server; calls to a plugin that is not running get UNAVAILABLE."""
+"""Assemble and run the host's grpclib server; calls to a plugin that is not running get UNAVAILABLE.
+
+A servicer may also define ``__fallback__(path) -> Handler | None``: the handler for methods of
+services no servicer serves (at most one servicer does; the invocation plane's gRPC proxy). Unknown
+methods of the host's own services stay UNIMPLEMENTED.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import typing
+import weakref
 from collections.abc import Callable
-from typing import Any, final
+from typing import Any, TypeVar, final, overload
 
 import anyio
-from grpclib.const import Handler, Status
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.encoding.base import StatusDetailsCodecBase
+from grpclib.encoding.proto import ProtoStatusDetailsCodec, _googleapis_available
 from grpclib.exceptions import GRPCError
+from grpclib.protocol import H2Protocol
 from grpclib.server import Server, Stream
 
 from nvcf_mono.config.model import GrpcSettings
 from nvcf_mono.errors import NvcfMonoError
+from nvcf_mono.grpc.raw import RawMessage, encode_status
 from nvcf_mono.lifecycle import InflightTracker
 from nvcf_mono.metrics import Metrics
 
 IsRunning = Callable[[str], bool]
+Fallback = Callable[[str], Handler | None]
+#: The metrics label of calls served by the fallback (their paths are the callers' choice).
+FALLBACK_LABEL = "*"
+_T = TypeVar("_T")
 
 
 class GrpcServerError(NvcfMonoError):
@@ -34,6 +48,56 @@ class _Router:
 
     def __mapping__(self) -> dict[str, Handler]:
         return self._mapping
+
+
+async def _unimplemented(stream: Stream[Any, Any]) -> None:
+    raise GRPCError(Status.UNIMPLEMENTED, "Method not found")
+
+
+_UNIMPLEMENTED = Handler(_unimplemented, Cardinality.STREAM_STREAM, RawMessage, RawMessage)
+
+
+class _Mapping(dict[str, Handler]):
+    """The method table grpclib consults with ``get(path)``; unserved services go to the fallback."""
+
+    def __init__(self, mapping: dict[str, Handler], fallback: Fallback) -> None:
+        super().__init__(mapping)
+        self._services = frozenset(path.rpartition("/")[0] for path in mapping)
+        self._fallback = fallback
+
+    @overload
+    def get(self, key: str, default: None = None, /) -> Handler | None: ...
+    @overload
+    def get(self, key: str, default: Handler, /) -> Handler: ...
+    @overload
+    def get(self, key: str, default: _T, /) -> Handler | _T: ...
+    def get(self, key: str, default: Any = None, /) -> Any:
+        handler = super().get(key)
+        if handler is not None:
+            return handler
+        if key.rpartition("/")[0] in self._services:
+            # A well-formed UNIMPLEMENTED (grpclib's own answer lacks the content-type some clients need).
+            return _UNIMPLEMENTED
+        return self._fallback(key) or default
+
+
+@final
+class _StatusDetails(StatusDetailsCodecBase):
+    """Status details given as bytes (an encoded google.rpc.Status, as a relayed call's) are sent as they are."""
+
+    def __init__(self) -> None:
+        self._proto = ProtoStatusDetailsCodec() if _googleapis_available() else None
+
+    def encode(self, status: Status, message: str | None, details: Any) -> bytes:
+        if isinstance(details, bytes):
+            return details
+        if self._proto is not None:
+            return self._proto.encode(status, message, details)
+        # Without googleapis only the status itself can be encoded (grpclib would have dropped the details).
+        return encode_status(status, message)
+
+    def decode(self, status: Status, message: str | None, data: bytes) -> Any:
+        return data
 
 
 def _wrap(
@@ -82,7 +146,13 @@ class GrpcServer:
         calls = metrics.counter("grpc_server_handled_total", "gRPC calls handled.", ["method", "code"])
         mapping: dict[str, Handler] = {}
         owners: dict[str, str] = {}
+        fallback: tuple[str, Fallback] | None = None
         for owner, servicer in servicers:
+            find: Fallback | None = getattr(servicer, "__fallback__", None)
+            if find is not None:
+                if fallback is not None:
+                    raise GrpcServerError(f"both {fallback[0]!r} and {owner!r} want to serve unknown gRPC methods")
+                fallback = (owner, find)
             for path, handler in servicer.__mapping__().items():
                 if path in mapping:
                     raise GrpcServerError(f"gRPC method {path} is served by both {owners[path]!r} and {owner!r}")
@@ -92,7 +162,29 @@ class GrpcServer:
                     if owner == "host"
                     else _wrap(path, owner, handler, is_running=is_running, inflight=inflight, calls=calls)
                 )
-        self._server = Server([_Router(mapping)])
+        self._server = Server([_Router(mapping)], status_details_codec=_StatusDetails())
+        # grpclib's close() cancels the handlers but leaves their connections open, so a peer whose
+        # stream just ended unanswered would never notice; the connections are closed after them.
+        self._connections: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+        make_protocol = self._server._protocol_factory
+
+        def tracked() -> H2Protocol:
+            protocol = make_protocol()
+            self._connections.add(protocol)
+            return protocol
+
+        self._server._protocol_factory = tracked  # type: ignore[method-assign]
+        if fallback is not None:
+            owner, find = fallback
+
+            def wrapped(path: str) -> Handler | None:
+                handler = find(path)
+                if handler is None:
+                    return None
+                return _wrap(FALLBACK_LABEL, owner, handler, is_running=is_running, inflight=inflight, calls=calls)
+
+            # grpclib copies the servicers' mappings into a plain dict and only ever calls .get() on it.
+            self._server._mapping = _Mapping(self._server._mapping, wrapped)
         self.port = 0
 
     async def start(self) -> int:
@@ -121,3 +213,7 @@ class GrpcServer:
             return
         self._server.close()
         await self._server.wait_closed()
+        for protocol in list(self._connections):
+            connection = getattr(protocol, "connection", None)
+            if connection is not None:
+                connection.close()

@@ -229,6 +229,12 @@ def build_document(
             codes |= {401, 403, 404}  # 404: a JWT whose client id no account knows
         for code in sorted(codes):
             responses[str(code)] = _problem(_ERROR_TEXT.get(code, "Error."))
+        if op.response is not None and op.passthrough:
+            # A typed wrapper around the function's answer (exec): the same body with the function's status.
+            wrapped = {"application/json": {"schema": builder.schema(op.response, closed=True)}}
+            for code in codes:
+                responses[str(code)]["content"] = {**responses[str(code)]["content"], **wrapped}
+            responses["default"] = {"description": "The same, with the function's own status.", "content": wrapped}
         entry["responses"] = responses
         paths.setdefault(template, {})[op.method.lower()] = entry
     for template, methods in (extra_paths or {}).items():

@@ -1,10 +1,18 @@
 """A small inference server for tests and examples: ``python -m nvcf_mono.testing.echo_server --port P``.
 
 ``POST /echo`` answers the JSON body back; ``{"message", "repeats", "delay", "stream"}`` shape the
-answer like NVIDIA's echo sample (``stream: true`` sends server-sent events). ``POST /crash``
-kills the process mid-request; ``POST /bytes?size=N`` answers N bytes; ``POST /status/<code>``
-answers that status. ``/health`` and ``/v2/health/ready`` are the health checks (``/health/fail``
-turns them to 503).
+answer like NVIDIA's echo sample (``stream: true`` sends server-sent events); ``"progress": [10, 60]``
+writes those progress reports to ``<NVCF-LARGE-OUTPUT-DIR>/progress`` first, ``delay`` apart;
+``"crash": true`` kills the process mid-request, as ``POST /crash`` does. A client that hangs up
+during the delay is recorded: ``GET /cancelled`` lists those requests' ``NVCF-REQID``.
+Raw (non-JSON) bodies come back as they are, with ``X-Echo-Sha256``, the ``NVCF-*`` request headers,
+and ``X-Echo-Assets`` (each input asset's digest, read from ``NVCF-ASSET-DIR``).
+``POST /bytes?size=N`` answers N random bytes (``X-Echo-Sha256`` is their digest); ``POST
+/status/<code>`` answers that status. ``/health`` and ``/v2/health/ready`` are the health checks
+(``/health/fail`` turns them to 503, ``/health/recover`` back to 200). Any method on
+``/echo-request`` or below answers the request it got as JSON (method, path, query, headers, body,
+and a per-process call count), or, for a JSON body with ``"answer": {"status", "body", "contentType",
+"headers", "delay"}``, exactly that answer.
 """
 
 from __future__ import annotations
@@ -18,6 +26,47 @@ import os
 from aiohttp import web
 
 _state = {"healthy": True}
+_calls = {"echo-request": 0}
+_cancelled: list[str] = []
+_KEYS = {"message", "repeats", "delay", "stream", "progress", "crash"}
+
+
+async def _pause(request: web.Request, seconds: float) -> bool:
+    """Sleep; False (and the request recorded as cancelled) if the client hangs up meanwhile."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while True:
+        if request.transport is None or request.transport.is_closing():
+            _cancelled.append(request.headers.get("NVCF-REQID", ""))
+            return False
+        left = end - loop.time()
+        if left <= 0:
+            return True
+        await asyncio.sleep(min(left, 0.02))
+
+
+def _asset_digests(request: web.Request) -> str:
+    """``<asset id>=<sha256 of its file in NVCF-ASSET-DIR>`` for each input asset ("missing" if absent)."""
+    directory = request.headers.get("NVCF-ASSET-DIR", "")
+    out = []
+    for asset_id in request.headers["NVCF-FUNCTION-ASSET-IDS"].split(","):
+        try:
+            with open(os.path.join(directory, asset_id), "rb") as f:
+                out.append(f"{asset_id}={hashlib.sha256(f.read()).hexdigest()}")
+        except OSError:
+            out.append(f"{asset_id}=missing")
+    return ",".join(out)
+
+
+def _report_progress(request: web.Request, percent: object, step: int) -> None:
+    directory = request.headers.get("NVCF-LARGE-OUTPUT-DIR")
+    if not directory:
+        return
+    doc = {"id": request.headers.get("NVCF-REQID"), "progress": percent, "partialResponse": {"step": step}}
+    path = os.path.join(directory, "progress")
+    with open(path + ".tmp", "w") as f:
+        json.dump(doc, f)
+    os.replace(path + ".tmp", path)  # never a half-written report
 
 
 async def echo(request: web.Request) -> web.StreamResponse:
@@ -26,13 +75,21 @@ async def echo(request: web.Request) -> web.StreamResponse:
         doc = json.loads(raw) if raw else {}
     except ValueError:
         doc = None
-    if not isinstance(doc, dict) or not {"message", "repeats", "delay", "stream"} & set(doc):
+    if not isinstance(doc, dict) or not _KEYS & set(doc):
         headers = {"X-Echo-Sha256": hashlib.sha256(raw).hexdigest()}
         headers.update({k: v for k, v in request.headers.items() if k.upper().startswith("NVCF-")})
+        if request.headers.get("NVCF-FUNCTION-ASSET-IDS"):
+            headers["X-Echo-Assets"] = _asset_digests(request)
         return web.Response(body=raw, content_type=request.content_type or "application/octet-stream", headers=headers)
+    if doc.get("crash"):
+        os._exit(3)
     message = str(doc.get("message", ""))
     repeats = int(doc.get("repeats", 1))
     delay = float(doc.get("delay", 0))
+    for step, percent in enumerate(doc.get("progress") or ()):
+        _report_progress(request, percent, step)
+        if delay and not await _pause(request, delay):
+            return web.Response(status=499)
     if doc.get("stream"):
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
@@ -42,9 +99,35 @@ async def echo(request: web.Request) -> web.StreamResponse:
             await response.write(f"data: {json.dumps({'index': i, 'message': message})}\n\n".encode())
         await response.write_eof()
         return response
-    if delay:
-        await asyncio.sleep(delay)
+    if delay and not await _pause(request, delay):
+        return web.Response(status=499)
     return web.json_response({"message": message * repeats, "reqid": request.headers.get("NVCF-REQID")})
+
+
+async def echo_request(request: web.Request) -> web.Response:
+    raw = await request.read()
+    _calls["echo-request"] += 1
+    nvcf = {k: v for k, v in request.headers.items() if k.upper().startswith("NVCF-")}
+    try:
+        doc = json.loads(raw) if raw else None
+    except ValueError:
+        doc = None
+    answer = doc.get("answer") if isinstance(doc, dict) else None
+    if isinstance(answer, dict):
+        if answer.get("delay"):
+            await asyncio.sleep(float(answer["delay"]))
+        headers = {**nvcf, **{str(k): str(v) for k, v in dict(answer.get("headers") or {}).items()}}
+        headers["Content-Type"] = str(answer.get("contentType", "text/plain"))
+        return web.Response(status=int(answer.get("status", 200)), body=str(answer.get("body", "")), headers=headers)
+    seen = {
+        "method": request.method,
+        "path": request.path,
+        "query": request.rel_url.raw_query_string,
+        "headers": dict(request.headers),
+        "body": raw.decode(errors="replace"),
+        "count": _calls["echo-request"],
+    }
+    return web.json_response(seen, headers=nvcf)
 
 
 async def crash(request: web.Request) -> web.Response:
@@ -53,7 +136,9 @@ async def crash(request: web.Request) -> web.Response:
 
 async def sized(request: web.Request) -> web.Response:
     size = int(request.query.get("size", "0"))
-    return web.Response(body=os.urandom(size), content_type="application/octet-stream")
+    body = os.urandom(size)
+    headers = {"X-Echo-Sha256": hashlib.sha256(body).hexdigest()}
+    return web.Response(body=body, content_type="application/octet-stream", headers=headers)
 
 
 async def status(request: web.Request) -> web.Response:
@@ -69,6 +154,15 @@ async def fail_health(request: web.Request) -> web.Response:
     return web.json_response({"ok": False})
 
 
+async def recover_health(request: web.Request) -> web.Response:
+    _state["healthy"] = True
+    return web.json_response({"ok": True})
+
+
+async def cancelled(request: web.Request) -> web.Response:
+    return web.json_response({"cancelled": _cancelled})
+
+
 def app() -> web.Application:
     application = web.Application(client_max_size=1024**3)
     application.router.add_post("/echo", echo)
@@ -78,6 +172,9 @@ def app() -> web.Application:
     application.router.add_get("/health", health)
     application.router.add_get("/v2/health/ready", health)
     application.router.add_post("/health/fail", fail_health)
+    application.router.add_route("*", "/echo-request{tail:.*}", echo_request)
+    application.router.add_post("/health/recover", recover_health)
+    application.router.add_get("/cancelled", cancelled)
     return application
 
 

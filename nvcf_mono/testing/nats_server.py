@@ -7,7 +7,10 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import final
+from typing import Any, final
+
+import anyio
+from nats.aio.client import Client as NatsClient
 
 from nvcf_mono.bus.embedded import find_nats_server, free_port
 
@@ -70,3 +73,16 @@ class NatsServer:
         self.stop()
         if self._tmp is not None:
             self._tmp.cleanup()
+
+
+async def raw_client(url: str, **options: Any) -> NatsClient:
+    """A plain nats-py connection (for checking what a client may do); closed again when connecting fails."""
+    nc = NatsClient()
+    try:
+        with anyio.fail_after(10):
+            await nc.connect(url, **options)
+    except BaseException:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            await nc.close()  # nats-py leaves the socket of a refused connection open otherwise
+        raise
+    return nc

@@ -233,6 +233,8 @@ class ScriptedAgent:
             await self.report(msg.request_id, states.FAILED, error=str(err))
             return
         await self.report(msg.request_id, states.RUNNING)
+        if self.launcher.restart_inference:
+            await self.launcher.keep_inference(msg.request_id)
 
     async def _terminations(self) -> None:
         async with self.bus.stream(subjects.TERMINATE_STREAM).consume(
@@ -289,6 +291,13 @@ class ScriptedAgent:
         return [i for i in self.instances.values() if i.state not in states.GONE_STATES]
 
 
+def inference_command(spec_env: Mapping[str, str], port: int) -> list[str]:
+    """The test inference server of an instance: the gRPC echo server for gRPC functions, else the HTTP one."""
+    grpc = spec_env.get("INFERENCE_URL") == "/grpc" or spec_env.get("INFERENCE_PROTOCOL") == "grpc"
+    module = "nvcf_mono.testing.grpc_echo" if grpc else "nvcf_mono.testing.echo_server"
+    return [sys.executable, "-m", module, "--port", str(port)]
+
+
 @attrs.define(eq=False)
 class Launched:
     """The processes of one launched instance."""
@@ -298,19 +307,34 @@ class Launched:
     health_port: int
     inference_port: int
     log: Path
+    #: How the inference server was started (to start it again).
+    inference_argv: list[str] = attrs.field(factory=list)
+    inference_env: dict[str, str] = attrs.field(factory=dict)
+    #: Times the inference server was started again after it exited.
+    restarts: int = 0
 
 
 class ProcessLauncher:
     """Starts an instance as the local backend will: the inference server and ``nvcf-mono worker``.
 
     Test support until the compute plane's agent exists: the inference server is the test echo
-    server (whatever image the function names), on a free port the instance's env is pointed at.
+    server (whatever image the function names; the gRPC one for ``inferenceUrl: /grpc``), on a free
+    port the instance's env is pointed at.
     """
 
-    def __init__(self, workdir: Path, *, environ: Mapping[str, str], ready_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        environ: Mapping[str, str],
+        ready_timeout: float = 30.0,
+        restart_inference: bool = False,
+    ) -> None:
         self.workdir = workdir
         self.environ = dict(environ)
         self.ready_timeout = ready_timeout
+        #: Start an instance's inference server again when it exits, as a real agent (a pod) does.
+        self.restart_inference = restart_inference
         self.running: dict[str, Launched] = {}
 
     async def start(self, msg: CreationMessage) -> Launched:
@@ -334,7 +358,7 @@ class ProcessLauncher:
         out = log.open("ab")
         inference_env = {k: v for k, v in env.items() if k != "NVCF_WORKER_TOKEN"}
         inference = await anyio.open_process(
-            [sys.executable, "-m", "nvcf_mono.testing.echo_server", "--port", str(port)],
+            inference_command(spec_env, port),
             env=inference_env,
             stdout=out,
             stderr=out,
@@ -343,7 +367,15 @@ class ProcessLauncher:
             [sys.executable, "-m", "nvcf_mono", "worker"], env=env, stdout=out, stderr=out
         )
         out.close()
-        launched = Launched(inference=inference, worker=worker, health_port=health_port, inference_port=port, log=log)
+        launched = Launched(
+            inference=inference,
+            worker=worker,
+            health_port=health_port,
+            inference_port=port,
+            log=log,
+            inference_argv=list(inference_command(spec_env, port)),
+            inference_env=inference_env,
+        )
         self.running[msg.request_id] = launched
         return launched
 
@@ -363,6 +395,27 @@ class ProcessLauncher:
                     pass
                 await anyio.sleep(0.05)
         raise RuntimeError(f"instance did not become ready: {launched.log.read_text()[-2000:]}")
+
+    async def keep_inference(self, request_id: str) -> None:
+        """Start the instance's inference server again whenever it exits, until the instance stops."""
+        while True:
+            launched = self.running.get(request_id)
+            if launched is None:
+                return
+            await launched.inference.wait()
+            if self.running.get(request_id) is not launched:
+                return  # stopped on purpose
+            code = launched.inference.returncode
+            log.info("instance %s: the inference server exited (%s); starting it again", request_id, code)
+            with launched.log.open("ab") as out:
+                launched.inference = await anyio.open_process(
+                    launched.inference_argv, env=launched.inference_env, stdout=out, stderr=out
+                )
+            launched.restarts += 1
+            if self.running.get(request_id) is not launched:  # stopped while it started
+                launched.inference.kill()
+                await launched.inference.wait()
+                return
 
     async def stop(self, request_id: str) -> None:
         launched = self.running.pop(request_id, None)

@@ -4,36 +4,42 @@ One Serve stream to the invocation plane; each request it delivers runs in its o
 than ``MAX_REQUEST_CONCURRENCY`` at once, the node sees to that), its frames go back up the same
 stream. Cancel messages stop a request's call to the inference server. While the inference server
 fails its health checks the worker tells the node it is not ready (no new work) and its own
-``/v1/health/ready`` says 503.
+``/v1/health/ready`` says 503. A lost connection is retried with backoff.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import random
+import shutil
 import time
-from collections.abc import AsyncIterator
-from functools import partial
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import final
 
 import aiohttp
 import anyio
-import betterproto
-from anyio.abc import TaskStatus
+import attrs
+from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 from grpclib.client import Channel
 from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
-from nvcf_mono.contracts.frames import FrameError, Request
+from nvcf_mono.bus.api import Bus, Delivery
+from nvcf_mono.bus.holding import hold_until_ready
+from nvcf_mono.bus.nats import open_nats_bus
+from nvcf_mono.config.model import BusSettings
+from nvcf_mono.contracts import streams
+from nvcf_mono.contracts.frames import Frame, FrameError, Request
+from nvcf_mono.metrics import Metrics
 from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     BodyChunk,
     BodyRequest,
     ConnectRequest,
     ConnectResponse,
     Drain,
-    NodeMessage,
     RequestFailed,
     SecretsRequest,
     SecretsResponse,
@@ -41,13 +47,77 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     WorkerMessage,
     WorkerStatus,
 )
-from nvcf_mono.worker.assets import download_assets
+from nvcf_mono.proto.serve_wire import NodeEnvelope, WorkerEnvelope
+from nvcf_mono.queues import eagerly
+from nvcf_mono.worker.assets import AssetDownloadError, download_assets
 from nvcf_mono.worker.config import WorkerConfig
 from nvcf_mono.worker.grpc_relay import grpc_call
-from nvcf_mono.worker.inference import InferenceCrashed, call, check_health, problem_frame, request_headers
+from nvcf_mono.worker.inference import (
+    INFERENCE_CONNECTION,
+    WORKER_SERVICE,
+    InferenceCrashed,
+    InferenceUnreachable,
+    call,
+    check_health,
+    problem_frame,
+    request_headers,
+)
+from nvcf_mono.worker.nats_transport import Held
+from nvcf_mono.worker.progress import PROGRESS_FILE, ProgressMonitor, ProgressReports
 
 SERVICE = "/nvcf.worker.v1.WorkerService"
 log = logging.getLogger("nvcf_mono.worker")
+#: A request that finds the inference server down waits at least this long for it to come back
+#: (up to the request's queue deadline) before it is handed back for another instance.
+RECOVERY_WAIT = 30.0
+#: A session that lasted this long was a good one: the next failure starts the backoff afresh.
+STABLE_SESSION = 10.0
+#: How long a drained worker waits for the node to end the session.
+DRAIN_GRACE = 10.0
+
+Out = MemoryObjectSendStream[WorkerEnvelope]
+#: What a lost connection to the node raises.
+LOST = (GRPCError, StreamTerminatedError, OSError, ConnectionError, TimeoutError)
+
+
+@attrs.frozen
+class _Link:
+    """What a request needs of its session: the channel, the session token, the way up, HTTP."""
+
+    channel: Channel
+    session: ConnectResponse
+    out: Out
+    http: aiohttp.ClientSession
+
+
+@final
+class Backoff:
+    """Delays between reconnection attempts: doubling from ``initial`` up to ``maximum``, with jitter."""
+
+    def __init__(
+        self,
+        initial: float = 0.2,
+        maximum: float = 10.0,
+        *,
+        factor: float = 2.0,
+        jitter: float = 0.2,
+        rand: Callable[[float, float], float] = random.uniform,
+    ) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self.factor = factor
+        self.jitter = jitter
+        self._rand = rand
+        self._next = initial
+
+    def next(self) -> float:
+        """The delay before the next attempt (the one after is longer, up to ``maximum``)."""
+        delay = self._next
+        self._next = min(self._next * self.factor, self.maximum)
+        return delay * self._rand(1 - self.jitter, 1 + self.jitter)
+
+    def reset(self) -> None:
+        self._next = self.initial
 
 
 @final
@@ -58,13 +128,22 @@ class WorkerState:
         self.inference_healthy = False
         self.connected = False
         self.draining = False
-        self.detail = "waiting for the inference server"
+        #: Why the inference server is not healthy ("" when it is).
+        self.inference_detail = "waiting for the inference server"
+        #: Why the worker is not connected ("" when it is).
+        self.connection_detail = ""
         self.in_flight = 0
         self.served = 0
+        #: Sessions opened with the invocation plane (more than one: it reconnected).
+        self.sessions = 0
 
     @property
     def ready(self) -> bool:
         return self.inference_healthy and self.connected and not self.draining
+
+    @property
+    def detail(self) -> str:
+        return "; ".join(d for d in (self.inference_detail, self.connection_detail) if d)
 
 
 @final
@@ -78,7 +157,20 @@ class Worker:
         self._host, self._port = host or "127.0.0.1", int(port)
         self._cancels: dict[str, anyio.CancelScope] = {}
         self._health_changed = anyio.Event()
+        #: Set while the inference server is healthy.
+        self._healthy = anyio.Event()
+        #: Set whenever nothing is in flight (draining waits for it).
+        self._idle = anyio.Event()
+        self._idle.set()
         self._drain = anyio.Event()
+        #: Draining is over: the way up is closed, requests that still arrive are left to the node.
+        self._closing = False
+        self.backoff = Backoff()
+        self.progress = ProgressMonitor(config.progress_interval)
+        self.janitor = Janitor()
+        #: nats transport: requests pulled from JetStream and not settled yet.
+        self._held: dict[str, Held] = {}
+        self._pull_watchers: list[anyio.CancelScope] = []
 
     def request_drain(self) -> None:
         """Finish what is held, take nothing new, then stop."""
@@ -86,11 +178,15 @@ class Worker:
         self._drain.set()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        for base in (self.config.asset_dir, self.config.response_dir):
+            os.makedirs(base, exist_ok=True)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             await self._wait_healthy(http)
             task_status.started()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_health, http)
+                tg.start_soon(self.progress.run)
+                tg.start_soon(self.janitor.run)
                 await self._serve_forever(http)
                 tg.cancel_scope.cancel()
 
@@ -101,10 +197,9 @@ class Worker:
         while True:
             healthy, why = await check_health(http, self.config)
             if healthy:
-                self.state.inference_healthy = True
-                self.state.detail = ""
+                self._set_health(True, "")
                 return
-            self.state.detail = why
+            self.state.inference_detail = why
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the inference server was not healthy within {self.config.ready_timeout:g}s: {why}")
             await anyio.sleep(min(self.config.health_interval, 0.5))
@@ -113,29 +208,55 @@ class Worker:
         while True:
             await anyio.sleep(self.config.health_interval)
             healthy, why = await check_health(http, self.config)
-            if healthy != self.state.inference_healthy:
-                log.info("inference server %s%s", "healthy" if healthy else "unhealthy: ", why)
-                self.state.inference_healthy = healthy
-                self.state.detail = why
-                self._health_changed.set()
+            self._set_health(healthy, why)
+
+    def _set_health(self, healthy: bool, why: str) -> None:
+        """Record the inference server's health; a change is reported to the node (pause / resume)."""
+        if healthy:
+            self._healthy.set()
+        elif self._healthy.is_set():
+            self._healthy = anyio.Event()
+        self.state.inference_detail = why
+        if healthy != self.state.inference_healthy:
+            log.info("inference server %s%s", "healthy" if healthy else "unhealthy: ", why)
+            self.state.inference_healthy = healthy
+            self._health_changed.set()
+
+    async def _until_healthy(self, request: Request) -> bool:
+        """Wait for a healthy inference server (until the request's deadline, at least RECOVERY_WAIT)."""
+        if self.state.inference_healthy:
+            return True
+        budget = max(request.deadline_ms / 1000 - time.time(), RECOVERY_WAIT)
+        with anyio.move_on_after(budget):
+            await self._healthy.wait()
+            return True
+        return False
 
     # ---- the connection to the invocation plane --------------------------------------------------
 
     async def _serve_forever(self, http: aiohttp.ClientSession) -> None:
-        delay = 0.2
         while not self._drain.is_set():
+            connected_at: float | None = None
+            why = "the invocation node ended the session"
             try:
                 async with _channel(self._host, self._port) as channel:
                     session = await self._connect(channel)
-                    delay = 0.2
+                    connected_at = time.monotonic()
+                    self.state.sessions += 1
                     await self._serve(channel, session, http)
-            except (GRPCError, StreamTerminatedError, OSError, ConnectionError, TimeoutError) as err:
-                self.state.connected = False
-                if self._drain.is_set():
-                    return
-                log.warning("connection to the invocation plane lost (%s); retrying in %.1fs", err, delay)
-                await anyio.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 2, 10.0)
+            except* LOST as group:  # raised inside the session's task groups: maybe grouped
+                err = _first(group)
+                why = f"{type(err).__name__}: {err}"
+            self.state.connected = False
+            if self._drain.is_set():
+                return
+            if connected_at is not None and time.monotonic() - connected_at >= STABLE_SESSION:
+                self.backoff.reset()
+            delay = self.backoff.next()
+            self.state.connection_detail = f"not connected to the invocation plane ({why})"
+            log.warning("connection to the invocation plane lost (%s); retrying in %.1fs", why, delay)
+            with anyio.move_on_after(delay):
+                await self._drain.wait()
 
     async def _connect(self, channel: Channel) -> ConnectResponse:
         with anyio.fail_after(30):
@@ -147,141 +268,347 @@ class Worker:
                         worker_token=self.config.worker_token,
                         instance_id=self.config.instance_id,
                         max_concurrency=self.config.max_concurrency,
-                        transports=["grpc"],
+                        transports=["nats", "grpc"],
                     ),
                     end=True,
                 )
                 reply = await stream.recv_message()
-                assert reply is not None
+                if reply is None:
+                    raise ConnectionError("ConnectOnce ended without an answer")
                 return reply
 
     async def _serve(self, channel: Channel, session: ConnectResponse, http: aiohttp.ClientSession) -> None:
-        async with channel.request(f"{SERVICE}/Serve", Cardinality.STREAM_STREAM, WorkerMessage, NodeMessage) as stream:
-            await stream.send_message(
-                WorkerMessage(
-                    hello=WorkerHello(
-                        session_token=session.session_token,
-                        instance_id=self.config.instance_id,
-                        max_concurrency=self.config.max_concurrency,
-                    )
-                )
+        # The hot messages (requests down, frames up) use the Serve stream's fast codec.
+        async with channel.request(
+            f"{SERVICE}/Serve", Cardinality.STREAM_STREAM, WorkerEnvelope, NodeEnvelope
+        ) as stream:
+            hello = WorkerHello(
+                session_token=session.session_token,
+                instance_id=self.config.instance_id,
+                max_concurrency=self.config.max_concurrency,
             )
+            await stream.send_message(WorkerEnvelope(message=WorkerMessage(hello=hello)))
             self.state.connected = True
+            self.state.connection_detail = ""
             log.info("serving function %s version %s", self.config.function_id, self.config.function_version_id)
-            send, recv = anyio.create_memory_object_stream[WorkerMessage](self.config.max_concurrency * 4 + 16)
+            if not self.state.inference_healthy:
+                self._health_changed.set()  # a new session starts ready: say at once that it is not
+            send, recv = anyio.create_memory_object_stream[WorkerEnvelope](self.config.max_concurrency * 4 + 16)
+            link = _Link(channel, session, send, http)
             async with send, anyio.create_task_group() as tg:
 
                 async def sender() -> None:
                     async with recv:
-                        async for message in recv:
+                        async for message in eagerly(recv):
                             await stream.send_message(message)
+                    await stream.end()  # drained: the node ends the session when it sees this
 
                 tg.start_soon(sender)
                 tg.start_soon(self._report_health, send)
-                tg.start_soon(self._drain_on_request, send)
+                tg.start_soon(self._drain_on_request, send, tg.cancel_scope)
                 async with anyio.create_task_group() as requests:
+                    if session.transport == "nats":
+                        requests.start_soon(self._pull_nats, session, link, requests)
                     while True:
-                        message = await stream.recv_message()
-                        if message is None:
+                        envelope = await stream.recv_message()
+                        if envelope is None:
+                            # The node ended the session; it has handed what we held to others.
+                            requests.cancel_scope.cancel()
                             break
-                        kind, _ = betterproto.which_one_of(message, "kind")
-                        if kind == "request":
-                            requests.start_soon(
-                                partial(
-                                    self._handle,
-                                    message.request.request,
-                                    message.request.attempt,
-                                    channel=channel,
-                                    session=session,
-                                    out=send,
-                                    http=http,
-                                )
-                            )
-                        elif kind == "cancel":
-                            scope = self._cancels.get(message.cancel.request_id)
-                            if scope is not None:
-                                scope.cancel()
-                    if self.state.draining:
-                        return
+                        if envelope.request is not None:
+                            self._start(requests, envelope.request, envelope.attempt, link)
+                        elif envelope.kind == "cancel":
+                            assert envelope.message is not None
+                            held = self._cancels.get(envelope.message.cancel.request_id)
+                            if held is not None:
+                                held.cancel()
                 tg.cancel_scope.cancel()
             self.state.connected = False
 
-    async def _report_health(self, out: MemoryObjectSendStream[WorkerMessage]) -> None:
-        while True:
-            await self._health_changed.wait()
-            self._health_changed = anyio.Event()
-            await out.send(
-                WorkerMessage(
-                    status=WorkerStatus(
-                        ready=self.state.inference_healthy,
-                        in_flight=self.state.in_flight,
-                        max_concurrency=self.config.max_concurrency,
-                        detail=self.state.detail,
-                    )
-                )
-            )
-
-    async def _drain_on_request(self, out: MemoryObjectSendStream[WorkerMessage]) -> None:
-        await self._drain.wait()
-        await out.send(WorkerMessage(drain=Drain(reason="the worker is stopping")))
-
-    # ---- one request ------------------------------------------------------------------------------
-
-    async def _handle(
-        self,
-        blob: bytes,
-        attempt: int,
-        *,
-        channel: Channel,
-        session: ConnectResponse,
-        out: MemoryObjectSendStream[WorkerMessage],
-        http: aiohttp.ClientSession,
-    ) -> None:
+    def _start(self, requests: TaskGroup, blob: bytes, attempt: int, link: _Link) -> None:
         try:
             request = Request.decode(blob)
         except FrameError as err:
             log.error("the node sent a malformed request: %s", err)
             return
+        if self._closing:
+            log.info("request %s arrived after draining; the node gives it to another instance", request.request_id)
+            return
+        # Registered before the task runs, so that a cancel arriving right after finds it.
+        scope = self._cancels[request.request_id] = anyio.CancelScope()
         self.state.in_flight += 1
-        scope = anyio.CancelScope()
-        self._cancels[request.request_id] = scope
+        if self._idle.is_set():
+            self._idle = anyio.Event()
+        requests.start_soon(self._handle, request, scope, attempt, link)
+
+    async def _report_health(self, out: Out) -> None:
+        while True:
+            await self._health_changed.wait()
+            self._health_changed = anyio.Event()
+            status = WorkerStatus(
+                ready=self.state.inference_healthy,
+                in_flight=self.state.in_flight,
+                max_concurrency=self.config.max_concurrency,
+                detail=self.state.inference_detail,
+            )
+            try:
+                await out.send(WorkerEnvelope(message=WorkerMessage(status=status)))
+            except anyio.ClosedResourceError:
+                return  # drained
+
+    async def _drain_on_request(self, out: Out, session: anyio.CancelScope) -> None:
+        """Tell the node to send nothing more, finish what is held, then end the session."""
+        await self._drain.wait()
+        await out.send(WorkerEnvelope(message=WorkerMessage(drain=Drain(reason="the worker is stopping"))))
+        while self.state.in_flight:
+            await self._idle.wait()
+        self._closing = True
+        out.close()  # the sender ends the stream once everything before is sent
+        await anyio.sleep(DRAIN_GRACE)
+        log.warning("the invocation node did not end the session within %gs of the drain", DRAIN_GRACE)
+        session.cancel()
+
+    # ---- the nats transport -----------------------------------------------------------------------
+
+    async def _pull_nats(self, session: ConnectResponse, link: _Link, requests: TaskGroup) -> None:
+        """Pull the version's durable directly; pause while unhealthy, stop on drain."""
+        settings = BusSettings(connect_retry_for=30.0, request_timeout=10.0, reconnect_wait=0.5)
+        name = f"worker_{self.config.function_version_id}_{self.config.instance_id}"
+
+        async def up(envelope: WorkerEnvelope) -> None:
+            await link.out.send(envelope)
+
+        async with open_nats_bus(
+            settings,
+            servers=[u.strip() for u in session.nats_url.split(",") if u.strip()],
+            name=name,
+            metrics=Metrics(),
+            log=log,
+            token=session.nats_token,
+        ) as bus:
+            log.info("pulling requests from NATS (%s)", session.durable)
+            stream = bus.stream(session.stream)
+            concurrency = max(1, session.max_concurrency or self.config.max_concurrency)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._nats_cancels, bus, session.cancel_subject)
+                keep = max(1.0, (session.ack_wait_seconds or 30) / 3)
+                tg.start_soon(self._nats_keepalive, keep)
+                while not self._drain.is_set():
+                    await self._healthy.wait()
+                    with anyio.CancelScope() as pulling:
+                        tg.start_soon(self._stop_pulling_on_drain, pulling)
+                        async with stream.consume(
+                            session.durable, batch=concurrency, max_inflight=concurrency, fetch_timeout=5.0
+                        ) as deliveries:
+                            async for delivery in deliveries:
+                                if not self.state.inference_healthy and not self._drain.is_set():
+                                    await hold_until_ready(
+                                        lambda: self._healthy, delivery, within=streams.PAUSED_HOLD, keepalive=keep
+                                    )
+                                if not self.state.inference_healthy or self._drain.is_set():
+                                    await delivery.nak()  # still paused, or stopping: another instance takes it
+                                    break
+                                self._take(delivery, bus=bus, session=session, link=link, requests=requests, up=up)
+                tg.cancel_scope.cancel()
+
+    def _take(
+        self,
+        delivery: Delivery,
+        *,
+        bus: Bus,
+        session: ConnectResponse,
+        link: _Link,
+        requests: TaskGroup,
+        up: Callable[[WorkerEnvelope], Awaitable[None]],
+    ) -> None:
+        try:
+            request = Request.decode(delivery.data)
+        except FrameError as err:
+            log.error("dropping a malformed request: %s", err)
+            requests.start_soon(delivery.term)
+            return
+        scope = self._cancels[request.request_id] = anyio.CancelScope()
+        held = Held(bus, delivery, request, up=up, max_deliver=session.max_deliver or 3, scope=scope)
+        self._held[request.request_id] = held
+        late = bool(request.deadline_ms and request.deadline_ms < time.time() * 1000)
+        if late or streams.given_up(delivery.num_delivered, held.max_deliver):
+            self._cancels.pop(request.request_id, None)
+            self._held.pop(request.request_id, None)
+            if late:
+                requests.start_soon(held.expired)
+            else:
+                requests.start_soon(held.refuse, 500, streams.given_up_detail(delivery.num_delivered))
+            return
+        self.state.in_flight += 1
+        if self._idle.is_set():
+            self._idle = anyio.Event()
+        requests.start_soon(self._handle, request, scope, held.attempt, link, held)
+
+    async def _stop_pulling_on_drain(self, pulling: anyio.CancelScope) -> None:
+        with anyio.CancelScope() as own:
+            self._pull_watchers.append(own)
+            try:
+                await self._drain.wait()
+                pulling.cancel()
+            finally:
+                self._pull_watchers.remove(own)
+
+    async def _nats_cancels(self, bus: Bus, subject: str) -> None:
+        async with bus.subscribe(subject) as sub:
+            async for msg in sub:
+                request_id = msg.data.decode(errors="replace")
+                scope = self._cancels.get(request_id)
+                held = self._held.get(request_id)
+                if held is not None:
+                    await held.settle(ack=True)  # the client is gone: nobody wants it any more
+                if scope is not None:
+                    scope.cancel()
+
+    async def _nats_keepalive(self, interval: float) -> None:
+        while True:
+            await anyio.sleep(interval)
+            for held in list(self._held.values()):
+                await held.keep_alive()
+
+    # ---- one request ------------------------------------------------------------------------------
+
+    async def _handle(
+        self, request: Request, scope: anyio.CancelScope, attempt: int, link: _Link, held: Held | None = None
+    ) -> None:
+        rid = request.request_id
+        asset_dir = os.path.join(self.config.asset_dir, rid)
+        output_dir = os.path.join(self.config.response_dir, rid)
         try:
             with scope:
-                body = request.body if request.body_object is None else self._body(channel, session, request)
-                headers = request_headers(
-                    self.config,
-                    request,
-                    asset_dir=f"{self.config.asset_dir}/{request.request_id}",
-                    output_dir=f"{self.config.response_dir}/{request.request_id}",
-                )
-                try:
-                    if request.asset_ids:
-                        await download_assets(
-                            channel, session, request, f"{self.config.asset_dir}/{request.request_id}"
-                        )
-                    frames = (
-                        grpc_call(self.config, request, request.body, attempt=attempt)
-                        if request.grpc
-                        else call(http, self.config, request, body, headers, attempt=attempt)
-                    )
-                    async for frame in frames:
-                        await out.send(WorkerMessage(frame=frame.encode()))
-                except InferenceCrashed as err:
-                    log.warning("request %s: the inference server failed: %s", request.request_id, err)
-                    await out.send(WorkerMessage(failed=RequestFailed(request_id=request.request_id, reason=str(err))))
-                except (aiohttp.ClientError, TimeoutError) as err:
-                    frame = problem_frame(
-                        request.request_id,
-                        attempt,
-                        502,
-                        f"calling the inference server failed: {err}",
-                        source="inference-connection",
-                    )
-                    await out.send(WorkerMessage(frame=frame.encode()))
+                await self._serve_request(request, attempt, link, asset_dir=asset_dir, output_dir=output_dir, held=held)
         finally:
-            self._cancels.pop(request.request_id, None)
+            if held is not None:
+                self._held.pop(rid, None)
+                if not held.settled:  # cancelled or interrupted: let another instance have it now
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                        await held.settle(ack=False)
+            self._cancels.pop(rid, None)
             self.state.in_flight -= 1
             self.state.served += 1
+            if not self.state.in_flight:
+                self._idle.set()
+            self.janitor.remove(output_dir)
+            if request.asset_ids:
+                self.janitor.remove(asset_dir)
+
+    async def _serve_request(
+        self,
+        request: Request,
+        attempt: int,
+        link: _Link,
+        *,
+        asset_dir: str,
+        output_dir: str,
+        held: Held | None = None,
+    ) -> None:
+        rid = request.request_id
+        channel, session, out, http = link.channel, link.session, link.out, link.http
+
+        async def answer(frame: Frame) -> None:
+            if held is not None:
+                await held.answer(frame)  # nats transport: straight to the client's node
+            else:
+                envelope = WorkerEnvelope(frame=frame.encode())
+                try:
+                    out.send_nowait(envelope)  # the usual case: room in the buffer, no extra loop turn
+                except anyio.WouldBlock:
+                    await out.send(envelope)
+
+        async def failed(reason: str) -> None:
+            # Another instance gets it (or the client a 500 after max_deliver attempts).
+            if held is not None:
+                await held.failed(reason)
+            else:
+                await out.send(
+                    WorkerEnvelope(message=WorkerMessage(failed=RequestFailed(request_id=rid, reason=reason)))
+                )
+
+        def internal_error(detail: str) -> Frame:
+            return problem_frame(rid, attempt, 500, detail, source=WORKER_SERVICE)
+
+        try:
+            _make_dir(output_dir)
+        except OSError as err:
+            log.error("request %s: cannot create %s: %s", rid, output_dir, err)
+            await answer(internal_error("Internal error while preparing for inference"))
+            return
+        if request.asset_ids:
+            try:
+                await download_assets(channel, session, request, asset_dir)
+            except AssetDownloadError as err:
+                log.warning("request %s: failed to download assets: %s", rid, err)
+                await answer(internal_error("Internal error while downloading assets"))
+                return
+        headers = request_headers(self.config, request, asset_dir=asset_dir, output_dir=output_dir)
+        if request.body_object is not None:
+            headers["Content-Length"] = str(request.body_size)  # streamed from the store, length known
+        for last_try in (False, True):
+            if not await self._until_healthy(request):
+                await failed(f"the inference server was not healthy: {self.state.inference_detail}")
+                return
+            body: bytes | AsyncIterable[bytes] = (
+                request.body if request.body_object is None else self._body(channel, session, request)
+            )
+            try:
+                if request.grpc:
+                    await _relay(grpc_call(self.config, request, body, attempt=attempt), answer)
+                elif request.streaming:
+                    await _relay(call(http, self.config, request, body, headers, attempt=attempt), answer)
+                else:
+                    frames = call(http, self.config, request, body, headers, attempt=attempt)
+                    await self._with_progress(frames, request, attempt, output_dir, answer)
+                return
+            except InferenceUnreachable as err:
+                # Nothing reached the server: once it is back (restarted), trying again is safe.
+                self._set_health(False, str(err))
+                if last_try:
+                    log.warning("request %s: %s", rid, err)
+                    await failed(str(err))
+            except InferenceCrashed as err:
+                log.warning("request %s: the inference server failed: %s", rid, err)
+                self._set_health(False, f"the inference server failed during a request: {err}")
+                await failed(str(err))
+                return
+            except (aiohttp.ClientError, TimeoutError) as err:
+                log.warning("request %s: calling the inference server failed: %s", rid, err)
+                await answer(
+                    problem_frame(
+                        rid,
+                        attempt,
+                        500,
+                        "Inference connection error while making inference request",
+                        source=INFERENCE_CONNECTION,
+                    )
+                )
+                return
+
+    async def _with_progress(
+        self,
+        frames: AsyncIterator[Frame],
+        request: Request,
+        attempt: int,
+        output_dir: str,
+        answer: Callable[[Frame], Awaitable[None]],
+    ) -> None:
+        """Relay the response; until it starts, progress reports go out as 202 frames before it."""
+        rid = request.request_id
+        progress = ProgressReports(rid, attempt, os.path.join(output_dir, PROGRESS_FILE))
+        self.progress.watch(progress, answer)
+        try:
+            offset: int | None = None
+            async for frame in frames:
+                if offset is None:
+                    offset = await progress.close()
+                    self.progress.drop(rid)
+                # The response's frames are numbered after the progress reports.
+                await answer(attrs.evolve(frame, seq=frame.seq + offset) if offset else frame)
+        finally:
+            self.progress.drop(rid)
 
     async def _body(self, channel: Channel, session: ConnectResponse, request: Request) -> AsyncIterator[bytes]:
         async with channel.request(f"{SERVICE}/FetchBody", Cardinality.UNARY_STREAM, BodyRequest, BodyChunk) as stream:
@@ -293,8 +620,25 @@ class Worker:
                 ),
                 end=True,
             )
-            async for chunk in stream:
+            while True:
+                with anyio.fail_after(60):
+                    chunk = await stream.recv_message()
+                if chunk is None:
+                    return
                 yield chunk.data
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first leaf exception of a (nested) group."""
+    found: BaseException = group
+    while isinstance(found, BaseExceptionGroup):
+        found = found.exceptions[0]
+    return found
+
+
+async def _relay(frames: AsyncIterator[Frame], answer: Callable[[Frame], Awaitable[None]]) -> None:
+    async for frame in frames:
+        await answer(frame)
 
 
 async def fetch_secrets(config: WorkerConfig) -> dict[str, object]:
@@ -310,6 +654,52 @@ async def fetch_secrets(config: WorkerConfig) -> dict[str, object]:
     assert reply is not None
     secrets: dict[str, object] = json.loads(reply.secrets_json or "{}")
     return secrets
+
+
+def _make_dir(path: str) -> None:
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass  # a redelivery to this instance
+    except FileNotFoundError:
+        os.makedirs(path, exist_ok=True)  # the base went away
+
+
+def _remove_all(paths: list[str]) -> None:
+    for path in paths:
+        try:
+            os.rmdir(path)  # an output dir the inference server left empty: the usual case
+        except FileNotFoundError:
+            pass
+        except OSError:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@final
+class Janitor:
+    """Removes finished requests' directories in batches, off the event loop."""
+
+    #: How long removals gather before a batch goes to a thread.
+    BATCH_DELAY = 0.1
+
+    def __init__(self) -> None:
+        self._pending: list[str] = []
+        self._wake = anyio.Event()
+
+    def remove(self, path: str) -> None:
+        self._pending.append(path)
+        self._wake.set()
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                await anyio.sleep(self.BATCH_DELAY)
+                batch, self._pending = self._pending, []
+                await anyio.to_thread.run_sync(_remove_all, batch)
+        finally:
+            _remove_all(self._pending)  # stopping: whatever is left, now
 
 
 class _channel:

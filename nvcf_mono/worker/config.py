@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 
 from nvcf_mono.contracts import env
 from nvcf_mono.errors import NvcfMonoError
+
+PROTOCOLS = ("http", "grpc")
+FUNCTION_TYPES = ("DEFAULT", "STREAMING", "LLM")
+#: NVCF's API caps maxRequestConcurrency at this.
+MAX_CONCURRENCY = 16384
 
 
 class WorkerConfigError(NvcfMonoError):
@@ -42,10 +47,14 @@ class WorkerConfig:
     instance_type: str = ""
     region: str = ""
     gpu: str = ""
+    function_type: str = "DEFAULT"
+    secrets_present: bool = False
     asset_dir: str = "/tmp/nvcf-assets"
     response_dir: str = "/tmp/nvcf-responses"
     frame_size: int = 256 * 1024
     secrets_file: str | None = None
+    #: How often a running request's progress file is looked at.
+    progress_interval: float = 0.1
 
     @property
     def inference_base(self) -> str:
@@ -56,51 +65,96 @@ class WorkerConfig:
         """Read the contract; every problem in one error, one line each."""
         problems: list[str] = []
 
+        def text(name: str, default: str = "") -> str:
+            return environ.get(name, "").strip() or default
+
         def need(name: str) -> str:
-            value = environ.get(name, "")
+            value = text(name)
             if not value:
                 problems.append(f"{name} is not set")
             return value
 
-        def number(name: str, default: float, *, integer: bool = True) -> float:
-            raw = environ.get(name)
-            if raw is None or raw == "":
+        def number(
+            name: str, default: float, *, integer: bool = True, check: Callable[[float], str | None] | None = None
+        ) -> float:
+            raw = environ.get(name, "").strip()
+            if not raw:
                 return default
             try:
-                return int(raw) if integer else float(raw)
+                value: float = int(raw) if integer else float(raw)
             except ValueError:
-                problems.append(f"{name} must be a number, got {raw!r}")
+                kind = "a whole number" if integer else "a number"
+                problems.append(f"{name} must be {kind}, got {raw!r}")
                 return default
+            why = check(value) if check is not None else None
+            if why is not None:
+                problems.append(f"{name} {why}, got {raw!r}")
+                return default
+            return value
 
-        port = int(number(env.INFERENCE_PORT, 8000))
+        def choice(name: str, default: str, allowed: tuple[str, ...], *, upper: bool = False) -> str:
+            raw = text(name, default)
+            value = raw.upper() if upper else raw.lower()
+            if value not in allowed:
+                problems.append(f"{name} must be one of {', '.join(allowed)}, got {raw!r}")
+                return default
+            return value
+
+        def between(low: float, high: float) -> Callable[[float], str | None]:
+            return lambda v: None if low <= v <= high else f"must be between {low:g} and {high:g}"
+
+        def positive(v: float) -> str | None:
+            return None if v > 0 else "must be greater than 0"
+
+        def path(name: str, default: str) -> str:
+            value = text(name, default)
+            if not value.startswith("/"):
+                problems.append(f"{name} must be a path starting with '/', got {value!r}")
+                return default
+            return value
+
+        grpc_address = need(env.NVCF_FQDN_GRPC)
+        if grpc_address:
+            host, sep, port_text = grpc_address.rpartition(":")
+            if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+                problems.append(f"{env.NVCF_FQDN_GRPC} must be host:port, got {grpc_address!r}")
+        port = int(number(env.INFERENCE_PORT, 8000, check=between(1, 65535)))
+        secrets_raw = text(env.FUNCTION_SECRETS_PRESENT, "false").lower()
+        if secrets_raw not in ("true", "false"):
+            problems.append(f"{env.FUNCTION_SECRETS_PRESENT} must be true or false, got {secrets_raw!r}")
         config = cls(
             worker_token=need(env.NVCF_WORKER_TOKEN),
-            grpc_address=need(env.NVCF_FQDN_GRPC),
+            grpc_address=grpc_address,
             function_id=need(env.FUNCTION_ID),
             function_version_id=need(env.FUNCTION_VERSION_ID),
-            function_name=environ.get(env.FUNCTION_NAME, ""),
-            nca_id=environ.get(env.NCA_ID, ""),
-            instance_id=environ.get(env.INSTANCE_ID) or environ.get(env.ICMS_REQUEST_ID, "instance"),
-            inference_host=environ.get(WORKER_INFERENCE_HOST, "127.0.0.1"),
+            function_name=text(env.FUNCTION_NAME),
+            nca_id=text(env.NCA_ID),
+            instance_id=text(env.INSTANCE_ID) or text(env.NVCF_INSTANCE_ID) or text(env.ICMS_REQUEST_ID, "instance"),
+            # A Helm function's inference server is its Service, unless the agent says otherwise.
+            inference_host=text(WORKER_INFERENCE_HOST) or text(env.HELM_CHART_INFERENCE_SERVICE_NAME, "127.0.0.1"),
             inference_port=port,
-            inference_url=environ.get(env.INFERENCE_URL, "/"),
-            inference_protocol=environ.get(env.INFERENCE_PROTOCOL, "http").lower(),
-            health_endpoint=environ.get(env.INFERENCE_HEALTH_ENDPOINT, "/v2/health/ready"),
-            health_port=int(number(env.INFERENCE_HEALTH_PORT, port)),
-            health_protocol=environ.get(env.INFERENCE_HEALTH_PROTOCOL, "http").lower(),
-            health_expected_status=int(number(env.INFERENCE_HEALTH_EXPECTED_RESPONSE_CODE, 200)),
-            health_timeout=number(env.INFERENCE_HEALTH_TIMEOUT, 10.0, integer=False),
-            health_interval=number(WORKER_HEALTH_INTERVAL, 1.0, integer=False),
-            ready_timeout=number(WORKER_READY_TIMEOUT, 7200.0, integer=False),
-            max_concurrency=max(1, int(number(env.MAX_REQUEST_CONCURRENCY, 1))),
-            own_health_port=int(number(WORKER_HEALTH_PORT, 0)),
-            backend=environ.get(env.BACKEND, ""),
-            instance_type=environ.get(env.INSTANCE_TYPE, ""),
-            region=environ.get(env.REGION, ""),
-            gpu=environ.get(env.GPU_NAME, ""),
-            asset_dir=environ.get(WORKER_ASSET_DIR, "/tmp/nvcf-assets"),
-            response_dir=environ.get(WORKER_RESPONSE_DIR, "/tmp/nvcf-responses"),
-            secrets_file=environ.get(WORKER_SECRETS_FILE) or None,
+            inference_url=path(env.INFERENCE_URL, "/"),
+            inference_protocol=choice(env.INFERENCE_PROTOCOL, "http", PROTOCOLS),
+            health_endpoint=text(env.INFERENCE_HEALTH_ENDPOINT, "/v2/health/ready"),
+            health_port=int(number(env.INFERENCE_HEALTH_PORT, port, check=between(1, 65535))),
+            health_protocol=choice(env.INFERENCE_HEALTH_PROTOCOL, "http", PROTOCOLS),
+            health_expected_status=int(
+                number(env.INFERENCE_HEALTH_EXPECTED_RESPONSE_CODE, 200, check=between(100, 599))
+            ),
+            health_timeout=number(env.INFERENCE_HEALTH_TIMEOUT, 10.0, integer=False, check=positive),
+            health_interval=number(WORKER_HEALTH_INTERVAL, 1.0, integer=False, check=positive),
+            ready_timeout=number(WORKER_READY_TIMEOUT, 7200.0, integer=False, check=positive),
+            max_concurrency=int(number(env.MAX_REQUEST_CONCURRENCY, 1, check=between(1, MAX_CONCURRENCY))),
+            own_health_port=int(number(WORKER_HEALTH_PORT, 0, check=between(0, 65535))),
+            backend=text(env.BACKEND),
+            instance_type=text(env.INSTANCE_TYPE),
+            region=text(env.REGION),
+            gpu=text(env.GPU_NAME),
+            function_type=choice(env.FUNCTION_TYPE, "DEFAULT", FUNCTION_TYPES, upper=True),
+            secrets_present=secrets_raw == "true",
+            asset_dir=path(WORKER_ASSET_DIR, "/tmp/nvcf-assets"),
+            response_dir=path(WORKER_RESPONSE_DIR, "/tmp/nvcf-responses"),
+            secrets_file=text(WORKER_SECRETS_FILE) or None,
         )
         if problems:
             raise WorkerConfigError("\n".join(problems))

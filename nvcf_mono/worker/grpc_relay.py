@@ -1,15 +1,186 @@
-"""gRPC functions (``inferenceUrl: /grpc``): a relayed call made to the inference server (placeholder)."""
+"""gRPC functions (``inferenceUrl: /grpc``): relayed calls to the inference server, and its gRPC health check.
+
+The call is made with the client's method path and metadata (plus the ``nvcf-*`` metadata of the
+worker contract) on a channel to ``127.0.0.1:INFERENCE_PORT``; messages are never decoded. The
+reply becomes frames: the first with status 200 and the response metadata, one frame per reply
+message (length-prefixed as on the wire, split if larger than a frame) sent as it arrives, and an
+end frame with the trailers (``grpc-status``, ``grpc-message``, details, trailing metadata).
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import AsyncIterable, AsyncIterator
 
-from nvcf_mono.contracts.frames import Frame, Request
+from grpclib.client import Channel
+from grpclib.const import Cardinality, Status
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+from grpclib.metadata import encode_bin_value
+
+from nvcf_mono.contracts.frames import Frame, Headers, Request
+from nvcf_mono.grpc.raw import (
+    DETAILS,
+    GRPC_CONTENT_TYPE,
+    MESSAGE,
+    STATUS,
+    FramingError,
+    RawMessage,
+    RawStatusDetails,
+    metadata_to_pairs,
+    pack,
+    pairs_to_metadata,
+    unpack,
+)
+from nvcf_mono.proto.gen.grpc.health.v1 import HealthCheckRequest, HealthCheckResponseServingStatus, HealthStub
 from nvcf_mono.worker.config import WorkerConfig
+from nvcf_mono.worker.inference import (
+    WORKER_SERVICE,
+    InferenceCrashed,
+    InferenceUnreachable,
+    problem_frame,
+    request_headers,
+)
+
+log = logging.getLogger("nvcf_mono.worker")
+#: Set by the proxy when the client gave a deadline; the worker turns it into the call's timeout.
+TIMEOUT_HEADER = "grpc-timeout"
 
 
-async def grpc_call(config: WorkerConfig, request: Request, body: bytes, *, attempt: int) -> AsyncIterator[Frame]:
-    """Relay one gRPC call to the inference server (not implemented yet)."""
-    for _ in ():
-        yield Frame(request_id=request.request_id, seq=0)
-    raise NotImplementedError("gRPC functions are not supported by this worker yet")
+# One channel (HTTP/2 connection) per inference server and event loop, reused by every call.
+_channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, int], Channel]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _channel(host: str, port: int) -> Channel:
+    per_loop = _channels.setdefault(asyncio.get_running_loop(), {})
+    channel = per_loop.get((host, port))
+    if channel is None:
+        channel = per_loop[(host, port)] = Channel(host, port, status_details_codec=RawStatusDetails())
+    return channel
+
+
+def _metadata(config: WorkerConfig, request: Request) -> list[tuple[str, str | bytes]]:
+    """The client's metadata and the worker contract's ``nvcf-*`` entries (lowercase, as gRPC wants)."""
+    headers = request_headers(
+        config,
+        request,
+        asset_dir=f"{config.asset_dir}/{request.request_id}",
+        output_dir=f"{config.response_dir}/{request.request_id}",
+    )
+    return pairs_to_metadata((k.lower(), v) for k, v in headers.items())
+
+
+def _timeout(request: Request) -> float | None:
+    """What is left of the client's deadline (None: it gave none)."""
+    if not any(k.lower() == TIMEOUT_HEADER for k, _ in request.headers):
+        return None
+    return max(request.deadline_ms / 1000 - time.time(), 0.001)
+
+
+async def grpc_call(
+    config: WorkerConfig, request: Request, body: bytes | AsyncIterable[bytes], *, attempt: int
+) -> AsyncIterator[Frame]:
+    """Relay one gRPC call to the inference server; yields its frames.
+
+    Raises :class:`InferenceUnreachable` when it does not accept the connection (nothing was sent),
+    :class:`InferenceCrashed` when the connection breaks during the call.
+    """
+    rid = request.request_id
+    data = body if isinstance(body, bytes) else b"".join([chunk async for chunk in body])
+    try:
+        messages = unpack(data)
+    except FramingError as err:
+        yield problem_frame(rid, attempt, 400, f"the relayed request is not gRPC: {err}", source=WORKER_SERVICE)
+        return
+    channel = _channel(config.inference_host, config.inference_port)
+    head: Headers = (("content-type", GRPC_CONTENT_TYPE),)
+    seq = 0
+    total = 0
+    status, message, details = Status.OK, None, None
+    trailing: list[tuple[str, str]] = []
+    try:
+        async with channel.request(
+            request.path,
+            Cardinality.STREAM_STREAM,
+            RawMessage,
+            RawMessage,
+            timeout=_timeout(request),
+            metadata=_metadata(config, request),
+        ) as stream:
+            if not messages:
+                await stream.send_request(end=True)
+            for i, msg in enumerate(messages):
+                await stream.send_message(RawMessage(msg), end=i == len(messages) - 1)
+            try:
+                await stream.recv_initial_metadata()
+                head = (*head, *metadata_to_pairs((stream.initial_metadata or {}).items()))
+                while (reply := await stream.recv_message()) is not None:
+                    packed = pack([reply.data])
+                    for start in range(0, len(packed), config.frame_size):
+                        piece = packed[start : start + config.frame_size]
+                        yield Frame(
+                            request_id=rid,
+                            seq=seq,
+                            attempt=attempt,
+                            status=200 if seq == 0 else None,
+                            headers=head if seq == 0 else (),
+                            body=piece,
+                        )
+                        seq += 1
+                        total += len(piece)
+                await stream.recv_trailing_metadata()
+            except GRPCError as err:
+                status, message, details = err.status, err.message, err.details
+            trailing = list(metadata_to_pairs((stream.trailing_metadata or {}).items()))
+    except TimeoutError:
+        status, message = Status.DEADLINE_EXCEEDED, "the call's deadline passed in the function"
+    except (StreamTerminatedError, ConnectionResetError, BrokenPipeError) as err:
+        raise InferenceCrashed(f"the gRPC call to the inference server broke: {type(err).__name__}: {err}") from err
+    except OSError as err:
+        raise InferenceUnreachable(
+            f"cannot connect to the inference server at {config.inference_host}:{config.inference_port}: {err}"
+        ) from err
+    except ProtocolError as err:
+        # Ends the call like a status of the function's (also after messages were relayed).
+        log.warning("request %s: gRPC protocol error from the inference server: %s", rid, err)
+        status, message = Status.INTERNAL, f"the inference server broke the gRPC protocol: {err}"
+    trailers = [(STATUS, str(status.value))]
+    if message:
+        trailers.append((MESSAGE, message))
+    if isinstance(details, bytes) and details:
+        trailers.append((DETAILS, encode_bin_value(details).decode("ascii")))
+    yield Frame(
+        request_id=rid,
+        seq=seq,
+        attempt=attempt,
+        status=200 if seq == 0 else None,
+        headers=head if seq == 0 else (),
+        end=True,
+        total_length=total,
+        trailers=(*trailers, *trailing),
+    )
+
+
+async def check_grpc_health(config: WorkerConfig) -> tuple[bool, str]:
+    """grpc.health.v1 Check of the inference server: (healthy, why not).
+
+    The service checked is ``INFERENCE_HEALTH_ENDPOINT`` unless that is an HTTP path (the default),
+    then ``""``: the whole server.
+    """
+    service = "" if config.health_endpoint.startswith("/") else config.health_endpoint
+    where = f"grpc.health.v1 Check of {service!r} at {config.inference_host}:{config.health_port}"
+    try:
+        reply = await HealthStub(_channel(config.inference_host, config.health_port)).check(
+            HealthCheckRequest(service=service), timeout=config.health_timeout
+        )
+    except GRPCError as err:
+        return False, f"{where}: {err.status.name} {err.message or ''}".rstrip()
+    except (OSError, TimeoutError, StreamTerminatedError, ProtocolError) as err:
+        return False, f"{where}: {type(err).__name__}: {err}"
+    if reply.status == HealthCheckResponseServingStatus.SERVING:
+        return True, ""
+    return False, f"{where}: {HealthCheckResponseServingStatus(reply.status).name}"

@@ -25,6 +25,7 @@ async def serve_health(
             "draining": state.draining,
             "inFlight": state.in_flight,
             "served": state.served,
+            "sessions": state.sessions,
         }
         if state.detail:
             body["detail"] = state.detail

@@ -6,11 +6,13 @@ the client event by event; the first frame carries the status and headers.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 
 import aiohttp
 
-from nvcf_mono.contracts.frames import Frame, Problem, Request
+from nvcf_mono.contracts.frames import Frame, Request
+from nvcf_mono.http.problem import PROBLEM_CONTENT_TYPE, reason
 from nvcf_mono.worker.config import WorkerConfig
 
 #: Headers the worker sets toward the inference server; a client's copies are dropped.
@@ -28,6 +30,10 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "
 
 class InferenceCrashed(Exception):
     """The inference server went away during the request (the request may have killed it)."""
+
+
+class InferenceUnreachable(InferenceCrashed):
+    """The inference server did not accept the connection: nothing of the request was sent."""
 
 
 def request_headers(config: WorkerConfig, request: Request, *, asset_dir: str, output_dir: str) -> dict[str, str]:
@@ -54,7 +60,11 @@ def request_headers(config: WorkerConfig, request: Request, *, asset_dir: str, o
 
 
 async def check_health(session: aiohttp.ClientSession, config: WorkerConfig) -> tuple[bool, str]:
-    """One HTTP health check of the inference server: (healthy, why not)."""
+    """One health check of the inference server (HTTP, or grpc.health.v1): (healthy, why not)."""
+    if config.health_protocol == "grpc":
+        from nvcf_mono.worker.grpc_relay import check_grpc_health  # it imports this module
+
+        return await check_grpc_health(config)
     url = f"http://{config.inference_host}:{config.health_port}{config.health_endpoint}"
     try:
         timeout = aiohttp.ClientTimeout(total=config.health_timeout)
@@ -76,9 +86,14 @@ async def call(
     *,
     attempt: int,
 ) -> AsyncIterator[Frame]:
-    """Serve one request; yields its frames. Raises :class:`InferenceCrashed` if the server dies."""
+    """Serve one request; yields its frames as the server writes.
+
+    Raises :class:`InferenceUnreachable` when nothing could be sent (the server is not listening),
+    :class:`InferenceCrashed` when the server went away during the call.
+    """
     url = config.inference_base + request.path
     rid = request.request_id
+    size = config.frame_size
     try:
         async with session.request(
             request.method,
@@ -90,46 +105,64 @@ async def call(
             auto_decompress=False,
         ) as resp:
             head = tuple((k, v) for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP)
+            length = resp.content_length
+            content = resp.content
             seq = 0
             total = 0
-            pending: bytes | None = None
-            first = True
-            async for chunk in resp.content.iter_chunked(config.frame_size):
-                if pending is not None:
-                    yield Frame(
-                        request_id=rid,
-                        seq=seq,
-                        attempt=attempt,
-                        status=resp.status if first else None,
-                        headers=head if first else (),
-                        body=pending,
-                    )
-                    first = False
-                    seq += 1
-                pending = chunk
+            while True:
+                chunk = await content.read(size)
+                # Fill the frame with what has already arrived, but never wait for more: a stream
+                # (server-sent events) goes out piece by piece as the server writes it.
+                while chunk and len(chunk) < size:
+                    more = content.read_nowait(size - len(chunk))
+                    if not more:
+                        break
+                    chunk += more
                 total += len(chunk)
-            body_last = pending or b""
-            yield Frame(
-                request_id=rid,
-                seq=seq,
-                attempt=attempt,
-                status=resp.status if first else None,
-                headers=head if first else (),
-                body=body_last,
-                end=True,
-                total_length=total,
-            )
+                # The last piece carries the end when it is known to be last (a fixed length, or
+                # the end already read): a small response is one frame. Otherwise an empty end follows.
+                done = not chunk or (length is not None and total >= length) or content.at_eof()
+                yield Frame(
+                    request_id=rid,
+                    seq=seq,
+                    attempt=attempt,
+                    status=resp.status if seq == 0 else None,
+                    headers=head if seq == 0 else (),
+                    body=chunk,
+                    end=done,
+                    total_length=total if done else None,
+                )
+                if done:
+                    return
+                seq += 1
+    except aiohttp.ClientConnectorError as err:
+        raise InferenceUnreachable(f"cannot connect to the inference server at {url}: {err}") from err
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError) as err:
         raise InferenceCrashed(f"{type(err).__name__}: {err}") from err
-    except aiohttp.ClientConnectorError as err:
-        raise InferenceCrashed(f"cannot connect to the inference server at {url}: {err}") from err
+
+
+#: Sources of the worker's synthetic errors (``urn:<source>:problem-details:<reason>``).
+WORKER_SERVICE, INFERENCE_CONNECTION = "nvcf-worker-service", "inference-connection"
 
 
 def problem_frame(request_id: str, attempt: int, status: int, detail: str, *, source: str) -> Frame:
-    """A synthetic error as NVCF's worker writes them (``urn:<source>:problem-details:...``)."""
+    """A synthetic error response as NVCF's worker writes them: problem+json, passed to the client as is."""
+    title = reason(status)
+    body = json.dumps(
+        {
+            "type": f"urn:{source}:problem-details:{title.lower().replace(' ', '-')}",
+            "title": title,
+            "status": status,
+            "detail": detail,
+        }
+    ).encode()
     return Frame(
         request_id=request_id,
         seq=0,
         attempt=attempt,
-        problem=Problem(status=status, detail=detail, type=f"urn:{source}:problem-details:error"),
+        status=status,
+        headers=(("Content-Type", PROBLEM_CONTENT_TYPE), ("Content-Length", str(len(body)))),
+        body=body,
+        end=True,
+        total_length=len(body),
     )

@@ -33,4 +33,4 @@ async def run_worker(worker: Worker, *, secrets: bool) -> None:
 def build(environ: dict[str, str]) -> tuple[Worker, bool]:
     """The worker for this environment, and whether it must fetch secrets first."""
     config = WorkerConfig.from_env(environ)
-    return Worker(config), environ.get("FUNCTION_SECRETS_PRESENT", "false").lower() == "true"
+    return Worker(config), config.secrets_present

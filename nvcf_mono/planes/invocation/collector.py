@@ -66,12 +66,16 @@ class Collector:
             self._router.forget(rid)
 
     async def _next_result(self, pending: Pending, timeout: float) -> Frame:
-        """The first frame of the result, past any progress reports."""
+        """The first frame of the result; progress reports before it are kept for status polls."""
         with anyio.fail_after(timeout):
             while True:
                 frame = await pending.next()
                 if not (frame.status == 202 and frame.percent is not None and not frame.last):
                     return frame
+                try:
+                    await self._results.progress(frame)
+                except BusError as err:
+                    self._log.warning("could not keep the progress of %s: %s", frame.request_id, err)
 
     @staticmethod
     def _dispatcher_timeout(request: Request) -> float:

@@ -49,7 +49,8 @@ class InvocationConfig:
     )
     max_deliver: int = setting(
         3,
-        doc="Deliveries before a request that keeps failing its instance gets a stored 500 result.",
+        doc="Deliveries before a request that keeps failing its instance gets a 500 answer instead of "
+        "another instance (a few more are allowed for deliveries that failed unseen: a killed worker).",
         check=in_range(1, 100),
     )
     keepalive: Seconds = setting(
@@ -57,7 +58,14 @@ class InvocationConfig:
     )
     session_ttl: Seconds = setting(3 * 3600.0, doc="Lifetime of a worker session token.", check=positive)
     transport: Literal["grpc", "nats"] = setting(
-        "grpc", doc="How requests reach workers: over the WorkerService stream, or pulled by workers from NATS."
+        "grpc",
+        doc="How requests reach workers: pushed down the WorkerService stream (grpc), or pulled by the workers "
+        "from NATS with credentials scoped to their version (nats; needs the nats_auth plugin's auth callout). "
+        "Workers that cannot use the chosen one fall back to grpc.",
+    )
+    worker_nats_url: str | None = setting(
+        None,
+        doc="NATS URL workers on the nats transport connect to. Default: this node's NATS URL without credentials.",
     )
     idempotency_ttl: Seconds = setting(
         24 * 3600.0, doc="How long an Idempotency-Key keeps naming its request.", check=positive

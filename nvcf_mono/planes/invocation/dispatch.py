@@ -54,9 +54,7 @@ class Dispatcher:
                 )
             )
             await self._bus.stream(self.stream_name(function_version_id)).ensure_consumer(
-                streams.request_consumer(
-                    self.region, function_version_id, ack_wait=c.ack_wait, max_deliver=c.max_deliver
-                )
+                streams.request_consumer(self.region, function_version_id, ack_wait=c.ack_wait)
             )
             self._ensured.add(function_version_id)
 

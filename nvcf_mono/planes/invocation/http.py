@@ -13,15 +13,18 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import final
 
+import anyio
+import attrs
 from aiohttp import web
 from multidict import CIMultiDict
 
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.auth.principal import Principal
-from nvcf_mono.contracts.buckets import RequestRecord
+from nvcf_mono.bus.errors import BusError
+from nvcf_mono.contracts.buckets import RequestRecord, StoredResult
 from nvcf_mono.contracts.frames import Frame, Request
 from nvcf_mono.http.api import ApiRouter, Call, Param
 from nvcf_mono.http.problem import PROBLEM_CONTENT_TYPE, ProblemError, problem_body
@@ -29,6 +32,9 @@ from nvcf_mono.models.common import now_iso
 from nvcf_mono.models.function import FunctionVersion
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
+from nvcf_mono.planes.invocation.idempotency import IDEMPOTENCY_KEY, Idempotency
+from nvcf_mono.planes.invocation.input_assets import ASSET_REFERENCES, InputAssets, parse_references
+from nvcf_mono.planes.invocation.metrics import Entry, InvocationMetrics, Observation
 from nvcf_mono.planes.invocation.ratelimit import RateLimiter
 from nvcf_mono.planes.invocation.responses import Pending, ResponseRouter
 from nvcf_mono.planes.invocation.results import QUEUED, ResultStore
@@ -54,6 +60,15 @@ DROPPED = frozenset(
 OWN_RESPONSE = frozenset(
     {"content-length", "transfer-encoding", "connection", "keep-alive", "nvcf-reqid", "nvcf-status"}
 )
+#: Largest response collected whole instead of streamed (exec's JSON wrapper).
+BUFFER_LIMIT = 32 * 1024 * 1024
+#: Largest response of an idempotent request kept for its retries.
+KEEP_LIMIT = 8 * 1024 * 1024
+
+
+def wants_stream(headers: Mapping[str, str]) -> bool:
+    """The client accepts exactly ``text/event-stream`` (a longer default wait; no transforms)."""
+    return headers.get("Accept", "").strip() == "text/event-stream"
 
 
 def nvcf_status(status: int) -> str:
@@ -82,6 +97,9 @@ class Invoker:
         adopt: Callable[[Pending, Request], Awaitable[None]],
         limiter: RateLimiter,
         log: logging.Logger,
+        assets: InputAssets | None = None,
+        idempotency: Idempotency | None = None,
+        metrics: InvocationMetrics | None = None,
     ) -> None:
         self.config = config
         self.routing = routing
@@ -91,6 +109,9 @@ class Invoker:
         self._adopt = adopt
         self.limiter = limiter
         self.log = log
+        self.assets = assets
+        self.idempotency = idempotency
+        self.metrics = metrics
 
     def poll_seconds(self, headers: Mapping[str, str], *, streaming: bool) -> int:
         raw = headers.get(POLL)
@@ -128,6 +149,56 @@ class Invoker:
         name, size = await self.dispatcher.put_body(request_id, rest())
         return b"", name, size
 
+    async def observed(self, entry: Entry) -> web.StreamResponse:
+        """Run one invocation entry point, recorded in the metrics."""
+        if self.metrics is None:
+            return await entry(Observation())
+        return await self.metrics.observe(entry)
+
+    async def input_assets(
+        self, principal: Principal, values: Iterable[str], *, source: str = ASSET_REFERENCES
+    ) -> tuple[str, ...]:
+        """The asset ids a request names: 400 for a bad id, 404 unless each is the caller's and uploaded."""
+        asset_ids = parse_references(values, source=source)
+        if asset_ids and self.assets is not None:
+            await self.assets.check(principal.account, asset_ids)
+        return asset_ids
+
+    async def handle(
+        self,
+        request: web.Request,
+        principal: Principal,
+        fv: FunctionVersion,
+        *,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        asset_ids: tuple[str, ...] = (),
+        poll: int | None = None,
+        body: bytes | None = None,
+        buffered: bool = False,
+    ) -> web.StreamResponse:
+        """An invocation honouring ``Idempotency-Key``; without the header it is :meth:`invoke`."""
+        raw_key = headers.get(IDEMPOTENCY_KEY) if self.idempotency is not None else None
+        if raw_key is None or self.idempotency is None:
+            return await self.invoke(
+                request, principal, fv, method=method, path=path, headers=headers, asset_ids=asset_ids,
+                poll=poll, body=body, buffered=buffered,
+            )  # fmt: skip
+        if poll is None:
+            poll = self.poll_seconds(headers, streaming=wants_stream(headers))
+        claim = await self.idempotency.claim(principal.account, fv, raw_key.strip())
+        if not claim.owner:
+            return await self.replay(request, claim.request_id, poll=poll, buffered=buffered)
+        try:
+            return await self.invoke(
+                request, principal, fv, method=method, path=path, headers=headers, asset_ids=asset_ids,
+                request_id=claim.request_id, poll=poll, body=body, buffered=buffered, keep=True,
+            )  # fmt: skip
+        except BaseException:
+            await self.idempotency.release(claim)  # it did not run: a retry may try again
+            raise
+
     async def invoke(
         self,
         request: web.Request,
@@ -138,17 +209,37 @@ class Invoker:
         path: str,
         headers: Mapping[str, str],
         asset_ids: tuple[str, ...] = (),
+        request_id: str | None = None,
+        poll: int | None = None,
+        body: bytes | None = None,
+        buffered: bool = False,
+        keep: bool = False,
     ) -> web.StreamResponse:
+        """Publish one request and answer it: streamed, or whole when ``buffered``; ``keep`` stores it too."""
         started = time.perf_counter()
+        if fv.is_grpc:
+            raise ProblemError(
+                400,
+                f"function '{fv.id}' is a gRPC function (inferenceUrl /grpc): call its methods on the platform's "
+                "gRPC port with 'authorization' and 'function-id' metadata, not over HTTP",
+            )
         await self.limiter.admit(principal, fv)
-        streaming = headers.get("Accept", "").strip() == "text/event-stream"
-        poll = self.poll_seconds(headers, streaming=streaming)
-        request_id = str(uuid.uuid4())
-        body, body_object, size = await self.read_body(request, request_id)
+        streaming = wants_stream(headers)
+        if poll is None:
+            poll = self.poll_seconds(headers, streaming=streaming)
+        request_id = request_id or str(uuid.uuid4())
+        if body is None:
+            body, body_object, size = await self.read_body(request, request_id)
+        elif len(body) > self.config.inline_body_limit:
+            body_object, size = await self.dispatcher.put_body(request_id, _once(body))
+            body = b""
+        else:
+            body_object, size = None, len(body)
         now_ms = int(time.time() * 1000)
         req = Request(
             request_id=request_id,
-            nca_id=fv.nca_id,
+            # The caller's account (NVCF's ncaId), which differs from the owner's for a shared function.
+            nca_id=principal.account,
             function_id=fv.id,
             function_version_id=fv.version_id,
             function_name=fv.name,
@@ -168,9 +259,11 @@ class Invoker:
         )
         pending = self.router.register(request_id, fv.version_id)
         try:
+            dispatching = time.perf_counter()
             await self.dispatcher.publish(req)
             queued = time.perf_counter()
-            return await self.respond(request, pending, req, poll=poll, started=started, queued=queued)
+            timing = Timing(started=started, dispatching=dispatching, queued=queued)
+            return await self.respond(request, pending, req, poll=poll, timing=timing, buffered=buffered, keep=keep)
         except BaseException:
             if not pending.detached:
                 await self.dispatcher.cancel(fv.version_id, request_id, reason="the client went away")
@@ -180,7 +273,15 @@ class Invoker:
                 self.router.forget(request_id)
 
     async def respond(
-        self, request: web.Request, pending: Pending, req: Request, *, poll: int, started: float, queued: float
+        self,
+        request: web.Request,
+        pending: Pending,
+        req: Request,
+        *,
+        poll: int,
+        timing: Timing,
+        buffered: bool = False,
+        keep: bool = False,
     ) -> web.StreamResponse:
         try:
             first = await pending.next(timeout=poll)
@@ -188,16 +289,25 @@ class Invoker:
             return await self.accepted(pending, req)
         head_at = time.perf_counter()
         if first.problem is not None:
+            if keep:
+                await self._keep_problem(req.request_id, first.problem.status, first.problem.detail)
             return problem(first.problem.status, first.problem.detail, req.request_id, instance=request.path)
         if first.status == 202:
             # The worker's progress report: the client polls for the rest.
             response = await self.accepted(pending, req, frame=first)
             return response
-        timing = f"queue;dur={(queued - started) * 1000:.2f}, execution;dur={(head_at - queued) * 1000:.2f}"
-        return await self.stream(request, pending, first, extra={"Server-Timing": timing})
+        extra = {"Server-Timing": timing.header(head_at)}
+        return await self.stream(request, pending, first, extra=extra, buffered=buffered, keep=keep)
 
     async def stream(
-        self, request: web.Request, pending: Pending, first: Frame, *, extra: Mapping[str, str]
+        self,
+        request: web.Request,
+        pending: Pending,
+        first: Frame,
+        *,
+        extra: Mapping[str, str],
+        buffered: bool = False,
+        keep: bool = False,
     ) -> web.StreamResponse:
         status = first.status or 200
         headers = CIMultiDict((k, v) for k, v in first.headers if k.lower() not in OWN_RESPONSE)
@@ -206,37 +316,115 @@ class Invoker:
         headers.update(extra)
         length = next((v for k, v in first.headers if k.lower() == "content-length"), None)
         if first.last and first.problem is None:
+            if keep:
+                await self._keep(first, first.body)
             return web.Response(status=status, headers=headers, body=first.body)
+        if buffered:
+            return await self._collect(request, pending, first, status, headers, keep=keep)
         response = web.StreamResponse(status=status, headers=headers)
         if length is not None and length.isdigit():
             response.content_length = int(length)
         await response.prepare(request)
-        written = 0
-        frame = first
-        expected = first.seq
+        kept: list[bytes] | None = [] if keep else None
+        kept_size = 0
         try:
-            while True:
-                if frame.seq != expected or frame.attempt != first.attempt:
-                    raise ResponseBroken(f"frame {frame.seq} (attempt {frame.attempt}) where {expected} was due")
-                if frame.problem is not None:
-                    raise ResponseBroken(f"the response broke off: {frame.problem.detail}")
-                if frame.body:
-                    await response.write(frame.body)
-                    written += len(frame.body)
-                if frame.end:
-                    if frame.total_length is not None and frame.total_length != written:
-                        raise ResponseBroken(f"{written} bytes arrived of {frame.total_length}")
-                    break
-                expected += 1
-                frame = await pending.next(timeout=self.config.queue_deadline)
-        except (ResponseBroken, TimeoutError) as err:
+            async for chunk in self._chunks(pending, first):
+                await response.write(chunk)
+                if kept is not None:
+                    kept_size += len(chunk)
+                    kept.append(chunk)
+                    if kept_size > KEEP_LIMIT:
+                        kept = None
+                        await self._keep_problem(first.request_id, 409, _TOO_LARGE_TO_KEEP)
+        except ResponseBroken as err:
             self.log.warning("aborting the response to %s: %s", first.request_id, err)
+            if keep:
+                await self._keep_problem(first.request_id, 502, str(err))
             transport = request.transport
             if transport is not None:
                 transport.abort()  # a reset, never a silently truncated body
             return response
         await response.write_eof()
+        if kept is not None:
+            await self._keep(first, b"".join(kept))
         return response
+
+    async def _chunks(self, pending: Pending, first: Frame) -> AsyncIterator[bytes]:
+        """The body pieces of a response; ResponseBroken on a gap, a problem, a short body or silence."""
+        written = 0
+        frame = first
+        expected = first.seq
+        while True:
+            if frame.seq != expected or frame.attempt != first.attempt:
+                raise ResponseBroken(f"frame {frame.seq} (attempt {frame.attempt}) where {expected} was due")
+            if frame.problem is not None:
+                raise ResponseBroken(f"the response broke off: {frame.problem.detail}")
+            if frame.body:
+                written += len(frame.body)
+                yield frame.body
+            if frame.end:
+                if frame.total_length is not None and frame.total_length != written:
+                    raise ResponseBroken(f"{written} bytes arrived of {frame.total_length}")
+                return
+            expected += 1
+            try:
+                frame = await pending.next(timeout=self.config.queue_deadline)
+            except TimeoutError:
+                raise ResponseBroken("the response stopped arriving") from None
+
+    async def _collect(
+        self,
+        request: web.Request,
+        pending: Pending,
+        first: Frame,
+        status: int,
+        headers: CIMultiDict[str],
+        *,
+        keep: bool,
+    ) -> web.Response:
+        """The whole response in memory (bounded), for callers that rewrap it."""
+        parts: list[bytes] = []
+        size = 0
+        try:
+            async for chunk in self._chunks(pending, first):
+                size += len(chunk)
+                if size > BUFFER_LIMIT:
+                    if keep:
+                        await self._keep_problem(first.request_id, 409, _TOO_LARGE_TO_KEEP)
+                    return problem(
+                        500,
+                        f"the function's response exceeds {BUFFER_LIMIT} bytes, too large to wrap; use pexec",
+                        first.request_id,
+                        instance=request.path,
+                    )
+                parts.append(chunk)
+        except ResponseBroken as err:
+            self.log.warning("the response to %s broke off: %s", first.request_id, err)
+            if keep:
+                await self._keep_problem(first.request_id, 502, str(err))
+            return problem(502, str(err), first.request_id, instance=request.path)
+        body = b"".join(parts)
+        if keep:
+            await self._keep(first, body)
+        return web.Response(status=status, headers=headers, body=body)
+
+    async def _keep(self, first: Frame, body: bytes) -> None:
+        """Store an idempotent request's response for its retries (a failure only costs the retries)."""
+        if len(body) > KEEP_LIMIT:
+            await self._keep_problem(first.request_id, 409, _TOO_LARGE_TO_KEEP)
+            return
+        with anyio.move_on_after(10, shield=True):
+            try:
+                await self.results.store(first.request_id, first.status or 200, first.headers, body)
+            except BusError as err:
+                self.log.warning("could not keep the response of %s for retries: %s", first.request_id, err)
+
+    async def _keep_problem(self, request_id: str, status: int, detail: str) -> None:
+        with anyio.move_on_after(10, shield=True):
+            try:
+                await self.results.store_problem(request_id, status, detail)
+            except BusError as err:
+                self.log.warning("could not keep the outcome of %s for retries: %s", request_id, err)
 
     async def accepted(self, pending: Pending, req: Request, *, frame: Frame | None = None) -> web.Response:
         """202: the request stays queued or running; its result will wait for a status poll."""
@@ -255,17 +443,121 @@ class Invoker:
             ttl=ttl,
         )
         await self._adopt(pending, req)
-        headers = {REQID: req.request_id, STATUS: "in-progress"}
-        state, position = await self.dispatcher.queue_state(req.function_version_id, req.request_id)
-        headers[WAIT_REASON] = state
-        if position is not None:
-            headers[QUEUE_POSITION] = str(position)
+        headers = await self.wait_headers(req.request_id, req.function_version_id)
         if frame is not None:
             if frame.percent is not None:
                 headers[PERCENT] = str(frame.percent)
             kept = {k: v for k, v in frame.headers if k.lower() not in OWN_RESPONSE}
             return web.Response(status=202, headers={**kept, **headers}, body=frame.body)
         return web.Response(status=202, headers=headers)
+
+    async def wait_headers(self, request_id: str, function_version_id: str) -> dict[str, str]:
+        """``NVCF-REQID``, ``NVCF-STATUS: in-progress`` and why the request is still waiting."""
+        headers = {REQID: request_id, STATUS: "in-progress"}
+        state, position = await self.dispatcher.queue_state(function_version_id, request_id)
+        headers[WAIT_REASON] = state
+        if position is not None:
+            headers[QUEUE_POSITION] = str(position)
+        return headers
+
+    async def poll(
+        self, request: web.Request, principal: Principal, request_id: str, *, buffered: bool = False
+    ) -> web.StreamResponse:
+        """A status poll: the result (once), 202 while the request runs, 404 when unknown or fetched."""
+        record = await self.results.record(request_id)
+        if record is None:
+            taken = await self.results.take(request_id)
+            if taken is None:
+                raise ProblemError(404, _unknown(request_id))
+            return await self.render_result(request, *taken, buffered=buffered)
+        if record.nca_id != principal.account:
+            fv = self.routing.version(record.function_id, record.function_version_id)
+            if fv is None or not self.routing.may_invoke(principal, fv):
+                raise ProblemError(404, _unknown(request_id))
+        poll = self.poll_seconds(request.headers, streaming=False)
+        if not await self.results.wait(request_id, poll):
+            return web.Response(status=202, headers=await self.wait_headers(request_id, record.function_version_id))
+        taken = await self.results.take(request_id)
+        if taken is None:
+            raise ProblemError(404, _unknown(request_id))
+        return await self.render_result(request, *taken, buffered=buffered)
+
+    async def replay(self, request: web.Request, request_id: str, *, poll: int, buffered: bool) -> web.StreamResponse:
+        """A retry of an idempotent request: its kept result (left for the next retry), or 202 while it runs."""
+        assert self.idempotency is not None
+        record = await self.results.record(request_id)
+        if record is not None and not await self.results.wait(request_id, poll):
+            return web.Response(status=202, headers=await self.wait_headers(request_id, record.function_version_id))
+        stored = await self.idempotency.stored(request_id)
+        if stored is None:
+            raise ProblemError(
+                409,
+                f"request '{request_id}' of this {IDEMPOTENCY_KEY} has finished and its result was already "
+                f"fetched or has expired; send another {IDEMPOTENCY_KEY} to invoke again",
+                headers={REQID: request_id},
+            )
+        return await self.render_result(request, *stored, buffered=buffered)
+
+    async def render_result(
+        self,
+        request: web.Request,
+        result: StoredResult,
+        body: bytes | AsyncIterator[bytes],
+        *,
+        buffered: bool = False,
+    ) -> web.StreamResponse:
+        """A stored result as the response: headers and status as kept, the body inline or streamed."""
+        headers = CIMultiDict((k, v) for k, v in result.headers if k.lower() not in OWN_RESPONSE)
+        headers[REQID] = result.request_id
+        headers[STATUS] = nvcf_status(result.status)
+        if result.percent is not None:
+            headers[PERCENT] = str(result.percent)
+        if not isinstance(body, bytes) and buffered:
+            if result.body_size > BUFFER_LIMIT:
+                raise ProblemError(
+                    500, f"the result ({result.body_size} bytes) is too large to wrap; poll it through pexec"
+                )
+            body = b"".join([chunk async for chunk in body])
+        if isinstance(body, bytes):
+            return web.Response(status=result.status, headers=headers, body=body)
+        response = web.StreamResponse(status=result.status, headers=headers)
+        response.content_length = result.body_size
+        await response.prepare(request)
+        async for chunk in body:
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+
+
+@final
+@attrs.frozen
+class Timing:
+    """When an invocation was received, began its durable publish, and was queued."""
+
+    started: float
+    dispatching: float
+    queued: float
+
+    def header(self, head_at: float) -> str:
+        """``Server-Timing``: queue (receipt to queued), dispatch (the durable publish), execution (to the head)."""
+        return (
+            f"queue;dur={(self.queued - self.started) * 1000:.2f}, "
+            f"dispatch;dur={(self.queued - self.dispatching) * 1000:.2f}, "
+            f"execution;dur={(head_at - self.queued) * 1000:.2f}"
+        )
+
+
+_TOO_LARGE_TO_KEEP = (
+    f"the response was delivered to the first caller; at over {KEEP_LIMIT} bytes it was too large to keep for retries"
+)
+
+
+async def _once(body: bytes) -> AsyncIterator[bytes]:
+    yield body
+
+
+def _unknown(request_id: str) -> str:
+    return f"request '{request_id}' not found (unknown, or its result was already fetched)"
 
 
 def problem(status: int, detail: str, request_id: str, *, instance: str | None = None) -> web.Response:
@@ -278,6 +570,15 @@ def problem(status: int, detail: str, request_id: str, *, instance: str | None =
     )
 
 
+#: Host-based routing has no path of its own to document; the pexec operation describes it.
+HOST_ROUTING_DOC = (
+    "The same invocation is reachable without this path: a request whose Host is "
+    "`<functionId>.invocation.<domain>` or `<versionId>.<functionId>.invocation.<domain>`, or that carries a "
+    "`function-id` (and optionally `function-version-id`) header, invokes that function with the client's "
+    "method, path, query and body passed through (Bearer with invoke_function, NVCF-POLL-SECONDS default 60)."
+)
+
+
 def register(router: ApiRouter, invoker_of: Callable[[], Invoker]) -> None:
     """Pexec and status (exec and Host routing live in their own module)."""
     poll_param = Param(
@@ -285,28 +586,49 @@ def register(router: ApiRouter, invoker_of: Callable[[], Invoker]) -> None:
         schema={"type": "integer"},
     )  # fmt: skip
 
+    invoke_params = (
+        poll_param,
+        Param(
+            name=ASSET_REFERENCES, location="header",
+            description="Comma-separated ids of uploaded assets the function downloads (repeatable).",
+        ),
+        Param(
+            name=IDEMPOTENCY_KEY, location="header",
+            description="A retry with the same key answers for the same request instead of invoking again.",
+        ),
+    )  # fmt: skip
+
     async def pexec(call: Call[None], version_id: str | None) -> web.StreamResponse:
         invoker = invoker_of()
-        fv = invoker.routing.resolve(call.principal, call.path("functionId"), version_id)
-        return await invoker.invoke(
-            call.request,
-            call.principal,
-            fv,
-            method="POST",
-            path=fv.inference_url or "/",
-            headers=call.request.headers,
-        )
+
+        async def entry(obs: Observation) -> web.StreamResponse:
+            fv = invoker.routing.resolve(call.principal, call.path("functionId"), version_id)
+            obs.target(fv, call.principal.account)
+            headers = call.request.headers
+            asset_ids = await invoker.input_assets(call.principal, headers.getall(ASSET_REFERENCES, ()))
+            return await invoker.handle(
+                call.request,
+                call.principal,
+                fv,
+                method="POST",
+                path=fv.inference_url or "/",
+                headers=headers,
+                asset_ids=asset_ids,
+            )
+
+        return await invoker.observed(entry)
 
     @router.route(
         "POST",
         "/v2/nvcf/pexec/functions/{functionId}",
         summary="Invoke any ACTIVE version of a function; the body and status pass through.",
+        description=HOST_ROUTING_DOC,
         tag=TAG,
         scopes=(S.INVOKE_FUNCTION,),
         raw_body="*/*",
         raw_response="*/*",
         passthrough=True,
-        params=(poll_param,),
+        params=invoke_params,
         errors=(404, 413, 429),
     )
     async def invoke_function(call: Call[None]) -> web.StreamResponse:
@@ -321,7 +643,7 @@ def register(router: ApiRouter, invoker_of: Callable[[], Invoker]) -> None:
         raw_body="*/*",
         raw_response="*/*",
         passthrough=True,
-        params=(poll_param,),
+        params=invoke_params,
         errors=(404, 413, 429),
     )
     async def invoke_function_version(call: Call[None]) -> web.StreamResponse:
@@ -343,39 +665,5 @@ def register(router: ApiRouter, invoker_of: Callable[[], Invoker]) -> None:
 
 
 async def status_poll(invoker: Invoker, call: Call[None]) -> web.StreamResponse:
-    request_id = call.path("requestId")
-    record = await invoker.results.record(request_id)
-    if record is None:
-        taken = await invoker.results.take(request_id)
-        if taken is None:
-            raise ProblemError(404, f"request '{request_id}' not found (unknown, or its result was already fetched)")
-    elif record.nca_id != call.principal.account:
-        fv = invoker.routing.version(record.function_id, record.function_version_id)
-        if fv is None or not invoker.routing.may_invoke(call.principal, fv):
-            raise ProblemError(404, f"request '{request_id}' not found (unknown, or its result was already fetched)")
-    poll = invoker.poll_seconds(call.request.headers, streaming=False)
-    if record is not None and not await invoker.results.wait(request_id, poll):
-        waiting = {REQID: request_id, STATUS: "in-progress"}
-        state, position = await invoker.dispatcher.queue_state(record.function_version_id, request_id)
-        waiting[WAIT_REASON] = state
-        if position is not None:
-            waiting[QUEUE_POSITION] = str(position)
-        return web.Response(status=202, headers=waiting)
-    taken = await invoker.results.take(request_id)
-    if taken is None:
-        raise ProblemError(404, f"request '{request_id}' not found (unknown, or its result was already fetched)")
-    result, body = taken
-    headers = CIMultiDict((k, v) for k, v in result.headers if k.lower() not in OWN_RESPONSE)
-    headers[REQID] = request_id
-    headers[STATUS] = nvcf_status(result.status)
-    if result.percent is not None:
-        headers[PERCENT] = str(result.percent)
-    if isinstance(body, bytes):
-        return web.Response(status=result.status, headers=headers, body=body)
-    response = web.StreamResponse(status=result.status, headers=headers)
-    response.content_length = result.body_size
-    await response.prepare(call.request)
-    async for chunk in body:
-        await response.write(chunk)
-    await response.write_eof()
-    return response
+    """``GET /v2/nvcf/pexec/status/{requestId}``."""
+    return await invoker.poll(call.request, call.principal, call.path("requestId"))

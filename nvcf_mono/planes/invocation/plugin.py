@@ -13,14 +13,19 @@ import anyio
 from anyio.abc import TaskStatus
 
 from nvcf_mono.auth.secret import KEYRING
-from nvcf_mono.auth.strategy import AUTHENTICATOR
+from nvcf_mono.auth.strategy import AUTHENTICATOR, Authenticator
+from nvcf_mono.bus.callout import NATS_AUTH
 from nvcf_mono.contracts import buckets
 from nvcf_mono.http.api import ApiRouter
 from nvcf_mono.http.problem import ProblemError
-from nvcf_mono.planes.invocation import http
+from nvcf_mono.planes.invocation import exec_api, host_routing, http
 from nvcf_mono.planes.invocation.collector import Collector
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
+from nvcf_mono.planes.invocation.grpc_proxy import GrpcProxy
+from nvcf_mono.planes.invocation.idempotency import Idempotency
+from nvcf_mono.planes.invocation.input_assets import InputAssets
+from nvcf_mono.planes.invocation.metrics import InvocationMetrics
 from nvcf_mono.planes.invocation.ratelimit import RateLimiter
 from nvcf_mono.planes.invocation.relay import Relay
 from nvcf_mono.planes.invocation.responses import ResponseRouter
@@ -37,6 +42,8 @@ BUCKETS = (
     buckets.REQUESTS,
     buckets.RESULTS,
     buckets.IDEMPOTENCY,
+    buckets.ASSETS,
+    buckets.RATE_LIMITS,
 )
 
 
@@ -48,7 +55,7 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
         description="Invocation plane: NVCF invocation over a durable JetStream buffer, and the WorkerService.",
         roles=frozenset({"all-in-one", "invocation"}),
         requires=("auth",),
-        after=("auth_api_key", "auth_static_token", "auth_jwt"),
+        after=("auth_api_key", "auth_static_token", "auth_jwt", "nats_auth"),
         config_type=InvocationConfig,
     )
 
@@ -59,14 +66,26 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
         self._invoker: http.Invoker | None = None
         self.router = ApiRouter()
         http.register(self.router, self._get_invoker)
+        exec_api.register(self.router, self._get_invoker)
         self.router.install(ctx)
+        self._authenticator: Authenticator | None = None
+        ctx.add_middleware(host_routing.middleware(self._get_invoker, self._get_authenticator))
+        self.metrics = InvocationMetrics(ctx.metrics)
         self.workers = WorkerService(self.config, ctx.log)
         ctx.add_servicer(self.workers)
+        # Calls to gRPC functions: every method the host does not serve itself.
+        self.grpc_proxy = GrpcProxy(ctx.log)
+        ctx.add_servicer(self.grpc_proxy)
 
     def _get_invoker(self) -> http.Invoker:
         if self._invoker is None:
             raise ProblemError(503, "the invocation plane is starting", headers={"Retry-After": "1"})
         return self._invoker
+
+    def _get_authenticator(self) -> Authenticator:
+        if self._authenticator is None:
+            raise ProblemError(503, "the invocation plane is starting", headers={"Retry-After": "1"})
+        return self._authenticator
 
     async def run(self, ctx: RunContext[InvocationConfig], *, task_status: TaskStatus[None]) -> None:
         bus, log = ctx.bus, ctx.log
@@ -80,6 +99,12 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
             await tg.start(routing.run, bus)
             await tg.start(router.serve)
             await tg.start(collector.run)
+            assets = InputAssets(bus, log)
+            await tg.start(assets.run, bus)
+            tg.start_soon(self.metrics.refresh_queue_depth, bus, routing, dispatcher, log)
+            node = ctx.settings.node.id or "invocation"
+            limiter = RateLimiter.on_bus(bus, self.config, node=node, metrics=ctx.metrics, log=log)
+            await tg.start(limiter.run)
             self.workers.bind(
                 bus=bus,
                 keyring=ctx.services.get(KEYRING),
@@ -87,6 +112,8 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
                 dispatcher=dispatcher,
                 relay=Relay(bus, router, log),
                 results=results,
+                nats_url=self.config.worker_nats_url or _without_credentials(ctx.endpoints.nats_url),
+                callout=ctx.services.find(NATS_AUTH),
             )
             self._invoker = http.Invoker(
                 config=self.config,
@@ -95,10 +122,30 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
                 router=router,
                 results=results,
                 adopt=collector.adopt,
-                limiter=RateLimiter(),
+                limiter=limiter,
                 log=log,
+                assets=assets,
+                idempotency=Idempotency(
+                    bus,
+                    results,
+                    ttl=self.config.idempotency_ttl,
+                    record_ttl=self.config.queue_deadline + self.config.result_ttl,
+                    region=region,
+                    log=log,
+                ),
+                metrics=self.metrics,
             )
+            self._authenticator = ctx.services.get(AUTHENTICATOR)
             self.router.bind(ctx.services.get(AUTHENTICATOR))
+            self.grpc_proxy.bind(self._invoker, ctx.services.get(AUTHENTICATOR))
             task_status.started()
             await ctx.wait_stopping()
             tg.cancel_scope.cancel()
+
+
+def _without_credentials(urls: str) -> str:
+    """``nats://user:pw@host:port,...`` -> ``nats://host:port,...`` (workers bring their own credential)."""
+    return ",".join(
+        f"{u.split('://', 1)[0]}://{u.split('://', 1)[1].rsplit('@', 1)[-1]}" if "://" in u else u.rsplit("@", 1)[-1]
+        for u in urls.split(",")
+    )

@@ -48,13 +48,20 @@ class Pending:
         if self.closed:
             return "gone"
         try:
-            await self._send.send(frame)
+            try:
+                self._send.send_nowait(frame)  # the usual case: room in the buffer, no extra loop turn
+            except anyio.WouldBlock:
+                await self._send.send(frame)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             return "gone"
         return "ok"
 
     async def next(self, timeout: float = math.inf) -> Frame:
         """The next frame; TimeoutError after ``timeout`` seconds."""
+        try:
+            return self._recv.receive_nowait()  # already here (a streamed response): no timer to arm
+        except anyio.WouldBlock:
+            pass
         with anyio.fail_after(timeout):
             return await self._recv.receive()
 

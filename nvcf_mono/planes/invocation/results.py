@@ -18,7 +18,7 @@ import anyio
 
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.codec import TypedKV
-from nvcf_mono.bus.errors import BusError, NotFound
+from nvcf_mono.bus.errors import BusError, ConflictError, NotFound
 from nvcf_mono.contracts import buckets
 from nvcf_mono.contracts.buckets import RequestRecord, StoredResult
 from nvcf_mono.contracts.frames import Frame, Headers
@@ -29,6 +29,11 @@ from nvcf_mono.structure import evolve
 INLINE_RESULT = 512 * 1024
 
 QUEUED, RUNNING, DONE = "queued", "running", "done"
+
+
+def is_progress(result: StoredResult) -> bool:
+    """A progress report (202 with a percentage), not the request's result."""
+    return result.status == 202 and result.percent is not None
 
 
 @final
@@ -106,6 +111,19 @@ class ResultStore:
         body = b"".join(chunks)
         await self.store(first.request_id, first.status or 200, first.headers, body, percent=first.percent)
 
+    async def progress(self, frame: Frame) -> None:
+        """A running request's progress report (a 202 frame): the next status poll answers it once."""
+        result = StoredResult(
+            request_id=frame.request_id,
+            status=202,
+            headers=frame.headers,
+            finished_at=now_iso(),
+            body=base64.b64encode(frame.body).decode(),
+            body_size=len(frame.body),
+            percent=frame.percent,
+        )
+        await self.results.put(frame.request_id, result, ttl=self._ttl)
+
     async def store_problem(self, request_id: str, status: int, detail: str) -> None:
         """A problem+json result (a 504 past the deadline, a 500 after too many deliveries)."""
         body = json.dumps(problem_body(status, detail)).encode()
@@ -117,6 +135,13 @@ class ResultStore:
         if found is None:
             return None
         result = found.value
+        if is_progress(result):
+            # Shown once; the request stays known, and the next poll waits for what comes next.
+            try:
+                await self.results.delete(request_id, revision=found.revision)
+            except ConflictError:
+                pass  # replaced meanwhile (the result, or newer progress): the next poll gets that
+            return result, base64.b64decode(result.body)
         await self.results.delete(request_id)
         await self._forget_record(request_id)
         if result.body_object is None:

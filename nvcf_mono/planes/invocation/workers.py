@@ -26,9 +26,11 @@ from grpclib.server import Stream
 from nvcf_mono.auth.secret import Keyring
 from nvcf_mono.auth.tokens import WORKER, InvalidToken, TokenSigner
 from nvcf_mono.bus.api import Bus, Delivery
+from nvcf_mono.bus.callout import CalloutStatus, envelope
 from nvcf_mono.bus.codec import TypedKV
 from nvcf_mono.bus.errors import BusError, NotFound
-from nvcf_mono.contracts import buckets, rpc, subjects
+from nvcf_mono.bus.holding import hold_until_ready
+from nvcf_mono.contracts import buckets, permissions, rpc, streams, subjects
 from nvcf_mono.contracts.frames import Frame, FrameError, Problem, Request
 from nvcf_mono.contracts.messages import SecretsFetch, SecretsReply
 from nvcf_mono.planes.invocation.config import InvocationConfig
@@ -50,8 +52,9 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     SessionInfo,
 )
 from nvcf_mono.proto.serve_wire import NodeEnvelope, WorkerEnvelope
+from nvcf_mono.queues import eagerly
 
-SESSION = "worker-session"
+SESSION = permissions.WORKER_SESSION
 SERVICE = "/nvcf.worker.v1.WorkerService"
 
 
@@ -86,14 +89,29 @@ class WorkerService:
         dispatcher: Dispatcher,
         relay: Relay,
         results: ResultStore,
+        nats_url: str | None = None,
+        callout: CalloutStatus | None = None,
     ) -> None:
-        """What the service needs, known once the plugin runs (calls before that get UNAVAILABLE)."""
+        """What the service needs, known once the plugin runs (calls before that get UNAVAILABLE).
+
+        ``nats_url`` and ``callout`` make the nats transport possible: workers reach NATS there, and
+        this node answers their auth callouts.
+        """
         self._bus = bus
         self._keyring = keyring
         self._routing = routing
         self._dispatcher = dispatcher
         self._relay = relay
         self._results = results
+        self._nats_url = nats_url
+        self._callout = callout
+
+    def _transport(self, offered: list[str]) -> str:
+        """The configured transport when the worker offers it and it can work here, else grpc."""
+        wanted = self._config.transport
+        if wanted == "nats" and "nats" in offered and self._nats_url and self._callout and self._callout.available:
+            return "nats"
+        return "grpc"
 
     def __mapping__(self) -> dict[str, Handler]:
         return {
@@ -128,20 +146,24 @@ class WorkerService:
             raise GRPCError(Status.PERMISSION_DENIED, f"function version {fvid} is not deployed")
         await self._dispatcher.ensure(fvid)
         ttl = self._config.session_ttl
-        token = self._signer.mint(
-            SESSION,
-            {"fid": fid, "fvid": fvid, "nca": claims["nca"], "rid": claims["rid"], "iid": req.instance_id},
-            ttl=ttl,
-        )
+        transport = self._transport(list(req.transports))
+        stream_name, durable = self._dispatcher.stream_name(fvid), self._dispatcher.durable(fvid)
+        session_claims = {"fid": fid, "fvid": fvid, "nca": claims["nca"], "rid": claims["rid"], "iid": req.instance_id}
+        if transport == "nats":
+            # The nats transport's auth callout grants exactly this stream and durable.
+            session_claims.update({"tr": "nats", "st": stream_name, "du": durable})
+        token = self._signer.mint(SESSION, session_claims, ttl=ttl)
         await stream.send_message(
             ConnectResponse(
                 session_token=token,
                 region=self._dispatcher.region,
                 expires_ms=int((time.time() + ttl) * 1000),
                 max_concurrency=max(1, req.max_concurrency),
-                transport="grpc",
-                stream=self._dispatcher.stream_name(fvid),
-                durable=self._dispatcher.durable(fvid),
+                transport=transport,
+                nats_url=(self._nats_url or "") if transport == "nats" else "",
+                nats_token=envelope("APP", "worker", token) if transport == "nats" else "",
+                stream=stream_name,
+                durable=durable,
                 cancel_subject=subjects.cancel_subject(fvid),
                 ack_wait_seconds=int(self._config.ack_wait),
                 max_deliver=self._config.max_deliver,
@@ -235,6 +257,7 @@ class WorkerService:
             function_version_id=str(claims["fvid"]),
             instance_id=hello.instance_id or str(claims.get("iid", "")),
             max_concurrency=max(1, hello.max_concurrency),
+            transport=str(claims.get("tr", "grpc")),
         )
         self.sessions[session.id] = session
         try:
@@ -254,8 +277,12 @@ class WorkerSession:
         function_version_id: str,
         instance_id: str,
         max_concurrency: int,
+        transport: str = "grpc",
     ) -> None:
         self._svc = service
+        self.transport = transport
+        #: nats transport: frames of requests whose node went away, kept here to be stored.
+        self._orphans: dict[str, list[Frame]] = {}
         self.function_id = function_id
         self.function_version_id = function_version_id
         self.instance_id = instance_id
@@ -274,16 +301,18 @@ class WorkerSession:
 
                 async def sender() -> None:
                     async with recv:
-                        async for message in recv:
+                        async for message in eagerly(recv):
                             await stream.send_message(message)
 
                 tg.start_soon(sender)
                 await send.send(
                     _message(NodeMessage(session=SessionInfo(session_id=self.id, max_concurrency=self.max_concurrency)))
                 )
-                tg.start_soon(self._pull, send)
-                tg.start_soon(self._keepalive)
-                tg.start_soon(self._cancellations, send)
+                if self.transport == "grpc":
+                    # On the nats transport the worker pulls, keeps alive and hears cancels itself.
+                    tg.start_soon(self._pull, send)
+                    tg.start_soon(self._keepalive)
+                    tg.start_soon(self._cancellations, send)
                 await self._receive(stream, send)
                 tg.cancel_scope.cancel()
         finally:
@@ -315,6 +344,17 @@ class WorkerSession:
             self._log.error("dropping a malformed request in %s: %s", delivery.subject, err)
             await delivery.term()
             return
+        if not self.ready.is_set() and not self.draining:
+            await hold_until_ready(
+                lambda: self.ready, delivery, within=streams.PAUSED_HOLD, keepalive=self._svc._config.keepalive
+            )
+        if self.draining or not self.ready.is_set():
+            await delivery.nak()  # still paused, or going away: another instance takes it
+            return
+        if streams.given_up(delivery.num_delivered, self._svc._config.max_deliver):
+            await delivery.term()
+            await self._answer_problem(request, 500, streams.given_up_detail(delivery.num_delivered))
+            return
         if request.deadline_ms and request.deadline_ms < time.time() * 1000:
             await delivery.term()
             await self._answer_problem(request, 504, "the request waited in the queue past its deadline")
@@ -322,7 +362,11 @@ class WorkerSession:
         self.in_flight[request.request_id] = InFlight(
             request=request, delivery=delivery, attempt=delivery.num_delivered
         )
-        await out.send(NodeEnvelope(request=delivery.data, attempt=delivery.num_delivered))
+        envelope = NodeEnvelope(request=delivery.data, attempt=delivery.num_delivered)
+        try:
+            out.send_nowait(envelope)  # the usual case: room in the buffer, no extra loop turn
+        except anyio.WouldBlock:
+            await out.send(envelope)
 
     async def _keepalive(self) -> None:
         while True:
@@ -370,6 +414,7 @@ class WorkerSession:
                     await self._failed(held, message.failed.reason)
             elif kind == "drain":
                 self.draining = True
+                self.ready.set()  # wakes whatever waits for readiness; it sees the drain
 
     async def _on_frame(self, blob: bytes, out: MemoryObjectSendStream[NodeEnvelope]) -> None:
         try:
@@ -379,6 +424,8 @@ class WorkerSession:
             return
         held = self.in_flight.get(frame.request_id)
         if held is None:
+            if self.transport == "nats":
+                await self._orphan(frame)
             return  # cancelled or already settled: drop
         held.frames += 1
         if held.orphan is not None:
@@ -407,6 +454,19 @@ class WorkerSession:
             await self._settle(held, ack=True)
             if held.orphan is not None:
                 await self._store_orphan(held.orphan)
+
+    async def _orphan(self, frame: Frame) -> None:
+        """A nats-transport worker found nobody holding the request: keep its frames, store the result."""
+        frames = self._orphans.setdefault(frame.request_id, [])
+        frames.append(frame)
+        if frame.last:
+            del self._orphans[frame.request_id]
+            if frames[0].seq == 0:
+                await self._store_orphan(frames)
+            else:
+                await self._svc._results.store_problem(
+                    frame.request_id, 502, "the invocation node holding this request went away mid-response"
+                )
 
     async def _store_orphan(self, frames: list[Frame]) -> None:
         async def rest() -> Any:

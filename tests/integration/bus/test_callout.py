@@ -25,6 +25,7 @@ from nvcf_mono.bus.callout import (
     open_envelope,
 )
 from nvcf_mono.bus.embedded import find_nats_server, free_port
+from nvcf_mono.testing.nats_server import raw_client
 
 pytestmark = pytest.mark.nats
 
@@ -120,7 +121,7 @@ async def test_a_granted_connection_gets_exactly_its_permissions(tmp_path: Path)
         assert seen and seen[0].user_nkey.startswith("U") and seen[0].server_id
 
         with pytest.raises((nats.errors.NoServersError, nats.errors.Error, OSError)):
-            await nats.connect(
+            await raw_client(
                 url,
                 token=envelope("APP", "worker", "bad"),
                 allow_reconnect=False,

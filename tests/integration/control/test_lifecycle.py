@@ -226,7 +226,7 @@ async def test_graceful_undeploy_waits_for_the_queue_to_drain(tmp_path: Path) ->
         region = p.host.settings.node.region
         await p.bus.ensure_stream(stream_specs.request_stream(region, vid, max_msgs=100, max_bytes=-1))
         queue = p.bus.stream(subjects.request_stream(region, vid))
-        await queue.ensure_consumer(stream_specs.request_consumer(region, vid, ack_wait=30, max_deliver=3))
+        await queue.ensure_consumer(stream_specs.request_consumer(region, vid, ack_wait=30))
         await queue.publish(subjects.request_subject(region, vid, "r1"), b"{}", msg_id="r1")
 
         removed = await p.admin.delete(d, params={"graceful": "true"})

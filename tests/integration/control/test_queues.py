@@ -39,7 +39,7 @@ async def request_stream(p: Platform, version_id: str, *, consumer: bool = True)
     await p.bus.ensure_stream(streams.request_stream(region, version_id, max_msgs=10_000, max_bytes=-1))
     stream = p.bus.stream(subjects.request_stream(region, version_id))
     if consumer:
-        await stream.ensure_consumer(streams.request_consumer(region, version_id, ack_wait=30.0, max_deliver=-1))
+        await stream.ensure_consumer(streams.request_consumer(region, version_id, ack_wait=30.0))
     return stream
 
 

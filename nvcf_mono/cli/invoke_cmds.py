@@ -1,0 +1,311 @@
+"""``nvcf-mono invoke``: call a function through pexec, follow its 202s, print its response."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from email.message import Message
+from pathlib import Path
+from typing import IO, Any
+
+import attrs
+
+from nvcf_mono import __version__
+from nvcf_mono.cli.client import ApiClient, add_api_options, connect, positive_float
+from nvcf_mono.cli.context import CliContext, CliError
+from nvcf_mono.cli.output import emit_json
+
+PEXEC = "/v2/nvcf/pexec"
+DEFAULT_WAIT = 3600.0
+#: What the platform waits for a response head when not told (pexec; SSE clients wait longer).
+SERVER_POLL = 60
+SERVER_STREAM_POLL = 1200
+#: Slack on top of the poll window before a silent connection counts as lost.
+READ_SLACK = 15.0
+CHUNK = 64 * 1024
+ERROR_BODY_LIMIT = 1024 * 1024
+
+
+def _poll_seconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole seconds, got {text!r}") from None
+    if not 1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 3600, got {value}")
+    return value
+
+
+def register(sub: Any) -> None:
+    """Add ``invoke``."""
+    invoke = sub.add_parser(
+        "invoke",
+        help="invoke a function and print its response",
+        description="POST a body to a function through pexec and print the function's response body to stdout "
+        "(bytes as they are). A 202 is followed by polling its status, with progress (wait reason, queue "
+        "position, percent complete) on stderr. Exit 0 for a 2xx answer, 1 otherwise. With --json, stdout is "
+        "one JSON object in exec's shape: reqId, status, httpStatus and response (the body as JSON, else as text, "
+        "else as responseBase64).",
+    )
+    invoke.add_argument("function_id", metavar="FID")
+    invoke.add_argument("--version", dest="version_id", metavar="VID", help="invoke this version (default: any)")
+    invoke.add_argument(
+        "-d",
+        "--data",
+        required=True,
+        metavar="JSON|@FILE",
+        help="the request body: JSON text, or @FILE for a file's bytes (sent as they are)",
+    )
+    invoke.add_argument(
+        "-H",
+        "--header",
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="send this request header too (repeatable), e.g. -H 'Content-Type: image/png'",
+    )
+    invoke.add_argument(
+        "--poll-seconds",
+        type=_poll_seconds,
+        metavar="N",
+        help="seconds the platform waits for the response before answering 202 (NVCF-POLL-SECONDS, 1-3600)",
+    )
+    invoke.add_argument(
+        "--stream", action="store_true", help="ask for server-sent events and print them as they arrive"
+    )
+    invoke.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=DEFAULT_WAIT,
+        metavar="SECONDS",
+        help=f"stop following a 202'd request after this long, exit 1 (default {DEFAULT_WAIT:g})",
+    )
+    add_api_options(invoke, timeout_flag="--http-timeout")
+    invoke.set_defaults(func=_invoke)
+
+
+def _body(data: str) -> tuple[bytes, str]:
+    """The body and its default Content-Type."""
+    if data.startswith("@"):
+        path = data[1:]
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as err:
+            raise CliError(f"--data @{path}: {err.strerror or err}") from None
+        try:
+            json.loads(raw)
+        except ValueError:
+            return raw, "application/octet-stream"
+        return raw, "application/json"
+    try:
+        json.loads(data)
+    except ValueError as err:
+        raise CliError(f"--data: not valid JSON ({err}); pass @FILE to send a file's bytes as they are") from None
+    return data.encode(), "application/json"
+
+
+def _headers(items: list[str]) -> list[tuple[str, str]]:
+    out = []
+    for item in items:
+        name, sep, value = item.partition(":")
+        if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
+            raise CliError(f"--header {item!r}: expected NAME:VALUE, e.g. 'Content-Type: text/plain'")
+        out.append((name.strip(), value.strip()))
+    return out
+
+
+@attrs.frozen
+class _Answer:
+    """One HTTP answer, whatever its status, with its body still to read."""
+
+    status: int
+    headers: Message
+    body: Any  # a file-like with read() and read1()
+
+    def close(self) -> None:
+        self.body.close()
+
+
+def _open(
+    client: ApiClient, method: str, path: str, *, body: bytes | None, headers: Mapping[str, str], timeout: float
+) -> _Answer:
+    url = client.api_url + path
+    request = urllib.request.Request(url, data=body, headers=dict(headers), method=method)
+    try:
+        resp = client._opener.open(request, timeout=timeout)
+    except urllib.error.HTTPError as err:
+        return _Answer(err.code, err.headers, err)  # a 4xx/5xx (or an unfollowed 302) is an answer too
+    except urllib.error.URLError as err:
+        raise client._unreachable(err.reason, timeout) from None
+    except (TimeoutError, ConnectionError) as err:
+        raise client._unreachable(err, timeout) from None
+    return _Answer(resp.status, resp.headers, resp)
+
+
+class _Progress:
+    """One stderr line per 202: how long, why it waits, where it is."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self._out = out
+        self._started = time.monotonic()
+
+    def show(self, request_id: str, headers: Message) -> None:
+        parts = [headers.get("NVCF-WAIT-REASON") or "in progress"]
+        position = headers.get("NVCF-QUEUE-POSITION")
+        if position:
+            parts.append(f"position {position} in the queue")
+        percent = headers.get("NVCF-PERCENT-COMPLETE")
+        if percent:
+            parts.append(f"{percent}% complete")
+        elapsed = time.monotonic() - self._started
+        print(f"request {request_id}: {', '.join(parts)} ({elapsed:.0f}s)", file=self._out, flush=True)
+
+
+def _write(ctx: CliContext, data: bytes, *, flush: bool) -> None:
+    """Bytes to stdout as they are (decoded only when stdout has no byte buffer, e.g. in tests)."""
+    buffer = getattr(ctx.stdout, "buffer", None)
+    if buffer is None:
+        ctx.stdout.write(data.decode(errors="replace"))
+        if flush:
+            ctx.stdout.flush()
+        return
+    ctx.stdout.flush()
+    buffer.write(data)
+    if flush:
+        buffer.flush()
+
+
+def _invoke(args: argparse.Namespace, ctx: CliContext) -> int:
+    body, content_type = _body(args.data)
+    extra = _headers(args.header)
+    client = connect(args, ctx)
+    cred = client.credential()
+    common = {
+        "Authorization": f"Bearer {cred.value}",
+        "User-Agent": f"nvcf-mono-cli/{__version__}",
+        "Accept": "text/event-stream" if args.stream else "*/*",
+    }
+    if args.poll_seconds is not None:
+        common["NVCF-POLL-SECONDS"] = str(args.poll_seconds)
+    headers = {**common, "Content-Type": content_type}
+    for name, value in extra:
+        headers = {k: v for k, v in headers.items() if k.lower() != name.lower()}
+        headers[name] = value
+    window = args.poll_seconds or (SERVER_STREAM_POLL if args.stream else SERVER_POLL)
+    timeout = max(args.http_timeout, window + READ_SLACK)
+    fid = urllib.parse.quote(args.function_id, safe="")
+    path = f"{PEXEC}/functions/{fid}"
+    if args.version_id:
+        path += f"/versions/{urllib.parse.quote(args.version_id, safe='')}"
+    deadline = time.monotonic() + args.timeout
+    answer = _open(client, "POST", path, body=body, headers=headers, timeout=timeout)
+    progress = _Progress(ctx.stderr)
+    request_id = answer.headers.get("NVCF-REQID") or ""
+    try:
+        while answer.status == 202:
+            request_id = answer.headers.get("NVCF-REQID") or ""
+            answer.body.read()
+            answer.close()
+            if not request_id:
+                raise CliError("HTTP 202 without an NVCF-REQID header: the request cannot be followed", 1)
+            progress.show(request_id, answer.headers)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CliError(
+                    f"request {request_id} is still running after {args.timeout:g}s; it goes on: fetch its result "
+                    f"with GET {PEXEC}/status/{request_id}",
+                    1,
+                )
+            poll = {k: v for k, v in common.items() if k != "NVCF-POLL-SECONDS"}
+            poll["NVCF-POLL-SECONDS"] = str(max(1, min(window, int(remaining))))
+            answer = _open(client, "GET", f"{PEXEC}/status/{request_id}", body=None, headers=poll, timeout=timeout)
+        return _finish(client, ctx, args, answer)
+    except KeyboardInterrupt:
+        if request_id:
+            print(
+                f"stopped following request {request_id}; fetch its result with GET {PEXEC}/status/{request_id}",
+                file=ctx.stderr,
+            )
+        raise
+    finally:
+        answer.close()
+
+
+def _finish(client: ApiClient, ctx: CliContext, args: argparse.Namespace, answer: _Answer) -> int:
+    """Print the final answer; 0 for 2xx (and NVCF's 302 to a large result), else CliError (exit 1)."""
+    status = answer.status
+    request_id = answer.headers.get("NVCF-REQID") or ""
+    media = (answer.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+    if status == 302:
+        location = answer.headers.get("Location") or ""
+        note = f"request {request_id}: the result is too large to return directly; download it from this URL"
+        print(note, file=ctx.stderr)
+        if args.json:
+            emit_json(ctx, _envelope(answer, b"", reference=location))
+        else:
+            _write(ctx, location.encode() + b"\n", flush=True)
+        return 0
+    if 200 <= status < 300:
+        if args.json:
+            emit_json(ctx, _envelope(answer, answer.body.read()))
+            return 0
+        while chunk := answer.body.read1(CHUNK):
+            _write(ctx, chunk, flush=args.stream)
+        _write(ctx, b"", flush=True)
+        return 0
+    raw = answer.body.read(ERROR_BODY_LIMIT)
+    if args.json:
+        emit_json(ctx, _envelope(answer, raw))
+    elif media != "application/problem+json" and raw:
+        _write(ctx, raw, flush=True)  # the function's own error answer
+    detail = _detail(raw, media) or f"the function answered {status}"
+    lines = [f"HTTP {status}: {detail}" + (f" (request {request_id})" if request_id else "")]
+    cred = client.credential()
+    if status == 401:
+        lines.append(f"The {cred.kind} from {cred.origin} was not accepted by {client.api_url}.")
+    elif status == 403 and cred.kind == "API key":
+        lines.append(
+            f"The API key from {cred.origin} needs the invoke_function scope and this function among its resources."
+        )
+    raise CliError("\n".join(lines), 1)
+
+
+def _detail(raw: bytes, media: str) -> str:
+    if "json" in media:
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):
+            text = doc.get("detail") or doc.get("title") or doc.get("message") or doc.get("error")
+            if text:
+                return str(text)
+    if media.startswith("text/") or "json" in media:
+        return raw[:200].decode(errors="replace").strip()
+    return ""
+
+
+def _envelope(answer: _Answer, raw: bytes, *, reference: str | None = None) -> dict[str, Any]:
+    """``--json``: the answer in exec's shape, plus the HTTP status."""
+    doc: dict[str, Any] = {
+        "reqId": answer.headers.get("NVCF-REQID"),
+        "status": answer.headers.get("NVCF-STATUS"),
+        "httpStatus": answer.status,
+    }
+    if reference is not None:
+        doc["responseReference"] = reference
+    elif raw:
+        try:
+            doc["response"] = json.loads(raw)
+        except ValueError:
+            try:
+                doc["response"] = raw.decode()
+            except UnicodeDecodeError:
+                doc["responseBase64"] = base64.b64encode(raw).decode()
+    return {k: v for k, v in doc.items() if v is not None}

@@ -1,0 +1,207 @@
+"""``exec``: NVCF's JSON-wrapped invocation, re-issued as a pexec of the JSON ``requestBody``.
+
+The answer wraps the function's: ``reqId``, ``status``, ``percentComplete``, ``errorCode`` (a status
+other than 200/202/302), ``responseReference`` (a 302's ``Location``) and ``response`` (the JSON body
+of a 200), with the function's HTTP status (302 becomes 200). Failures of the platform itself
+(auth, bad input, a full queue) stay problem+json.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, Literal
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from nvcf_mono.auth import scopes as S
+from nvcf_mono.http.api import ApiRouter, Call, Param, json_response
+from nvcf_mono.http.problem import ProblemError
+from nvcf_mono.planes.invocation.http import (
+    PERCENT,
+    POLL,
+    QUEUE_POSITION,
+    REQID,
+    STATUS,
+    TAG,
+    WAIT_REASON,
+    Invoker,
+    nvcf_status,
+)
+from nvcf_mono.planes.invocation.metrics import Observation
+from nvcf_mono.structure import WireModel, wire
+
+ExecStatus = Literal["errored", "in-progress", "fulfilled"]
+#: Headers of the inner answer the wrapper keeps (the function's own stay inside the JSON).
+KEPT_HEADERS = (REQID, STATUS, PERCENT, WAIT_REASON, QUEUE_POSITION, "Server-Timing")
+
+
+@wire
+class ExecRequestHeader(WireModel):
+    """``requestHeader``: what pexec takes as headers."""
+
+    input_asset_references: tuple[str, ...] = ()
+    poll_duration_seconds: int | None = None
+
+
+@wire
+class ExecRequest(WireModel):
+    """Body of ``POST /v2/nvcf/exec/functions/...``: ``requestBody`` is sent to the function as JSON."""
+
+    request_body: Any
+    request_header: ExecRequestHeader | None = None
+
+
+@wire
+class ExecResponse(WireModel):
+    """The function's answer in NVCF's exec wrapper (nulls omitted)."""
+
+    req_id: str
+    status: ExecStatus
+    response_reference: str | None = None
+    percent_complete: int | None = None
+    error_code: int | None = None
+    response: Any = None
+    #: Why a 202 is still waiting (``queued``, ``running``, ...) and where it is in its queue.
+    wait_reason: str | None = None
+    queue_position: int | None = None
+
+
+def _int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def wrap(answer: web.StreamResponse) -> web.Response:
+    """The exec JSON for a whole (unstreamed) pexec answer; a problem+json answer stays as it is."""
+    if not isinstance(answer, web.Response):  # pragma: no cover - callers pass buffered answers
+        raise ProblemError(500, "exec needs the whole response")
+    status = answer.status
+    request_id = answer.headers.get(REQID, "")
+    body = answer.body if isinstance(answer.body, bytes) else b""
+    percent = _int(answer.headers.get(PERCENT))
+    http_status = status
+    fields: dict[str, Any] = {"status": nvcf_status(status)}
+    if status == 200:
+        try:
+            fields["response"] = json.loads(body)
+        except ValueError as err:
+            raise ProblemError(
+                500,
+                f"the function answered 200 with a body that is not JSON ({err}); exec needs JSON, pexec passes "
+                "any body through",
+                headers={REQID: request_id, STATUS: "errored"},
+            ) from err
+        fields["percent_complete"] = 100
+    elif status == 302:
+        fields["response_reference"] = answer.headers.get("Location")
+        fields["percent_complete"] = 100
+        http_status = 200
+    elif status == 202:
+        fields["percent_complete"] = percent
+        fields["wait_reason"] = answer.headers.get(WAIT_REASON)
+        fields["queue_position"] = _int(answer.headers.get(QUEUE_POSITION))
+    else:
+        fields["error_code"] = status
+    doc = ExecResponse(req_id=request_id, **fields)
+    response = json_response(doc, http_status)
+    headers: CIMultiDict[str] = CIMultiDict()
+    for name in KEPT_HEADERS:
+        value = answer.headers.get(name)
+        if value is not None:
+            headers[name] = value
+    response.headers.update(headers)
+    return response
+
+
+def register(router: ApiRouter, invoker_of: Callable[[], Invoker]) -> None:
+    """``exec`` and its status poll."""
+
+    async def execute(call: Call[ExecRequest], version_id: str | None) -> web.StreamResponse:
+        invoker = invoker_of()
+
+        async def entry(obs: Observation) -> web.StreamResponse:
+            fv = invoker.routing.resolve(call.principal, call.path("functionId"), version_id)
+            obs.target(fv, call.principal.account)
+            header = call.body.request_header or ExecRequestHeader()
+            poll = None
+            if header.poll_duration_seconds is not None:
+                if header.poll_duration_seconds > invoker.config.max_poll_seconds:
+                    raise ProblemError(
+                        400, f"requestHeader.pollDurationSeconds must be <= {invoker.config.max_poll_seconds}"
+                    )
+                poll = max(header.poll_duration_seconds, 1)
+            asset_ids = await invoker.input_assets(
+                call.principal, header.input_asset_references, source="requestHeader.inputAssetReferences"
+            )
+            headers = CIMultiDict(call.request.headers)
+            headers.popall("Content-Length", None)
+            headers["Content-Type"] = "application/json"
+            body = json.dumps(call.body.request_body, separators=(",", ":")).encode()
+            answer = await invoker.handle(
+                call.request,
+                call.principal,
+                fv,
+                method="POST",
+                path=fv.inference_url or "/",
+                headers=headers,
+                asset_ids=asset_ids,
+                poll=poll,
+                body=body,
+                buffered=True,
+            )
+            return wrap(answer)
+
+        return await invoker.observed(entry)
+
+    poll_param = Param(
+        name=POLL, location="header", description="Seconds to wait for the result before a 202 (1-3600).",
+        schema={"type": "integer"},
+    )  # fmt: skip
+    common: dict[str, Any] = {
+        "tag": TAG,
+        "scopes": (S.INVOKE_FUNCTION,),
+        "body": ExecRequest,
+        "response": ExecResponse,
+        "passthrough": True,
+        "errors": (404, 429),
+    }
+
+    @router.route(
+        "POST",
+        "/v2/nvcf/exec/functions/{functionId}",
+        summary="Invoke any ACTIVE version of a function with a JSON body; the answer is wrapped in JSON.",
+        **common,
+    )
+    async def exec_function(call: Call[ExecRequest]) -> web.StreamResponse:
+        return await execute(call, None)
+
+    @router.route(
+        "POST",
+        "/v2/nvcf/exec/functions/{functionId}/versions/{versionId}",
+        summary="Invoke one version of a function with a JSON body; the answer is wrapped in JSON.",
+        **common,
+    )
+    async def exec_function_version(call: Call[ExecRequest]) -> web.StreamResponse:
+        return await execute(call, call.path("versionId"))
+
+    @router.route(
+        "GET",
+        "/v2/nvcf/exec/status/{requestId}",
+        summary="Poll an exec request that answered 202: its wrapped result (once), 202 while it runs.",
+        tag=TAG,
+        scopes=(S.INVOKE_FUNCTION,),
+        response=ExecResponse,
+        passthrough=True,
+        params=(poll_param,),
+        errors=(404,),
+    )
+    async def get_exec_request_status(call: Call[None]) -> web.StreamResponse:
+        invoker = invoker_of()
+        answer = await invoker.poll(call.request, call.principal, call.path("requestId"), buffered=True)
+        return wrap(answer)

@@ -1,0 +1,153 @@
+"""The invocation plane's metrics, under NVCF's names (its dots become underscores).
+
+``function_request_latency`` (histogram), ``function_request`` and ``app_invocation_error``
+(counters) are recorded around every invocation entry point (pexec, exec, Host routing);
+``nvcf_worker_nats_queue_depth_and_inflight`` is a gauge per deployed version, refreshed by one
+task every few seconds so a scrape costs no bus call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import final
+
+import anyio
+from aiohttp import web
+from anyio.abc import TaskStatus
+
+from nvcf_mono.bus.api import Bus
+from nvcf_mono.bus.errors import BusError, NotFound
+from nvcf_mono.http.problem import ProblemError
+from nvcf_mono.metrics import LATENCY_BUCKETS, Metrics
+from nvcf_mono.models.function import CONNECTABLE, FunctionVersion
+from nvcf_mono.planes.invocation.dispatch import Dispatcher
+from nvcf_mono.planes.invocation.routing import RoutingTable
+
+#: NVCF's buckets end at 1800 s; ours start at sub-millisecond, where the platform's own overhead shows.
+REQUEST_LATENCY_BUCKETS = (*LATENCY_BUCKETS, 600, 1800)
+#: The label of errors answered before the function was known (no caller-chosen ids as label values).
+UNKNOWN = "unknown"
+QUEUE_REFRESH = 5.0
+QUEUE_CALL_TIMEOUT = 2.0
+CLIENT_GONE = 499
+
+
+@final
+class Observation:
+    """What one invocation turned out to be, filled in as the handler learns it."""
+
+    __slots__ = ("function_id", "nca_id", "version_id")
+
+    def __init__(self) -> None:
+        self.function_id = ""
+        self.version_id = ""
+        self.nca_id = ""
+
+    def target(self, fv: FunctionVersion, nca_id: str) -> None:
+        """The version being invoked and the caller's account."""
+        self.function_id = fv.id
+        self.version_id = fv.version_id
+        self.nca_id = nca_id
+
+
+Entry = Callable[[Observation], Awaitable[web.StreamResponse]]
+
+
+@final
+class InvocationMetrics:
+    """Declared in the plugin's setup(); observe() wraps each invocation."""
+
+    def __init__(self, registry: Metrics) -> None:
+        self.latency = registry.histogram(
+            "function_request_latency",
+            "Time to serve an invocation (to the end of its response, or its 202), by function version.",
+            ["function_id", "function_version_id"],
+            buckets=REQUEST_LATENCY_BUCKETS,
+        )
+        self.requests = registry.counter(
+            "function_request",
+            "Invocations of a function version, by the caller's account.",
+            ["function_id", "function_version_id", "nca_id"],
+        )
+        self.errors = registry.counter(
+            "app_invocation_error",
+            "Invocations answered with an error status (499: the client went away first).",
+            ["http_status_code", "function_id"],
+        )
+        self.queue_depth = registry.gauge(
+            "nvcf_worker_nats_queue_depth_and_inflight",
+            "Requests queued or in flight per function version (refreshed every few seconds).",
+            ["function_id", "function_version_id"],
+        )
+
+    async def observe(self, entry: Entry) -> web.StreamResponse:
+        """Run one invocation and record its latency, count and error status."""
+        obs = Observation()
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await entry(obs)
+            status = response.status
+            return response
+        except ProblemError as err:
+            status = err.status
+            raise
+        except web.HTTPException as err:
+            status = err.status
+            raise
+        except (asyncio.CancelledError, ConnectionError):
+            status = CLIENT_GONE  # a hang-up cancels the handler
+            raise
+        finally:
+            self._record(obs, status, time.perf_counter() - started)
+
+    def _record(self, obs: Observation, status: int, seconds: float) -> None:
+        if obs.function_id:
+            self.requests.inc(function_id=obs.function_id, function_version_id=obs.version_id, nca_id=obs.nca_id)
+            self.latency.observe(seconds, function_id=obs.function_id, function_version_id=obs.version_id)
+        if status >= 400:
+            self.errors.inc(http_status_code=str(status), function_id=obs.function_id or UNKNOWN)
+
+    async def refresh_queue_depth(
+        self,
+        bus: Bus,
+        routing: RoutingTable,
+        dispatcher: Dispatcher,
+        log: logging.Logger,
+        *,
+        interval: float = QUEUE_REFRESH,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Keep the queue-depth gauge current: one consumer lookup per deployed version per interval."""
+        task_status.started()
+        shown: set[tuple[str, str]] = set()
+        while True:
+            live: set[tuple[str, str]] = set()
+            for fv in routing.functions.values():
+                if fv.status not in CONNECTABLE:
+                    continue
+                live.add((fv.id, fv.version_id))
+                depth = await self._depth(bus, dispatcher, fv.version_id, log)
+                if depth is not None:  # unknown this round: the last value stays
+                    self.queue_depth.set(depth, function_id=fv.id, function_version_id=fv.version_id)
+            for function_id, version_id in shown - live:
+                self.queue_depth.remove(function_id=function_id, function_version_id=version_id)
+            shown = live
+            await anyio.sleep(interval)
+
+    @staticmethod
+    async def _depth(bus: Bus, dispatcher: Dispatcher, version_id: str, log: logging.Logger) -> int | None:
+        stream = bus.stream(dispatcher.stream_name(version_id))
+        with anyio.move_on_after(QUEUE_CALL_TIMEOUT):
+            try:
+                state = await stream.consumer_info(dispatcher.durable(version_id))
+            except NotFound:
+                return 0  # nothing was ever queued for it
+            except BusError as err:
+                log.debug("queue depth of %s: %s", version_id, err)
+                return None
+            return state.num_pending + state.num_ack_pending
+        return None

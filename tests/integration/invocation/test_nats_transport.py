@@ -1,0 +1,93 @@
+"""Workers on the nats transport: they pull their version's requests from JetStream themselves,
+with NATS credentials the platform grants them through the auth callout (scoped to their version).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import nats.errors
+import pytest
+from nats.aio.client import Client as NatsClient
+
+from nvcf_mono.auth.secret import KEYRING
+from nvcf_mono.auth.tokens import TokenSigner
+from nvcf_mono.bus.callout import envelope
+from nvcf_mono.contracts import permissions, subjects
+from nvcf_mono.testing.nats_server import raw_client
+from nvcf_mono.testing.platform import wait_for
+
+from .conftest import deployed, launching_agent, platform
+
+NATS = {"plugins.invocation.transport": "nats"}
+
+
+async def test_pexec_over_the_nats_transport(tmp_path: Path) -> None:
+    async with platform(tmp_path, **NATS) as p, launching_agent(p, tmp_path / "instances"):
+        fid, _ = await deployed(p.admin)
+        for n in range(5):
+            reply = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": f"m{n}", "repeats": 2})
+            assert reply.status == 200, reply.body
+            assert reply.json["message"] == f"m{n}m{n}"
+            assert reply.headers["NVCF-STATUS"] == "fulfilled"
+
+
+async def _connect(url: str, token: str, errors: list[str]) -> NatsClient:
+    async def on_error(err: Exception) -> None:
+        errors.append(str(err))
+
+    return await raw_client(
+        url, token=token, error_cb=on_error, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=5
+    )
+
+
+async def test_worker_credentials_reach_only_their_version(tmp_path: Path) -> None:
+    """The auth callout grants a session token its version's durable and cancels, and nothing else."""
+    async with platform(tmp_path, **NATS) as p, launching_agent(p, tmp_path / "instances"):
+        fid, vid = await deployed(p.admin)
+        other = str(uuid.uuid4())
+        signer = TokenSigner(p.host.services.get(KEYRING).token_key)
+        stream, durable = subjects.request_stream("ncp", vid), subjects.worker_durable("ncp", vid)
+        claims = {
+            "fid": fid,
+            "fvid": vid,
+            "nca": "x",
+            "rid": "r",
+            "iid": "i",
+            "tr": "nats",
+            "st": stream,
+            "du": durable,
+        }
+        token = envelope("APP", "worker", signer.mint(permissions.WORKER_SESSION, claims, ttl=60))
+        url = p.host.endpoints.nats_url.split("@")[-1]
+        if not url.startswith("nats://"):
+            url = "nats://" + url
+        errors: list[str] = []
+        nc = await _connect(url, token, errors)
+        try:
+            # Allowed: its own cancels and pulling from its own durable (no messages waiting: a timeout).
+            await nc.subscribe(subjects.cancel_subject(vid))
+            js = nc.jetstream()
+            sub = await js.pull_subscribe_bind(durable, stream)
+            with pytest.raises(nats.errors.TimeoutError):
+                await sub.fetch(1, timeout=0.5)
+            assert errors == []
+            # Denied: another version's cancels, the control subjects, the JetStream admin API.
+            await nc.subscribe(subjects.cancel_subject(other))
+            await nc.publish("$JS.API.STREAM.LIST", b"")
+            await nc.publish(f"rq.ncp.{vid}.{uuid.uuid4()}", b"forged request")
+            await nc.flush(timeout=5)
+
+            async def denied() -> bool:
+                return sum("permissions violation" in e.lower() for e in errors) >= 3
+
+            await wait_for(denied, timeout=10, what=f"three permission violations: {errors}")
+            assert any(subjects.cancel_subject(other) in e for e in errors), errors
+        finally:
+            await nc.close()
+        # A forged or foreign token gets no connection at all.
+        forged = envelope("APP", "worker", TokenSigner(b"k" * 32).mint(permissions.WORKER_SESSION, claims))
+        for bad in (forged, envelope("APP", "nobody", "x"), "not an envelope"):
+            with pytest.raises(Exception, match=r"(?i)authorization"):
+                await _connect(url, bad, [])

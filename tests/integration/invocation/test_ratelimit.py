@@ -1,0 +1,195 @@
+"""Rate limiting across two invocation nodes on one NATS: about the configured rate, exactly with syncCheck."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from nvcf_mono.auth.secret import PlatformSecret
+from nvcf_mono.contracts import buckets
+from nvcf_mono.host import Host
+from nvcf_mono.planes.invocation.ratelimit import share
+from nvcf_mono.testing.host import running_host
+from nvcf_mono.testing.platform import Api, Reply, platform_config, wait_for
+
+from .conftest import ECHO_FUNCTION, Platform, deployed, launching_agent, platform
+
+LIMIT = 10
+NODES = 2
+#: The worst case the module documents for NODES nodes that know of each other (no syncCheck).
+BOUND = LIMIT + NODES * share(LIMIT, NODES)
+#: Long enough that a busy test machine never lets requests through fail-open; the fail-open
+#: metric is checked to be 0.
+SETTINGS = {"plugins.invocation.rate_limit_timeout": "1"}
+
+
+@asynccontextmanager
+async def two_invocation_nodes(tmp_path: Path) -> AsyncIterator[tuple[Platform, Host, Api]]:
+    """An all-in-one platform, and a second host with role invocation on the same NATS and secret."""
+    secret = tmp_path / "platform-secret"
+    PlatformSecret.generate().write(secret)
+    settings = {**SETTINGS, "node.id": "node-a", "plugins.auth.secret_file": str(secret)}
+    async with platform(tmp_path, **settings) as p:
+        config = platform_config(
+            tmp_path / "node-b",
+            nats_url=p.host.endpoints.nats_url,
+            role="invocation",
+            node="node-b",
+            secret_file=secret,
+            settings=SETTINGS,
+        )
+        async with running_host(config) as b:
+            assert p.key.token is not None
+            yield p, b, Api(p.key.session, b.endpoints.api_url, p.key.token, checker=p.key.checker)
+
+
+async def burst(nodes: tuple[Api, Api], path: str, count: int, *, interval: float = 0.01) -> tuple[list[Reply], int]:
+    """``count`` requests fired ``interval`` apart, alternating nodes, starting just after a second begins."""
+    first = math.ceil(time.time())
+    await anyio.sleep(first - time.time() + 0.05)
+    replies: list[Reply] = []
+
+    async def one(api: Api) -> None:
+        replies.append(await api.post(path, {"message": "hi"}))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(count):
+            tg.start_soon(one, nodes[i % 2])
+            await anyio.sleep(interval)
+    return replies, first
+
+
+async def window_counts(p: Platform, account: str, version_id: str, first: int, admitted: int) -> list[int]:
+    """The shared counters of the version's windows from ``first`` on, once every node wrote what it admitted."""
+    kv = p.bus.kv(buckets.RATE_LIMITS.name)
+    base = buckets.rate_account_key(account, version_id, f"{LIMIT}-S")
+
+    async def settled() -> list[int] | None:
+        counts = []
+        for key in await kv.keys(f"{base}.*"):
+            if int(key.rsplit(".", 1)[1]) < first:
+                continue  # the warm-up requests' windows
+            entry = await kv.get(key)
+            if entry is not None:
+                counts.append(buckets.RATE_COUNT.decode(entry.value).count)
+        return counts if sum(counts) == admitted else None
+
+    counts: list[int] = await wait_for(settled, timeout=5, what=f"{admitted} admissions in the shared counters")
+    return counts
+
+
+def metric(host: Host, name: str) -> float:
+    total = 0.0
+    for line in host.metrics.render().splitlines():
+        if re.match(rf"{name}(\{{.*\}})? ", line):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def check_refusals(replies: list[Reply]) -> None:
+    for reply in replies:
+        assert reply.status in (200, 429), (reply.status, reply.body)
+        if reply.status == 429:
+            assert reply.headers["Content-Type"].startswith("application/problem+json")
+            assert reply.json["title"] == "Too Many Requests" and reply.json["status"] == 429
+            assert "10 requests per second" in reply.detail
+            assert reply.headers["Retry-After"] == "1"
+        else:
+            assert reply.json["message"] == "hi"
+
+
+async def test_two_invocation_nodes_share_the_rate(tmp_path: Path) -> None:
+    async with (
+        two_invocation_nodes(tmp_path) as (p, b, key_b),
+        launching_agent(p, tmp_path / "instances"),
+    ):
+        limited: dict[str, Any] = {**ECHO_FUNCTION, "rateLimit": {"rateLimit": f"{LIMIT}-S"}}
+        exact: dict[str, Any] = {**ECHO_FUNCTION, "rateLimit": {"rateLimit": f"{LIMIT}-S", "syncCheck": True}}
+        ids: dict[str, tuple[str, str]] = {}
+
+        async def deploy(name: str, body: dict[str, Any]) -> None:
+            ids[name] = await deployed(p.admin, body, concurrency=16)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(deploy, "limited", limited)
+            tg.start_soon(deploy, "exact", exact)
+
+        # Both nodes route both versions, and each counts the other in its share.
+        for fid, _ in ids.values():
+            for api in (p.key, key_b):
+
+                async def routed(api: Api = api, fid: str = fid) -> bool:
+                    return (await api.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "hi"})).status == 200
+
+                await wait_for(routed, timeout=30, what="the version routed on both nodes")
+        rl = p.bus.kv(buckets.RATE_LIMITS.name)
+
+        async def two_nodes() -> bool:
+            return len(await rl.keys(buckets.RATE_NODES_PATTERN)) == NODES
+
+        await wait_for(two_nodes, what="both nodes announced")
+        account = "nvcf-default"
+
+        # Without syncCheck: about the rate, within the documented slack, per window.
+        fid, vid = ids["limited"]
+        replies, first = await burst((p.key, key_b), f"/v2/nvcf/pexec/functions/{fid}", 30)
+        check_refusals(replies)
+        admitted = sum(r.status == 200 for r in replies)
+        counts = await window_counts(p, account, vid, first, admitted)
+        # The 30 requests normally fall into one window; a stalled machine may spread them over two.
+        assert max(counts) >= LIMIT and all(c <= BOUND for c in counts), (counts, admitted)
+        if len(counts) == 1:
+            assert LIMIT <= admitted <= BOUND
+        refused = len(replies) - admitted
+
+        # All at once on both nodes: the worst case for the shares, still within the bound.
+        replies, first = await burst((p.key, key_b), f"/v2/nvcf/pexec/functions/{fid}", 30, interval=0)
+        check_refusals(replies)
+        admitted = sum(r.status == 200 for r in replies)
+        counts = await window_counts(p, account, vid, first, admitted)
+        assert max(counts) >= LIMIT and all(c <= BOUND for c in counts), (counts, admitted)
+        refused += len(replies) - admitted
+
+        # With syncCheck: exactly the rate.
+        fid, vid = ids["exact"]
+        replies, first = await burst((p.key, key_b), f"/v2/nvcf/pexec/functions/{fid}", 30)
+        check_refusals(replies)
+        admitted = sum(r.status == 200 for r in replies)
+        counts = await window_counts(p, account, vid, first, admitted)
+        assert max(counts) == LIMIT and all(c <= LIMIT for c in counts), (counts, admitted)
+        if len(counts) == 1:
+            assert admitted == LIMIT
+        refused += len(replies) - admitted
+
+        # Each node counted its own refusals; nothing was let through fail-open.
+        assert metric(p.host, "nvcf_invocation_rate_limited_total") > 0
+        assert metric(b, "nvcf_invocation_rate_limited_total") > 0
+        assert (
+            metric(p.host, "nvcf_invocation_rate_limited_total") + metric(b, "nvcf_invocation_rate_limited_total")
+            == refused
+        )
+        assert metric(p.host, "nvcf_invocation_rate_limit_fail_open_total") == 0
+        assert metric(b, "nvcf_invocation_rate_limit_fail_open_total") == 0
+
+
+async def test_a_version_without_rate_limit_is_never_refused(tmp_path: Path) -> None:
+    async with platform(tmp_path) as p, launching_agent(p, tmp_path / "instances"):
+        fid, vid = await deployed(p.admin, concurrency=16)
+        path = f"/v2/nvcf/pexec/functions/{fid}"
+        replies: list[Reply] = []
+
+        async def one() -> None:
+            replies.append(await p.key.post(path, {"message": "hi"}))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(30):
+                tg.start_soon(one)
+        assert [r.status for r in replies] == [200] * 30
+        assert await p.bus.kv(buckets.RATE_LIMITS.name).keys(f"*.{vid}.>") == []
