@@ -1,4 +1,4 @@
-"""``nvcf-mono cluster list|groups``: the clusters that run functions, and their cluster groups."""
+"""``nvcf-mono cluster list|status|groups``: the clusters that run functions, their live status, their groups."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from nvcf_mono.cli.client import add_api_options, connect
-from nvcf_mono.cli.context import CliContext
-from nvcf_mono.cli.output import emit_json, table
+from nvcf_mono.cli.context import CliContext, CliError
+from nvcf_mono.cli.output import emit_json, fields, table
 
 DEFAULT_ACCOUNT = "nvcf-default"
 
@@ -22,6 +22,12 @@ def register(sub: Any) -> None:
     listing.add_argument("--account", default=DEFAULT_ACCOUNT, metavar="NCA_ID", help=f"default {DEFAULT_ACCOUNT}")
     add_api_options(listing)
     listing.set_defaults(func=_list)
+
+    status = cmds.add_parser("status", help="show a cluster as its agent sees it now: GPUs used and free, instances")
+    status.add_argument("cluster", metavar="NAME_OR_ID", help="the cluster's name or id (see `cluster list`)")
+    status.add_argument("--account", default=DEFAULT_ACCOUNT, metavar="NCA_ID", help=f"default {DEFAULT_ACCOUNT}")
+    add_api_options(status)
+    status.set_defaults(func=_status)
 
     groups = cmds.add_parser("groups", help="list cluster groups (a group's name is a deployment's backend)")
     add_api_options(groups)
@@ -73,6 +79,65 @@ def _list(args: argparse.Namespace, ctx: CliContext) -> int:
             for c in clusters or []
         ),
         empty=f"no clusters in account {args.account}",
+    )
+    return 0
+
+
+def _status(args: argparse.Namespace, ctx: CliContext) -> int:
+    client = connect(args, ctx)
+    doc = client.get(f"/v1/accounts/{args.account}/clusters", management=True)
+    clusters = (doc.get("clusters") if isinstance(doc, dict) else doc) or []
+    wanted = args.cluster
+    found = [c for c in clusters if wanted == c.get("clusterId")] or [
+        c for c in clusters if wanted.lower() == str(c.get("clusterName", "")).lower()
+    ]
+    if not found:
+        raise CliError(
+            f"no cluster named {wanted!r} (or with that id) in account {args.account}; see `cluster list`", 1
+        )
+    if len(found) > 1:
+        ids = ", ".join(str(c.get("clusterId")) for c in found)
+        raise CliError(f"{len(found)} clusters are named {wanted!r} ({ids}): name one by its id", 1)
+    status = client.get(f"/v1/accounts/{args.account}/clusters/{found[0]['clusterId']}/status", management=True)
+    if args.json:
+        emit_json(ctx, status)
+        return 0
+    gpus = [
+        f"{g.get('name')} {g.get('allocated')}/{g.get('capacity')} used, {g.get('available')} free"
+        for g in status.get("gpus") or []
+    ]
+    fields(
+        ctx,
+        (
+            ("name", status.get("clusterName")),
+            ("cluster id", status.get("clusterId")),
+            ("group", status.get("clusterGroupName")),
+            ("region", status.get("region")),
+            ("status", status.get("status")),
+            ("backend", status.get("backend")),
+            ("gpus", gpus),
+            ("instances", status.get("instanceCount")),
+            ("last heartbeat", status.get("lastHeartbeatAt")),
+        ),
+    )
+    print(file=ctx.stdout)
+    table(
+        ctx,
+        ("INSTANCE ID", "FUNCTION ID", "VERSION ID", "STATE", "STATUS", "GPUS", "RESTARTS", "CREATED"),
+        (
+            (
+                i.get("instanceId"),
+                i.get("functionId"),
+                i.get("functionVersionId"),
+                i.get("instanceState"),
+                i.get("status"),
+                [str(d) for d in i.get("devices") or []],
+                i.get("restarts"),
+                i.get("createdAt"),
+            )
+            for i in status.get("instances") or []
+        ),
+        empty="no instances",
     )
     return 0
 

@@ -79,8 +79,11 @@ class ResolvedConfig:
             name: {"enabled": entry.enabled, **unstructure(entry.config, redact=redact)}
             for name, entry in sorted(self.plugins.items())
         }
+        owners = {key: name for name, cls in self.catalog.plugins.items() for key in cls.spec.sections}
         for key, value in sorted(self.sections.items()):
-            data[key] = unstructure(value, redact=redact)
+            owner = self.plugins.get(owners.get(key, ""))
+            if owner is not None and owner.enabled:  # a disabled plugin is not loaded: its section would not parse
+                data[key] = unstructure(value, redact=redact)
         return data
 
 

@@ -49,6 +49,15 @@ def _mapping_item(tp: Any) -> type | None:
     return None
 
 
+def _sequence_item(tp: Any) -> type | None:
+    """The attrs item type of ``tuple[X, ...]``, if that is what ``tp`` is."""
+    if get_origin(tp) in (tuple, list):
+        args = get_args(tp)
+        if args and attrs.has(_unwrap(args[0])):
+            return typing.cast(type, _unwrap(args[0]))
+    return None
+
+
 def render_attrs(cls: type, default: Any, indent: str) -> list[str]:
     """Lines for each field of ``cls``, with ``default`` the instance holding the defaults."""
     lines: list[str] = []
@@ -65,6 +74,16 @@ def render_attrs(cls: type, default: Any, indent: str) -> list[str]:
             lines.extend(render_attrs(tp, value, indent + "  "))
         else:
             lines.append(f"{indent}{key}: {_scalar(value)}")
+            item = _sequence_item(tp)
+            try:
+                example = item() if item is not None else None
+            except TypeError:
+                example = None  # items without defaults for every field are documented by their owner
+            if item is not None and example is not None:
+                lines.extend(_comment(f"Each item is {item.__name__}: {item.__doc__ or ''}", indent))
+                lines.append(f"{indent}#   -")
+                nested = render_attrs(item, example, indent + "     ")
+                lines.extend(f"{indent}#{line[len(indent) :]}" for line in nested)
     return lines
 
 

@@ -29,6 +29,12 @@ FAST = {
     "plugins.control.reconcile.retry_backoff": "0.2",
     "plugins.control.reconcile.retry_backoff_max": "1",
     "plugins.control.cluster_heartbeat_ttl": "5",
+    # No cluster agent unless a test configures one (most tests script their own agents on the bus).
+    "plugins.compute.clusters": "[]",
+    # No example function: tests count the functions they make.
+    "plugins.control.example_function": "false",
+    # Image `echo` is the test echo server (crash, health fail/recover, progress) rather than the example.
+    "images.echo.command": '["{python}", "-m", "nvcf_mono.testing.echo_server", "--port", "{port}"]',
 }
 
 

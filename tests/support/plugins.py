@@ -137,11 +137,11 @@ class Image:
 
 
 class Catalogued(BasePlugin[Any]):
-    """Owns the top-level ``images:`` section, as the local compute backend does."""
+    """Owns the top-level ``test_images:`` section, as the compute plugin owns ``images:``."""
 
     spec: ClassVar[PluginSpec] = PluginSpec(
-        name="catalogued", description="test: owns images", sections={"images": Mapping[str, Image]}
+        name="catalogued", description="test: owns test_images", sections={"test_images": Mapping[str, Image]}
     )
 
     def setup(self, ctx: SetupContext) -> None:
-        EVENTS.append(f"catalogued:images:{sorted(ctx.section('images'))}")
+        EVENTS.append(f"catalogued:test_images:{sorted(ctx.section('test_images'))}")

@@ -1,22 +1,148 @@
-"""The compute plane's plugin: the cluster agent (NVCA) and its backends.
+"""The compute plane's plugin: one cluster agent (NVCA) per configured cluster, each on its backend.
 
-So far it only takes its place in the host (roles all-in-one and compute); the cluster agent and
-the local backend arrive with the compute-plane work.
+The default configuration runs one cluster, ``local``, whose instances are processes on this machine
+(its GPUs from ``nvidia-smi``, or a fake inventory of 8 H100). The top-level ``images:`` section is
+the local backend's image catalog: which command line a function's ``containerImage`` runs.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from functools import partial
 from typing import ClassVar
 
-from nvcf_mono.plugin import BasePlugin, NoConfig, PluginSpec
+import anyio
+from anyio.abc import TaskStatus
+
+from nvcf_mono import __version__
+from nvcf_mono.bus.errors import BusError
+from nvcf_mono.contracts import buckets, streams
+from nvcf_mono.errors import NvcfMonoError
+from nvcf_mono.planes.compute.agent import ClusterAgent
+from nvcf_mono.planes.compute.backends import COMPUTE_BACKENDS, Backend, BackendContext
+from nvcf_mono.planes.compute.backends.local import LocalProvider
+from nvcf_mono.planes.compute.config import ComputeConfig, Image, image_catalog
+from nvcf_mono.planes.compute.identity import cluster_ids, identity
+from nvcf_mono.plugin import BasePlugin, PluginNotReady, PluginSpec, RunContext, SetupContext
 
 
-class ComputePlane(BasePlugin[NoConfig]):
+class ComputePlane(BasePlugin[ComputeConfig]):
     """Plugin ``compute``."""
 
     spec: ClassVar[PluginSpec] = PluginSpec(
         name="compute",
         description="Compute plane: the cluster agent that runs function instances on its backend.",
         roles=frozenset({"all-in-one", "compute"}),
-        config_type=NoConfig,
+        # Started after the planes it reports to, so it stops before them.
+        after=("control", "invocation"),
+        config_type=ComputeConfig,
+        sections={"images": Mapping[str, Image]},
     )
+
+    def setup(self, ctx: SetupContext) -> None:
+        ctx.declare_bucket(buckets.AGENT_REQUESTS)
+        ctx.declare_stream(streams.CREATE_STREAM)
+        ctx.declare_stream(streams.TERMINATE_STREAM)
+        self.catalog = image_catalog(ctx.section("images"))
+        ctx.extend(COMPUTE_BACKENDS, LocalProvider())
+
+    async def run(self, ctx: RunContext[ComputeConfig], *, task_status: TaskStatus[None]) -> None:
+        config = self.config
+        ids = cluster_ids(ctx.state_dir, config.clusters)
+        backends = self._backends(ctx)
+        agents = [
+            ClusterAgent(
+                bus=ctx.bus,
+                cluster=cluster,
+                ident=identity(cluster, ids[cluster.name], ctx.settings.node.region),
+                config=config,
+                backend=backends[cluster.backend],
+                state_dir=ctx.state_dir / ids[cluster.name],
+                log=ctx.log.getChild(cluster.name),
+                version=__version__,
+            )
+            for cluster in config.clusters
+        ]
+        _metrics(ctx, agents)
+        try:
+            for agent in agents:
+                await agent.prepare()
+        except BusError as err:
+            raise PluginNotReady(f"the bus is not ready for the cluster agents: {err}") from err
+        async with AsyncExitStack() as stack:
+            for backend in backends.values():
+                await stack.enter_async_context(backend)
+            await self._serve(ctx, agents, task_status)
+
+    def _backends(self, ctx: RunContext[ComputeConfig]) -> dict[str, Backend]:
+        """One backend per name the clusters use, from the providers plugins contributed."""
+        providers = {ext.value.name: ext.value for ext in ctx.services.extensions(COMPUTE_BACKENDS)}
+        wanted = sorted({cluster.backend for cluster in self.config.clusters})
+        unknown = [name for name in wanted if name not in providers]
+        if unknown:
+            raise ComputeConfigError(
+                f"plugins.compute.clusters: no compute backend named {', '.join(map(repr, unknown))} "
+                f"(available: {', '.join(sorted(providers))}; a plugin that provides one must be enabled)"
+            )
+        made = BackendContext(
+            config=self.config,
+            catalog=self.catalog,
+            environ=dict(os.environ),  # noqa: TID251 - instance processes inherit the host's environment
+            state_dir=ctx.state_dir,
+            log=ctx.log,
+        )
+        return {name: providers[name].create(made) for name in wanted}
+
+    async def _serve(
+        self, ctx: RunContext[ComputeConfig], agents: list[ClusterAgent], task_status: TaskStatus[None]
+    ) -> None:
+        config = self.config
+        async with anyio.create_task_group() as tg:
+            for agent in agents:
+                await tg.start(agent.run)
+            task_status.started()
+            await ctx.wait_stopping()
+            with ctx.track():
+                grace = min(config.local.termination_grace, ctx.settings.shutdown.drain_grace)
+                async with anyio.create_task_group() as stops:
+                    for agent in agents:
+                        stops.start_soon(
+                            partial(agent.shutdown, stop_instances=config.local.stop_instances_on_shutdown, grace=grace)
+                        )
+            tg.cancel_scope.cancel()
+
+
+class ComputeConfigError(NvcfMonoError):
+    """A cluster names a backend no plugin provides."""
+
+
+def _metrics(ctx: RunContext[ComputeConfig], agents: list[ClusterAgent]) -> None:
+    """Instances by state and GPUs by use, per cluster, read at every scrape."""
+    instances = ctx.metrics.gauge(
+        "nvcf_compute_instances", "Instances a cluster agent holds, by instanceState.", ("cluster", "state")
+    )
+    gpus = ctx.metrics.gauge(
+        "nvcf_compute_gpus", "GPUs of a cluster: capacity and allocated.", ("cluster", "gpu", "kind")
+    )
+
+    def count_instances() -> list[tuple[tuple[str, ...], float]]:
+        counts: dict[tuple[str, ...], float] = {}
+        for agent in agents:
+            for req in agent.book:
+                for inst in req.instances:
+                    key = (agent.ident.name, inst.state)
+                    counts[key] = counts.get(key, 0) + 1
+        return sorted(counts.items())
+
+    def count_gpus() -> list[tuple[tuple[str, ...], float]]:
+        out: list[tuple[tuple[str, ...], float]] = []
+        for agent in agents:
+            for name, usage in sorted(agent.allocator.usage().items()):
+                out.append(((agent.ident.name, name, "capacity"), float(usage.capacity)))
+                out.append(((agent.ident.name, name, "allocated"), float(usage.allocated)))
+        return out
+
+    instances.set_function(count_instances)
+    gpus.set_function(count_gpus)

@@ -8,6 +8,7 @@ from nvcf_mono.planes.control.api import (
     clusters,
     deployments,
     functions,
+    instances,
     keys,
     queues,
     registry_credentials,
@@ -15,4 +16,16 @@ from nvcf_mono.planes.control.api import (
     sharing,
 )
 
-ALL = (functions, deployments, accounts, keys, clusters, sharing, secrets, registry_credentials, assets, queues)
+ALL = (
+    functions,
+    deployments,
+    accounts,
+    keys,
+    clusters,
+    sharing,
+    secrets,
+    registry_credentials,
+    assets,
+    queues,
+    instances,
+)

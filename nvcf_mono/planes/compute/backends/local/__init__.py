@@ -1,0 +1,440 @@
+"""The local backend: an instance is its inference server process plus ``nvcf-mono worker`` beside it.
+
+Like a Pod with ``restartPolicy: Always``, a process that exits is started again after a backoff
+(the agent counts the exits and calls a loop a loop). Each process leads its own session, so a
+terminate reaches what it started, and instances outlive an agent killed with SIGKILL: the next
+agent takes them over by pid and start time. Each instance gets its own port, directory and logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from functools import partial
+from pathlib import Path
+from typing import final
+
+import aiohttp
+import anyio
+import attrs
+
+from nvcf_mono.bus.embedded import free_port
+from nvcf_mono.contracts import env, states
+from nvcf_mono.contracts.agent import AgentInstance, AgentLog, AgentProcess
+from nvcf_mono.contracts.messages import CreationMessage
+from nvcf_mono.planes.compute.backends import BackendContext, LaunchSpec
+from nvcf_mono.planes.compute.backends.local import processes
+from nvcf_mono.planes.compute.backends.local.environment import (
+    Where,
+    host_environment,
+    inference_environment,
+    worker_environment,
+)
+from nvcf_mono.planes.compute.backends.local.images import LaunchError, resolve
+from nvcf_mono.planes.compute.backends.local.processes import Proc, exit_text, read_tail, spawn
+from nvcf_mono.planes.compute.config import HealthSettings, Image, LocalSettings
+from nvcf_mono.planes.compute.health import LaunchFailure, Observation
+
+INFERENCE, WORKER = "inference", "worker"
+LOGS = {INFERENCE: "inference.log", WORKER: "worker.log"}
+_TITLE = {INFERENCE: "the inference server", WORKER: "the worker"}
+
+
+@final
+@attrs.define(eq=False)
+class LocalInstance:
+    """One instance's processes and how to start them (again)."""
+
+    instance_id: str
+    directory: Path
+    port: int | None
+    health_port: int | None
+    argv: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
+    envs: dict[str, dict[str, str]] = attrs.field(factory=dict)
+    cwd: dict[str, Path] = attrs.field(factory=dict)
+    procs: dict[str, Proc] = attrs.field(factory=dict)
+    exits: list[float] = attrs.field(factory=list)
+    last_exit: str = ""
+    exited_role: str = ""
+    #: role -> monotonic time at which it is started again
+    due: dict[str, float] = attrs.field(factory=dict)
+    streak: dict[str, int] = attrs.field(factory=dict)
+    failure: LaunchFailure | None = None
+    #: Monotonic time since which the inference server waits for the worker to write the secrets.
+    secrets_wait: float | None = None
+    stopped: bool = False
+    fixed_port: int | None = None
+
+    @property
+    def processes(self) -> tuple[AgentProcess, ...]:
+        return tuple(
+            AgentProcess(role=p.role, pid=p.pid, start_ticks=p.ticks, started_at=p.started_at)
+            for p in self.procs.values()
+            if not p.ended
+        )
+
+    def log_path(self, role: str) -> Path:
+        return self.directory / LOGS[role]
+
+
+class LocalBackend:
+    """Runs instances as processes on this machine (container functions only)."""
+
+    name = "local"
+    capabilities: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        *,
+        catalog: Mapping[str, Image],
+        environ: Mapping[str, str],
+        health: HealthSettings,
+        local: LocalSettings,
+        log: logging.Logger,
+    ) -> None:
+        self._catalog = dict(catalog)
+        self._base = host_environment(environ)
+        self._path = environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        self._health = health
+        self._local = local
+        self._log = log
+        self._worker_argv = local.worker_command or (sys.executable, "-m", "nvcf_mono", "worker")
+        self._ports: set[int] = set()
+        self._fixed: dict[int, str] = {}
+        self._http: aiohttp.ClientSession | None = None
+        #: Instances started or taken over and not released yet.
+        self._held: dict[str, LocalInstance] = {}
+
+    async def __aenter__(self) -> LocalBackend:
+        self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        # What is still held when the backend closes is left running (the next agent takes it over).
+        for inst in self._held.values():
+            for proc in inst.procs.values():
+                proc.detach()
+        self._held.clear()
+        if self._http is not None:
+            with anyio.move_on_after(2, shield=True):
+                await self._http.close()
+            self._http = None
+
+    # ---- what runs here ----------------------------------------------------------------------------
+
+    def refuse(self, message: CreationMessage) -> LaunchFailure | None:
+        if message.launch_specification.helm_chart:
+            return LaunchFailure(
+                cause=states.CREATE_CONTAINER_ERROR,
+                detail="this cluster runs instances as local processes (backend 'local'), which cannot install "
+                "Helm charts: deploy Helm functions to a cluster with the Kubernetes backend",
+            )
+        return None
+
+    def _port(self) -> int:
+        for _ in range(100):
+            port = free_port("127.0.0.1")
+            if port not in self._ports:
+                self._ports.add(port)
+                return port
+        raise LaunchError(states.CREATE_CONTAINER_ERROR, "no free port on this host")
+
+    def _prepare(self, spec: LaunchSpec, inst: LocalInstance) -> None:
+        """Resolve the image and build both environments (raises LaunchError)."""
+        message = spec.message
+        contract = message.launch_specification.environment
+        image = message.launch_specification.container_image or contract.get(env.INFERENCE_CONTAINER)
+        assert inst.port is not None and inst.health_port is not None
+        command = resolve(
+            self._catalog,
+            image,
+            contract.get(env.INFERENCE_CONTAINER_ARGS, ""),
+            port=inst.port,
+            python=sys.executable,
+            instance_dir=spec.directory,
+            path=self._path,
+        )
+        if command.fixed_port is not None:
+            holder = self._fixed.get(command.fixed_port)
+            if holder is not None and holder != inst.instance_id:
+                raise LaunchError(
+                    states.CREATE_CONTAINER_ERROR,
+                    f"image {command.image!r} always listens on port {command.fixed_port} (images.{command.image}."
+                    f"port), which instance {holder} uses: this image runs one instance per host",
+                )
+            self._ports.discard(inst.port)
+            inst.port = inst.fixed_port = command.fixed_port
+            self._fixed[command.fixed_port] = inst.instance_id
+        where = Where(
+            instance_id=inst.instance_id,
+            cluster_id=spec.cluster_id,
+            port=inst.port,
+            health_port=inst.health_port,
+            directory=spec.directory,
+            devices=spec.allocation.devices if spec.allocation is not None else (),
+            ready_timeout=self._health.start_timeout + 60,
+            health_interval=min(self._health.probe_interval, 1.0),
+        )
+        inst.argv = {INFERENCE: command.argv, WORKER: tuple(self._worker_argv)}
+        inst.cwd = {INFERENCE: command.cwd, WORKER: spec.directory}
+        inst.envs = {
+            INFERENCE: inference_environment(self._base, contract, command.env, where),
+            WORKER: worker_environment(self._base, contract, where),
+        }
+
+    @staticmethod
+    def _directory(path: Path) -> None:
+        for sub in (path, path / "assets", path / "responses"):
+            sub.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    async def start(self, spec: LaunchSpec) -> LocalInstance:
+        self._directory(spec.directory)
+        inst = LocalInstance(instance_id=spec.instance_id, directory=spec.directory, port=None, health_port=None)
+        self._held[inst.instance_id] = inst
+        try:
+            inst.port, inst.health_port = self._port(), self._port()
+            self._prepare(spec, inst)
+            await self._spawn(inst, WORKER, "starting the worker")
+            if self._secrets_needed(inst):
+                inst.secrets_wait = time.monotonic()  # the server starts once the worker wrote the secrets
+            else:
+                await self._spawn(inst, INFERENCE, "starting the inference server")
+        except LaunchError as err:
+            inst.failure = err.failure
+            self._log.info("instance %s cannot start: %s", inst.instance_id, err.failure.detail)
+        return inst
+
+    async def adopt(self, spec: LaunchSpec, recorded: AgentInstance) -> LocalInstance:
+        self._directory(spec.directory)
+        inst = LocalInstance(
+            instance_id=spec.instance_id, directory=spec.directory, port=recorded.port, health_port=recorded.health_port
+        )
+        self._held[inst.instance_id] = inst
+        try:
+            if inst.port is None or inst.health_port is None:
+                inst.port, inst.health_port = inst.port or self._port(), inst.health_port or self._port()
+            self._ports.update({inst.port, inst.health_port})
+            self._prepare(spec, inst)
+        except LaunchError as err:
+            inst.failure = err.failure
+            return inst
+        now = time.time()
+        for rec in recorded.processes:
+            proc = Proc(role=rec.role, pid=rec.pid, ticks=rec.start_ticks, started_at=rec.started_at)
+            if proc.is_same() and processes.belongs_to(rec.pid, inst.instance_id):
+                inst.procs[rec.role] = proc
+                self._log.info("instance %s: took over %s (pid %d)", inst.instance_id, _TITLE[rec.role], rec.pid)
+        missing = [role for role in (WORKER, INFERENCE) if role not in inst.procs]
+        if missing:
+            # Gone while the agent was away: started again now, and counted like any exit.
+            inst.exits.append(now)
+            inst.last_exit = f"{_TITLE[missing[0]]} ended while the agent was not running"
+            inst.exited_role = missing[0]
+            for role in missing:
+                inst.due[role] = time.monotonic()
+        return inst
+
+    def _secrets_needed(self, inst: LocalInstance) -> bool:
+        present = inst.envs[WORKER].get(env.FUNCTION_SECRETS_PRESENT, "false").lower() == "true"
+        return present and not (inst.directory / "secrets.json").exists()
+
+    async def _spawn(self, inst: LocalInstance, role: str, banner: str) -> None:
+        argv = inst.argv[role]
+        try:
+            proc = await anyio.to_thread.run_sync(
+                partial(
+                    spawn,
+                    role,
+                    argv=argv,
+                    environment=inst.envs[role],
+                    cwd=inst.cwd[role],
+                    log_path=inst.log_path(role),
+                    banner=f"{banner}: {' '.join(argv)}",
+                )
+            )
+        except FileNotFoundError as err:
+            cause = states.IMAGE_PULL_ISSUES if role == INFERENCE else states.CREATE_CONTAINER_ERROR
+            raise LaunchError(cause, f"cannot start {_TITLE[role]}: {argv[0]!r} was not found ({err})") from err
+        except OSError as err:
+            raise LaunchError(states.CREATE_CONTAINER_ERROR, f"cannot start {_TITLE[role]}: {err}") from err
+        inst.procs[role] = proc
+
+    # ---- watching ----------------------------------------------------------------------------------
+
+    async def observe(self, handle: object) -> Observation:
+        inst = _local(handle)
+        if inst.failure is None and not inst.stopped:
+            try:
+                await self._tend(inst)
+            except LaunchError as err:
+                inst.failure = err.failure
+        if inst.failure is not None:
+            return Observation(ready=False, failure=inst.failure)
+        ready, detail = await self._probe(inst)
+        if ready:
+            inst.streak.clear()
+        return Observation(
+            ready=ready,
+            detail=detail,
+            exits=tuple(inst.exits),
+            last_exit=inst.last_exit,
+            exited_role=inst.exited_role,
+        )
+
+    async def _tend(self, inst: LocalInstance) -> None:
+        """Note exits, start again what is due, and start the server once its secrets are written."""
+        now, mono = time.time(), time.monotonic()
+        for role, proc in list(inst.procs.items()):
+            if proc.poll():
+                continue
+            del inst.procs[role]
+            if proc.popen is not None:
+                processes.kill_group(proc.pid, signal.SIGKILL)  # what it started dies with it
+            what = exit_text(role, proc)
+            if proc.returncode == 127:
+                raise LaunchError(states.IMAGE_PULL_ISSUES, f"{what} (command not found)")
+            if proc.returncode == 126:
+                raise LaunchError(states.CREATE_CONTAINER_ERROR, f"{what} (command not executable)")
+            inst.exits.append(now)
+            inst.exits[:] = inst.exits[-50:]
+            inst.last_exit, inst.exited_role = what, role
+            streak = inst.streak[role] = inst.streak.get(role, 0) + 1
+            delay = min(self._health.restart_backoff * 2 ** (streak - 1), self._health.restart_backoff_max)
+            inst.due[role] = mono + delay
+            self._log.info("instance %s: %s; starting it again in %.1fs", inst.instance_id, what, delay)
+        if inst.secrets_wait is not None:
+            if (inst.directory / "secrets.json").exists():
+                inst.secrets_wait = None
+                inst.due[INFERENCE] = mono
+            elif WORKER not in inst.procs and WORKER not in inst.due:
+                raise LaunchError(states.INIT_CONTAINER_STUCK, "the worker ended before it wrote the secrets")
+            elif mono - inst.secrets_wait > self._local.secrets_timeout:
+                raise LaunchError(
+                    states.INIT_CONTAINER_STUCK,
+                    f"the worker did not fetch the instance's secrets within {self._local.secrets_timeout:g}s",
+                )
+        for role, when in sorted(inst.due.items()):
+            if mono < when or (role == INFERENCE and inst.secrets_wait is not None):
+                continue
+            del inst.due[role]
+            again = role in inst.streak or role == inst.exited_role
+            await self._spawn(inst, role, f"starting {_TITLE[role]}{' again' if again else ''}")
+
+    async def _probe(self, inst: LocalInstance) -> tuple[bool, str]:
+        """The worker's readiness: the inference server is healthy and the worker is connected."""
+        if WORKER not in inst.procs:
+            return False, "the worker is not running"
+        if INFERENCE not in inst.procs:
+            return False, "the inference server is not running" + (
+                " (waiting for the worker to fetch secrets)" if inst.secrets_wait is not None else ""
+            )
+        assert self._http is not None, "use the backend as an async context manager"
+        url = f"http://127.0.0.1:{inst.health_port}/v1/health/ready"
+        try:
+            with anyio.fail_after(self._health.probe_timeout):
+                async with self._http.get(url) as resp:
+                    if resp.status == 200:
+                        return True, ""
+                    try:
+                        body = await resp.json(content_type=None)
+                    except ValueError:
+                        body = {}
+                    detail = body.get("detail") if isinstance(body, dict) else None
+                    return False, f"not ready: {detail or f'HTTP {resp.status}'}"
+        except TimeoutError:
+            return False, f"the worker's readiness check took longer than {self._health.probe_timeout:g}s"
+        except (aiohttp.ClientError, OSError):
+            return False, "the worker's health endpoint does not answer yet"
+
+    # ---- stopping ----------------------------------------------------------------------------------
+
+    async def stop(self, handle: object, grace: float) -> None:
+        inst = _local(handle)
+        inst.stopped = True
+        inst.due.clear()
+        live = [p for p in inst.procs.values() if p.poll()]
+        for proc in live:
+            proc.signal_group(signal.SIGTERM)
+        with anyio.move_on_after(grace):
+            await _until(lambda: not any(p.poll() for p in live), 0.05)
+        for proc in inst.procs.values():
+            # The leader may be gone while what it started lives on in its group: that goes too.
+            if proc.popen is not None or proc.poll():
+                processes.kill_group(proc.pid, signal.SIGKILL)
+        with anyio.move_on_after(5):
+            await _until(lambda: not any(p.poll() for p in live), 0.02)
+        inst.procs.clear()
+
+    async def release(self, handle: object) -> None:
+        inst = _local(handle)
+        self._held.pop(inst.instance_id, None)
+        for port in (inst.port, inst.health_port):
+            if port is not None:
+                self._ports.discard(port)
+        if inst.fixed_port is not None and self._fixed.get(inst.fixed_port) == inst.instance_id:
+            del self._fixed[inst.fixed_port]
+        # Logs stay for `instance logs`; secrets and per-request files do not.
+        (inst.directory / "secrets.json").unlink(missing_ok=True)
+        for sub in ("assets", "responses"):
+            await anyio.to_thread.run_sync(partial(shutil.rmtree, inst.directory / sub, ignore_errors=True))
+
+    # ---- logs --------------------------------------------------------------------------------------
+
+    def logs(self, directory: Path, tail: int) -> tuple[AgentLog, ...]:
+        out = []
+        for role in (INFERENCE, WORKER):
+            path = directory / LOGS[role]
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            out.append(AgentLog(name=role, path=str(path), text=read_tail(path, tail), size=size))
+        return tuple(out)
+
+    def error_log(self, handle: object, source: str, limit: int) -> str:
+        inst = _local(handle)
+        role = WORKER if source in ("utils", "init") else INFERENCE
+        return read_tail(inst.log_path(role), limit)
+
+    async def sweep(self, cluster_id: str, root: Path, keep: set[int]) -> list[str]:
+        found = await anyio.to_thread.run_sync(lambda: list(processes.cluster_processes(cluster_id, root)))
+        mine = os.getpgrp()
+        # A recorded process keeps its whole group (a server's own workers); anything else goes.
+        strays = {group: iid for pid, group, iid in found if pid not in keep and group not in keep and group != mine}
+        for group, iid in strays.items():
+            self._log.warning("stopping process group %d of instance %s: no request holds it", group, iid)
+            processes.kill_group(group, signal.SIGTERM)
+        if strays:
+            with anyio.move_on_after(min(self._local.termination_grace, 5.0)):
+                await _until(lambda: all(processes.start_ticks(group) is None for group in strays), 0.05)
+            for group in strays:
+                processes.kill_group(group, signal.SIGKILL)
+        return sorted(set(strays.values()))
+
+
+async def _until(done: Callable[[], bool], interval: float) -> None:
+    """Poll until ``done()``: process exits of processes that are not our children signal nothing."""
+    while not done():  # noqa: ASYNC110
+        await anyio.sleep(interval)
+
+
+def _local(handle: object) -> LocalInstance:
+    assert isinstance(handle, LocalInstance), handle
+    return handle
+
+
+@final
+class LocalProvider:
+    """Contributes the ``local`` backend (to ``COMPUTE_BACKENDS``)."""
+
+    name = "local"
+
+    def create(self, ctx: BackendContext) -> LocalBackend:
+        return LocalBackend(
+            catalog=ctx.catalog, environ=ctx.environ, health=ctx.config.health, local=ctx.config.local, log=ctx.log
+        )

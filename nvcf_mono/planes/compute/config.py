@@ -1,0 +1,216 @@
+"""Settings of the compute plane (``plugins.compute``) and the local backend's image catalog (``images:``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Literal
+
+import attrs
+
+from nvcf_mono.structure import ByteSize, Seconds, at_least, in_range, matches, optional, positive, setting
+
+_NAME = matches(r"[A-Za-z0-9][A-Za-z0-9_-]*", "letters, digits, '-' or '_'")
+_GPU = matches(r"[A-Za-z0-9][A-Za-z0-9-]*", "letters, digits or '-' (H100, L40S, RTXPRO6000)")
+_CLUSTER_ID = matches(r"[A-Za-z0-9][A-Za-z0-9_-]*", "letters, digits, '-' or '_' (it is a NATS subject token)")
+
+
+@attrs.frozen(kw_only=True)
+class GpuSettings:
+    """GPUs of a cluster without real ones to discover (a fake GPU operator for dev boxes and CI)."""
+
+    name: str = setting("H100", doc="GPU model as NVCF names it (H100, A100, L40S).", check=_GPU)
+    count: int = setting(8, doc="GPUs per node.", check=in_range(1, 64))
+    nodes: int = setting(1, doc="Nodes with `count` GPUs each.", check=in_range(1, 1024))
+    memory: str = setting("80GB", doc="Memory of one GPU (the instance types' gpuMemory).")
+    product: str | None = setting(None, doc="Full product name, e.g. NVIDIA-H100-80GB-HBM3 (descriptions).")
+
+
+@attrs.frozen(kw_only=True)
+class ClusterSettings:
+    """One cluster this process runs an agent for."""
+
+    name: str = setting("local", doc="Cluster name (NVCF's availability zone); unique in this process.", check=_NAME)
+    id: str | None = setting(
+        None,
+        doc="Cluster id. Default: generated at first start and kept in the plugin's state directory.",
+        check=optional(_CLUSTER_ID),
+    )
+    group: str | None = setting(
+        None, doc="Cluster group: the `backend` deployments name. Default: the cluster name.", check=optional(_NAME)
+    )
+    region: str | None = setting(None, doc="Region of the cluster. Default: node.region.")
+    cloud_provider: str = setting(
+        "ON-PREM",
+        doc="Provider part of instance-type names: ON-PREM, DGX-CLOUD, AWS, GCP, OCI, AZURE, NCP.",
+        check=matches(r"[A-Z0-9-]+", "upper-case letters, digits or '-'"),
+    )
+    backend: str = setting(
+        "local",
+        doc="The compute backend that runs its instances: local (built in: processes on this machine, "
+        "container functions only), or one a plugin provides.",
+        check=matches(r"[a-z][a-z0-9_-]*", "a backend name: lower-case letters, digits, '_' or '-'"),
+    )
+    gpu_discovery: Literal["auto", "nvidia-smi", "static"] = setting(
+        "auto",
+        doc="auto: the GPUs nvidia-smi lists when it is present, else `gpus`; nvidia-smi: only real GPUs; "
+        "static: always `gpus`.",
+    )
+    gpus: tuple[GpuSettings, ...] = setting(
+        factory=lambda: (GpuSettings(),), doc="The GPU inventory registered when no real GPUs are discovered."
+    )
+    attributes: tuple[str, ...] = setting((), doc="Attributes deployments may require, e.g. [NVLinkOptimized=true].")
+    nca_id: str | None = setting(None, doc="The account that owns the cluster. Default: shared with every account.")
+    authorized_nca_ids: tuple[str, ...] = setting((), doc="Further accounts that may deploy on an owned cluster.")
+
+
+@attrs.frozen(kw_only=True)
+class HealthSettings:
+    """When an instance counts as failed (reference compute-plane §4; NVCA's defaults)."""
+
+    start_timeout: Seconds = setting(
+        7200.0, doc="An instance never ready this long after launch is degraded-worker.", check=positive
+    )
+    degradation_period: Seconds = setting(
+        1800.0, doc="An instance that was ready and has not been for this long is degraded-worker.", check=positive
+    )
+    restart_limit: int = setting(
+        3, doc="This many process exits within restart_window is container-restart-loop.", check=in_range(1, 100)
+    )
+    restart_window: Seconds = setting(600.0, doc="Window over which exits are counted.", check=positive)
+    restart_backoff: Seconds = setting(
+        1.0, doc="Pause before a process that exited is started again (doubles each time).", check=positive
+    )
+    restart_backoff_max: Seconds = setting(30.0, doc="Longest pause before a restart.", check=positive)
+    probe_interval: Seconds = setting(
+        1.0, doc="How often each instance's processes and readiness are checked.", check=at_least(0.05)
+    )
+    probe_timeout: Seconds = setting(2.0, doc="Deadline of one readiness check.", check=positive)
+
+
+@attrs.frozen(kw_only=True)
+class LocalSettings:
+    """The local backend: instances are processes on this machine."""
+
+    termination_grace: Seconds = setting(
+        30.0, doc="Between SIGTERM and SIGKILL when an instance stops (its worker drains meanwhile).", check=at_least(0)
+    )
+    stop_instances_on_shutdown: bool = setting(
+        True,
+        doc="Stop every instance when the host stops. false: leave them running; the next start re-adopts them.",
+    )
+    worker_command: tuple[str, ...] = setting(
+        (), doc="The sidecar's command line. Default: this Python running `nvcf_mono worker`."
+    )
+    secrets_timeout: Seconds = setting(
+        60.0,
+        doc="How long the worker may take to fetch an instance's secrets before its server starts.",
+        check=positive,
+    )
+    error_log_bytes: ByteSize = setting(
+        1024, doc="How much of an instance's log a failure report carries.", check=in_range(64, 64 * 1024)
+    )
+
+
+@attrs.frozen(kw_only=True)
+class ComputeConfig:
+    """Settings of the compute plane: the cluster agents this process runs, and how."""
+
+    clusters: tuple[ClusterSettings, ...] = setting(
+        factory=lambda: (ClusterSettings(),),
+        doc="Clusters to run an agent for (one process may host several). Default: one local cluster.",
+    )
+    heartbeat_interval: Seconds = setting(5.0, doc="Between heartbeats to the control plane.", check=positive)
+    inventory_interval: Seconds = setting(
+        60.0, doc="How often GPUs are discovered again (a change registers the cluster again).", check=positive
+    )
+    reregister_interval: Seconds = setting(3600.0, doc="Register again at least this often.", check=positive)
+    status_interval: Seconds = setting(
+        300.0, doc="Every live instance's status is reported at least this often.", check=positive
+    )
+    sync_interval: Seconds = setting(
+        300.0,
+        doc="How often the agent compares its instances with the control plane's list and stops unwanted ones.",
+        check=positive,
+    )
+    sync_grace: Seconds = setting(
+        30.0, doc="Instances younger than this are never stopped by that comparison.", check=at_least(0)
+    )
+    call_timeout: Seconds = setting(5.0, doc="Deadline of one call to the control plane.", check=positive)
+    retry_backoff_max: Seconds = setting(5.0, doc="Longest pause between retries of a failed call.", check=positive)
+    max_inflight: int = setting(10, doc="Creation (and termination) messages handled at once.", check=in_range(1, 1000))
+    fetch_timeout: Seconds = setting(3.0, doc="How long one pull from a durable waits for messages.", check=positive)
+    capacity_backoff: Seconds = setting(
+        5.0, doc="A creation message that does not fit the free GPUs is redelivered after this.", check=positive
+    )
+    finished_ttl: Seconds = setting(
+        3600.0,
+        doc="How long a finished request is remembered (its logs kept, its redeliveries recognised).",
+        check=positive,
+    )
+    health: HealthSettings = setting(factory=HealthSettings, doc="Instance health timeouts.")
+    local: LocalSettings = setting(factory=LocalSettings, doc="The local backend.")
+
+    def __checks__(self) -> Iterator[tuple[str, str]]:
+        # Items that failed their own checks are reported already (and are not settings objects).
+        clusters = [c for c in self.clusters if _valid(c, ClusterSettings)]
+        names = [c.name for c in clusters]
+        for name in sorted({n for n in names if names.count(n) > 1}):
+            yield "clusters", f"cluster name {name!r} is used twice"
+        ids = [c.id for c in clusters if c.id is not None]
+        for cid in sorted({i for i in ids if ids.count(i) > 1}):
+            yield "clusters", f"cluster id {cid!r} is used twice"
+        for i, cluster in enumerate(self.clusters):
+            if not _valid(cluster, ClusterSettings):
+                continue
+            gpu_names = [g.name.upper() for g in cluster.gpus if _valid(g, GpuSettings)]
+            for name in sorted({n for n in gpu_names if gpu_names.count(n) > 1}):
+                yield f"clusters.{i}.gpus", f"GPU {name} is listed twice"
+
+
+def _valid(item: object, tp: type) -> bool:
+    """``item`` is a ``tp`` (not the marker of an item whose own checks failed)."""
+    return isinstance(item, tp)
+
+
+@attrs.frozen(kw_only=True)
+class Image:
+    """How the local backend runs one container image: a command line on this machine."""
+
+    command: tuple[str, ...] = setting(
+        (),
+        doc="Command line of the image's server. {port}: the instance's port; {python}: this Python; "
+        "{instance_dir}: the instance's directory.",
+    )
+    cwd: Path | None = setting(None, doc="Working directory. Default: the instance's directory.")
+    env: Mapping[str, str] = setting(factory=dict, doc="Environment of the server (placeholders as in command).")
+    port: int | None = setting(
+        None,
+        doc="The port the server always listens on, for a command that cannot be told ({port}, INFERENCE_PORT or "
+        "PORT): such an image runs one instance per host.",
+        check=optional(in_range(1, 65535)),
+    )
+    description: str = setting("", doc="What the image is.")
+
+
+#: The images every installation knows: the example functions of ``nvcf_mono.examples``.
+BUILTIN_IMAGES: Mapping[str, Image] = {
+    "echo": Image(
+        command=("{python}", "-m", "nvcf_mono.examples.echo", "--port", "{port}"),
+        description="HTTP echo (nvcf_mono.examples.echo): POST /echo answers {message, repeats, delay, stream} "
+        "like NVIDIA's sample.",
+    ),
+    "sse": Image(
+        command=("{python}", "-m", "nvcf_mono.examples.sse", "--port", "{port}"),
+        description="Server-sent events (nvcf_mono.examples.sse): POST /stream streams {text} word by word.",
+    ),
+    "grpc-echo": Image(
+        command=("{python}", "-m", "nvcf_mono.examples.grpc_echo", "--port", "{port}"),
+        description="gRPC echo (nvcf_mono.examples.grpc_echo): examples.echo.v1.EchoService, inferenceUrl /grpc.",
+    ),
+}
+
+
+def image_catalog(configured: Mapping[str, Image] | None) -> dict[str, Image]:
+    """The built-in images, then the configured ones (which win)."""
+    return {**BUILTIN_IMAGES, **(configured or {})}

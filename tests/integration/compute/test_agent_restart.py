@@ -1,0 +1,204 @@
+"""An agent killed with SIGKILL while instances run: the next one takes them over, runs nothing twice,
+leaves nothing orphaned, and starts again what died meanwhile.
+
+The platform runs as a child process (``nvcf-mono run``, all-in-one) against a NATS server of the test.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import anyio.to_thread
+
+from nvcf_mono.bus.embedded import free_port
+from nvcf_mono.bus.nats import open_nats_bus
+from nvcf_mono.config.model import BusSettings
+from nvcf_mono.metrics import Metrics
+from nvcf_mono.testing.nats_server import NatsServer
+from nvcf_mono.testing.platform import FAST as CONTROL_FAST
+from nvcf_mono.testing.platform import Api, wait_for
+from tests.e2e.cli import Platform, cli_env
+
+from .conftest import (
+    CLUSTER_A,
+    FAST,
+    alive,
+    all_gone,
+    cluster,
+    cluster_pids,
+    compute_platform,
+    create,
+    deploy,
+    function,
+    instances,
+    pids,
+    running,
+    spec,
+    wait_status,
+)
+
+
+def _child(nats: NatsServer, state: Path, grpc_port: int) -> Platform:
+    sets = {
+        **CONTROL_FAST,
+        **FAST,
+        "bus.url": nats.url,
+        "http.port": "0",
+        # Instances' workers dial this address: it stays the same across restarts.
+        "grpc.port": str(grpc_port),
+        "shutdown.drain_grace": "3",
+        "plugins.compute.clusters": json.dumps([cluster("local", CLUSTER_A)]),
+    }
+    args = ["run", "--state-dir", str(state)]
+    for key, value in sets.items():
+        args += ["--set", f"{key}={value}"]
+    return Platform(args, state, env=cli_env())
+
+
+async def test_a_killed_agent_takes_its_instances_over(tmp_path: Path) -> None:
+    nats = NatsServer().start()
+    state = tmp_path / "state"
+    grpc_port = free_port("127.0.0.1")
+    first = _child(nats, state, grpc_port)
+    second: Platform | None = None
+    stray: subprocess.Popen[bytes] | None = None
+    foreign: subprocess.Popen[bytes] | None = None
+    try:
+        doc = await anyio.to_thread.run_sync(first.wait_ready)
+        async with (
+            aiohttp.ClientSession() as session,
+            open_nats_bus(
+                BusSettings(connect_retry_for=5.0, request_timeout=5.0, reconnect_wait=0.1),
+                servers=[nats.url],
+                name="tests",
+                metrics=Metrics(),
+                log=logging.getLogger("tests.bus"),
+            ) as bus,
+        ):
+            admin = Api(session, doc["api_url"], doc["credentials"]["admin_token"])
+            created = await admin.post("/v2/nvcf/functions", function())
+            fid, vid = created.json["function"]["id"], created.json["function"]["versionId"]
+            d = f"/v2/nvcf/deployments/functions/{fid}/versions/{vid}"
+            assert (await admin.post(d, {"deploymentSpecifications": [spec(min_instances=2)]})).status == 200
+
+            async def two_running() -> list | None:
+                held = await instances(bus, CLUSTER_A)
+                return held if len(held) == 2 and all(v.instance.state == "running" for v in held) else None
+
+            before = await wait_for(two_running, timeout=60, what="two running instances")
+
+            async def active() -> bool:
+                return bool((await admin.get(d)).json["deployment"]["functionStatus"] == "ACTIVE")
+
+            await wait_for(active, what="ACTIVE")
+            key = Api(session, doc["api_url"], doc["credentials"]["api_key"])
+            assert (await key.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "a"})).status == 200
+            recorded = {v.instance.instance_id: {p.role: p.pid for p in v.instance.processes} for v in before}
+            assert sorted(cluster_pids(CLUSTER_A)) == sorted(p for procs in recorded.values() for p in procs.values())
+
+            first.signal(signal.SIGKILL)
+            await anyio.to_thread.run_sync(first.wait)
+            assert all(alive(pid) for procs in recorded.values() for pid in procs.values())
+            # While no agent watches: one inference server dies, and a process no record holds appears.
+            victim, survivor = sorted(recorded)
+            os.kill(recorded[victim]["inference"], signal.SIGKILL)
+            # As if the agent died right after starting it; and one of another installation (same cluster id).
+            stray = _stray(state / "plugins" / "compute" / CLUSTER_A / "instances")
+            foreign = _stray(tmp_path / "elsewhere" / "instances")
+
+            second = _child(nats, state, grpc_port)
+            doc = await anyio.to_thread.run_sync(second.wait_ready)
+            admin = Api(session, doc["api_url"], doc["credentials"]["admin_token"])
+            key = Api(session, doc["api_url"], doc["credentials"]["api_key"])
+
+            async def taken_over() -> list | None:
+                held = await two_running()
+                if held is None:
+                    return None
+                restarted = next(v for v in held if v.instance.instance_id == victim)
+                return held if restarted.instance.restarts == 1 else None
+
+            after = await wait_for(taken_over, timeout=60, what="both instances running under the new agent")
+            now = {v.instance.instance_id: {p.role: p.pid for p in v.instance.processes} for v in after}
+            assert set(now) == set(recorded)
+            assert now[survivor] == recorded[survivor]  # taken over as it was
+            assert now[victim]["worker"] == recorded[victim]["worker"]
+            assert now[victim]["inference"] != recorded[victim]["inference"]  # started again, once
+            await wait_for(lambda: _ended(stray), what="the stray process to be stopped")
+            assert foreign.poll() is None  # not this agent's to stop
+            others = {foreign.pid}
+            mine = sorted(p for procs in now.values() for p in procs.values())
+            assert sorted(set(cluster_pids(CLUSTER_A)) - others) == mine
+
+            async def served() -> bool:
+                reply = await key.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "b"})
+                return reply.status == 200 and reply.json["message"] == "b"
+
+            await wait_for(served, timeout=30, what="an invocation served by the adopted instances")
+            dep = (await admin.get(d)).json["deployment"]
+            assert dep["functionStatus"] == "ACTIVE"
+            assert dep["deploymentSpecifications"][0]["placement"]["runningInstances"] == 2
+
+            second.signal(signal.SIGTERM)
+            assert await anyio.to_thread.run_sync(second.wait) == 0
+            assert set(cluster_pids(CLUSTER_A)) == others
+    finally:
+        for child in (first, second):
+            if child is not None:
+                child.stop()
+        for proc in (stray, foreign):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for pid in cluster_pids(CLUSTER_A):
+            os.killpg(pid, signal.SIGKILL)
+        nats.close()
+
+
+def _stray(instances_dir: Path) -> subprocess.Popen[bytes]:
+    """A process of this cluster's instance under ``instances_dir`` that no record holds."""
+    return subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"],
+        env={
+            **cli_env(),
+            "NVCF_CLUSTER_ID": CLUSTER_A,
+            "INSTANCE_ID": "0-sr-stray",
+            "SECRETS_FILE": str(instances_dir / "0-sr-stray" / "secrets.json"),
+        },
+        start_new_session=True,
+    )
+
+
+async def _ended(proc: subprocess.Popen[bytes] | None) -> bool:
+    return proc is not None and proc.poll() is not None
+
+
+async def test_instances_left_running_at_shutdown_are_taken_over_at_the_next_start(tmp_path: Path) -> None:
+    # The same gRPC port for both hosts: the instances' workers dial it again once the first host is gone.
+    grpc = {"grpc.port": str(free_port("127.0.0.1"))}
+    keep = {"plugins.compute.local.stop_instances_on_shutdown": "false", **grpc}
+    async with compute_platform(tmp_path, **keep) as p:
+        fid, _, d = await create(p.admin, function())
+        await deploy(p.admin, d, spec())
+        await wait_status(p.admin, d, "ACTIVE")
+        (before,) = await running(p.bus, CLUSTER_A)
+    left = pids([before])
+    assert left and all(alive(pid) for pid in left)  # the host stopped; its instances did not
+    # The next start (same state, same NATS store) takes them over; this one stops them when it ends.
+    async with compute_platform(tmp_path, **grpc) as p:
+        (after,) = await running(p.bus, CLUSTER_A)
+        assert after.instance.instance_id == before.instance.instance_id and pids([after]) == left
+        assert sorted(cluster_pids(CLUSTER_A)) == sorted(left)
+        await wait_status(p.admin, d, "ACTIVE")
+        # The worker noticed its host go (its session ended) and connected to this one.
+        patient = Api(p.key.session, p.key.base, p.key.token, timeout=60, checker=p.key.checker)
+        reply = await patient.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "still here"})
+        assert reply.status == 200, reply.body
+    await all_gone(left)

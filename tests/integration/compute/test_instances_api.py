@@ -1,0 +1,186 @@
+"""Instances, their logs and a cluster's live status over HTTP, answered by the real agent with the local backend."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from nvcf_mono.contracts import subjects
+from nvcf_mono.testing.platform import Api, wait_for
+
+from .conftest import (
+    CLUSTER_A,
+    all_gone,
+    cluster_pids,
+    compute_platform,
+    create,
+    deploy,
+    function,
+    pids,
+    running,
+    spec,
+    wait_status,
+)
+
+CLUSTERS = "/v1/accounts/nvcf-default/clusters"
+#: The echo example, after three lines on stdout (so its log has known content).
+CHATTY_SCRIPT = (
+    "import runpy, sys; print('chatty-1'); print('chatty-2'); print('chatty-3', flush=True); "
+    "sys.argv = ['echo', '--port', '{port}']; runpy.run_module('nvcf_mono.examples.echo', run_name='__main__')"
+)
+CHATTY = ["{python}", "-c", CHATTY_SCRIPT]
+IMAGES = {
+    "images.chatty.command": json.dumps(CHATTY),
+    "images.broken.command": json.dumps(["/nonexistent/bin/server", "--port", "{port}"]),
+}
+
+
+async def logs_of(api: Api, instance_id: str, **query: Any) -> dict[str, Any]:
+    reply = await api.get(f"/v2/nvcf/instances/{instance_id}/logs", params={k: str(v) for k, v in query.items()})
+    assert reply.status == 200, reply.body
+    doc: dict[str, Any] = reply.json
+    return doc
+
+
+def log_text(doc: dict[str, Any], name: str) -> str:
+    return str(next(log for log in doc["logs"] if log["name"] == name)["text"])
+
+
+async def test_instances_logs_and_cluster_status_of_a_running_function(tmp_path: Path) -> None:
+    async with compute_platform(tmp_path, None, **IMAGES) as p:
+        fid, vid, d = await create(p.admin, function("chatty", containerImage="chatty"))
+        await deploy(p.admin, d, spec())
+        await wait_status(p.admin, d, "ACTIVE")
+        (view,) = await running(p.bus, CLUSTER_A)
+        iid = view.instance.instance_id
+
+        # The function key (list_functions_details) sees its account's instances with the agent's live view.
+        listed = await p.key.get("/v2/nvcf/instances")
+        assert listed.status == 200, listed.body
+        (inst,) = listed.json["instances"]
+        assert inst["instanceId"] == iid and inst["icmsRequestId"] == view.request_id
+        assert (inst["functionId"], inst["functionVersionId"], inst["ncaId"]) == (fid, vid, "nvcf-default")
+        assert (inst["clusterId"], inst["clusterName"], inst["backend"]) == (CLUSTER_A, "local", "local")
+        assert (inst["instanceStatus"], inst["instanceState"], inst["status"]) == ("ACTIVE", "running", "fulfilled")
+        assert inst["instanceType"] == "ON-PREM.GPU.H100_1x" and inst["gpu"] == "H100"
+        assert inst["restarts"] == 0 and inst["devices"] == [0] and inst["readyAt"]
+        assert "unreachableClusters" not in listed.json
+
+        for query in ({"functionId": fid}, {"functionId": fid, "functionVersionId": vid}, {"cluster": "local"}):
+            again = await p.key.get("/v2/nvcf/instances", params=query)
+            assert [i["instanceId"] for i in again.json["instances"]] == [iid], query
+        by_version = await p.key.get(f"/v2/nvcf/functions/{fid}/versions/{vid}/instances")
+        assert by_version.status == 200 and [i["instanceId"] for i in by_version.json["instances"]] == [iid]
+        assert (await p.key.get("/v2/nvcf/instances", params={"cluster": CLUSTER_A})).json["instances"]
+
+        missing = await p.key.get("/v2/nvcf/instances", params={"functionId": "no-such-function"})
+        assert missing.status == 404 and "no-such-function" in missing.detail
+        lone = await p.key.get("/v2/nvcf/instances", params={"functionVersionId": vid})
+        assert lone.status == 400 and "functionId" in lone.detail
+        nowhere = await p.key.get("/v2/nvcf/instances", params={"cluster": "atlantis"})
+        assert nowhere.status == 404 and "atlantis" in nowhere.detail
+        other = await p.key.get(f"/v2/nvcf/functions/{fid}/versions/{fid}/instances")
+        assert other.status == 404
+
+        # Logs: both by default, the server's stdout in 'inference'.
+        async def chatty() -> dict[str, Any] | None:
+            doc = await logs_of(p.key, iid)
+            return doc if "chatty-3" in log_text(doc, "inference") else None
+
+        doc = await wait_for(chatty, timeout=10, what="the server's output in its log")
+        assert (doc["instanceId"], doc["functionId"], doc["clusterId"]) == (iid, fid, CLUSTER_A)
+        assert doc["instanceState"] == "running" and doc["clusterName"] == "local"
+        assert sorted(log["name"] for log in doc["logs"]) == ["inference", "worker"]
+        full = log_text(doc, "inference")
+        assert full.index("chatty-1") < full.index("chatty-2") < full.index("chatty-3")
+        assert not next(log for log in doc["logs"] if log["name"] == "inference")["truncated"]
+
+        one = await logs_of(p.key, iid, lines=1, log="inference")
+        assert [log["name"] for log in one["logs"]] == ["inference"]
+        assert log_text(one, "inference") == full.splitlines(keepends=True)[-1]
+        short = await logs_of(p.key, iid, tail=5, log="inference")
+        (clipped,) = short["logs"]
+        assert len(clipped["text"].encode()) <= 5 and clipped["truncated"] and clipped["size"] >= len(full.encode())
+        worker = await logs_of(p.key, iid, log="worker")
+        assert [log["name"] for log in worker["logs"]] == ["worker"]
+
+        for query, word in (({"tail": "lots"}, "tail"), ({"tail": "-1"}, "tail"), ({"log": "kernel"}, "log")):
+            bad = await p.key.get(f"/v2/nvcf/instances/{iid}/logs", params=query)
+            assert bad.status == 400 and word in bad.detail, (query, bad.body)
+        unknown = await p.key.get("/v2/nvcf/instances/no-such-instance/logs")
+        assert unknown.status == 404 and "no-such-instance" in unknown.detail
+
+        # The cluster's live status: GPUs used and free, the instance it runs (cluster scopes; admins only).
+        status = await p.admin.get(f"{CLUSTERS}/{CLUSTER_A}/status")
+        assert status.status == 200, status.body
+        live = status.json
+        assert (live["clusterName"], live["status"], live["backend"]) == ("local", "healthy", "local")
+        assert live["gpus"] == [{"name": "H100", "capacity": 8, "allocated": 1, "available": 7, "discovered": "static"}]
+        assert live["instanceCount"] == 1 and live["lastHeartbeatAt"]
+        (held,) = live["instances"]
+        assert (held["instanceId"], held["functionId"], held["ncaId"]) == (iid, fid, "nvcf-default")
+        assert (held["instanceState"], held["requestStatus"]) == ("running", "RequestCompletionAcknowledged")
+        assert (await p.key.get(f"{CLUSTERS}/{CLUSTER_A}/status")).status == 403
+        assert (await p.admin.get(f"{CLUSTERS}/not-a-cluster/status")).status == 404
+
+        # Undeployed: gone from the listings, its logs still readable while the agent remembers it.
+        found = pids([view])
+        assert (await p.admin.delete(d)).status == 200
+        await all_gone(found)
+
+        async def ended() -> dict[str, Any] | None:
+            doc = await logs_of(p.key, iid)
+            return doc if doc["instanceState"] == "terminated" else None
+
+        after = await wait_for(ended, timeout=15, what="the instance reported terminated")
+        assert "chatty-3" in log_text(after, "inference")
+        assert (await p.key.get("/v2/nvcf/instances")).json["instances"] == []
+        final = await p.admin.get(f"{CLUSTERS}/{CLUSTER_A}/status")
+        assert final.json["instanceCount"] == 0 and final.json["gpus"][0]["available"] == 8
+        assert cluster_pids(CLUSTER_A) == []
+
+
+async def test_a_failed_instance_is_listed_as_errored_with_its_cause(tmp_path: Path) -> None:
+    async with compute_platform(tmp_path, None, **IMAGES) as p:
+        fid, _, d = await create(p.admin, function("broken", containerImage="broken"))
+        await deploy(p.admin, d, spec())
+        await wait_status(p.admin, d, "ERROR", timeout=10)
+        reply = await p.key.get("/v2/nvcf/instances", params={"functionId": fid})
+        assert reply.status == 200, reply.body
+        assert reply.json["instances"], reply.json
+        for inst in reply.json["instances"]:
+            assert inst["instanceStatus"] == "ERRORED" and inst["terminationCause"] == "image-pull-issues", inst
+            assert "/nonexistent/bin/server" in inst["error"] and inst["clusterName"] == "local", inst
+        iid = reply.json["instances"][0]["instanceId"]
+        doc = await logs_of(p.key, iid)
+        assert doc["instanceState"] == "image-pull-issues", doc
+
+
+async def test_a_cluster_whose_agent_does_not_answer_is_a_clear_503_or_504(tmp_path: Path) -> None:
+    async with compute_platform(tmp_path) as p:
+        registration = {
+            "clusterName": "silent",
+            "clusterGroupName": "silent",
+            "ncaId": "nvcf-default",
+            "cloudProvider": "on-prem",
+            "nvcaVersion": "2.1.0",
+            "region": "us-east-1",
+        }
+        made = await p.admin.post(CLUSTERS, registration)
+        assert made.status == 200, made.body
+        cid = made.json["clusterId"]
+        # No agent at all: nobody answers on the bus.
+        absent = await p.admin.get(f"{CLUSTERS}/{cid}/status")
+        assert absent.status == 503, absent.body
+        assert "'silent'" in absent.detail and "not connected" in absent.detail
+
+        # An agent that takes the question and never answers: the deadline, then 504.
+        async with p.bus.subscribe(subjects.agent_subject("cluster", cid)):
+            await p.bus.flush(timeout=5)  # the server has the subscription before the question is asked
+            with anyio.fail_after(15):
+                stuck = await p.admin.get(f"{CLUSTERS}/{cid}/status")
+        assert stuck.status == 504, stuck.body
+        assert "'silent'" in stuck.detail and "did not answer within 5s" in stuck.detail
