@@ -38,8 +38,8 @@ up: $(RUNTIME_STAMP)
 test: $(DEV_STAMP) lint typecheck proto-check pytest
 
 lint: $(DEV_STAMP)
-	$(BIN)/ruff check nvcf_mono tests bench
-	$(BIN)/ruff format --check nvcf_mono tests bench
+	$(BIN)/ruff check nvcf_mono tests bench examples
+	$(BIN)/ruff format --check nvcf_mono tests bench examples
 
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy

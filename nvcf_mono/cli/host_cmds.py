@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from nvcf_mono.cli.common import add_config_options, load_or_fail, sources_from
 from nvcf_mono.cli.context import CliContext, CliError
+from nvcf_mono.contracts.example import NAME as EXAMPLE_NAME
+from nvcf_mono.contracts.example import invoke_lines, read_marker
 from nvcf_mono.host import ENDPOINTS_FILE, Host, HostSetupError
 from nvcf_mono.log import configure_logging
 from nvcf_mono.plugin import Endpoints
@@ -61,8 +64,27 @@ def _serve(args: argparse.Namespace, ctx: CliContext, *, forced_role: str | None
             f"  gRPC        {ep.grpc_address}",
             f"  NATS        {nats}",
             f"  endpoints   {endpoints_file}",
+            *example_lines(ep),
             "Ctrl-C drains and stops.",
         ]
         print("\n".join(lines), file=ctx.stdout, flush=True)
+
+    def example_lines(ep: Endpoints) -> list[str]:
+        """How to invoke the example function, when this platform made one and it was not deleted."""
+        if "control" not in config.order:
+            return []
+        marker = read_marker(config.settings.state_dir / "plugins" / "control")
+        if marker is None or marker.state == "removed":
+            return []
+        try:
+            api_key = json.loads(endpoints_file.read_text())["credentials"].get("api_key")
+        except (OSError, ValueError, KeyError, AttributeError):
+            api_key = None
+        when = "deployed" if marker.state == "deployed" else "being deployed; the log says when it is ACTIVE"
+        head = f"Example function {EXAMPLE_NAME} {marker.function_id} ({when}); invoke it:"
+        return [
+            head,
+            *invoke_lines(marker.function_id, ep.invocation_url, api_key, config.settings.state_dir, endpoints_file),
+        ]
 
     return ctx.run_host(host, banner)

@@ -64,6 +64,12 @@ class ControlConfig:
         doc="Mint a function key and a task key at first start and write them to endpoints.json. "
         "Default: only in the all-in-one role.",
     )
+    example_function: bool | None = setting(
+        None,
+        doc="At first start, once a cluster has registered, register the echo example function and deploy it "
+        "(min 1, max 1) in the default account; only once, so deleting it does not bring it back. "
+        "Default: only in the all-in-one role.",
+    )
     bootstrap_key_lifetime: Seconds = setting(
         365 * 86400.0, doc="Lifetime of the bootstrap keys (they are re-minted when expired).", check=positive
     )

@@ -21,6 +21,7 @@ from nvcf_mono.planes.control.api import ALL as API_MODULES
 from nvcf_mono.planes.control.bootstrap import bootstrap_keys, ensure_account
 from nvcf_mono.planes.control.config import ControlConfig
 from nvcf_mono.planes.control.context import Control
+from nvcf_mono.planes.control.example import ExampleFunction
 from nvcf_mono.planes.control.icms import Icms
 from nvcf_mono.planes.control.leader import LeaderLease
 from nvcf_mono.planes.control.reconcile.reconciler import Reconciler
@@ -85,6 +86,12 @@ class ControlPlane(BasePlugin[ControlConfig]):
             if keys is not None and (ctx.settings.role == "all-in-one" if bootstrap is None else bootstrap):
                 for name, value in (await bootstrap_keys(ctl, keys, ctx.state_dir)).items():
                     ctx.set_credential(name, value)
+            example = self.config.example_function
+            if ctx.settings.role == "all-in-one" if example is None else example:
+                # Prepared before ready, so the ready banner can already name the example.
+                examples = ExampleFunction(ctl, ctx.state_dir, ctx.log.getChild("example"))
+                examples.prepare()
+                tg.start_soon(examples.run)
             icms = Icms(ctl, ctx.log)
             await tg.start(icms.serve)
             await tg.start(icms.serve_secrets)

@@ -8,8 +8,8 @@ from typing import Any
 from nvcf_mono.auth.principal import Principal
 from nvcf_mono.contracts import buckets
 from nvcf_mono.http.problem import ProblemError
-from nvcf_mono.models.common import now_iso
-from nvcf_mono.models.deployment import Deployment
+from nvcf_mono.models.common import new_id, now_iso
+from nvcf_mono.models.deployment import Deployment, GpuSpec
 from nvcf_mono.models.function import FunctionStatus, FunctionVersion
 from nvcf_mono.models.secret import SealedSecrets
 from nvcf_mono.planes.control.access import Relation, relation, restricted_out
@@ -50,6 +50,22 @@ def seal_secrets(ctl: Control, key: str, values: dict[str, Any]) -> SealedSecret
 def open_secrets(ctl: Control, key: str, sealed: SealedSecrets) -> dict[str, Any]:
     values: dict[str, Any] = json.loads(ctl.keyring.box.open(sealed.sealed, aad=key))
     return values
+
+
+def new_deployment(fv: FunctionVersion, specs: tuple[GpuSpec, ...]) -> Deployment:
+    """A version's deployment as it is first stored: DEPLOYING, with these (checked) specifications."""
+    now = now_iso()
+    return Deployment(
+        function_id=fv.id,
+        function_version_id=fv.version_id,
+        deployment_id=new_id(),
+        function_name=fv.name,
+        nca_id=fv.nca_id,
+        function_status=FunctionStatus.DEPLOYING,
+        created_at=now,
+        last_updated_at=now,
+        deployment_specifications=specs,
+    )
 
 
 async def set_status(

@@ -22,7 +22,7 @@ from nvcf_mono.models.deployment import (
 from nvcf_mono.models.function import FunctionResponse, FunctionStatus, FunctionVersion
 from nvcf_mono.planes.control.catalog import check_autoscaling, check_spec
 from nvcf_mono.planes.control.context import Control
-from nvcf_mono.planes.control.service import find_version, set_status, undeploy
+from nvcf_mono.planes.control.service import find_version, new_deployment, set_status, undeploy
 from nvcf_mono.planes.control.views import deployment_view, function_view
 from nvcf_mono.structure import evolve
 
@@ -78,18 +78,7 @@ def register(router: ApiRouter, ctl: Control) -> None:
         specs = tuple(
             evolve(check_spec(clusters, fv.nca_id, spec, fv), gpu_specification_id=new_id()) for spec in specs_in
         )
-        now = now_iso()
-        dep = Deployment(
-            function_id=fv.id,
-            function_version_id=fv.version_id,
-            deployment_id=new_id(),
-            function_name=fv.name,
-            nca_id=fv.nca_id,
-            function_status=FunctionStatus.DEPLOYING,
-            created_at=now,
-            last_updated_at=now,
-            deployment_specifications=specs,
-        )
+        dep = new_deployment(fv, specs)
         try:
             await store.deployments.create(key, dep)
         except ConflictError:

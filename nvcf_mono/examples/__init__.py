@@ -1,0 +1,11 @@
+"""Example functions that ship with nvcf-mono; the default image catalog runs them.
+
+Each is one small module, runnable on its own as ``python -m nvcf_mono.examples.<name> --port N``
+(the port also comes from ``INFERENCE_PORT`` or ``PORT``, which the local backend sets per instance):
+
+- :mod:`nvcf_mono.examples.echo`: HTTP echo (``POST /echo``), image ``echo``.
+- :mod:`nvcf_mono.examples.sse`: a server-sent-events streamer (``POST /stream``), image ``sse``.
+- :mod:`nvcf_mono.examples.grpc_echo`: gRPC echo (``examples.echo.v1.EchoService``), image ``grpc-echo``.
+
+Copy one to start your own function; ``examples/README.md`` in the repository walks through it.
+"""

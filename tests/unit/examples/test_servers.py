@@ -1,0 +1,188 @@
+"""The example functions over real sockets: in-process for the protocol, as ``python -m`` for ports and env."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+
+import aiohttp
+import anyio
+import pytest
+from aiohttp import web
+from grpclib.client import Channel
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from grpclib.server import Server
+
+from nvcf_mono.examples import echo, grpc_echo, sse
+from nvcf_mono.proto.gen.examples.echo.v1 import EchoRequest, EchoServiceStub, EchoStreamRequest
+from nvcf_mono.proto.gen.grpc.health.v1 import HealthCheckRequest, HealthCheckResponseServingStatus, HealthStub
+from nvcf_mono.testing.platform import wait_for
+
+
+@asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    """The app on a free 127.0.0.1 port; yields its base URL."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def events(text: str) -> list[dict[str, str]]:
+    """Server-sent events as dicts of their fields."""
+    out = []
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines())
+        out.append(fields)
+    return out
+
+
+async def test_echo_answers_repeats_the_request_id_and_streams() -> None:
+    async with serving(echo.app()) as base, aiohttp.ClientSession() as http:
+        async with http.post(f"{base}/echo", json={"message": "hi", "repeats": 3}, headers={"NVCF-REQID": "r1"}) as r:
+            assert r.status == 200 and await r.json() == {"message": "hihihi", "reqid": "r1"}
+        async with http.post(f"{base}/echo", data=b"") as r:
+            assert r.status == 200 and (await r.json())["message"] == ""
+        started = anyio.current_time()
+        async with http.post(f"{base}/echo", json={"message": "s", "repeats": 2, "stream": True, "delay": 0.1}) as r:
+            assert r.status == 200 and r.headers["Content-Type"] == "text/event-stream"
+            got = events(await r.text())
+        assert anyio.current_time() - started >= 0.2
+        assert [json.loads(e["data"]) for e in got] == [{"index": 0, "message": "s"}, {"index": 1, "message": "s"}]
+        async with http.get(f"{base}/health") as r:
+            assert r.status == 200
+        async with http.get(f"{base}/v2/health/ready") as r:
+            assert r.status == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        (b"[1]", "must be a JSON object"),
+        (b"{nope", "not JSON"),
+        (b'{"message": 5}', "'message' must be a string"),
+        (b'{"repeats": "3"}', "'repeats' must be a whole number"),
+        (b'{"repeats": -1}', "'repeats' must be a whole number"),
+        (b'{"delay": 9999}', "'delay' must be a number"),
+        (b'{"stream": "yes"}', "'stream' must be true or false"),
+    ],
+)
+async def test_echo_refuses_bad_input_with_a_detail(body: bytes, detail: str) -> None:
+    headers = {"Content-Type": "application/json"}
+    async with (
+        serving(echo.app()) as base,
+        aiohttp.ClientSession() as http,
+        http.post(f"{base}/echo", data=body, headers=headers) as r,
+    ):
+        assert r.status == 400
+        assert detail in (await r.json())["detail"]
+
+
+async def test_sse_streams_words_then_done() -> None:
+    async with serving(sse.app()) as base, aiohttp.ClientSession() as http:
+        body = {"text": "one two  three", "interval": 0.05, "repeats": 2}
+        async with http.post(f"{base}/stream", json=body) as r:
+            assert r.status == 200 and r.headers["Content-Type"] == "text/event-stream"
+            first = await r.content.readuntil(b"\n\n")  # the first word arrives before the stream ends
+            assert json.loads(first.decode().split("data: ", 1)[1]) == {"index": 0, "token": "one"}
+            rest = events((await r.read()).decode())
+        assert [e["id"] for e in rest] == [str(i) for i in range(1, 7)]
+        assert [json.loads(e["data"])["token"] for e in rest[:-1]] == ["two", "three", "one", "two", "three"]
+        assert rest[-1]["data"] == "[DONE]"
+        async with http.post(f"{base}/stream", data=b"") as r:  # the default text
+            assert len(events(await r.text())) == len(sse.DEFAULT_TEXT.split()) + 1
+        async with http.post(f"{base}/stream", json={"interval": -1}) as r:
+            assert r.status == 400 and "'interval'" in (await r.json())["detail"]
+
+
+async def test_grpc_echo_unary_streaming_health_and_bad_input() -> None:
+    server = Server([grpc_echo.EchoService(), grpc_echo.Health()])
+    await server.start("127.0.0.1", 0)
+    port = server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    channel = Channel("127.0.0.1", port)
+    try:
+        stub = EchoServiceStub(channel)
+        assert (await stub.echo(EchoRequest(message="ab", repeats=2))).message == "abab"
+        assert (await stub.echo(EchoRequest(message="once"))).message == "once"
+        got = [r async for r in stub.echo_stream(EchoStreamRequest(message="m", repeats=3))]
+        assert [(r.index, r.message) for r in got] == [(0, "m"), (1, "m"), (2, "m")]
+        with pytest.raises(GRPCError) as err:
+            await stub.echo(EchoRequest(message="x", repeats=-1))
+        assert err.value.status is Status.INVALID_ARGUMENT
+        health = HealthStub(channel)
+        reply = await health.check(HealthCheckRequest(service=grpc_echo.SERVICE))
+        assert reply.status == HealthCheckResponseServingStatus.SERVING
+        with pytest.raises(GRPCError) as missing:
+            await health.check(HealthCheckRequest(service="other"))
+        assert missing.value.status is Status.NOT_FOUND
+    finally:
+        channel.close()
+        server.close()
+        await server.wait_closed()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def module(name: str, *args: str, **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -m nvcf_mono.examples.<name>`` with the given env; stopped (SIGTERM) afterwards."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("INFERENCE_PORT", "PORT")} | env
+    proc = subprocess.Popen([sys.executable, "-m", f"nvcf_mono.examples.{name}", *args], env=environ)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            assert proc.wait(timeout=10) in (0, -15)
+        finally:
+            proc.kill()
+
+
+async def http_up(url: str) -> bool:
+    try:
+        async with aiohttp.ClientSession() as http, http.get(url) as r:
+            return r.status == 200
+    except aiohttp.ClientError:
+        return False
+
+
+@pytest.mark.parametrize(("how", "env_name"), [("flag", None), ("INFERENCE_PORT", "INFERENCE_PORT"), ("PORT", "PORT")])
+async def test_echo_module_listens_on_the_flag_or_the_env_port(how: str, env_name: str | None) -> None:
+    port = free_port()
+    args = ("--port", str(port)) if env_name is None else ()
+    env = {env_name: str(port)} if env_name is not None else {}
+    with module("echo", *args, **env):
+        await wait_for(lambda: http_up(f"http://127.0.0.1:{port}/health"), timeout=20, what=f"echo on {port} ({how})")
+
+
+async def test_sse_and_grpc_modules_start_on_their_env_port() -> None:
+    http_port, grpc_port = free_port(), free_port()
+    with module("sse", INFERENCE_PORT=str(http_port)), module("grpc_echo", PORT=str(grpc_port)):
+        await wait_for(lambda: http_up(f"http://127.0.0.1:{http_port}/health"), timeout=20, what="sse up")
+
+        async def grpc_up() -> bool:
+            channel = Channel("127.0.0.1", grpc_port)
+            try:
+                reply = await HealthStub(channel).check(HealthCheckRequest(), timeout=2)
+                return reply.status == HealthCheckResponseServingStatus.SERVING
+            except (OSError, GRPCError):
+                return False
+            finally:
+                channel.close()
+
+        await wait_for(grpc_up, timeout=20, what="grpc echo up")
