@@ -255,7 +255,8 @@ class RunContext(Generic[C]):
     @property
     def state_dir(self) -> Path:
         """The plugin's own directory under the state directory (created on first use)."""
-        path = self.settings.state_dir / "plugins" / self.name
+        # Absolute: paths under it are handed to child processes that run in other directories.
+        path = self.settings.state_dir.absolute() / "plugins" / self.name
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         return path
 

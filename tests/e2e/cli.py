@@ -61,10 +61,11 @@ class Platform:
         env: dict[str, str] | None = None,
         command: list[str] | None = None,
         new_session: bool = False,
+        cwd: Path = ROOT,
     ) -> None:
-        self.state_dir = state_dir
-        self.stdout_path = state_dir.parent / f"{state_dir.name}.stdout"
-        self.stderr_path = state_dir.parent / f"{state_dir.name}.stderr"
+        self.state_dir = cwd / state_dir
+        self.stdout_path = self.state_dir.parent / f"{self.state_dir.name}.stdout"
+        self.stderr_path = self.state_dir.parent / f"{self.state_dir.name}.stderr"
         self._out = self.stdout_path.open("w")
         self._err = self.stderr_path.open("w")
         self.proc = subprocess.Popen(
@@ -72,7 +73,7 @@ class Platform:
             stdout=self._out,
             stderr=self._err,
             env=env or cli_env(),
-            cwd=ROOT,
+            cwd=cwd,
             start_new_session=new_session,
         )
 

@@ -9,6 +9,8 @@ import stat
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -161,5 +163,40 @@ def test_make_up_starts_the_platform(tmp_path: Path) -> None:
         assert "SIGINT received: draining" in platform.stderr()
         assert "nvcf_mono.host: stopped" in platform.stderr()
         assert nats_servers_on(state) == []
+    finally:
+        platform.stop()
+
+
+def test_up_in_a_fresh_directory_serves_its_example_function(tmp_path: Path) -> None:
+    """As a newcomer runs it: a relative state directory, the example deployed, invoked as the banner says."""
+    platform = Platform(["up", *fast_flags(Path(".nvcf-mono"))], Path(".nvcf-mono"), cwd=tmp_path)
+    try:
+        doc = platform.wait_ready()
+        marker = tmp_path / ".nvcf-mono" / "plugins" / "control" / "example-function.json"
+        deadline = time.monotonic() + 60
+        while not marker.exists() or "is ACTIVE" not in platform.stderr():  # the log says when
+            assert time.monotonic() < deadline, platform.stderr()[-3000:]
+            time.sleep(0.2)
+        fid = json.loads(marker.read_text())["function_id"]
+        assert f"nvcf-mono invoke {fid} -d" in platform.stdout()
+        request = urllib.request.Request(
+            f"{doc['invocation_url']}/v2/nvcf/pexec/functions/{fid}",
+            data=b'{"message": "hello"}',
+            headers={"Authorization": f"Bearer {doc['credentials']['api_key']}", "Content-Type": "application/json"},
+        )
+        for _ in range(50):  # the invocation node's view of the status follows the control plane's by a moment
+            try:
+                with urllib.request.urlopen(request, timeout=30) as reply:
+                    assert reply.status == 200 and json.loads(reply.read())["message"] == "hello"
+                    break
+            except urllib.error.HTTPError as err:
+                problem = err.read()
+                assert err.code == 400 and b"DEPLOYING" in problem, problem
+                time.sleep(0.1)
+        else:
+            raise AssertionError(f"the example never answered: {problem!r}")
+        platform.signal(signal.SIGTERM)
+        assert platform.wait(timeout=30) == 0
+        assert "Traceback" not in platform.stderr()
     finally:
         platform.stop()
