@@ -6,7 +6,7 @@ import argparse
 
 import anyio
 
-from bench import bus, invoke
+from bench import bus, cold_start, invoke
 
 
 def main() -> None:
@@ -17,6 +17,8 @@ def main() -> None:
     for transport in ("grpc", "nats"):
         print(f"-- invocation, worker transport {transport}")
         anyio.run(invoke.run, args.quick, f"plugins.invocation.transport={transport}", backend="asyncio")
+    print("-- cold start and scale to zero")
+    anyio.run(cold_start.run, args.quick, backend="asyncio")
 
 
 if __name__ == "__main__":

@@ -48,11 +48,15 @@ def _spawn(state: Path, flags: list[str]) -> subprocess.Popen[bytes]:
 
 
 @asynccontextmanager
-async def platform_process(state: Path, *settings: str) -> AsyncIterator[dict[str, Any]]:
-    """``nvcf-mono run`` (all-in-one) as a child process; yields its endpoints.json."""
+async def platform_process(state: Path, *settings: str, compute: bool = False) -> AsyncIterator[dict[str, Any]]:
+    """``nvcf-mono run`` (all-in-one) as a child process; yields its endpoints.json.
+
+    Without ``compute`` the instance comes from a scripted agent in the benchmark (one echo server and
+    worker, measured directly); with it, the platform's own agent and local backend start instances.
+    """
     flags = ["--set", "http.port=0", "--set", "grpc.port=0", "--set", "embedded_nats.port=0"]
-    # The instance comes from the scripted agent below (one echo server and worker, measured directly).
-    flags += ["--set", "plugins.compute.enabled=false"]
+    if not compute:
+        flags += ["--set", "plugins.compute.enabled=false"]
     for item in settings:
         flags += ["--set", item]
     proc = _spawn(state, flags)

@@ -313,6 +313,15 @@ def _print_deployment(ctx: CliContext, doc: Any, as_json: bool) -> None:
     )
     print(file=ctx.stdout)
     _spec_table(ctx, dep.get("deploymentSpecifications") or [])
+    decisions = [
+        (spec.get("gpuSpecificationId"), (spec.get("placement") or {}).get("autoscaler"))
+        for spec in dep.get("deploymentSpecifications") or []
+    ]
+    if any(why for _, why in decisions):
+        print("\nautoscaler (last decision, why):", file=ctx.stdout)
+        for spec_id, why in decisions:
+            if why:
+                print(f"  {spec_id}: {why}", file=ctx.stdout)
     health = _health_lines(dep)
     if health:
         print("\nfailures:", file=ctx.stdout)

@@ -102,6 +102,8 @@ class AutoscalerTarget(WireModel):
     desired: int
     reason: str
     at: str
+    #: When the version was last invoked, as far as the autoscaler knows (a new leader starts from it).
+    last_invoked_at: str | None = None
 
 
 @wire

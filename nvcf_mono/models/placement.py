@@ -49,6 +49,8 @@ class PlacedInstance(WireModel):
     published: bool = False
     #: The creation message's publish count (retries after an unclear publish).
     attempts: int = 0
+    #: Rebalancing: the spilled-over instance (request id) this one replaces once it runs.
+    replaces: str | None = None
 
 
 @wire

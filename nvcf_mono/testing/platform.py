@@ -28,6 +28,7 @@ FAST = {
     "plugins.control.reconcile.lease_ttl": "3",
     "plugins.control.reconcile.retry_backoff": "0.2",
     "plugins.control.reconcile.retry_backoff_max": "1",
+    "plugins.control.autoscaler.interval": "0.5",
     "plugins.control.cluster_heartbeat_ttl": "5",
     # No cluster agent unless a test configures one (most tests script their own agents on the bus).
     "plugins.compute.clusters": "[]",

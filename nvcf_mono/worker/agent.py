@@ -132,7 +132,9 @@ class WorkerState:
         self.inference_detail = "waiting for the inference server"
         #: Why the worker is not connected ("" when it is).
         self.connection_detail = ""
-        self.in_flight = 0
+        self._in_flight = 0
+        self._busy = 0.0
+        self._since = time.monotonic()
         self.served = 0
         #: Sessions opened with the invocation plane (more than one: it reconnected).
         self.sessions = 0
@@ -140,6 +142,23 @@ class WorkerState:
     @property
     def ready(self) -> bool:
         return self.inference_healthy and self.connected and not self.draining
+
+    @property
+    def in_flight(self) -> int:
+        """Requests being served now."""
+        return self._in_flight
+
+    @in_flight.setter
+    def in_flight(self, value: int) -> None:
+        now = time.monotonic()
+        self._busy += self._in_flight * (now - self._since)
+        self._since = now
+        self._in_flight = value
+
+    @property
+    def busy_seconds(self) -> float:
+        """Slot-seconds spent serving since the worker started (what the autoscaler's utilization counts)."""
+        return self._busy + self._in_flight * (time.monotonic() - self._since)
 
     @property
     def detail(self) -> str:
@@ -304,7 +323,7 @@ class Worker:
                     await stream.end()  # drained: the node ends the session when it sees this
 
                 tg.start_soon(sender)
-                tg.start_soon(self._report_health, send)
+                tg.start_soon(self._report_health, send, session.status_interval_ms / 1000)
                 tg.start_soon(self._drain_on_request, send, tg.cancel_scope)
                 async with anyio.create_task_group() as requests:
                     if session.transport == "nats":
@@ -341,15 +360,18 @@ class Worker:
             self._idle = anyio.Event()
         requests.start_soon(self._handle, request, scope, attempt, link)
 
-    async def _report_health(self, out: Out) -> None:
+    async def _report_health(self, out: Out, interval: float) -> None:
+        """A status when health changes, and every ``interval`` (the load the autoscaler reads)."""
         while True:
-            await self._health_changed.wait()
+            with anyio.move_on_after(interval if interval > 0 else float("inf")):
+                await self._health_changed.wait()
             self._health_changed = anyio.Event()
             status = WorkerStatus(
                 ready=self.state.inference_healthy,
                 in_flight=self.state.in_flight,
                 max_concurrency=self.config.max_concurrency,
                 detail=self.state.inference_detail,
+                busy_seconds=self.state.busy_seconds,
             )
             try:
                 await out.send(WorkerEnvelope(message=WorkerMessage(status=status)))

@@ -226,6 +226,16 @@ async def test_deploy_waits_for_active_then_rescales_and_removes(tmp_path: Path)
             rf"^{spec['gpuSpecificationId']}\s+H100\s+ON-PREM\.GPU\.H100_1x\s+2\s+2\s+1\s+any\s+2/2", table, re.M
         )
 
+        async def decided() -> str | None:
+            shown = ok(await cli("deploy", "get", fid, vid, *conn, env=env))
+            return shown if "autoscaler (last decision, why):" in shown else None
+
+        why = await wait_for(decided, timeout=15, what="the autoscaler's decision in deploy get")
+        # Never invoked, nothing measured: the autoscaler asks for zero, the spec's minimum keeps two.
+        assert re.search(
+            rf"^  {spec['gpuSpecificationId']}: 2 instance\(s\) since .*scale to zero; minInstances keep 2$", why, re.M
+        ), why
+
         scaled = json.loads(
             ok(await cli("deploy", "update", fid, vid, "--max-instances", "4", "--json", *conn, env=env))
         )

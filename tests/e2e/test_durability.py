@@ -30,7 +30,9 @@ from nvcf_mono.testing.scripted_agent import ProcessLauncher, ScriptedAgent, gpu
 from .cli import Platform, cli_env
 
 
-def _node(nats: NatsServer, state: Path, secret: Path, role: str, http_port: int, grpc_port: int) -> Platform:
+def _node(
+    nats: NatsServer, state: Path, secret: Path, role: str, http_port: int, grpc_port: int, *, autoscaler: bool = True
+) -> Platform:
     args = [
         "run",
         "--role",
@@ -51,6 +53,10 @@ def _node(nats: NatsServer, state: Path, secret: Path, role: str, http_port: int
         "plugins.compute.enabled=false",
         "--set",
         "plugins.control.reconcile.interval=0.5",
+        "--set",
+        "plugins.control.autoscaler.interval=0.5",
+        "--set",
+        f"plugins.control.autoscaler.enabled={str(autoscaler).lower()}",
     ]
     return Platform(args, state, env=cli_env())
 
@@ -60,7 +66,8 @@ async def test_queued_requests_survive_a_killed_platform(tmp_path: Path) -> None
     secret = tmp_path / "platform-secret"
     PlatformSecret.generate().write(secret)
     ports = (free_port("127.0.0.1"), free_port("127.0.0.1"))
-    first = _node(nats, tmp_path / "a", secret, "all-in-one", *ports)
+    # No autoscaler at first: the requests below must wait with nobody to serve them.
+    first = _node(nats, tmp_path / "a", secret, "all-in-one", *ports, autoscaler=False)
     other = _node(nats, tmp_path / "b", secret, "invocation", free_port("127.0.0.1"), free_port("127.0.0.1"))
     nodes = [first, other]
     try:
@@ -145,10 +152,8 @@ async def test_queued_requests_survive_a_killed_platform(tmp_path: Path) -> None
             nodes.append(restarted)
             await anyio.to_thread.run_sync(restarted.wait_ready)
 
-            # Now an instance starts and drains the buffer.
-            patch = f"/v2/nvcf/deployments/{dep['deploymentId']}/gpu-specifications/"
-            patch += dep["deploymentSpecifications"][0]["gpuSpecificationId"]
-            assert (await admin.patch(patch, {"minInstances": 1})).status == 200
+            # Back with its autoscaler: it sees the buffered requests (no wake-up was ever sent for them),
+            # scales the version from zero, and the instance drains the buffer.
 
             results: dict[str, bytes] = {}
             polls = [client, client.as_(key.json["value"])]

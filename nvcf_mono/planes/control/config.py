@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import attrs
 
 from nvcf_mono.models.account import DEFAULT_ACCOUNT
@@ -35,6 +37,57 @@ class ReconcileSettings:
     retry_backoff: Seconds = setting(2.0, doc="First pause before replacing a failed instance.", check=positive)
     retry_backoff_max: Seconds = setting(300.0, doc="Longest pause between replacements.", check=positive)
     failures_kept: int = setting(10, doc="Recent failures kept per spec for healthInfo.", check=in_range(1, 100))
+    rebalance: bool = setting(
+        False,
+        doc="Instances spill over to the next matching cluster when the preferred one is full; with this, "
+        "they move back when it has room again (a new instance starts there first, then the spilled one goes).",
+    )
+
+
+@attrs.frozen(kw_only=True)
+class AutoscalerSettings:
+    """The autoscaler: NVCF's algorithm over utilization the platform measures, plus queue depth.
+
+    It runs in the process that holds the reconciler lease. Defaults are NVCF's, except the round
+    interval (15 s there): queue depth and wake-ups make a short round cheap and useful.
+    """
+
+    enabled: bool = setting(True, doc="Scale deployments between their min and max instances.")
+    interval: Seconds = setting(5.0, doc="Decide at least this often (a wake decides at once).", check=positive)
+    sample_step: Seconds = setting(60.0, doc="Spacing of utilization samples (NVCF: 60 s).", check=positive)
+    lookback: Seconds = setting(600.0, doc="How far back utilization samples go (NVCF: 600 s).", check=positive)
+    utilization_window: Seconds = setting(
+        70.0, doc="Each sample is the busy share of worker slots over this window (NVCF: 70 s).", check=positive
+    )
+    decay_factor: float = setting(
+        0.0, doc="Weight of older samples in the scale-to-zero average: exp(-decay * age).", check=in_range(0, 100)
+    )
+    scale_up_threshold: float = setting(
+        70.0, doc="Platform policy: scale up when utilization (percent) is above this.", check=in_range(0, 1000)
+    )
+    scale_down_threshold: float = setting(
+        30.0, doc="Platform policy: scale down when utilization is below this.", check=in_range(0, 1000)
+    )
+    scale_up_factor: float = setting(1.2, doc="Platform policy: multiply instances by this (ceil).", check=positive)
+    scale_down_factor: float = setting(
+        0.8, doc="Platform policy: multiply instances by this (floor, never below 1).", check=positive
+    )
+    idle_timeout: Seconds = setting(
+        1800.0,
+        doc="A version not invoked for this long may scale to zero (its minInstances permitting).",
+        check=positive,
+    )
+    worker_stale: Seconds = setting(
+        5.0, doc="A worker not reported by any invocation node for this long no longer counts.", check=positive
+    )
+
+    def __checks__(self) -> Iterator[tuple[str, str]]:
+        if self.scale_up_threshold <= self.scale_down_threshold:
+            yield "scale_down_threshold", "must be below scale_up_threshold"
+        if self.scale_up_factor <= 1:
+            yield "scale_up_factor", "must be above 1"
+        if not 0 < self.scale_down_factor < 1:
+            yield "scale_down_factor", "must be between 0 and 1"
 
 
 @attrs.frozen(kw_only=True)
@@ -67,7 +120,7 @@ class ControlConfig:
     example_function: bool | None = setting(
         None,
         doc="At first start, once a cluster has registered, register the echo example function and deploy it "
-        "(min 1, max 1) in the default account; only once, so deleting it does not bring it back. "
+        "(min 0, max 2: it scales from zero) in the default account; only once, so deleting it does not bring it back. "
         "Default: only in the all-in-one role.",
     )
     bootstrap_key_lifetime: Seconds = setting(
@@ -79,3 +132,4 @@ class ControlConfig:
     )
     max_asset_size: int = setting(5 * 1024**3, doc="Largest asset accepted, in bytes.", check=positive)
     reconcile: ReconcileSettings = setting(factory=ReconcileSettings, doc="The deployment reconciler.")
+    autoscaler: AutoscalerSettings = setting(factory=AutoscalerSettings, doc="The autoscaler.")

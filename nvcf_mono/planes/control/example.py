@@ -156,8 +156,9 @@ class ExampleFunction:
             {
                 "gpu": gpu,
                 "instanceType": it.name,
-                "minInstances": 1,
-                "maxInstances": 1,
+                # Scale to zero: the first call wakes an instance, an idle one goes away again.
+                "minInstances": 0,
+                "maxInstances": 2,
                 "backend": cluster.cluster_group_name,
                 "maxRequestConcurrency": 4,
             },
@@ -168,7 +169,7 @@ class ExampleFunction:
             await store.deployments.create(key, deployment)
         except ConflictError:
             return
-        await set_status(self.ctl, fv, FunctionStatus.DEPLOYING)
+        await set_status(self.ctl, fv, FunctionStatus.ACTIVE)  # every minInstances is 0
         self.ctl.poke()
 
     async def _report_active(self, fv: FunctionVersion) -> None:
@@ -181,7 +182,8 @@ class ExampleFunction:
                 return
             if current.status is FunctionStatus.ACTIVE:
                 self.log.info(
-                    "the example function %s (%s) is ACTIVE: nvcf-mono invoke %s -d '%s' (curl: see the ready banner)",
+                    "the example function %s (%s) is ACTIVE at zero instances; the first call starts one: "
+                    "nvcf-mono invoke %s -d '%s' (curl: see the ready banner)",
                     NAME,
                     fv.id,
                     fv.id,

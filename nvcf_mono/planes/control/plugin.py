@@ -18,6 +18,8 @@ from nvcf_mono.bus.codec import TypedKV
 from nvcf_mono.contracts import buckets, streams
 from nvcf_mono.http.api import ApiRouter
 from nvcf_mono.planes.control.api import ALL as API_MODULES
+from nvcf_mono.planes.control.autoscale.autoscaler import Autoscaler
+from nvcf_mono.planes.control.autoscale.observations import LoadBook
 from nvcf_mono.planes.control.bootstrap import bootstrap_keys, ensure_account
 from nvcf_mono.planes.control.config import ControlConfig
 from nvcf_mono.planes.control.context import Control
@@ -102,10 +104,22 @@ class ControlPlane(BasePlugin[ControlConfig]):
                 ttl=self.config.reconcile.lease_ttl,
                 log=ctx.log,
             )
-            reconciler = Reconciler(ctl, ctx.metrics, ctx.log)
-            leader_gauge = ctx.metrics.gauge("nvcf_control_leader", "1 while this process runs the reconciler.")
+            scaling = self.config.autoscaler
+            book = LoadBook(keep=scaling.lookback + scaling.utilization_window + scaling.sample_step)
+            autoscaler = Autoscaler(ctl, book, ctx.metrics, ctx.log.getChild("autoscaler"))
+            await tg.start(autoscaler.listen)
+            reconciler = Reconciler(ctl, ctx.metrics, ctx.log, busy=lambda fvid: book.busy(fvid, scaling.worker_stale))
+
+            async def lead() -> None:
+                async with anyio.create_task_group() as leading:
+                    leading.start_soon(reconciler.lead)
+                    leading.start_soon(autoscaler.lead)
+
+            leader_gauge = ctx.metrics.gauge(
+                "nvcf_control_leader", "1 while this process runs the reconciler and the autoscaler."
+            )
             leader_gauge.set_function(lambda: [((), 1.0 if lease.is_leader else 0.0)])
-            await tg.start(lease.run, reconciler.lead)
+            await tg.start(lease.run, lead)
             task_status.started()
             await ctx.wait_stopping()
             await lease.release()

@@ -121,7 +121,7 @@ def deployment_view(store: ControlStore, dep: Deployment) -> Deployment:
     for spec in dep.deployment_specifications:
         key = f"{dep.function_version_id}.{spec.gpu_specification_id}"
         target = store.autoscaler.get(key)
-        reason = None if target is None else f"{target.desired} instances: {target.reason}"
+        reason = None if target is None else f"{target.desired} instance(s) since {target.at}: {target.reason}"
         specs.append(evolve(spec, placement=placement_status(store.placements.get(key), spec, reason)))
     failures = health_info(store, dep)
     show_health = status is FunctionStatus.ERROR or (

@@ -77,3 +77,8 @@ class InvocationConfig:
         0.05, doc="A rate-limit check the bus does not answer in time lets the request through.", check=positive
     )
     sweep_interval: Seconds = setting(5.0, doc="How often expired queued requests are swept.", check=at_least(0.1))
+    load_report_interval: Seconds = setting(
+        1.0,
+        doc="How often workers report their load to this node, and this node reports it to the autoscaler.",
+        check=in_range(0.05, 60),
+    )

@@ -8,7 +8,7 @@ invocation plane pulls for the version's workers; both are created on first use 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from typing import final
 
 import anyio
@@ -33,6 +33,8 @@ class Dispatcher:
         self._ensured: set[str] = set()
         self._lock = anyio.Lock()
         self.payloads = bus.objects(buckets.PAYLOADS.name)
+        #: Told of every request stored (function id, version id): the load meter counts and wakes.
+        self.on_queued: Callable[[str, str], Awaitable[None]] | None = None
 
     def stream_name(self, function_version_id: str) -> str:
         return subjects.request_stream(self.region, function_version_id)
@@ -67,6 +69,8 @@ class Dispatcher:
         for attempt in range(2):
             try:
                 await self._bus.stream(self.stream_name(fvid)).publish(subject, data, msg_id=request.request_id)
+                if self.on_queued is not None:
+                    await self.on_queued(request.function_id, fvid)
                 return
             except StreamFull as err:
                 raise ProblemError(

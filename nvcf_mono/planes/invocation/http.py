@@ -39,6 +39,7 @@ from nvcf_mono.planes.invocation.ratelimit import RateLimiter
 from nvcf_mono.planes.invocation.responses import Pending, ResponseRouter
 from nvcf_mono.planes.invocation.results import QUEUED, ResultStore
 from nvcf_mono.planes.invocation.routing import RoutingTable
+from nvcf_mono.planes.invocation.wait_reason import wait_reason
 
 TAG = "invocation"
 REQID = "NVCF-REQID"
@@ -455,6 +456,9 @@ class Invoker:
         """``NVCF-REQID``, ``NVCF-STATUS: in-progress`` and why the request is still waiting."""
         headers = {REQID: request_id, STATUS: "in-progress"}
         state, position = await self.dispatcher.queue_state(function_version_id, request_id)
+        if state == "queued":
+            fv = self.routing.version_by_id(function_version_id)
+            state = wait_reason(self.routing.placements_of(fv)) if fv is not None else state
         headers[WAIT_REASON] = state
         if position is not None:
             headers[QUEUE_POSITION] = str(position)

@@ -25,6 +25,7 @@ from nvcf_mono.planes.invocation.dispatch import Dispatcher
 from nvcf_mono.planes.invocation.grpc_proxy import GrpcProxy
 from nvcf_mono.planes.invocation.idempotency import Idempotency
 from nvcf_mono.planes.invocation.input_assets import InputAssets
+from nvcf_mono.planes.invocation.load import LoadMeter
 from nvcf_mono.planes.invocation.metrics import InvocationMetrics
 from nvcf_mono.planes.invocation.ratelimit import RateLimiter
 from nvcf_mono.planes.invocation.relay import Relay
@@ -105,6 +106,16 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
             node = ctx.settings.node.id or "invocation"
             limiter = RateLimiter.on_bus(bus, self.config, node=node, metrics=ctx.metrics, log=log)
             await tg.start(limiter.run)
+            meter = LoadMeter(
+                bus,
+                node=node,
+                interval=self.config.load_report_interval,
+                sessions=lambda: list(self.workers.sessions.values()),
+                placements=routing.placements_by_ids,
+                log=log,
+            )
+            dispatcher.on_queued = meter.queued
+            await tg.start(meter.run)
             self.workers.bind(
                 bus=bus,
                 keyring=ctx.services.get(KEYRING),

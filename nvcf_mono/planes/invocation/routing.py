@@ -69,7 +69,10 @@ class RoutingTable:
         return self.deployments.get(buckets.version_key(fv.id, fv.version_id))
 
     def placements_of(self, fv: FunctionVersion) -> list[SpecPlacement]:
-        prefix = f"{fv.version_id}."
+        return self.placements_by_ids(fv.id, fv.version_id)
+
+    def placements_by_ids(self, function_id: str, version_id: str) -> list[SpecPlacement]:
+        prefix = f"{version_id}."
         return [p for k, p in self.placements.items() if k.startswith(prefix)]
 
     def _shared(self, fv: FunctionVersion, account: str) -> bool:

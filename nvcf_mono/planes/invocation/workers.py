@@ -167,6 +167,7 @@ class WorkerService:
                 cancel_subject=subjects.cancel_subject(fvid),
                 ack_wait_seconds=int(self._config.ack_wait),
                 max_deliver=self._config.max_deliver,
+                status_interval_ms=int(self._config.load_report_interval * 1000),
             )
         )
 
@@ -292,7 +293,15 @@ class WorkerSession:
         self.ready = anyio.Event()
         self.ready.set()
         self.draining = False
+        #: The worker's own account of its load (its last status).
+        self.reported_in_flight = 0
+        self.busy_seconds = 0.0
         self._log = service._log
+
+    @property
+    def serving(self) -> bool:
+        """Ready for requests (its inference server healthy) and not draining."""
+        return self.ready.is_set() and not self.draining
 
     async def run(self, stream: Stream[WorkerEnvelope, NodeEnvelope]) -> None:
         send, recv = anyio.create_memory_object_stream[NodeEnvelope](self.max_concurrency + 16)
@@ -404,6 +413,8 @@ class WorkerSession:
             assert message is not None
             kind = envelope.kind
             if kind == "status":
+                self.reported_in_flight = message.status.in_flight
+                self.busy_seconds = max(self.busy_seconds, message.status.busy_seconds)
                 if message.status.ready:
                     self.ready.set()
                 elif self.ready.is_set():

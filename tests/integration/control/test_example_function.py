@@ -49,9 +49,10 @@ async def test_the_example_is_deployed_once_and_a_deleted_one_stays_deleted(tmp_
         assert fn["containerImage"] == "echo" and fn["inferenceUrl"] == "/echo"
         dep = (await p.admin.get(f"/v2/nvcf/deployments/functions/{fid}/versions/{vid}")).json["deployment"]
         (spec,) = dep["deploymentSpecifications"]
-        # The smallest instance type of whatever GPU the cluster registered, at min 1 / max 1.
+        # The smallest instance type of whatever GPU the cluster registered, scaling from zero (max 2).
         assert (spec["gpu"], spec["instanceType"]) == ("L40S", "ON-PREM.GPU.L40S_1x")
-        assert (spec["minInstances"], spec["maxInstances"]) == (1, 1)
+        assert (spec["minInstances"], spec["maxInstances"]) == (0, 2)
+        assert spec["placement"]["placedInstances"] == 0  # nothing runs until the first call
         reply = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "hello", "repeats": 2})
         assert reply.status == 200, reply.body
         assert reply.json["message"] == "hellohello"
@@ -60,7 +61,7 @@ async def test_the_example_is_deployed_once_and_a_deleted_one_stays_deleted(tmp_
         assert bad.status == 400 and "'repeats'" in bad.body.decode()
         assert marker(tmp_path) == example.Marker(function_id=fid, version_id=vid, state="deployed")
 
-    # A restart keeps the one example (its instance comes back) and makes no second one.
+    # A restart keeps the one example (a call wakes it) and makes no second one.
     async with platform(tmp_path, **SETTINGS) as p:
         again = await active_example(p)
         assert again["id"] == fid

@@ -33,8 +33,10 @@ class Site:
     placeable: bool
 
 
-# Which instances go first when scaling down: those that do not serve yet, newest first.
-_VICTIM_ORDER = {Phase.REQUESTED: 0, Phase.ACKNOWLEDGED: 1, Phase.STARTING: 2, Phase.RUNNING: 3}
+# Which instances go first when scaling down: idle running ones (newest first), then those not
+# serving yet (a starting instance is about to serve), and those with requests in flight last.
+_VICTIM_ORDER = {Phase.RUNNING: 0, Phase.REQUESTED: 1, Phase.ACKNOWLEDGED: 2, Phase.STARTING: 3}
+_BUSY = 4
 
 
 def _age(inst: PlacedInstance, now: datetime, field: str = "updated_at") -> float:
@@ -91,17 +93,41 @@ def scale(
     capacity: Capacity,
     region_of: dict[str, str],
     now: datetime,
+    busy: frozenset[str] = frozenset(),
+    rebalance: bool = False,
 ) -> SpecPlacement:
-    """Bring the live count to ``desired``: terminate surplus, place what is missing where it fits."""
-    live = list(ledger.live())
+    """Bring the live count to ``desired``: terminate surplus, place what is missing where it fits.
+
+    ``sites`` come preferred first: placement takes the first with room (spilling over to the next),
+    and scaling down removes instances on the least preferred first. ``busy``: instance ids with
+    requests in flight, removed only when nothing else is left. ``rebalance``: with nothing else to
+    do, start an instance on a more preferred site that has room again, and remove the spilled-over
+    one it replaces once it runs.
+    """
+    rank = _ranks(sites)
+    ledger = _settle_moves(ledger, now)
+    moving = [i for i in ledger.live() if i.replaces is not None]
+    live = [i for i in ledger.live() if i.replaces is None]
     if len(live) > desired:
+        for inst in moving:  # shrinking: a move in progress is not worth finishing
+            ledger = _mark_terminating(ledger, inst, "rebalance-cancelled", now)
         newest_first = sorted(live, key=lambda i: i.created_at, reverse=True)
-        victims = sorted(newest_first, key=lambda i: _VICTIM_ORDER[i.phase])  # stable: newest first per phase
+        victims = sorted(  # stable: newest first within each rank
+            newest_first,
+            key=lambda i: (
+                _BUSY if i.instance_id in busy else _VICTIM_ORDER[i.phase],
+                -rank.get(i.cluster_id, len(sites)),
+            ),
+        )
         for inst in victims[: len(live) - desired]:
             ledger = _mark_terminating(ledger, inst, "scale-down", now)
         return evolve(ledger, desired=desired, waiting=0, waiting_reason=None, updated_at=iso(now))
     missing = desired - len(live)
     if missing == 0:
+        if rebalance and not moving:
+            ledger = _move_back(
+                ledger, live=live, sites=sites, rank=rank, capacity=capacity, region_of=region_of, now=now
+            )
         if ledger.desired == desired and ledger.waiting == 0:
             return ledger
         return evolve(ledger, desired=desired, waiting=0, waiting_reason=None, updated_at=iso(now))
@@ -115,24 +141,7 @@ def scale(
         site = next((s for s in sites if s.placeable and capacity.fits(s.cluster, _gpu(s), s.instance_type)), None)
         if site is None:
             break
-        gpu = _gpu(site)
-        capacity.take(site.cluster.cluster_id, gpu, site.instance_type.name, site.instance_type.gpu_count)
-        stamp = iso(now)
-        added.append(
-            PlacedInstance(
-                request_id=new_id(),
-                cluster_id=site.cluster.cluster_id,
-                cluster_name=site.cluster.cluster_name,
-                backend=site.cluster.cluster_group_name,
-                region=region_of.get(site.cluster.cluster_id, site.cluster.region),
-                gpu=gpu,
-                instance_type=site.instance_type.name,
-                gpu_count=site.instance_type.gpu_count,
-                phase=Phase.REQUESTED,
-                created_at=stamp,
-                updated_at=stamp,
-            )
-        )
+        added.append(_place(site, capacity, region_of, now))
     waiting = missing - len(added)
     reason = None if waiting == 0 else _why_waiting(sites, waiting)
     if not added and ledger.waiting == waiting and ledger.waiting_reason == reason and ledger.desired == desired:
@@ -145,6 +154,75 @@ def scale(
         waiting_reason=reason,
         updated_at=iso(now),
     )
+
+
+def _place(
+    site: Site, capacity: Capacity, region_of: dict[str, str], now: datetime, replaces: str | None = None
+) -> PlacedInstance:
+    gpu = _gpu(site)
+    capacity.take(site.cluster.cluster_id, gpu, site.instance_type.name, site.instance_type.gpu_count)
+    stamp = iso(now)
+    return PlacedInstance(
+        request_id=new_id(),
+        cluster_id=site.cluster.cluster_id,
+        cluster_name=site.cluster.cluster_name,
+        backend=site.cluster.cluster_group_name,
+        region=region_of.get(site.cluster.cluster_id, site.cluster.region),
+        gpu=gpu,
+        instance_type=site.instance_type.name,
+        gpu_count=site.instance_type.gpu_count,
+        phase=Phase.REQUESTED,
+        created_at=stamp,
+        updated_at=stamp,
+        replaces=replaces,
+    )
+
+
+def _ranks(sites: Sequence[Site]) -> dict[str, int]:
+    """Preference of each cluster (0: most preferred)."""
+    rank: dict[str, int] = {}
+    for i, site in enumerate(sites):
+        rank.setdefault(site.cluster.cluster_id, i)
+    return rank
+
+
+def _settle_moves(ledger: SpecPlacement, now: datetime) -> SpecPlacement:
+    """A replacement that runs retires the instance it replaces; one whose target is gone is an ordinary one."""
+    for inst in ledger.live():
+        if inst.replaces is None:
+            continue
+        old = ledger.find(inst.replaces)
+        if old is None or old.phase not in LIVE:
+            ledger = replace_instance(ledger, evolve(inst, replaces=None))
+        elif inst.phase is Phase.RUNNING:
+            ledger = _mark_terminating(ledger, old, "rebalance", now)
+            ledger = replace_instance(ledger, evolve(inst, replaces=None, updated_at=iso(now)))
+    return ledger
+
+
+def _move_back(
+    ledger: SpecPlacement,
+    *,
+    live: Sequence[PlacedInstance],
+    sites: Sequence[Site],
+    rank: dict[str, int],
+    capacity: Capacity,
+    region_of: dict[str, str],
+    now: datetime,
+) -> SpecPlacement:
+    """One move at a time: the running instance on the least preferred cluster, to a better one with room."""
+    running = [i for i in live if i.phase is Phase.RUNNING]
+    if not running or any(i.phase is not Phase.RUNNING for i in live):
+        return ledger
+    worst = max(running, key=lambda i: rank.get(i.cluster_id, len(sites)))
+    worst_rank = rank.get(worst.cluster_id, len(sites))
+    for i, site in enumerate(sites):
+        if i >= worst_rank:
+            break
+        if site.placeable and capacity.fits(site.cluster, _gpu(site), site.instance_type):
+            moved = _place(site, capacity, region_of, now, replaces=worst.request_id)
+            return evolve(ledger, instances=(*ledger.instances, moved), updated_at=iso(now))
+    return ledger
 
 
 def _gpu(site: Site) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import final
 
@@ -40,8 +41,16 @@ from nvcf_mono.structure import evolve
 class Reconciler:
     """Runs while its process holds the reconciler lease."""
 
-    def __init__(self, ctl: Control, metrics: Metrics, log: logging.Logger) -> None:
+    def __init__(
+        self,
+        ctl: Control,
+        metrics: Metrics,
+        log: logging.Logger,
+        *,
+        busy: Callable[[str], frozenset[str]] = lambda _: frozenset(),
+    ) -> None:
         self._ctl = ctl
+        self._busy = busy
         self._log = log
         cfg = ctl.config.reconcile
         self._timeouts = Timeouts(ack=cfg.ack_timeout, start=cfg.start_timeout, terminate=cfg.terminate_timeout)
@@ -128,7 +137,14 @@ class Reconciler:
                     for c, it in candidates(mine, spec)
                 ]
                 ledger = scale(
-                    ledger, desired=self._desired(spec, key), sites=sites, capacity=capacity, region_of={}, now=now
+                    ledger,
+                    desired=self._desired(spec, key),
+                    sites=sites,
+                    capacity=capacity,
+                    region_of={},
+                    now=now,
+                    busy=self._busy(fv.version_id),
+                    rebalance=self._ctl.config.reconcile.rebalance,
                 )
             saved = await self._save(key, original, ledger)
             if saved is not None:

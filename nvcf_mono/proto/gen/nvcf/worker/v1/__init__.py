@@ -55,6 +55,10 @@ class ConnectResponse(betterproto.Message):
     cancel_subject: str = betterproto.string_field(11)
     ack_wait_seconds: int = betterproto.int32_field(12)
     max_deliver: int = betterproto.int32_field(13)
+    status_interval_ms: int = betterproto.int32_field(14)
+    """
+    How often the worker reports its load (a WorkerStatus) on the Serve stream; 0: only on changes.
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -88,6 +92,11 @@ class WorkerStatus(betterproto.Message):
     in_flight: int = betterproto.int32_field(2)
     max_concurrency: int = betterproto.int32_field(3)
     detail: str = betterproto.string_field(4)
+    busy_seconds: float = betterproto.double_field(5)
+    """
+    Slot-seconds spent serving requests since the worker started (a counter: the autoscaler's
+     utilization is its increase over the slots' time).
+    """
 
 
 @dataclass(eq=False, repr=False)

@@ -1,0 +1,1 @@
+"""The autoscaler: NVCF's decision algorithm fed by measurements the platform takes itself."""
