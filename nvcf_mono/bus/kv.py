@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import final
+from typing import Any, final
 
 import anyio
 import nats.errors
@@ -221,6 +221,28 @@ class NatsKeyValue:
         async with self.watch(pattern) as watch:
             return [entry.key for entry in watch.initial]
 
+    async def _catch_up(self, watcher: Any, keep: Callable[[Any], None], last_seen: Callable[[], int]) -> None:
+        """Read what the server delivered before nats-py said the initial values were done.
+
+        nats-py can end the initial load early: messages already sent to the subscription but not yet
+        through its callback are not counted (nats-io/nats.py#842), so a watch (and ``keys()``) may
+        miss keys that exist. The consumer says which stream sequence it delivered last; read on until
+        that one has arrived. A straggler that never comes (a marker nats-py drops) ends the wait.
+        """
+        try:
+            info = await watcher._sub.consumer_info()
+        except _NATS_ERRORS as err:
+            raise translate(err, f"watch {self.bucket}: consumer info") from err
+        delivered = info.delivered.stream_seq or 0
+        with anyio.move_on_after(self._timeout):
+            while last_seen() < delivered:
+                try:
+                    raw = await watcher.updates(timeout=self._timeout)
+                except nats.errors.TimeoutError:
+                    return
+                if raw is not None:
+                    keep(raw)
+
     @asynccontextmanager
     async def watch(self, pattern: str = ">", *, include_history: bool = False) -> AsyncIterator[NatsWatch]:
         """Watch keys matching ``pattern``; the initial live values are loaded before this yields."""
@@ -232,6 +254,17 @@ class NatsKeyValue:
             raise translate(err, f"watch {self.bucket}/{pattern}") from err
         try:
             initial: dict[str, Entry] = {}
+            last_seen = 0
+
+            def keep(raw: Any) -> None:
+                nonlocal last_seen
+                entry = _entry(self.bucket, raw)
+                last_seen = max(last_seen, entry.revision)
+                if entry.deleted and not include_history:
+                    initial.pop(entry.key, None)
+                else:
+                    initial[entry.key if not include_history else f"{entry.key}@{entry.revision}"] = entry
+
             while True:
                 # Each step of the initial load has its own deadline: a big bucket may take a while,
                 # a silent server may not.
@@ -241,11 +274,8 @@ class NatsKeyValue:
                     raise RequestTimeout(f"watch {self.bucket}/{pattern}: initial values did not arrive") from err
                 if raw is None:
                     break
-                entry = _entry(self.bucket, raw)
-                if entry.deleted and not include_history:
-                    initial.pop(entry.key, None)
-                else:
-                    initial[entry.key if not include_history else f"{entry.key}@{entry.revision}"] = entry
+                keep(raw)
+            await self._catch_up(watcher, keep, lambda: last_seen)
             yield NatsWatch(watcher, tuple(initial.values()), self.bucket)
         finally:
             with anyio.move_on_after(self._timeout, shield=True):

@@ -76,8 +76,8 @@ STABLE_SESSION = 10.0
 DRAIN_GRACE = 10.0
 
 Out = MemoryObjectSendStream[WorkerEnvelope]
-#: What a lost connection to the node raises.
-LOST = (GRPCError, StreamTerminatedError, OSError, ConnectionError, TimeoutError)
+#: What a lost connection to the node raises (a broken internal stream is the same session ending).
+LOST = (GRPCError, StreamTerminatedError, OSError, ConnectionError, TimeoutError, anyio.BrokenResourceError)
 
 
 @attrs.frozen
@@ -375,7 +375,7 @@ class Worker:
             )
             try:
                 await out.send(WorkerEnvelope(message=WorkerMessage(status=status)))
-            except anyio.ClosedResourceError:
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 return  # drained
 
     async def _drain_on_request(self, out: Out, session: anyio.CancelScope) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import anyio
 import pytest
@@ -226,3 +227,39 @@ async def test_per_key_ttl(nats_server: NatsServer, unique: Callable[[str], str]
         await kv.create("idem.k1", b"again")  # an expired key can be created anew
         entry = await kv.get("idem.k1")
         assert entry is not None and entry.value == b"again"
+
+
+class _EarlyEnd:
+    """A nats-py key watcher that says its initial values are done before delivering them, as nats-py
+    does when a value is already on its way to the subscription (nats-io/nats.py#842)."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self._sub = real._sub
+        self._said = False
+
+    async def updates(self, timeout: float = 5.0) -> Any:
+        if not self._said:
+            self._said = True
+            return None
+        return await self._real.updates(timeout)
+
+    async def stop(self) -> None:
+        await self._real.stop()
+
+
+async def test_keys_and_watches_do_not_miss_values_nats_py_reports_late(
+    nats_server: NatsServer, unique: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with connect(nats_server.url) as bus:
+        kv = await bus.ensure_bucket(BucketSpec(name=unique("early")))
+        await kv.put("cluster.request", b"x")
+        real_watch = kv._watchable.watch  # type: ignore[attr-defined]
+
+        async def early(*args: Any, **kwargs: Any) -> _EarlyEnd:
+            return _EarlyEnd(await real_watch(*args, **kwargs))
+
+        monkeypatch.setattr(kv._watchable, "watch", early)  # type: ignore[attr-defined]
+        assert await kv.keys("cluster.*") == ["cluster.request"]
+        async with kv.watch("cluster.>") as watch:
+            assert [e.key for e in watch.initial] == ["cluster.request"]

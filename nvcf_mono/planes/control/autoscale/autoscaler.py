@@ -191,7 +191,15 @@ class Autoscaler:
         self._current.set(inputs.current, **labels)
         self._starting.set(inputs.starting, **labels)
         self._queue.set(inputs.backlog, **labels)
+        floor = inputs.starting + inputs.busy_instances
         if estimate is None:
+            # Instances asked for have not reported yet: no utilization decision, but a queue that
+            # outgrows what is coming still asks for more (the guard only stops decisions against it).
+            queued = with_backlog(
+                0, backlog=inputs.backlog, slots_per_instance=inputs.slots_per_instance, in_flight=inputs.in_flight
+            )
+            if queued > last:
+                await self._apply(fv, dep, max(queued, floor), "queue", _queue_reason(inputs))
             return
         self._utilization.set(round(estimate.average, 3), **labels)
         wanted = with_backlog(
@@ -200,7 +208,6 @@ class Autoscaler:
             slots_per_instance=inputs.slots_per_instance,
             in_flight=inputs.in_flight,
         )
-        floor = inputs.starting + inputs.busy_instances
         desired = max(wanted, floor)
         kind, why = _explain(
             estimate, wanted, desired, inputs, up=policy.scale_up_threshold, down=policy.scale_down_threshold
@@ -326,6 +333,10 @@ def _recency_moved(current: buckets.AutoscalerTarget, target: buckets.Autoscaler
     return moved.total_seconds() >= RECENCY_PERSIST
 
 
+def _queue_reason(inputs: Inputs) -> str:
+    return f"{inputs.backlog} request(s) queued or running for {inputs.slots_per_instance} slot(s) per instance"
+
+
 def _explain(
     estimate: Estimate, wanted: int, desired: int, inputs: Inputs, *, up: float, down: float
 ) -> tuple[str, str]:
@@ -338,9 +349,7 @@ def _explain(
             "flight are never reaped"
         )
     if wanted > estimate.desired:
-        return "queue", (
-            f"{inputs.backlog} request(s) queued or running for {inputs.slots_per_instance} slot(s) per instance"
-        )
+        return "queue", _queue_reason(inputs)
     if estimate.desired == 0:
         return "zero", f"not invoked within the idle timeout and {util} < {down:g}%: scale to zero"
     if not inputs.samples:
