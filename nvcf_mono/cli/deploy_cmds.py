@@ -78,15 +78,27 @@ def register(sub: Any) -> None:
 
     update = cmds.add_parser(
         "update",
-        help="rescale a deployed gpu specification",
-        description="Change the minimum and maximum instances of one gpu specification (PATCH). The GPU, "
-        "instance type and placement cannot change: remove and deploy again for that.",
+        help="rescale a deployed gpu specification, or change its autoscaling",
+        description="Change the minimum and maximum instances or the autoscaling policy of one gpu "
+        "specification (PATCH, effective at once). The GPU, instance type and placement cannot change: "
+        "remove and deploy again for that.",
     )
     update.add_argument("function_id", metavar="FID")
     update.add_argument("version_id", metavar="VID")
     update.add_argument("--spec-id", metavar="ID", help="the gpu specification (optional when there is one)")
     update.add_argument("--min-instances", type=_count, metavar="N")
     update.add_argument("--max-instances", type=_count, metavar="N")
+    update.add_argument(
+        "--autoscaling-policy",
+        choices=("CUSTOM_CONFIGURATION", "PLATFORM_CONFIGURATION"),
+        help="PLATFORM_CONFIGURATION drops the spec's own autoscaling configuration",
+    )
+    update.add_argument(
+        "--autoscaling-file",
+        metavar="FILE",
+        help="the spec's autoscalingConfiguration as JSON: {scaleUpDetails: {factor, threshold, stickiness: "
+        "{size, threshold}}, scaleDownDetails: {...}}",
+    )
     add_api_options(update)
     update.set_defaults(func=_update)
 
@@ -337,8 +349,18 @@ def _get(args: argparse.Namespace, ctx: CliContext) -> int:
 
 
 def _update(args: argparse.Namespace, ctx: CliContext) -> int:
-    if args.min_instances is None and args.max_instances is None:
-        raise CliError("deploy update: give --min-instances and/or --max-instances")
+    autoscaling = read_json_object("--autoscaling-file", args.autoscaling_file) if args.autoscaling_file else None
+    given = (
+        ("minInstances", args.min_instances),
+        ("maxInstances", args.max_instances),
+        ("autoscalingConfigurationPolicy", args.autoscaling_policy),
+        ("autoscalingConfiguration", autoscaling),
+    )
+    body = {k: v for k, v in given if v is not None}
+    if not body:
+        raise CliError(
+            "deploy update: give --min-instances, --max-instances, --autoscaling-policy and/or --autoscaling-file"
+        )
     client = connect(args, ctx)
     dep = client.get(_path(args.function_id, args.version_id), management=True)["deployment"]
     specs = dep.get("deploymentSpecifications") or []
@@ -351,9 +373,6 @@ def _update(args: argparse.Namespace, ctx: CliContext) -> int:
                 f"({', '.join(map(str, ids))})"
             )
         spec_id = ids[0]
-    body = {
-        k: v for k, v in (("minInstances", args.min_instances), ("maxInstances", args.max_instances)) if v is not None
-    }
     doc = client.patch(f"{DEPLOYMENTS}/{dep['deploymentId']}/gpu-specifications/{spec_id}", body)
     if args.json:
         emit_json(ctx, doc)

@@ -253,7 +253,44 @@ async def test_deploy_waits_for_active_then_rescales_and_removes(tmp_path: Path)
         assert wrong_spec.returncode == 1 and "HTTP 404" in wrong_spec.stderr
         nothing = await cli("deploy", "update", fid, vid, *conn, env=env)
         assert nothing.returncode == 2
-        assert nothing.stderr.strip() == "nvcf-mono: deploy update: give --min-instances and/or --max-instances"
+        assert nothing.stderr.strip() == (
+            "nvcf-mono: deploy update: give --min-instances, --max-instances, --autoscaling-policy and/or "
+            "--autoscaling-file"
+        )
+        # A spec's own autoscaling policy, from a file; the PATCH answers with it.
+        policy = tmp_path / "autoscaling.json"
+        policy.write_text(
+            json.dumps(
+                {
+                    "scaleUpDetails": {
+                        "factor": 2.0,
+                        "threshold": 60,
+                        "stickiness": {"size": "PT3M", "threshold": "PT2M"},
+                    },
+                    "scaleDownDetails": {"factor": 0.5, "threshold": 20},
+                }
+            )
+        )
+        custom = json.loads(
+            ok(await cli("deploy", "update", fid, vid, "--autoscaling-file", str(policy), "--json", *conn, env=env))
+        )
+        assert custom["gpuSpecification"]["autoscalingConfiguration"]["scaleUpDetails"]["factor"] == 2.0
+        back = json.loads(
+            ok(
+                await cli(
+                    "deploy",
+                    "update",
+                    fid,
+                    vid,
+                    "--autoscaling-policy",
+                    "PLATFORM_CONFIGURATION",
+                    "--json",
+                    *conn,
+                    env=env,
+                )
+            )
+        )
+        assert "autoscalingConfiguration" not in back["gpuSpecification"]
 
         again = await cli("deploy", "create", fid, vid, *H100, *conn, env=env)
         assert again.returncode == 1

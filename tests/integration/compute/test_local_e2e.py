@@ -97,9 +97,13 @@ async def test_deploy_invoke_undeploy_leaves_no_process(tmp_path: Path) -> None:
 async def test_two_clusters_of_different_gpus_and_the_spec_picks_one(tmp_path: Path) -> None:
     clusters = [cluster("alpha", CLUSTER_A, "H100", 8), cluster("beta", CLUSTER_B, "L40S", 4)]
     async with compute_platform(tmp_path, clusters) as p:
-        groups = (await p.admin.get("/v2/nvcf/clusterGroups")).json["clusterGroups"]
-        by_name = {g["name"]: g for g in groups}
-        assert set(by_name) == {"alpha", "beta"}
+
+        async def both_registered() -> dict[str, dict] | None:  # agents register just after the host is ready
+            groups = (await p.admin.get("/v2/nvcf/clusterGroups")).json["clusterGroups"]
+            found = {g["name"]: g for g in groups}
+            return found if set(found) == {"alpha", "beta"} else None
+
+        by_name = await wait_for(both_registered, timeout=10, what="both clusters registered")
         assert [t["name"] for t in by_name["beta"]["gpus"][0]["instanceTypes"]] == [
             "ON-PREM.GPU.L40S_1x",
             "ON-PREM.GPU.L40S_2x",
