@@ -14,7 +14,7 @@ from nvcf_mono.cli import main as cli_main
 from nvcf_mono.cli.context import CliContext
 from nvcf_mono.host import Host, HostFailed
 from nvcf_mono.plugin import Endpoints
-from nvcf_mono.worker.agent import Worker
+from nvcf_mono.worker.main import Sidecar
 from nvcf_mono.worker.main import run_worker as serve_worker
 
 log = logging.getLogger("nvcf_mono")
@@ -68,7 +68,7 @@ def run_host(host: Host, on_ready: Callable[[Endpoints], None]) -> int:
     return 0
 
 
-async def _watch_worker_signals(worker: Worker, scope: anyio.CancelScope) -> None:
+async def _watch_worker_signals(worker: Sidecar, scope: anyio.CancelScope) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         count = 0
         async for signum in signals:
@@ -80,7 +80,7 @@ async def _watch_worker_signals(worker: Worker, scope: anyio.CancelScope) -> Non
                 scope.cancel()
 
 
-def run_worker(worker: Worker, secrets: bool) -> int:
+def run_worker(worker: Sidecar, secrets: bool) -> int:
     """Serve until drained (first signal) or stopped (second); 1 when the worker could not run."""
 
     async def main() -> None:

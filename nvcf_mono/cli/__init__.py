@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "nvcf_mono.cli.plugins_cmds",
     "nvcf_mono.cli.function_cmds",
     "nvcf_mono.cli.deploy_cmds",
+    "nvcf_mono.cli.task_cmds",
     "nvcf_mono.cli.key_cmds",
     "nvcf_mono.cli.cluster_cmds",
     "nvcf_mono.cli.instance_cmds",

@@ -12,7 +12,7 @@ from nvcf_mono.errors import NvcfMonoError
 if TYPE_CHECKING:
     from nvcf_mono.host import Host
     from nvcf_mono.plugin import Endpoints
-    from nvcf_mono.worker.agent import Worker
+    from nvcf_mono.worker.main import Sidecar
 
 
 class CliError(NvcfMonoError):
@@ -32,4 +32,4 @@ class CliContext:
     stderr: IO[str]
     run_host: Callable[[Host, Callable[[Endpoints], None]], int]
     #: Runs a worker until it drains (first SIGTERM) or is stopped (second); returns the exit code.
-    run_worker: Callable[[Worker, bool], int] | None = None
+    run_worker: Callable[[Sidecar, bool], int] | None = None

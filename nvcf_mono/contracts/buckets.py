@@ -22,6 +22,7 @@ from nvcf_mono.models.function import FunctionVersion
 from nvcf_mono.models.placement import SpecPlacement
 from nvcf_mono.models.secret import SealedSecrets, StoredRegistryCredential
 from nvcf_mono.models.sharing import AuthorizedParties
+from nvcf_mono.models.task import Task, TaskEvent, TaskResult
 from nvcf_mono.structure import WireModel, wire
 
 # ---- specs ----------------------------------------------------------------------------------------
@@ -76,6 +77,14 @@ PAYLOADS = ObjectStoreSpec(
     description="Large request bodies and 202 results (names: req/<requestId>, res/<requestId>).",
     ttl=24 * 3600.0,
 )
+TASKS = BucketSpec(name="nvcf_tasks", description="Tasks (key: <taskId>).", history=3)
+TASK_EVENTS = BucketSpec(
+    name="nvcf_task_events", description="Task events in order (key: <taskId>.<sequence, 8 digits>)."
+)
+TASK_RESULTS = BucketSpec(name="nvcf_task_results", description="Task result metadata (key: <taskId>.<resultId>).")
+TASK_RESULT_CONTENT = ObjectStoreSpec(
+    name="nvcf_task_results", description="Task result content, UPLOAD strategy (name: <taskId>/<resultId>)."
+)
 LEASES = BucketSpec(
     name="nvcf_leases", description="Leader leases (key: <role>); a lease expires unless renewed.", per_key_ttl=True
 )
@@ -93,6 +102,9 @@ SEALED_SECRETS = VersionedCodec(SealedSecrets, 1, "secrets")
 REGISTRY_CREDENTIAL = VersionedCodec(StoredRegistryCredential, 1, "registry credential")
 AUTHORIZED_PARTIES = VersionedCodec(AuthorizedParties, 1, "authorized parties")
 ASSET = VersionedCodec(Asset, 1, "asset")
+TASK = VersionedCodec(Task, 1, "task")
+TASK_EVENT = VersionedCodec(TaskEvent, 1, "task event")
+TASK_RESULT = VersionedCodec(TaskResult, 1, "task result")
 
 
 @wire
@@ -194,6 +206,20 @@ def function_secrets_key(function_id: str, version_id: str) -> str:
 
 def task_secrets_key(task_id: str) -> str:
     return f"task.{task_id}"
+
+
+def task_event_key(task_id: str, sequence: int) -> str:
+    """``<taskId>.<sequence>``: zero-padded, so keys sort in event order."""
+    return f"{task_id}.{sequence:08d}"
+
+
+def task_item_pattern(task_id: str) -> str:
+    """Every event (or result) of one task."""
+    return f"{task_id}.*"
+
+
+def task_result_object(task_id: str, result_id: str) -> str:
+    return f"{task_id}/{result_id}"
 
 
 def account_item_key(nca_id: str, item_id: str) -> str:

@@ -74,6 +74,13 @@ NVCF_NCA_ID = "NVCF_NCA_ID"
 NVCF_FUNCTION_ID = "NVCF_FUNCTION_ID"
 NVCF_FUNCTION_VERSION_ID = "NVCF_FUNCTION_VERSION_ID"
 NVCF_FUNCTION_NAME = "NVCF_FUNCTION_NAME"
+NVCT_TASK_ID = "NVCT_TASK_ID"
+NVCT_TASK_NAME = "NVCT_TASK_NAME"
+NVCT_NCA_ID = "NVCT_NCA_ID"
+NVCT_PROGRESS_FILE_PATH = "NVCT_PROGRESS_FILE_PATH"
+NVCT_RESULTS_DIR = "NVCT_RESULTS_DIR"
+NVCT_HEARTBEAT_INTERVAL = "NVCT_HEARTBEAT_INTERVAL"
+NVCT_RESULT_HANDLING = "NVCT_RESULT_HANDLING"
 
 CONTRACT: tuple[Var, ...] = (
     Var(INFERENCE_CONTAINER, CP, AGENT, "-", "The function's container image (local backend: an image catalog name)."),
@@ -124,6 +131,13 @@ CONTRACT: tuple[Var, ...] = (
     Var(NVCF_FUNCTION_ID, AGENT, "inference", "-", "Function id."),
     Var(NVCF_FUNCTION_VERSION_ID, AGENT, "inference", "-", "Function version id."),
     Var(NVCF_FUNCTION_NAME, AGENT, "inference", "-", "Function name."),
+    Var(NVCT_TASK_ID, CP, "task, worker", "-", "Tasks: the task's id (its presence makes the worker a task sidecar)."),
+    Var(NVCT_TASK_NAME, CP, "task, worker", "-", "Tasks: the task's name."),
+    Var(NVCT_NCA_ID, CP, "task, worker", "-", "Tasks: the task's account."),
+    Var(NVCT_PROGRESS_FILE_PATH, AGENT, "task, worker", "-", "Tasks: where the task writes its progress (JSON)."),
+    Var(NVCT_RESULTS_DIR, AGENT, "task, worker", "-", "Tasks: where the task writes result files."),
+    Var(NVCT_HEARTBEAT_INTERVAL, CP, WORKER, "30", "Tasks: seconds between the worker's heartbeats."),
+    Var(NVCT_RESULT_HANDLING, CP, WORKER, "UPLOAD", "Tasks: UPLOAD (store result files) or NONE (names only)."),
 )
 
 

@@ -276,3 +276,55 @@ class SecretsReply(WireModel):
     """Name -> value (a string, or a JSON object as given)."""
 
     secrets: dict[str, Any]
+
+
+# ---- task workers -> control plane (relayed by the invocation node that holds their gRPC call) ------
+
+
+@wire
+class TaskConnectCall(WireModel):
+    """A task's worker is up."""
+
+    task_id: str
+    request_id: str
+    instance_id: str = ""
+
+
+@wire
+class TaskConnectReply(WireModel):
+    status: str
+    heartbeat_interval: float
+    result_handling: str
+
+
+@wire
+class TaskHeartbeatCall(WireModel):
+    """Alive, with the progress file's content when there is one."""
+
+    task_id: str
+    has_progress: bool = False
+    percent_complete: int = 0
+    name: str | None = None
+    metadata: Any = None
+    last_updated_at: str | None = None
+
+
+@wire
+class TaskStatusReply(WireModel):
+    status: str
+
+
+@wire
+class TaskResultCall(WireModel):
+    """A result file, stored (``object_name``) or, with result handling NONE, only named."""
+
+    task_id: str
+    name: str
+    size: int
+    metadata: Any = None
+    object_name: str | None = None
+
+
+@wire
+class TaskResultReply(WireModel):
+    result_id: str

@@ -65,6 +65,14 @@ def icms_call_of(subject: str) -> tuple[str, str]:
 #: Secrets of a function version or task, fetched at launch with the instance's worker token.
 SECRETS_FETCH = "nvcf.control.secrets"
 
+TaskCall = Literal["connect", "heartbeat", "result"]
+#: What task workers send (through their invocation node): ``nvcf.task.<call>``.
+TASK_CALLS = "nvcf.task.>"
+
+
+def task_subject(call: TaskCall) -> str:
+    return f"nvcf.task.{call}"
+
 
 # ---- invocation -----------------------------------------------------------------------------------
 

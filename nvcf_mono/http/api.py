@@ -212,8 +212,11 @@ class ApiRouter:
         self._operations: list[Operation] = []
         self._auth: Authenticator | None = None
         self._account_exists: AccountCheck | None = None
-        # "/v2/nvcf/x" -> "/v2/nvcf/accounts/{ncaId}/x" for cross-account twins.
-        self._prefixes = dict(cross_account_prefixes or {"/v2/nvcf/": "/v2/nvcf/accounts/{ncaId}/"})
+        # "/v2/nvcf/x" -> "/v2/nvcf/accounts/{ncaId}/x" (and the tasks API likewise) for cross-account twins.
+        self._prefixes = dict(
+            cross_account_prefixes
+            or {"/v2/nvcf/": "/v2/nvcf/accounts/{ncaId}/", "/v1/nvct/": "/v1/nvct/accounts/{ncaId}/"}
+        )
 
     @property
     def operations(self) -> tuple[Operation, ...]:

@@ -16,7 +16,7 @@ import random
 import shutil
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
-from typing import final
+from typing import Protocol, final
 
 import aiohttp
 import anyio
@@ -663,7 +663,14 @@ async def _relay(frames: AsyncIterator[Frame], answer: Callable[[Frame], Awaitab
         await answer(frame)
 
 
-async def fetch_secrets(config: WorkerConfig) -> dict[str, object]:
+class _Platform(Protocol):
+    @property
+    def grpc_address(self) -> str: ...
+    @property
+    def worker_token(self) -> str: ...
+
+
+async def fetch_secrets(config: _Platform) -> dict[str, object]:
     """The instance's secrets from the platform (through the invocation plane)."""
     host, _, port = config.grpc_address.rpartition(":")
     async with _channel(host or "127.0.0.1", int(port)) as channel:

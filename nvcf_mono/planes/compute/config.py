@@ -110,6 +110,11 @@ class LocalSettings:
     error_log_bytes: ByteSize = setting(
         1024, doc="How much of an instance's log a failure report carries.", check=in_range(64, 64 * 1024)
     )
+    task_flush_timeout: Seconds = setting(
+        30.0,
+        doc="Tasks: once the task's process ended, how long its worker may take to upload the last results.",
+        check=positive,
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -207,6 +212,10 @@ BUILTIN_IMAGES: Mapping[str, Image] = {
     "grpc-echo": Image(
         command=("{python}", "-m", "nvcf_mono.examples.grpc_echo", "--port", "{port}"),
         description="gRPC echo (nvcf_mono.examples.grpc_echo): examples.echo.v1.EchoService, inferenceUrl /grpc.",
+    ),
+    "task-example": Image(
+        command=("{python}", "-m", "nvcf_mono.examples.task"),
+        description="A task (nvcf_mono.examples.task): counts --steps in --seconds with progress, writes squares.json.",
     ),
 }
 

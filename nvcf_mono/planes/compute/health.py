@@ -35,6 +35,28 @@ class Observation:
     #: Which process exited last: "inference" or "worker".
     exited_role: str = ""
     failure: LaunchFailure | None = None
+    #: A task (run once) ended: how.
+    completed: Completion | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Completion:
+    """How a task's container ended: its exit code, and a cause when the agent ended it."""
+
+    exit_code: int
+    detail: str
+    #: ``exceeded-max-runtime`` when the agent stopped it at its deadline; None when it ended itself.
+    cause: str | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code == 0 and self.cause is None
+
+
+#: Termination causes of tasks (the instance record's ``terminationCause``).
+TASK_COMPLETED = "task-completed"
+TASK_FAILED = "task-failed"
+EXCEEDED_MAX_RUNTIME = "exceeded-max-runtime"
 
 
 @attrs.frozen(kw_only=True)
@@ -50,7 +72,7 @@ class Verdict:
 
     @property
     def terminal(self) -> bool:
-        return self.state in states.BAD_STATES
+        return self.state in states.BAD_STATES or self.state == states.SUCCEEDED
 
 
 def recent(exits: Sequence[float], now: float, window: float) -> list[float]:
@@ -68,6 +90,16 @@ def evaluate(
     health: HealthSettings,
 ) -> Verdict:
     """The verdict on one instance; ``*_at`` are epoch seconds (``ready_at``: first time ready)."""
+    if obs.completed is not None:
+        done = obs.completed
+        if done.succeeded:
+            return Verdict(state=states.SUCCEEDED, status=states.TERMINATED_BY_SERVICE, cause=TASK_COMPLETED)
+        return Verdict(
+            state=states.FAILED,
+            status=states.TERMINATED_BY_SERVICE,
+            cause=done.cause or TASK_FAILED,
+            detail=done.detail,
+        )
     if obs.failure is not None:
         return Verdict(
             state=obs.failure.cause,

@@ -306,7 +306,8 @@ class Supervisor:
             # NVCA force-deletes a pod in a bad state: a short grace, then SIGKILL.
             await self._backend.stop(handle, min(1.0, self._config.local.termination_grace))
             self._log.info("instance %s: %s: %s", live.instance_id, verdict.state, verdict.detail)
-            await self._record(live, handle, obs, verdict, self._error_log(handle, verdict))
+            error = None if verdict.state == states.SUCCEEDED else self._error_log(handle, verdict)
+            await self._record(live, handle, obs, verdict, error)
             return True
         await self._record(live, handle, obs, verdict, None)
         return False

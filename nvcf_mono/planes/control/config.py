@@ -91,6 +91,32 @@ class AutoscalerSettings:
 
 
 @attrs.frozen(kw_only=True)
+class TaskSettings:
+    """Tasks (NVCT): how they are watched and how long finished ones are kept (reference §3.3)."""
+
+    monitor_interval: Seconds = setting(5.0, doc="How often tasks are placed and checked.", check=positive)
+    heartbeat_interval: Seconds = setting(
+        30.0, doc="How often a task's worker reports (heartbeat and progress).", check=positive
+    )
+    heartbeat_timeout: Seconds = setting(
+        240.0, doc="A RUNNING task not heard from for this long is ERRORED (NVCF: 4 min).", check=positive
+    )
+    launch_timeout: Seconds = setting(
+        300.0,
+        doc="A task whose instance was placed but whose worker never connected, or that stays LAUNCHED without "
+        "a heartbeat, is ERRORED after this (NVCF: 5 min).",
+        check=positive,
+    )
+    retention: Seconds = setting(
+        7 * 86400.0,
+        doc="Finished tasks, their events and results are removed after this (NVCF: 7 days).",
+        check=positive,
+    )
+    max_results: int = setting(1000, doc="Results one task may store.", check=at_least(1))
+    max_result_size: int = setting(5 * 1024**3, doc="Largest single result file uploaded, in bytes.", check=positive)
+
+
+@attrs.frozen(kw_only=True)
 class ControlConfig:
     """Settings of the control plane."""
 
@@ -133,3 +159,4 @@ class ControlConfig:
     max_asset_size: int = setting(5 * 1024**3, doc="Largest asset accepted, in bytes.", check=positive)
     reconcile: ReconcileSettings = setting(factory=ReconcileSettings, doc="The deployment reconciler.")
     autoscaler: AutoscalerSettings = setting(factory=AutoscalerSettings, doc="The autoscaler.")
+    tasks: TaskSettings = setting(factory=TaskSettings, doc="Tasks (NVCT).")

@@ -36,6 +36,7 @@ from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.reconcile.ledger import FailurePolicy, apply_ack, apply_report
 from nvcf_mono.planes.control.service import open_secrets
 from nvcf_mono.planes.control.store import Unchanged
+from nvcf_mono.planes.control.tasks import task_reports
 from nvcf_mono.structure import evolve
 
 _PHASE_STATE = {
@@ -175,7 +176,8 @@ class Icms:
 
     async def ack(self, subject: str, req: AckRequest) -> Empty:
         if req.task_id is not None:
-            raise RpcError(404, f"unknown task instance request {req.request_id!r}")
+            await task_reports.ack(self._ctl, req.task_id, req.request_id)
+            return Empty()
         key = self._ledger_key(req.function_version_id, req.gpu_specification_id, req.request_id)
         found = False
 
@@ -196,6 +198,8 @@ class Icms:
 
     async def status(self, subject: str, report: InstanceStatusReport) -> Empty:
         if report.task_id is not None:
+            if not await task_reports.status(self._ctl, report, self._log):
+                return self._unknown(report)
             return Empty()
         try:
             key = self._ledger_key(report.function_version_id, report.gpu_specification_id, report.request_id)
@@ -243,6 +247,7 @@ class Icms:
             for inst in ledger.instances
             if inst.cluster_id == cluster_id
         ]
+        listed += task_reports.listed(self._ctl, cluster_id)
         return InstanceListing(instances=tuple(listed))
 
     # ---- secrets for instances ----------------------------------------------------------------------

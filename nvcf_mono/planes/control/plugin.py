@@ -28,6 +28,8 @@ from nvcf_mono.planes.control.icms import Icms
 from nvcf_mono.planes.control.leader import LeaderLease
 from nvcf_mono.planes.control.reconcile.reconciler import Reconciler
 from nvcf_mono.planes.control.store import ControlStore
+from nvcf_mono.planes.control.tasks.scheduler import TaskScheduler
+from nvcf_mono.planes.control.tasks.worker_calls import TaskWorkerCalls
 from nvcf_mono.plugin import BasePlugin, PluginSpec, RunContext, SetupContext
 
 BUCKETS = (
@@ -43,6 +45,9 @@ BUCKETS = (
     buckets.AUTHORIZATIONS,
     buckets.ASSETS,
     buckets.LEASES,
+    buckets.TASKS,
+    buckets.TASK_EVENTS,
+    buckets.TASK_RESULTS,
 )
 RECONCILER_LEASE = "control-reconciler"
 
@@ -63,6 +68,7 @@ class ControlPlane(BasePlugin[ControlConfig]):
         for bucket in BUCKETS:
             ctx.declare_bucket(bucket)
         ctx.declare_object_store(buckets.ASSET_CONTENT)
+        ctx.declare_object_store(buckets.TASK_RESULT_CONTENT)
         ctx.declare_stream(streams.CREATE_STREAM)
         ctx.declare_stream(streams.TERMINATE_STREAM)
         self.ctl = Control(config=self.config, settings=ctx.settings, log=ctx.log)
@@ -110,13 +116,18 @@ class ControlPlane(BasePlugin[ControlConfig]):
             await tg.start(autoscaler.listen)
             reconciler = Reconciler(ctl, ctx.metrics, ctx.log, busy=lambda fvid: book.busy(fvid, scaling.worker_stale))
 
+            tasks = TaskScheduler(ctl, ctx.metrics, ctx.log.getChild("tasks"))
+            await tg.start(TaskWorkerCalls(ctl, ctx.log.getChild("tasks")).serve)
+
             async def lead() -> None:
                 async with anyio.create_task_group() as leading:
                     leading.start_soon(reconciler.lead)
                     leading.start_soon(autoscaler.lead)
+                    leading.start_soon(tasks.lead)
 
             leader_gauge = ctx.metrics.gauge(
-                "nvcf_control_leader", "1 while this process runs the reconciler and the autoscaler."
+                "nvcf_control_leader",
+                "1 while this process leads (reconciler, autoscaler, task scheduler).",
             )
             leader_gauge.set_function(lambda: [((), 1.0 if lease.is_leader else 0.0)])
             await tg.start(lease.run, lead)

@@ -29,6 +29,7 @@ from nvcf_mono.models.function import FunctionVersion
 from nvcf_mono.models.placement import SpecPlacement
 from nvcf_mono.models.secret import SealedSecrets, StoredRegistryCredential
 from nvcf_mono.models.sharing import AuthorizedParties
+from nvcf_mono.models.task import Task
 
 T = TypeVar("T")
 
@@ -138,6 +139,10 @@ class ControlStore:
             buckets.REGISTRY_CREDENTIALS.name, buckets.REGISTRY_CREDENTIAL
         )
         self.assets: Table[Asset] = table(buckets.ASSETS.name, buckets.ASSET)
+        self.tasks: Table[Task] = table(buckets.TASKS.name, buckets.TASK)
+        # Events and results are read on demand (a task's own keys), not mirrored.
+        self.task_events = TypedKV(bus.kv(buckets.TASK_EVENTS.name), buckets.TASK_EVENT)
+        self.task_results = TypedKV(bus.kv(buckets.TASK_RESULTS.name), buckets.TASK_RESULT)
 
     async def run(self, bus: Bus, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Keep every mirror current; ready once all have loaded."""

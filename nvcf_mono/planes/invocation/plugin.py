@@ -64,6 +64,7 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
         for bucket in BUCKETS:
             ctx.declare_bucket(bucket)
         ctx.declare_object_store(buckets.PAYLOADS)
+        ctx.declare_object_store(buckets.TASK_RESULT_CONTENT)  # task workers upload results through this node
         self._invoker: http.Invoker | None = None
         self.router = ApiRouter()
         http.register(self.router, self._get_invoker)

@@ -38,6 +38,7 @@ from nvcf_mono.planes.invocation.dispatch import Dispatcher
 from nvcf_mono.planes.invocation.relay import Relay
 from nvcf_mono.planes.invocation.results import ResultStore
 from nvcf_mono.planes.invocation.routing import RoutingTable
+from nvcf_mono.planes.invocation.task_calls import TaskCalls
 from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     AssetChunk,
     AssetRequest,
@@ -50,6 +51,12 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     SecretsRequest,
     SecretsResponse,
     SessionInfo,
+    TaskConnectRequest,
+    TaskConnectResponse,
+    TaskHeartbeatRequest,
+    TaskHeartbeatResponse,
+    TaskResultAck,
+    TaskResultChunk,
 )
 from nvcf_mono.proto.serve_wire import NodeEnvelope, WorkerEnvelope
 from nvcf_mono.queues import eagerly
@@ -79,6 +86,7 @@ class WorkerService:
         self._config = config
         self._log = log
         self.sessions: dict[str, WorkerSession] = {}
+        self._tasks = TaskCalls(self._verify, lambda: self._bus, log)
 
     def bind(
         self,
@@ -125,6 +133,15 @@ class WorkerService:
             ),
             f"{SERVICE}/FetchBody": Handler(self._fetch_body, Cardinality.UNARY_STREAM, BodyRequest, BodyChunk),
             f"{SERVICE}/FetchAsset": Handler(self._fetch_asset, Cardinality.UNARY_STREAM, AssetRequest, AssetChunk),
+            f"{SERVICE}/TaskConnect": Handler(
+                self._tasks.connect, Cardinality.UNARY_UNARY, TaskConnectRequest, TaskConnectResponse
+            ),
+            f"{SERVICE}/TaskHeartbeat": Handler(
+                self._tasks.heartbeat, Cardinality.UNARY_UNARY, TaskHeartbeatRequest, TaskHeartbeatResponse
+            ),
+            f"{SERVICE}/TaskUploadResult": Handler(
+                self._tasks.upload, Cardinality.STREAM_UNARY, TaskResultChunk, TaskResultAck
+            ),
         }
 
     @property

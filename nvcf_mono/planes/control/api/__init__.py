@@ -14,6 +14,7 @@ from nvcf_mono.planes.control.api import (
     registry_credentials,
     secrets,
     sharing,
+    tasks,
 )
 
 ALL = (
@@ -28,4 +29,5 @@ ALL = (
     assets,
     queues,
     instances,
+    tasks,
 )

@@ -117,6 +117,8 @@ class InstanceLogsResponse(WireModel):
     instance_state: str
     logs: tuple[InstanceLog, ...]
     cluster_name: str | None = None
+    #: A task's instance: its task (and no function).
+    task_id: str | None = None
 
 
 @wire
@@ -407,6 +409,11 @@ def register(router: ApiRouter, ctl: Control) -> None:
                 continue
             candidates += [i.cluster_id for i in ledger.instances if instance_id in (i.instance_id, i.request_id)]
             candidates += [f.cluster_id for f in ledger.failures if instance_id in (f.instance_id, f.request_id)]
+        # A task's instance (the task's own key may read it: tasks have no function scopes).
+        tasks = {t.request_id: t for t in ctl.store.tasks.values() if t.nca_id == call.account and t.request_id}
+        for task in tasks.values():
+            if task.cluster_id and instance_id in (task.request_id, *(i.instance_id for i in task.instances)):
+                candidates.append(task.cluster_id)
         ledger_known = bool(candidates)
         if not candidates:
             # Gone from the ledger (undeployed, old failure): the agents still remember it a while.
@@ -417,9 +424,17 @@ def register(router: ApiRouter, ctl: Control) -> None:
                 if is_healthy(ctl.store.health.get(c.cluster_id), ttl)
             ]
         answers, _ = await held(candidates, AgentQuery(instance_id=instance_id, finished=True))
+        functions_too = call.principal.has(S.LIST_FUNCTIONS_DETAILS) or call.principal.has(
+            f"admin:{S.LIST_FUNCTIONS_DETAILS}"
+        )
         for cluster_id, answer in answers.items():
             for view in answer.instances:
-                if view.function_id is None or view.function_version_id is None:
+                owner = tasks.get(view.request_id)
+                if owner is not None and (
+                    call.principal.resources is None or call.principal.resources.allows_task(owner.id)
+                ):
+                    return cluster_id, view
+                if view.function_id is None or view.function_version_id is None or not functions_too:
                     continue
                 fv = ctl.store.functions.get(buckets.version_key(view.function_id, view.function_version_id))
                 res = call.principal.resources
@@ -448,7 +463,7 @@ def register(router: ApiRouter, ctl: Control) -> None:
         "/v2/nvcf/instances/{instanceId}/logs",
         summary="The end of an instance's logs (its inference server's and its worker's), read by its cluster's agent.",
         tag=TAG,
-        scopes=(S.LIST_FUNCTIONS_DETAILS,),
+        scopes=(S.LIST_FUNCTIONS_DETAILS, S.TASK_DETAILS),
         response=InstanceLogsResponse,
         params=(
             Param(
@@ -485,7 +500,9 @@ def register(router: ApiRouter, ctl: Control) -> None:
                 text = "".join(kept)
             logs.append(InstanceLog(name=log.name, text=text, size=log.size, truncated=len(text.encode()) < log.size))
         cluster = ctl.store.clusters.get(cluster_id)
+        task = next((t for t in ctl.store.tasks.values() if t.request_id == view.request_id), None)
         return InstanceLogsResponse(
+            task_id=task.id if task is not None else None,
             instance_id=view.instance.instance_id,
             function_id=view.function_id or "",
             function_version_id=view.function_version_id or "",

@@ -27,6 +27,7 @@ from nvcf_mono.bus.embedded import free_port
 from nvcf_mono.contracts import env, states
 from nvcf_mono.contracts.agent import AgentInstance, AgentLog, AgentProcess
 from nvcf_mono.contracts.messages import CreationMessage
+from nvcf_mono.models.common import duration_seconds
 from nvcf_mono.planes.compute.backends import BackendContext, LaunchSpec
 from nvcf_mono.planes.compute.backends.local import processes
 from nvcf_mono.planes.compute.backends.local.environment import (
@@ -38,7 +39,7 @@ from nvcf_mono.planes.compute.backends.local.environment import (
 from nvcf_mono.planes.compute.backends.local.images import LaunchError, resolve
 from nvcf_mono.planes.compute.backends.local.processes import Proc, exit_text, read_tail, spawn
 from nvcf_mono.planes.compute.config import HealthSettings, Image, LocalSettings
-from nvcf_mono.planes.compute.health import LaunchFailure, Observation
+from nvcf_mono.planes.compute.health import EXCEEDED_MAX_RUNTIME, Completion, LaunchFailure, Observation
 
 INFERENCE, WORKER = "inference", "worker"
 LOGS = {INFERENCE: "inference.log", WORKER: "worker.log"}
@@ -69,6 +70,14 @@ class LocalInstance:
     secrets_wait: float | None = None
     stopped: bool = False
     fixed_port: int | None = None
+    #: A task: its process runs once (never restarted); its end is the instance's end.
+    run_once: bool = False
+    max_runtime: float | None = None
+    grace: float = 0.0
+    #: Monotonic times: the task's process first started, and when its deadline sent it SIGTERM.
+    task_started: float | None = None
+    overtime_at: float | None = None
+    completion: Completion | None = None
 
     @property
     def processes(self) -> tuple[AgentProcess, ...]:
@@ -186,10 +195,29 @@ class LocalBackend:
             INFERENCE: inference_environment(self._base, contract, command.env, where),
             WORKER: worker_environment(self._base, contract, where),
         }
+        if message.task_details is not None:
+            self._as_task(inst, spec)
+
+    @staticmethod
+    def _as_task(inst: LocalInstance, spec: LaunchSpec) -> None:
+        """A task: runs once, with the task contract (progress file, results directory) and its deadline."""
+        launch = spec.message.launch_specification
+        inst.run_once = True
+        inst.max_runtime = duration_seconds(launch.max_runtime_duration) if launch.max_runtime_duration else None
+        grace = launch.termination_grace_period_duration
+        inst.grace = duration_seconds(grace) if grace else 0.0
+        contract = launch.environment
+        task_env = {
+            env.NVCT_PROGRESS_FILE_PATH: str(spec.directory / "progress"),
+            env.NVCT_RESULTS_DIR: str(spec.directory / "results"),
+            **{k: contract[k] for k in (env.NVCT_TASK_ID, env.NVCT_TASK_NAME, env.NVCT_NCA_ID) if k in contract},
+        }
+        for role in (INFERENCE, WORKER):
+            inst.envs[role].update(task_env)
 
     @staticmethod
     def _directory(path: Path) -> None:
-        for sub in (path, path / "assets", path / "responses"):
+        for sub in (path, path / "assets", path / "responses", path / "results"):
             sub.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     async def start(self, spec: LaunchSpec) -> LocalInstance:
@@ -263,6 +291,8 @@ class LocalBackend:
         except OSError as err:
             raise LaunchError(states.CREATE_CONTAINER_ERROR, f"cannot start {_TITLE[role]}: {err}") from err
         inst.procs[role] = proc
+        if role == INFERENCE and inst.run_once and inst.task_started is None:
+            inst.task_started = time.monotonic()
 
     # ---- watching ----------------------------------------------------------------------------------
 
@@ -275,6 +305,8 @@ class LocalBackend:
                 inst.failure = err.failure
         if inst.failure is not None:
             return Observation(ready=False, failure=inst.failure)
+        if inst.completion is not None:
+            return Observation(ready=False, completed=inst.completion)
         ready, detail = await self._probe(inst)
         if ready:
             inst.streak.clear()
@@ -289,12 +321,17 @@ class LocalBackend:
     async def _tend(self, inst: LocalInstance) -> None:
         """Note exits, start again what is due, and start the server once its secrets are written."""
         now, mono = time.time(), time.monotonic()
+        if inst.run_once:
+            self._enforce_deadline(inst, mono)
         for role, proc in list(inst.procs.items()):
             if proc.poll():
                 continue
             del inst.procs[role]
             if proc.popen is not None:
                 processes.kill_group(proc.pid, signal.SIGKILL)  # what it started dies with it
+            if inst.run_once and role == INFERENCE:
+                await self._task_ended(inst, proc)
+                return
             what = exit_text(role, proc)
             if proc.returncode == 127:
                 raise LaunchError(states.IMAGE_PULL_ISSUES, f"{what} (command not found)")
@@ -324,6 +361,42 @@ class LocalBackend:
             del inst.due[role]
             again = role in inst.streak or role == inst.exited_role
             await self._spawn(inst, role, f"starting {_TITLE[role]}{' again' if again else ''}")
+
+    def _enforce_deadline(self, inst: LocalInstance, mono: float) -> None:
+        """maxRuntimeDuration: SIGTERM when it passes, SIGKILL after the termination grace period."""
+        proc = inst.procs.get(INFERENCE)
+        if proc is None or inst.max_runtime is None or inst.task_started is None:
+            return
+        if inst.overtime_at is None and mono - inst.task_started > inst.max_runtime:
+            inst.overtime_at = mono
+            self._log.info(
+                "task instance %s ran past its maxRuntimeDuration (%gs): stopping it, %gs grace",
+                inst.instance_id,
+                inst.max_runtime,
+                inst.grace,
+            )
+            proc.signal_group(signal.SIGTERM)
+        elif inst.overtime_at is not None and mono - inst.overtime_at > inst.grace and proc.poll():
+            processes.kill_group(proc.pid, signal.SIGKILL)
+
+    async def _task_ended(self, inst: LocalInstance, proc: Proc) -> None:
+        """The task's process ended: its worker uploads what is left and stops; the instance is done."""
+        worker = inst.procs.pop(WORKER, None)
+        if worker is not None and worker.poll():
+            worker.signal_group(signal.SIGTERM)
+            with anyio.move_on_after(self._local.task_flush_timeout):
+                await _until(lambda: not worker.poll(), 0.05)
+            if worker.poll():
+                processes.kill_group(worker.pid, signal.SIGKILL)
+        inst.due.clear()
+        what = exit_text(INFERENCE, proc).replace("the inference server", "the task")
+        overtime = inst.overtime_at is not None
+        inst.completion = Completion(
+            exit_code=proc.returncode if proc.returncode is not None else -1,
+            detail=f"{what} after its maxRuntimeDuration" if overtime else what,
+            cause=EXCEEDED_MAX_RUNTIME if overtime else None,
+        )
+        self._log.info("task instance %s: %s", inst.instance_id, inst.completion.detail)
 
     async def _probe(self, inst: LocalInstance) -> tuple[bool, str]:
         """The worker's readiness: the inference server is healthy and the worker is connected."""

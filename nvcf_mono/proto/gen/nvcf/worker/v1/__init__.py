@@ -181,6 +181,59 @@ class AssetChunk(betterproto.Message):
 
 
 @dataclass(eq=False, repr=False)
+class TaskConnectRequest(betterproto.Message):
+    worker_token: str = betterproto.string_field(1)
+    instance_id: str = betterproto.string_field(2)
+
+
+@dataclass(eq=False, repr=False)
+class TaskConnectResponse(betterproto.Message):
+    task_id: str = betterproto.string_field(1)
+    status: str = betterproto.string_field(2)
+    heartbeat_interval_ms: int = betterproto.int32_field(3)
+    result_handling: str = betterproto.string_field(4)
+    """
+    UPLOAD: result files are stored; NONE: only their names and metadata.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class TaskHeartbeatRequest(betterproto.Message):
+    worker_token: str = betterproto.string_field(1)
+    has_progress: bool = betterproto.bool_field(2)
+    """False until the task wrote its progress file."""
+
+    percent_complete: int = betterproto.int32_field(3)
+    name: str = betterproto.string_field(4)
+    metadata_json: str = betterproto.string_field(5)
+    last_updated_at: str = betterproto.string_field(6)
+
+
+@dataclass(eq=False, repr=False)
+class TaskHeartbeatResponse(betterproto.Message):
+    status: str = betterproto.string_field(1)
+    """
+    The task's status after this heartbeat; a terminal one tells the worker to stop.
+    """
+
+
+@dataclass(eq=False, repr=False)
+class TaskResultChunk(betterproto.Message):
+    worker_token: str = betterproto.string_field(1)
+    """First chunk only."""
+
+    name: str = betterproto.string_field(2)
+    size: int = betterproto.uint64_field(3)
+    metadata_json: str = betterproto.string_field(4)
+    data: bytes = betterproto.bytes_field(5)
+
+
+@dataclass(eq=False, repr=False)
+class TaskResultAck(betterproto.Message):
+    result_id: str = betterproto.string_field(1)
+
+
+@dataclass(eq=False, repr=False)
 class BodyRequest(betterproto.Message):
     session_token: str = betterproto.string_field(1)
     request_id: str = betterproto.string_field(2)
@@ -284,6 +337,60 @@ class WorkerServiceStub(betterproto.ServiceStub):
         ):
             yield response
 
+    async def task_connect(
+        self,
+        task_connect_request: "TaskConnectRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "TaskConnectResponse":
+        return await self._unary_unary(
+            "/nvcf.worker.v1.WorkerService/TaskConnect",
+            task_connect_request,
+            TaskConnectResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def task_heartbeat(
+        self,
+        task_heartbeat_request: "TaskHeartbeatRequest",
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "TaskHeartbeatResponse":
+        return await self._unary_unary(
+            "/nvcf.worker.v1.WorkerService/TaskHeartbeat",
+            task_heartbeat_request,
+            TaskHeartbeatResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
+    async def task_upload_result(
+        self,
+        task_result_chunk_iterator: Union[
+            AsyncIterable[TaskResultChunk], Iterable[TaskResultChunk]
+        ],
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "TaskResultAck":
+        return await self._stream_unary(
+            "/nvcf.worker.v1.WorkerService/TaskUploadResult",
+            task_result_chunk_iterator,
+            TaskResultChunk,
+            TaskResultAck,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class WorkerServiceBase(ServiceBase):
 
@@ -312,6 +419,21 @@ class WorkerServiceBase(ServiceBase):
     async def fetch_body(self, body_request: "BodyRequest") -> AsyncIterator[BodyChunk]:
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
         yield BodyChunk()
+
+    async def task_connect(
+        self, task_connect_request: "TaskConnectRequest"
+    ) -> "TaskConnectResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def task_heartbeat(
+        self, task_heartbeat_request: "TaskHeartbeatRequest"
+    ) -> "TaskHeartbeatResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def task_upload_result(
+        self, task_result_chunk_iterator: AsyncIterator[TaskResultChunk]
+    ) -> "TaskResultAck":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
     async def __rpc_connect_once(
         self, stream: "grpclib.server.Stream[ConnectRequest, ConnectResponse]"
@@ -357,6 +479,28 @@ class WorkerServiceBase(ServiceBase):
             request,
         )
 
+    async def __rpc_task_connect(
+        self, stream: "grpclib.server.Stream[TaskConnectRequest, TaskConnectResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.task_connect(request)
+        await stream.send_message(response)
+
+    async def __rpc_task_heartbeat(
+        self,
+        stream: "grpclib.server.Stream[TaskHeartbeatRequest, TaskHeartbeatResponse]",
+    ) -> None:
+        request = await stream.recv_message()
+        response = await self.task_heartbeat(request)
+        await stream.send_message(response)
+
+    async def __rpc_task_upload_result(
+        self, stream: "grpclib.server.Stream[TaskResultChunk, TaskResultAck]"
+    ) -> None:
+        request = stream.__aiter__()
+        response = await self.task_upload_result(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/nvcf.worker.v1.WorkerService/ConnectOnce": grpclib.const.Handler(
@@ -388,5 +532,23 @@ class WorkerServiceBase(ServiceBase):
                 grpclib.const.Cardinality.UNARY_STREAM,
                 BodyRequest,
                 BodyChunk,
+            ),
+            "/nvcf.worker.v1.WorkerService/TaskConnect": grpclib.const.Handler(
+                self.__rpc_task_connect,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                TaskConnectRequest,
+                TaskConnectResponse,
+            ),
+            "/nvcf.worker.v1.WorkerService/TaskHeartbeat": grpclib.const.Handler(
+                self.__rpc_task_heartbeat,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                TaskHeartbeatRequest,
+                TaskHeartbeatResponse,
+            ),
+            "/nvcf.worker.v1.WorkerService/TaskUploadResult": grpclib.const.Handler(
+                self.__rpc_task_upload_result,
+                grpclib.const.Cardinality.STREAM_UNARY,
+                TaskResultChunk,
+                TaskResultAck,
             ),
         }

@@ -1,0 +1,150 @@
+"""The task RPCs of the WorkerService: a task's worker reports through its invocation node.
+
+The node checks the worker token (it names the task), stores uploaded result files in the
+``nvcf_task_results`` object store, and passes each call to the control plane on the bus
+(``nvcf.task.<call>``); the control plane's answer (or refusal) goes back to the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, final
+
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from grpclib.server import Stream
+
+from nvcf_mono.auth.tokens import WORKER
+from nvcf_mono.bus.api import Bus
+from nvcf_mono.bus.errors import BusError
+from nvcf_mono.contracts import buckets, rpc, subjects
+from nvcf_mono.contracts.messages import (
+    TaskConnectCall,
+    TaskConnectReply,
+    TaskHeartbeatCall,
+    TaskResultCall,
+    TaskResultReply,
+    TaskStatusReply,
+)
+from nvcf_mono.models.common import new_id
+from nvcf_mono.proto.gen.nvcf.worker.v1 import (
+    TaskConnectRequest,
+    TaskConnectResponse,
+    TaskHeartbeatRequest,
+    TaskHeartbeatResponse,
+    TaskResultAck,
+    TaskResultChunk,
+)
+
+#: How long the control plane may take to answer a task call.
+CALL_TIMEOUT = 10.0
+_CODES = {400: Status.INVALID_ARGUMENT, 404: Status.NOT_FOUND, 409: Status.FAILED_PRECONDITION}
+
+
+@final
+class TaskCalls:
+    """Handlers the WorkerService mounts; ``verify`` checks a worker token and returns its claims."""
+
+    def __init__(self, verify: Callable[[str, str], dict[str, Any]], bus: Callable[[], Bus], log: logging.Logger):
+        self._verify = verify
+        self._bus = bus
+        self._log = log
+
+    def _task(self, token: str) -> dict[str, Any]:
+        claims = self._verify(token, WORKER)
+        if not claims.get("tid"):
+            raise GRPCError(Status.PERMISSION_DENIED, "this worker token is not a task's")
+        return claims
+
+    async def _call(self, call: subjects.TaskCall, body: Any, reply: type[Any]) -> Any:
+        try:
+            return await rpc.call(self._bus(), subjects.task_subject(call), body, reply, timeout=CALL_TIMEOUT)
+        except rpc.RpcError as err:
+            raise GRPCError(_CODES.get(err.code, Status.UNAVAILABLE), err.message) from err
+        except BusError as err:
+            raise GRPCError(Status.UNAVAILABLE, f"the control plane did not answer: {err}") from err
+
+    async def connect(self, stream: Stream[TaskConnectRequest, TaskConnectResponse]) -> None:
+        req = await stream.recv_message()
+        assert req is not None
+        claims = self._task(req.worker_token)
+        answer: TaskConnectReply = await self._call(
+            "connect",
+            TaskConnectCall(task_id=str(claims["tid"]), request_id=str(claims["rid"]), instance_id=req.instance_id),
+            TaskConnectReply,
+        )
+        await stream.send_message(
+            TaskConnectResponse(
+                task_id=str(claims["tid"]),
+                status=answer.status,
+                heartbeat_interval_ms=int(answer.heartbeat_interval * 1000),
+                result_handling=answer.result_handling,
+            )
+        )
+
+    async def heartbeat(self, stream: Stream[TaskHeartbeatRequest, TaskHeartbeatResponse]) -> None:
+        req = await stream.recv_message()
+        assert req is not None
+        claims = self._task(req.worker_token)
+        try:
+            metadata = json.loads(req.metadata_json) if req.metadata_json else None
+        except ValueError:
+            metadata = None
+        answer: TaskStatusReply = await self._call(
+            "heartbeat",
+            TaskHeartbeatCall(
+                task_id=str(claims["tid"]),
+                has_progress=req.has_progress,
+                percent_complete=req.percent_complete,
+                name=req.name or None,
+                metadata=metadata,
+                last_updated_at=req.last_updated_at or None,
+            ),
+            TaskStatusReply,
+        )
+        await stream.send_message(TaskHeartbeatResponse(status=answer.status))
+
+    async def upload(self, stream: Stream[TaskResultChunk, TaskResultAck]) -> None:
+        first = await stream.recv_message()
+        if first is None:
+            raise GRPCError(Status.INVALID_ARGUMENT, "no result chunk")
+        claims = self._task(first.worker_token)
+        task_id = str(claims["tid"])
+        name = first.name.strip()
+        if not name or len(name) > 1024 or name.startswith("/") or ".." in name.split("/"):
+            raise GRPCError(Status.INVALID_ARGUMENT, f"invalid result name {first.name!r}")
+        second = await stream.recv_message()
+        object_name: str | None = None
+        size = first.size
+        if first.data or second is not None:
+            # Content follows (result handling UPLOAD); a name alone (NONE) stores nothing.
+            object_name = buckets.task_result_object(task_id, new_id())
+            size = 0
+
+            async def chunks() -> AsyncIterator[bytes]:
+                nonlocal size
+                for chunk in (first, second):
+                    if chunk is not None and chunk.data:
+                        size += len(chunk.data)
+                        yield chunk.data
+                if second is not None:
+                    async for chunk in stream:
+                        size += len(chunk.data)
+                        yield chunk.data
+
+            try:
+                await self._bus().objects(buckets.TASK_RESULT_CONTENT.name).put(object_name, chunks())
+            except BusError as err:
+                raise GRPCError(Status.UNAVAILABLE, f"result {name!r} could not be stored: {err}") from err
+        try:
+            metadata = json.loads(first.metadata_json) if first.metadata_json else None
+        except ValueError:
+            metadata = None
+        answer: TaskResultReply = await self._call(
+            "result",
+            TaskResultCall(task_id=task_id, name=name, size=size, metadata=metadata, object_name=object_name),
+            TaskResultReply,
+        )
+        await stream.send_message(TaskResultAck(result_id=answer.result_id))

@@ -1,0 +1,285 @@
+"""The worker as a task's sidecar: reports the task's progress and uploads its results.
+
+It connects (the task becomes LAUNCHED), heartbeats with the progress file's content (the first
+heartbeat makes it RUNNING; ``percentComplete`` 100 completes it), and uploads each file that
+appears in the results directory once it stops changing. Told to stop (SIGTERM: the task's process
+ended, or the task is being stopped), it uploads what is left and sends a last heartbeat first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, final
+
+import anyio
+import attrs
+from grpclib.const import Cardinality
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+
+from nvcf_mono.contracts import env
+from nvcf_mono.models.common import now_iso
+from nvcf_mono.proto.gen.nvcf.worker.v1 import (
+    TaskConnectRequest,
+    TaskConnectResponse,
+    TaskHeartbeatRequest,
+    TaskHeartbeatResponse,
+    TaskResultAck,
+    TaskResultChunk,
+)
+from nvcf_mono.worker.agent import SERVICE, Backoff, WorkerState, _channel
+from nvcf_mono.worker.config import WorkerConfigError
+
+log = logging.getLogger("nvcf_mono.worker.task")
+
+CHUNK = 256 * 1024
+#: How often the results directory and the progress file are looked at.
+SCAN_INTERVAL = 0.5
+_LOST = (GRPCError, StreamTerminatedError, OSError, ConnectionError, TimeoutError)
+_TERMINAL = {"COMPLETED", "ERRORED", "CANCELED", "EXCEEDED_MAX_RUNTIME_DURATION", "EXCEEDED_MAX_QUEUED_DURATION"}
+
+
+@attrs.frozen(kw_only=True)
+class TaskConfig:
+    """The task sidecar's settings, from the task contract (``contracts/env.py``)."""
+
+    task_id: str
+    worker_token: str
+    grpc_address: str
+    instance_id: str
+    progress_file: str
+    results_dir: str
+    heartbeat_interval: float = 30.0
+    own_health_port: int = 0
+    secrets_file: str | None = None
+    secrets_present: bool = False
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> TaskConfig:
+        missing = [
+            name
+            for name in (
+                env.NVCT_TASK_ID,
+                env.NVCF_WORKER_TOKEN,
+                env.NVCF_FQDN_GRPC,
+                env.NVCT_PROGRESS_FILE_PATH,
+                env.NVCT_RESULTS_DIR,
+            )
+            if not environ.get(name, "").strip()
+        ]
+        if missing:
+            raise WorkerConfigError("\n".join(f"{name} is not set" for name in missing))
+        try:
+            interval = float(environ.get(env.NVCT_HEARTBEAT_INTERVAL, "") or 30.0)
+            health_port = int(environ.get(env.HEALTH_PORT, "") or 0)
+        except ValueError as err:
+            raise WorkerConfigError(f"{env.NVCT_HEARTBEAT_INTERVAL} or {env.HEALTH_PORT}: {err}") from err
+        return cls(
+            task_id=environ[env.NVCT_TASK_ID].strip(),
+            worker_token=environ[env.NVCF_WORKER_TOKEN].strip(),
+            grpc_address=environ[env.NVCF_FQDN_GRPC].strip(),
+            instance_id=environ.get(env.INSTANCE_ID, "").strip(),
+            progress_file=environ[env.NVCT_PROGRESS_FILE_PATH].strip(),
+            results_dir=environ[env.NVCT_RESULTS_DIR].strip(),
+            heartbeat_interval=max(interval, 0.1),
+            own_health_port=health_port,
+            secrets_file=environ.get(env.SECRETS_FILE, "").strip() or None,
+            secrets_present=environ.get(env.FUNCTION_SECRETS_PRESENT, "").strip().lower() == "true",
+        )
+
+
+@attrs.frozen
+class Progress:
+    """What the task's progress file says."""
+
+    percent: int
+    name: str
+    metadata: Any
+    last_updated_at: str
+
+
+def read_progress(path: str) -> Progress | None:
+    """The progress file, or None while it is missing or half-written."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    try:
+        percent = int(doc.get("percentComplete", 0))
+    except (TypeError, ValueError):
+        return None
+    return Progress(
+        percent=max(0, min(percent, 100)),
+        name=str(doc.get("name") or ""),
+        metadata=doc.get("metadata"),
+        last_updated_at=str(doc.get("lastUpdatedAt") or ""),
+    )
+
+
+@final
+class TaskWorker:
+    """One task's sidecar (``nvcf-mono worker`` when ``NVCT_TASK_ID`` is set)."""
+
+    def __init__(self, config: TaskConfig) -> None:
+        self.config = config
+        self.state = WorkerState()
+        self.state.inference_detail = ""
+        self.state.inference_healthy = True  # nothing to probe: the task itself has no health endpoint
+        self._drain = anyio.Event()
+        host, _, port = config.grpc_address.rpartition(":")
+        self._host, self._port = host or "127.0.0.1", int(port)
+        #: name -> (size, mtime) uploaded, and what the last scan saw (a file is stable when unchanged).
+        self._uploaded: dict[str, tuple[int, float]] = {}
+        self._seen: dict[str, tuple[int, float]] = {}
+        self._sent: Progress | None = None
+        self._result_handling = "UPLOAD"
+        self.status = "QUEUED"
+
+    def request_drain(self) -> None:
+        self._drain.set()
+
+    async def run(self) -> None:
+        async with _channel(self._host, self._port) as channel:
+            await self._connect(channel)
+            self.state.connected = True
+            last_beat = -float("inf")
+            while not self._drain.is_set():
+                with anyio.move_on_after(SCAN_INTERVAL):
+                    await self._drain.wait()
+                if self._drain.is_set():
+                    break
+                await self._upload_stable(channel, final=False)
+                progress = read_progress(self.config.progress_file)
+                due = time.monotonic() - last_beat >= self.config.heartbeat_interval
+                if due or (progress is not None and progress != self._sent):
+                    if progress is not None and progress.percent >= 100:
+                        await self._upload_stable(channel, final=True)  # results before completion
+                    await self._heartbeat(channel, progress)
+                    last_beat = time.monotonic()
+            # Stopping: everything that is there, then the last word on progress.
+            self.state.draining = True
+            with anyio.CancelScope(shield=True), anyio.move_on_after(60):
+                await self._upload_stable(channel, final=True)
+                await self._heartbeat(channel, read_progress(self.config.progress_file))
+
+    async def _connect(self, channel: Any) -> None:
+        backoff = Backoff(0.2, 5.0)
+        while True:
+            try:
+                with anyio.fail_after(30):
+                    async with channel.request(
+                        f"{SERVICE}/TaskConnect", Cardinality.UNARY_UNARY, TaskConnectRequest, TaskConnectResponse
+                    ) as stream:
+                        await stream.send_message(
+                            TaskConnectRequest(
+                                worker_token=self.config.worker_token, instance_id=self.config.instance_id
+                            ),
+                            end=True,
+                        )
+                        reply = await stream.recv_message()
+                assert reply is not None
+                self.status = reply.status
+                self._result_handling = reply.result_handling or "UPLOAD"
+                if reply.heartbeat_interval_ms > 0:
+                    self.config = attrs.evolve(self.config, heartbeat_interval=reply.heartbeat_interval_ms / 1000)
+                log.info("task %s: connected (%s)", reply.task_id, reply.status)
+                return
+            except _LOST as err:
+                delay = backoff.next()
+                self.state.connection_detail = f"not connected to the platform ({err})"
+                log.warning("task connect failed (%s); retrying in %.1fs", err, delay)
+                with anyio.move_on_after(delay):
+                    await self._drain.wait()
+                if self._drain.is_set():
+                    raise
+
+    async def _heartbeat(self, channel: Any, progress: Progress | None) -> None:
+        req = TaskHeartbeatRequest(worker_token=self.config.worker_token)
+        if progress is not None:
+            req = TaskHeartbeatRequest(
+                worker_token=self.config.worker_token,
+                has_progress=True,
+                percent_complete=progress.percent,
+                name=progress.name,
+                metadata_json=json.dumps(progress.metadata) if progress.metadata is not None else "",
+                last_updated_at=progress.last_updated_at or now_iso(),
+            )
+        try:
+            with anyio.fail_after(30):
+                async with channel.request(
+                    f"{SERVICE}/TaskHeartbeat", Cardinality.UNARY_UNARY, TaskHeartbeatRequest, TaskHeartbeatResponse
+                ) as stream:
+                    await stream.send_message(req, end=True)
+                    reply = await stream.recv_message()
+        except _LOST as err:
+            log.warning("task heartbeat failed: %s", err)
+            return
+        self._sent = progress
+        if reply is not None and reply.status != self.status:
+            log.info("task status: %s", reply.status)
+            self.status = reply.status
+
+    async def _upload_stable(self, channel: Any, *, final: bool) -> None:
+        """Upload files that stopped changing since the last scan (all of them when ``final``)."""
+        if self.status in _TERMINAL and self.status != "COMPLETED" and not final:
+            return
+        now_seen = await anyio.to_thread.run_sync(_scan, self.config.results_dir)
+        for name, stamp in sorted(now_seen.items()):
+            if self._uploaded.get(name) == stamp:
+                continue
+            if not final and self._seen.get(name) != stamp:
+                continue  # still being written
+            try:
+                await self._upload(channel, name, stamp[0])
+                self._uploaded[name] = stamp
+            except _LOST as err:
+                log.warning("uploading result %s failed (%s); trying again later", name, err)
+        self._seen = now_seen
+
+    async def _upload(self, channel: Any, name: str, size: int) -> None:
+        path = Path(self.config.results_dir) / name
+        head = TaskResultChunk(worker_token=self.config.worker_token, name=name, size=size)
+        with anyio.fail_after(600):
+            async with channel.request(
+                f"{SERVICE}/TaskUploadResult", Cardinality.STREAM_UNARY, TaskResultChunk, TaskResultAck
+            ) as stream:
+                if self._result_handling == "NONE":
+                    await stream.send_message(head, end=True)  # the name and size only
+                else:
+                    with path.open("rb") as f:
+                        data = await anyio.to_thread.run_sync(f.read, CHUNK)
+                        await stream.send_message(_with_data(head, data))
+                        while True:
+                            data = await anyio.to_thread.run_sync(f.read, CHUNK)
+                            if not data:
+                                break
+                            await stream.send_message(TaskResultChunk(data=data))
+                    await stream.end()
+                reply = await stream.recv_message()
+        log.info("uploaded result %s (%d bytes)%s", name, size, f" as {reply.result_id}" if reply else "")
+
+
+def _with_data(head: TaskResultChunk, data: bytes) -> TaskResultChunk:
+    return TaskResultChunk(
+        worker_token=head.worker_token, name=head.name, size=head.size, metadata_json=head.metadata_json, data=data
+    )
+
+
+def _scan(root: str) -> dict[str, tuple[int, float]]:
+    """Regular files under ``root`` (relative names) with their size and mtime."""
+    out: dict[str, tuple[int, float]] = {}
+    for base, _, files in os.walk(root):
+        for file in files:
+            path = os.path.join(base, file)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            out[os.path.relpath(path, root)] = (st.st_size, st.st_mtime)
+    return out

@@ -1,0 +1,209 @@
+"""Tasks end to end on the local backend: a real task process and its worker, through the API.
+
+The task is ``nvcf_mono.testing.task_program`` (image ``task``): it writes progress steps and result
+files as the task contract says, then exits as told.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from nvcf_mono.testing.platform import Api, wait_for
+
+from .conftest import Platform, alive, all_gone, cluster, cluster_pids, compute_platform
+
+SETTINGS: dict[str, str] = {
+    "images.task.command": json.dumps(["{python}", "-m", "nvcf_mono.testing.task_program"]),
+    "plugins.control.tasks.monitor_interval": "0.3",
+    "plugins.control.tasks.heartbeat_interval": "0.5",
+}
+TERMINAL = {"COMPLETED", "ERRORED", "CANCELED", "EXCEEDED_MAX_RUNTIME_DURATION", "EXCEEDED_MAX_QUEUED_DURATION"}
+
+
+@asynccontextmanager
+async def task_platform(tmp_path: Path, gpus: int = 2, **more: str) -> AsyncIterator[tuple[Platform, str]]:
+    cluster_id = str(uuid.uuid4())
+    async with compute_platform(tmp_path, clusters=[cluster("local", cluster_id, count=gpus)], **SETTINGS, **more) as p:
+
+        async def registered() -> bool:
+            return (await p.admin.get(f"/v1/accounts/nvcf-default/clusters/{cluster_id}")).status == 200
+
+        await wait_for(registered, timeout=15, what="the cluster")
+        try:
+            yield p, cluster_id
+        finally:
+            with anyio.CancelScope(shield=True):
+                await all_gone(cluster_pids(cluster_id), timeout=20)
+
+
+def task_body(name: str, args: str, **more: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "containerImage": "task",
+        "containerArgs": args,
+        "gpuSpecification": {"gpu": "H100", "instanceType": "ON-PREM.GPU.H100_1x"},
+        **more,
+    }
+
+
+async def launch(api: Api, body: dict[str, Any]) -> str:
+    reply = await api.post("/v1/nvct/tasks", body)
+    assert reply.status == 200, reply.body
+    assert reply.json["task"]["status"] == "QUEUED"
+    task_id: str = reply.json["task"]["id"]
+    return task_id
+
+
+async def get_task(api: Api, task_id: str) -> dict[str, Any]:
+    reply = await api.get(f"/v1/nvct/tasks/{task_id}")
+    assert reply.status == 200, reply.body
+    task: dict[str, Any] = reply.json["task"]
+    return task
+
+
+async def finished(api: Api, task_id: str, timeout: float = 45) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
+        task = await get_task(api, task_id)
+        return task if task["status"] in TERMINAL else None
+
+    return await wait_for(probe, timeout=timeout, what=f"task {task_id} to end")
+
+
+async def events(api: Api, task_id: str) -> list[str]:
+    reply = await api.get(f"/v1/nvct/tasks/{task_id}/events", params={"limit": "100"})
+    assert reply.status == 200, reply.body
+    return [e["message"] for e in reply.json["events"]]
+
+
+async def test_a_task_reports_progress_and_results_and_completes(tmp_path: Path) -> None:
+    async with task_platform(tmp_path) as (p, cluster_id):
+        task_id = await launch(p.admin, task_body("steps", "--steps 10,50,100 --results 2 --pause 0.6"))
+        seen: set[int] = set()
+
+        async def running_with_progress() -> bool:
+            task = await get_task(p.admin, task_id)
+            seen.add(task.get("percentComplete", 0))
+            return task["status"] in TERMINAL
+
+        await wait_for(running_with_progress, timeout=45, interval=0.1, what="the task to end")
+        task = await get_task(p.admin, task_id)
+        assert task["status"] == "COMPLETED", task
+        assert task["percentComplete"] == 100
+        assert seen & {10, 50}, seen  # progress was followed on the way
+        assert await events(p.admin, task_id) == [
+            "Task created with status 'QUEUED'",
+            "Changing status from 'QUEUED' to 'LAUNCHED'",
+            "Changing status from 'LAUNCHED' to 'RUNNING'",
+            "Changing status from 'RUNNING' to 'COMPLETED'",
+        ]
+        results = (await p.admin.get(f"/v1/nvct/tasks/{task_id}/results")).json["results"]
+        assert sorted(r["name"] for r in results) == ["result-0.txt", "result-1.txt"]
+        first = next(r for r in results if r["name"] == "result-0.txt")
+        content = await p.admin.get(f"/v1/nvct/tasks/{task_id}/results/{first['resultId']}/content")
+        assert content.status == 200 and content.body == f"result 0 of {task_id}\n".encode()
+        await all_gone(cluster_pids(cluster_id))
+
+
+async def test_a_crash_is_errored_with_the_end_of_its_log(tmp_path: Path) -> None:
+    async with task_platform(tmp_path) as (p, _):
+        task_id = await launch(p.admin, task_body("crash", "--steps 10 --pause 1.5 --exit 3"))
+        task = await finished(p.admin, task_id)
+        assert task["status"] == "ERRORED", task
+        error = task["healthInfo"]["error"]
+        assert "exited with code 3" in error and "failing on purpose" in error, error
+        last = (await events(p.admin, task_id))[-1]
+        assert last.startswith("Changing status from 'RUNNING' to 'ERRORED' with error 'the task exited with code 3"), (
+            last
+        )
+
+
+async def test_max_runtime_stops_the_task_after_its_grace_period(tmp_path: Path) -> None:
+    async with task_platform(tmp_path) as (p, cluster_id):
+        body = task_body(
+            "slow",
+            "--sleep 60 --ignore-term",
+            maxRuntimeDuration="PT2S",
+            terminationGracePeriodDuration="PT1S",
+        )
+        task_id = await launch(p.admin, body)
+        task = await finished(p.admin, task_id, timeout=30)
+        assert task["status"] == "EXCEEDED_MAX_RUNTIME_DURATION", task
+        await all_gone(cluster_pids(cluster_id))
+
+
+async def test_cancel_while_running_stops_the_process(tmp_path: Path) -> None:
+    async with task_platform(tmp_path) as (p, cluster_id):
+        task_id = await launch(p.admin, task_body("long", "--steps 5 --sleep 60"))
+
+        async def running() -> list[int] | None:
+            task = await get_task(p.admin, task_id)
+            pids = cluster_pids(cluster_id)
+            return pids if task["status"] == "RUNNING" and pids else None
+
+        pids = await wait_for(running, timeout=30, what="the task running")
+        reply = await p.admin.post(f"/v1/nvct/tasks/{task_id}/cancel")
+        assert reply.status == 200 and reply.json["task"]["status"] == "CANCELED", reply.body
+        await all_gone(pids)
+        assert not any(alive(pid) for pid in pids)
+        again = await p.admin.post(f"/v1/nvct/tasks/{task_id}/cancel")
+        assert again.status == 400
+
+
+async def test_no_capacity_past_max_queued_duration(tmp_path: Path) -> None:
+    async with task_platform(tmp_path, gpus=1) as (p, _):
+        holder = await launch(p.admin, task_body("holder", "--sleep 30"))
+
+        async def holding() -> bool:
+            return (await get_task(p.admin, holder))["status"] in ("LAUNCHED", "RUNNING")
+
+        await wait_for(holding, timeout=30, what="the first task to hold the GPU")
+        starved = await launch(p.admin, task_body("starved", "--steps 100", maxQueuedDuration="PT2S"))
+        task = await finished(p.admin, starved, timeout=20)
+        assert task["status"] == "EXCEEDED_MAX_QUEUED_DURATION", task
+        assert (await p.admin.post(f"/v1/nvct/tasks/{holder}/cancel")).status == 200
+
+
+async def test_a_silent_worker_is_errored_after_the_heartbeat_timeout(tmp_path: Path) -> None:
+    async with task_platform(tmp_path, **{"plugins.control.tasks.heartbeat_timeout": "2"}) as (p, cluster_id):
+        task_id = await launch(p.admin, task_body("quiet", "--steps 5 --sleep 60"))
+
+        async def worker_pid() -> int | None:
+            task = await get_task(p.admin, task_id)
+            if task["status"] != "RUNNING":
+                return None
+            return next((pid for pid in cluster_pids(cluster_id) if b"worker" in _cmdline(pid)), None)
+
+        pid = await wait_for(worker_pid, timeout=30, what="the task running")
+        os.kill(pid, signal.SIGSTOP)  # alive, but silent
+        try:
+            task = await finished(p.admin, task_id, timeout=20)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert task["status"] == "ERRORED", task
+        assert "no heartbeat" in task["healthInfo"]["error"]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+async def test_the_example_task_runs_to_completion(tmp_path: Path) -> None:
+    async with task_platform(tmp_path) as (p, _):
+        body = {**task_body("example", "--steps 2 --seconds 0.6"), "containerImage": "task-example"}
+        task = await finished(p.admin, await launch(p.admin, body))
+        assert task["status"] == "COMPLETED" and task["percentComplete"] == 100, task
+        (result,) = (await p.admin.get(f"/v1/nvct/tasks/{task['id']}/results")).json["results"]
+        content = await p.admin.get(f"/v1/nvct/tasks/{task['id']}/results/{result['resultId']}/content")
+        assert json.loads(content.body) == {"squares": [1, 4]}
