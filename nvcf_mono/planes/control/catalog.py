@@ -76,35 +76,14 @@ def candidates(clusters: Iterable[Cluster], spec: GpuSpec) -> list[tuple[Cluster
     return out
 
 
-def check_autoscaling(config: AutoscalingConfiguration | None) -> None:
-    if config is None:
-        return
-    up, down = config.scale_up_details, config.scale_down_details
-    if up is not None and up.factor <= 1:
-        raise _bad("autoscalingConfiguration.scaleUpDetails.factor must be greater than 1")
-    if down is not None and not 0 < down.factor < 1:
-        raise _bad("autoscalingConfiguration.scaleDownDetails.factor must be between 0 and 1")
-    for details in (up, down):
-        if details is not None and details.stickiness is not None:
-            size = duration_seconds(details.stickiness.size)
-            if size > 3600:
-                raise _bad("autoscaling stickiness.size must be at most PT1H")
-            if duration_seconds(details.stickiness.threshold) >= size:
-                raise _bad("autoscaling stickiness.threshold must be less than stickiness.size")
-
-
-def check_spec(clusters: list[Cluster], account: str, spec: GpuSpec, fv: FunctionVersion) -> GpuSpec:
-    """Validate a spec against what is registered; returns it with names in their registered spelling."""
+def check_placement(
+    clusters: Iterable[Cluster], account: str, spec: GpuSpec
+) -> tuple[GpuSpec, list[tuple[Cluster, InstanceType]]]:
+    """Where a spec (a deployment's or a task's) may run: 400 unless a registered cluster the account may
+    use offers its GPU and instance type; the spec with names in their registered spelling, and the sites.
+    """
     if spec.backend is not None and spec.clusters:
         raise _bad("Cannot specify both 'backend' and 'clusters'")
-    if spec.min_instances > spec.max_instances:
-        raise _bad("'minInstances' must be lesser than or equal to 'maxInstances'")
-    if not fv.is_helm:
-        if spec.configuration is not None:
-            raise _bad("'configuration' may only be given for a Helm function")
-        if spec.helm_validation_policy is not None:
-            raise _bad("'helmValidationPolicy' may only be given for a Helm function")
-    check_autoscaling(spec.autoscaling_configuration)
     mine = visible_clusters(clusters, account)
     if not mine:
         raise _bad(f"No backends are available to account '{account}': no cluster agent has registered yet")
@@ -135,6 +114,39 @@ def check_spec(clusters: list[Cluster], account: str, spec: GpuSpec, fv: Functio
             f"No registered cluster offers {instance_type} with backend={spec.backend}, clusters={spec.clusters}, "
             f"regions={spec.regions}, attributes={spec.attributes}"
         )
+    return normalized, matching
+
+
+def check_autoscaling(config: AutoscalingConfiguration | None) -> None:
+    if config is None:
+        return
+    up, down = config.scale_up_details, config.scale_down_details
+    if up is not None and up.factor <= 1:
+        raise _bad("autoscalingConfiguration.scaleUpDetails.factor must be greater than 1")
+    if down is not None and not 0 < down.factor < 1:
+        raise _bad("autoscalingConfiguration.scaleDownDetails.factor must be between 0 and 1")
+    for details in (up, down):
+        if details is not None and details.stickiness is not None:
+            size = duration_seconds(details.stickiness.size)
+            if size > 3600:
+                raise _bad("autoscaling stickiness.size must be at most PT1H")
+            if duration_seconds(details.stickiness.threshold) >= size:
+                raise _bad("autoscaling stickiness.threshold must be less than stickiness.size")
+
+
+def check_spec(clusters: list[Cluster], account: str, spec: GpuSpec, fv: FunctionVersion) -> GpuSpec:
+    """Validate a spec against what is registered; returns it with names in their registered spelling."""
+    if spec.backend is not None and spec.clusters:
+        raise _bad("Cannot specify both 'backend' and 'clusters'")
+    if spec.min_instances > spec.max_instances:
+        raise _bad("'minInstances' must be lesser than or equal to 'maxInstances'")
+    if not fv.is_helm:
+        if spec.configuration is not None:
+            raise _bad("'configuration' may only be given for a Helm function")
+        if spec.helm_validation_policy is not None:
+            raise _bad("'helmValidationPolicy' may only be given for a Helm function")
+    check_autoscaling(spec.autoscaling_configuration)
+    normalized, matching = check_placement(clusters, account, spec)
     if fv.is_helm and not any(HELM_CAPABILITY in c.capabilities for c, _ in matching):
         raise _bad(
             "Helm functions need a cluster whose agent installs Helm charts (the Kubernetes backend, capability "

@@ -32,7 +32,7 @@ from nvcf_mono.metrics import Metrics
 from nvcf_mono.models.cluster import Cluster, InstanceType, parse_instance_type
 from nvcf_mono.models.common import duration_seconds, new_id, now_iso, parse_iso, utc_now
 from nvcf_mono.models.deployment import GpuSpec
-from nvcf_mono.models.task import TERMINAL, Task, TaskHealthInfo, TaskStatus
+from nvcf_mono.models.task import TERMINAL, Task, TaskGpuSpecification, TaskHealthInfo, TaskStatus
 from nvcf_mono.planes.control.catalog import Capacity, candidates, placeable, visible_clusters
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.store import Unchanged
@@ -53,7 +53,11 @@ def _instance_gone(task: Task) -> bool:
 
 def task_spec(task: Task) -> GpuSpec:
     """The task's gpuSpecification as a deployment spec, for the placement catalog."""
-    g = task.gpu_specification
+    return spec_of(task.gpu_specification)
+
+
+def spec_of(g: TaskGpuSpecification) -> GpuSpec:
+    """A task's gpuSpecification as a one-instance deployment spec (what the catalog checks and places)."""
     raw: dict[str, object] = {"gpu": g.gpu, "instanceType": g.instance_type, "minInstances": 0, "maxInstances": 1}
     if g.backend:
         raw["backend"] = g.backend

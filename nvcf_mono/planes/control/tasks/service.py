@@ -19,9 +19,8 @@ from nvcf_mono.auth.principal import Principal
 from nvcf_mono.bus.errors import BusError
 from nvcf_mono.contracts import buckets
 from nvcf_mono.http.problem import ProblemError
-from nvcf_mono.models.cluster import Cluster, parse_instance_type
+from nvcf_mono.models.cluster import Cluster
 from nvcf_mono.models.common import NameValue, duration_seconds, is_uuid, iso_seconds, new_id, now_iso
-from nvcf_mono.models.deployment import GpuSpec
 from nvcf_mono.models.secret import SealedSecrets
 from nvcf_mono.models.task import (
     DEFAULT_GRACE,
@@ -35,14 +34,14 @@ from nvcf_mono.models.task import (
     TaskResult,
     TaskStatus,
 )
-from nvcf_mono.planes.control.catalog import candidates, visible_clusters
+from nvcf_mono.planes.control.catalog import check_placement
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.service import open_secrets, seal_secrets
 from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.planes.control.tasks.lifecycle import first_event, transition
-from nvcf_mono.planes.control.tasks.scheduler import purge_task, stop_instance
+from nvcf_mono.planes.control.tasks.scheduler import purge_task, spec_of, stop_instance
 from nvcf_mono.planes.control.validation import check_secrets
-from nvcf_mono.structure import evolve, structure
+from nvcf_mono.structure import evolve
 
 T = TypeVar("T")
 
@@ -172,48 +171,12 @@ def check_gpu_specification(
     clusters: Iterable[Cluster], account: str, spec: TaskGpuSpecification
 ) -> TaskGpuSpecification:
     """The spec against the registered clusters, with the deployment checks' wording; names as registered."""
-    if spec.backend is not None and spec.clusters:
-        raise bad("Cannot specify both 'backend' and 'clusters'")
     if spec.configuration is not None:
         raise bad("'configuration' may only be given for a Helm task")
     if spec.helm_validation_policy is not None:
         raise bad("'helmValidationPolicy' may only be given for a Helm task")
-    mine = visible_clusters(clusters, account)
-    if not mine:
-        raise bad(f"No backends are available to account '{account}': no cluster agent has registered yet")
-    if spec.backend is not None and not any(c.cluster_group_name.lower() == spec.backend.lower() for c in mine):
-        raise bad(f"Invalid Backend '{spec.backend}' specified")
-    for name in spec.clusters or ():
-        if not any(name.lower() in (c.cluster_name.lower(), c.cluster_id.lower()) for c in mine):
-            raise bad(f"Invalid cluster '{name}' specified")
-    gpu = {g.name.upper(): g.name for c in mine for g in c.gpus}.get(spec.gpu.upper())
-    if gpu is None:
-        raise bad(f"Invalid GPU '{spec.gpu}' specified")
-    types = {
-        it.name.upper(): it.name
-        for c in mine
-        for g in c.gpus
-        if g.name.upper() == gpu.upper()
-        for it in g.instance_types
-    }
-    instance_type = types.get(spec.instance_type.upper())
-    parsed = parse_instance_type(spec.instance_type)
-    if instance_type is None or (parsed is not None and parsed.gpu != gpu.upper()):
-        raise bad(f"Invalid InstanceType '{spec.instance_type}' specified")
-    wanted: GpuSpec = structure(
-        GpuSpec,
-        {
-            "gpu": gpu,
-            "instanceType": instance_type,
-            "minInstances": 1,
-            "maxInstances": 1,
-            "backend": spec.backend,
-            "clusters": list(spec.clusters) if spec.clusters else None,
-        },
-    )
-    if not candidates(mine, wanted):
-        raise bad(f"No registered cluster offers {instance_type} with backend={spec.backend}, clusters={spec.clusters}")
-    return evolve(spec, gpu=gpu, instance_type=instance_type)
+    normalized, _ = check_placement(clusters, account, spec_of(spec))
+    return evolve(spec, gpu=normalized.gpu, instance_type=normalized.instance_type)
 
 
 def check_secret_size(values: dict[str, Any]) -> None:
