@@ -7,7 +7,7 @@ have placed there, so two specs never count the same GPUs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 
 import attrs
@@ -18,6 +18,8 @@ from nvcf_mono.models.common import duration_seconds, parse_iso, utc_now
 from nvcf_mono.models.deployment import AutoscalingConfiguration, GpuSpec
 from nvcf_mono.models.function import FunctionVersion
 from nvcf_mono.models.placement import LIVE, Phase, SpecPlacement
+from nvcf_mono.models.task import TERMINAL as TASK_TERMINAL
+from nvcf_mono.models.task import Task
 from nvcf_mono.structure import evolve
 
 HELM_CAPABILITY = "HelmMiniService"
@@ -171,6 +173,20 @@ class Capacity:
                 if inst.phase in LIVE or inst.phase is Phase.TERMINATING:
                     cap.take(inst.cluster_id, inst.gpu, inst.instance_type, inst.gpu_count)
         return cap
+
+    def take_tasks(self, tasks: Iterable[Task], clusters: Mapping[str, Cluster]) -> None:
+        """What unfinished tasks hold (their instance runs, or is about to, on the cluster they were sent to)."""
+        for task in tasks:
+            cluster = clusters.get(task.cluster_id or "")
+            ended = task.status in TASK_TERMINAL and (
+                not task.instances or task.instances[0].instance_state == "TERMINATED"
+            )
+            if cluster is None or ended:
+                continue
+            spec = task.gpu_specification
+            held = cluster.instance_type(spec.gpu, spec.instance_type)
+            if held is not None:
+                self.take(cluster.cluster_id, spec.gpu, held.name, held.gpu_count)
 
     def take(self, cluster_id: str, gpu: str, instance_type: str, gpu_count: int) -> None:
         key = (cluster_id, gpu.upper())

@@ -85,6 +85,7 @@ class Reconciler:
         clusters = {c.cluster_id: c for c in store.clusters.values()}
         ledgers = dict(store.placements.items())
         capacity = Capacity.from_ledgers(ledgers.values())
+        capacity.take_tasks(store.tasks.values(), clusters)  # tasks share the clusters' GPUs
         seen: set[str] = set()
         for dep in sorted(store.deployments.values(), key=lambda d: (d.created_at, d.deployment_id)):
             fv = store.functions.get(buckets.version_key(dep.function_id, dep.function_version_id))

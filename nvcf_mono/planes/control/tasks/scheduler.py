@@ -97,19 +97,9 @@ class TaskScheduler:
         clusters = {c.cluster_id: c for c in store.clusters.values()}
         capacity = Capacity.from_ledgers(store.placements.values())
         tasks = sorted(store.tasks.values(), key=lambda t: (t.created_at, t.id))
-        for task in tasks:
-            if task.cluster_id and task.status not in TERMINAL:
-                held = self._held_type(task, clusters)
-                if held is not None:
-                    capacity.take(task.cluster_id, task.gpu_specification.gpu, held.name, held.gpu_count)
+        capacity.take_tasks(tasks, clusters)
         for task in tasks:
             await self._watch(task, now, clusters, capacity)
-
-    def _held_type(self, task: Task, clusters: dict[str, Cluster]) -> InstanceType | None:
-        cluster = clusters.get(task.cluster_id or "")
-        if cluster is None:
-            return None
-        return cluster.instance_type(task.gpu_specification.gpu, task.gpu_specification.instance_type)
 
     async def _watch(self, task: Task, now: datetime, clusters: dict[str, Cluster], capacity: Capacity) -> None:
         cfg = self._ctl.config.tasks
