@@ -158,9 +158,11 @@ class AgentInstanceView(WireModel):
 
     request_id: str
     request_status: RequestStatus
-    function_id: str | None
-    function_version_id: str | None
     instance: AgentInstance
+    #: None for a task's instance (null fields are left out of the JSON, so they need defaults).
+    function_id: str | None = None
+    function_version_id: str | None = None
+    task_id: str | None = None
 
 
 @wire

@@ -32,6 +32,7 @@ def _views(requests: list[AgentRequest]) -> list[AgentInstanceView]:
             function_version_id=req.message.function_details.function_version_id
             if req.message.function_details
             else None,
+            task_id=req.message.task_details.task_id if req.message.task_details else None,
             instance=inst,
         )
         for req in requests

@@ -110,6 +110,14 @@ async def test_a_task_reports_progress_and_results_and_completes(tmp_path: Path)
         first = next(r for r in results if r["name"] == "result-0.txt")
         content = await p.admin.get(f"/v1/nvct/tasks/{task_id}/results/{first['resultId']}/content")
         assert content.status == 200 and content.body == f"result 0 of {task_id}\n".encode()
+        (instance,) = task["instances"]
+        logs = await p.admin.get(f"/v2/nvcf/instances/{instance['instanceId']}/logs")
+        assert logs.status == 200, logs.body
+        assert logs.json["taskId"] == task_id
+        by_name = {log["name"]: log["text"] for log in logs.json["logs"]}
+        assert "progress 100" in by_name["inference"] and "uploaded result result-0.txt" in by_name["worker"]
+        status = await p.admin.get(f"/v1/accounts/nvcf-default/clusters/{cluster_id}/status")
+        assert status.status == 200, status.body
         await all_gone(cluster_pids(cluster_id))
 
 

@@ -144,6 +144,8 @@ class ClusterInstance(WireModel):
     created_at: str
     function_id: str | None = None
     function_version_id: str | None = None
+    #: A task's instance: the task.
+    task_id: str | None = None
     nca_id: str | None = None
     restarts: int | None = None
     devices: tuple[int, ...] | None = None
@@ -242,6 +244,7 @@ def _cluster_instance(view: AgentInstanceView, nca_id: str | None) -> ClusterIns
         created_at=inst.created_at,
         function_id=view.function_id,
         function_version_id=view.function_version_id,
+        task_id=view.task_id,
         nca_id=nca_id,
         restarts=inst.restarts,
         devices=inst.devices,
@@ -540,6 +543,9 @@ def register(router: ApiRouter, ctl: Control) -> None:
         held_now = await ask("instances", cluster.cluster_id, AgentQuery(), AgentInstances)
 
         def owner(view: AgentInstanceView) -> str | None:
+            if view.task_id is not None:
+                task = ctl.store.tasks.get(view.task_id)
+                return task.nca_id if task else None
             if view.function_id is None or view.function_version_id is None:
                 return None
             fv = ctl.store.functions.get(buckets.version_key(view.function_id, view.function_version_id))
