@@ -255,9 +255,12 @@ def _finish(client: ApiClient, ctx: CliContext, args: argparse.Namespace, answer
         if args.json:
             emit_json(ctx, _envelope(answer, answer.body.read()))
             return 0
+        last = b""
         while chunk := answer.body.read1(CHUNK):
             _write(ctx, chunk, flush=args.stream)
-        _write(ctx, b"", flush=True)
+            last = chunk
+        # On a terminal, end the line (the prompt would follow the body); piped, the bytes are as they are.
+        _write(ctx, b"\n" if last and not last.endswith(b"\n") and ctx.stdout.isatty() else b"", flush=True)
         return 0
     raw = answer.body.read(ERROR_BODY_LIMIT)
     if args.json:
