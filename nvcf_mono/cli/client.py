@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -31,6 +32,9 @@ _SOURCES = (
     "pass --token (or --api-key), set NVCF_TOKEN (or NVCF_API_KEY), or point --state-dir at a platform "
     "started with `nvcf-mono up` (its endpoints.json holds the credentials)"
 )
+
+#: Read size of downloads (task results).
+DOWNLOAD_CHUNK = 256 * 1024
 
 
 def positive_float(text: str) -> float:
@@ -176,6 +180,36 @@ class ApiClient:
 
     def delete(self, path: str, **kw: Any) -> Any:
         return self.call("DELETE", path, management=True, **kw)
+
+    def download(self, path: str, dest: Path) -> int:
+        """Stream ``path`` into the file ``dest`` (written whole or not at all); its size."""
+        cred = self.credential()
+        request = urllib.request.Request(
+            self.api_url + path,
+            headers={"Authorization": f"Bearer {cred.value}", "User-Agent": f"nvcf-mono-cli/{__version__}"},
+            method="GET",
+        )
+        partial = dest.with_name(f".{dest.name}.partial")
+        received = 0
+        try:
+            # The client's own opener: its proxies, and never a redirect that would carry the bearer elsewhere.
+            with self._opener.open(request, timeout=self.timeout) as resp, partial.open("wb") as out:
+                expected = resp.headers.get("Content-Length")
+                while chunk := resp.read(DOWNLOAD_CHUNK):
+                    out.write(chunk)
+                    received += len(chunk)
+            if expected is not None and received != int(expected):
+                raise CliError(f"download of {path} was cut short after {received} of {expected} bytes; try again", 1)
+            os.replace(partial, dest)
+        except urllib.error.HTTPError as err:
+            raise self._http_error(err, cred, False) from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
+            raise CliError(f"download of {path} from {self.api_url} failed: {err}", 1) from None
+        except OSError as err:
+            raise CliError(f"cannot write {dest}: {err.strerror or err}", 1) from None
+        finally:
+            partial.unlink(missing_ok=True)
+        return received
 
     def _unreachable(self, reason: object, timeout: float) -> CliError:
         where = f"the API at {self.api_url} (from {self.url_origin})"

@@ -17,7 +17,7 @@ MAX_TAIL = 4 * 1024 * 1024
 _GONE = ("terminated", "succeeded", "failed")
 
 
-def _non_negative(text: str) -> int:
+def non_negative(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -42,10 +42,10 @@ def register(sub: Any) -> None:
 
     logs = cmds.add_parser("logs", help="print the end of an instance's logs (its server's and its worker's)")
     logs.add_argument("instance_id", metavar="INSTANCE_ID", help="see `instance list`")
-    logs.add_argument("--tail", type=_non_negative, metavar="LINES", help="only the last LINES lines of each log")
+    logs.add_argument("--tail", type=non_negative, metavar="LINES", help="only the last LINES lines of each log")
     logs.add_argument(
         "--bytes",
-        type=_non_negative,
+        type=non_negative,
         default=64 * 1024,
         metavar="N",
         help="read at most the last N bytes of each log (default 65536, at most 4 MiB)",
@@ -58,7 +58,7 @@ def register(sub: Any) -> None:
         "--interval", type=positive_float, default=1.0, metavar="SECONDS", help="--follow polls this often (default 1)"
     )
     add_api_options(logs)
-    logs.set_defaults(func=_logs)
+    logs.set_defaults(func=show_logs)
 
 
 def _list(args: argparse.Namespace, ctx: CliContext) -> int:
@@ -109,7 +109,7 @@ def _fetch(client: ApiClient, args: argparse.Namespace, tail: int, lines: int | 
     return doc
 
 
-def _logs(args: argparse.Namespace, ctx: CliContext) -> int:
+def show_logs(args: argparse.Namespace, ctx: CliContext) -> int:
     if args.json and args.follow:
         raise CliError("--json and --follow do not go together: --json prints one answer")
     tail = min(args.bytes, MAX_TAIL)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import time
 import urllib.error
 import urllib.parse
@@ -12,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nvcf_mono import __version__
 from nvcf_mono.cli import instance_cmds
 from nvcf_mono.cli.client import (
     ApiClient,
@@ -34,7 +32,6 @@ TERMINAL = frozenset(
 DEFAULT_WAIT = 3600.0
 POLL_INTERVAL = 1.0
 PAGE = 100
-_CHUNK = 256 * 1024
 _TASK_KEY_HINT = (
     "Task commands need the task scopes (launch_task, list_tasks, task_details, cancel_task, delete_task, "
     "list_events, list_results, update_secrets): set NVCF_NVCT_API_KEY to a task key "
@@ -107,11 +104,11 @@ def register(sub: Any) -> None:
     logs = cmds.add_parser("logs", help="print the end of the logs of a task's instance")
     logs.add_argument("task_id", metavar="ID")
     logs.add_argument(
-        "--tail", type=instance_cmds._non_negative, metavar="LINES", help="only the last LINES lines of each log"
+        "--tail", type=instance_cmds.non_negative, metavar="LINES", help="only the last LINES lines of each log"
     )
     logs.add_argument(
         "--bytes",
-        type=instance_cmds._non_negative,
+        type=instance_cmds.non_negative,
         default=64 * 1024,
         metavar="N",
         help="read at most the last N bytes of each log (default 65536, at most 4 MiB)",
@@ -513,7 +510,7 @@ def _download_all(client: ApiClient, ctx: CliContext, path: str, results: list[d
             print(f"result {result.get('name')} ({result.get('resultId')}) has no stored content", file=ctx.stderr)
             continue
         dest = into / _file_name(result, taken)
-        size = _download(client, f"{path}/{urllib.parse.quote(str(result['resultId']), safe='')}/content", dest)
+        size = client.download(f"{path}/{urllib.parse.quote(str(result['resultId']), safe='')}/content", dest)
         print(f"saved {dest} ({size} bytes)", file=ctx.stderr)
 
 
@@ -526,37 +523,6 @@ def _file_name(result: dict[str, Any], taken: set[str]) -> str:
         base = f"{result['resultId']}-{base}"
     taken.add(base)
     return base
-
-
-def _download(client: ApiClient, path: str, dest: Path) -> int:
-    """Stream one result into ``dest`` (written whole or not at all); its size."""
-    cred = client.credential()
-    request = urllib.request.Request(
-        client.api_url + path,
-        headers={"Authorization": f"Bearer {cred.value}", "User-Agent": f"nvcf-mono-cli/{__version__}"},
-        method="GET",
-    )
-    partial = dest.with_name(f".{dest.name}.partial")
-    received = 0
-    try:
-        # The client's own opener: its proxies, and never a redirect that would carry the bearer elsewhere.
-        with client._opener.open(request, timeout=client.timeout) as resp, partial.open("wb") as out:
-            expected = resp.headers.get("Content-Length")
-            while chunk := resp.read(_CHUNK):
-                out.write(chunk)
-                received += len(chunk)
-        if expected is not None and received != int(expected):
-            raise CliError(f"download of {path} was cut short after {received} of {expected} bytes; try again", 1)
-        os.replace(partial, dest)
-    except urllib.error.HTTPError as err:
-        raise client._http_error(err, cred, False) from None
-    except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
-        raise CliError(f"download of {path} from {client.api_url} failed: {err}", 1) from None
-    except OSError as err:
-        raise CliError(f"cannot write {dest}: {err.strerror or err}", 1) from None
-    finally:
-        partial.unlink(missing_ok=True)
-    return received
 
 
 # ---- logs ------------------------------------------------------------------------------------------
@@ -572,4 +538,4 @@ def _logs(args: argparse.Namespace, ctx: CliContext) -> int:
     if not instance_id:
         raise CliError(f"task {args.task_id} has no instance yet (status {task.get('status')})", 1)
     # The same call and output as `nvcf-mono instance logs`.
-    return instance_cmds._logs(argparse.Namespace(**{**vars(args), "instance_id": instance_id}), ctx)
+    return instance_cmds.show_logs(argparse.Namespace(**{**vars(args), "instance_id": instance_id}), ctx)
