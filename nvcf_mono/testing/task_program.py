@@ -38,6 +38,7 @@ def main() -> int:
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--exit", type=int, default=0)
     parser.add_argument("--ignore-term", action="store_true")
+    parser.add_argument("--secrets-result", action="store_true", help="write the secrets file's names as a result")
     args = parser.parse_args()
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -46,6 +47,9 @@ def main() -> int:
     progress_file = Path(environ["NVCT_PROGRESS_FILE_PATH"])
     results = Path(environ["NVCT_RESULTS_DIR"])
     results.mkdir(parents=True, exist_ok=True)
+    if args.secrets_result:
+        names = sorted(json.loads(Path(environ["SECRETS_FILE"]).read_text()))
+        (results / "secret-names.json").write_text(json.dumps(names))
     time.sleep(args.sleep)
     steps = [int(s) for s in args.steps.split(",") if s]
     for i, step in enumerate(steps):

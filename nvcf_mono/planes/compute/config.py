@@ -104,7 +104,8 @@ class LocalSettings:
     )
     secrets_timeout: Seconds = setting(
         60.0,
-        doc="How long the worker may take to fetch an instance's secrets before its server starts.",
+        doc="How long the worker may take to fetch an instance's secrets before its server starts "
+        "(for a task: to connect before the task starts).",
         check=positive,
     )
     error_log_bytes: ByteSize = setting(

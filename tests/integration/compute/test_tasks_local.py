@@ -215,3 +215,25 @@ async def test_the_example_task_runs_to_completion(tmp_path: Path) -> None:
         (result,) = (await p.admin.get(f"/v1/nvct/tasks/{task['id']}/results")).json["results"]
         content = await p.admin.get(f"/v1/nvct/tasks/{task['id']}/results/{result['resultId']}/content")
         assert json.loads(content.body) == {"squares": [1, 4]}
+
+
+async def test_secrets_reach_the_task_and_none_keeps_only_names(tmp_path: Path) -> None:
+    async with task_platform(tmp_path) as (p, _):
+        secrets = [{"name": "NGC_API_KEY", "value": "s3cr3t"}, {"name": "DB", "value": {"user": "u"}}]
+        body = task_body("secret", "--secrets-result --steps 100", secrets=secrets)
+        task = await finished(p.admin, await launch(p.admin, body))
+        assert task["status"] == "COMPLETED", task
+        (result,) = (await p.admin.get(f"/v1/nvct/tasks/{task['id']}/results")).json["results"]
+        content = await p.admin.get(f"/v1/nvct/tasks/{task['id']}/results/{result['resultId']}/content")
+        assert json.loads(content.body) == ["DB", "NGC_API_KEY"]  # the task read its secrets file
+        shown = await p.admin.get(f"/v1/nvct/tasks/{task['id']}", params={"includeSecrets": "true"})
+        assert sorted(shown.json["task"]["secrets"]) == ["DB", "NGC_API_KEY"] and "s3cr3t" not in shown.body.decode()
+
+        # NONE: the result's name is kept, its content is not.
+        body = task_body("names-only", "--steps 100 --results 1", resultHandlingStrategy="NONE")
+        task = await finished(p.admin, await launch(p.admin, body))
+        assert task["status"] == "COMPLETED", task
+        (result,) = (await p.admin.get(f"/v1/nvct/tasks/{task['id']}/results")).json["results"]
+        assert result["name"] == "result-0.txt"
+        content = await p.admin.get(f"/v1/nvct/tasks/{task['id']}/results/{result['resultId']}/content")
+        assert content.status == 404

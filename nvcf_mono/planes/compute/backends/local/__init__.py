@@ -77,6 +77,9 @@ class LocalInstance:
     #: Monotonic times: the task's process first started, and when its deadline sent it SIGTERM.
     task_started: float | None = None
     overtime_at: float | None = None
+    #: Monotonic time since which the task's process waits for its worker to connect (a fast task
+    #: would otherwise end before anyone reports its progress or uploads its results).
+    worker_wait: float | None = None
     completion: Completion | None = None
 
     @property
@@ -228,7 +231,9 @@ class LocalBackend:
             inst.port, inst.health_port = self._port(), self._port()
             self._prepare(spec, inst)
             await self._spawn(inst, WORKER, "starting the worker")
-            if self._secrets_needed(inst):
+            if inst.run_once:
+                inst.worker_wait = time.monotonic()
+            elif self._secrets_needed(inst):
                 inst.secrets_wait = time.monotonic()  # the server starts once the worker wrote the secrets
             else:
                 await self._spawn(inst, INFERENCE, "starting the inference server")
@@ -355,12 +360,38 @@ class LocalBackend:
                     states.INIT_CONTAINER_STUCK,
                     f"the worker did not fetch the instance's secrets within {self._local.secrets_timeout:g}s",
                 )
+        if inst.worker_wait is not None:
+            await self._await_task_worker(inst, mono)
         for role, when in sorted(inst.due.items()):
-            if mono < when or (role == INFERENCE and inst.secrets_wait is not None):
+            held = inst.secrets_wait is not None or inst.worker_wait is not None
+            if mono < when or (role == INFERENCE and held):
                 continue
             del inst.due[role]
             again = role in inst.streak or role == inst.exited_role
             await self._spawn(inst, role, f"starting {_TITLE[role]}{' again' if again else ''}")
+
+    async def _await_task_worker(self, inst: LocalInstance, mono: float) -> None:
+        """Start the task's process once its worker is connected (it has fetched the secrets by then)."""
+        assert inst.worker_wait is not None
+        if await self._worker_ready(inst):
+            inst.worker_wait = None
+            inst.due[INFERENCE] = mono
+        elif WORKER not in inst.procs and WORKER not in inst.due:
+            raise LaunchError(states.INIT_CONTAINER_STUCK, "the task's worker ended before it connected")
+        elif mono - inst.worker_wait > self._local.secrets_timeout:
+            raise LaunchError(
+                states.INIT_CONTAINER_STUCK,
+                f"the task's worker did not connect within {self._local.secrets_timeout:g}s",
+            )
+
+    async def _worker_ready(self, inst: LocalInstance) -> bool:
+        assert self._http is not None, "use the backend as an async context manager"
+        try:
+            with anyio.fail_after(self._health.probe_timeout):
+                async with self._http.get(f"http://127.0.0.1:{inst.health_port}/v1/health/ready") as resp:
+                    return resp.status == 200
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False
 
     def _enforce_deadline(self, inst: LocalInstance, mono: float) -> None:
         """maxRuntimeDuration: SIGTERM when it passes, SIGKILL after the termination grace period."""
@@ -388,6 +419,8 @@ class LocalBackend:
                 await _until(lambda: not worker.poll(), 0.05)
             if worker.poll():
                 processes.kill_group(worker.pid, signal.SIGKILL)
+                with anyio.move_on_after(5):
+                    await _until(lambda: not worker.poll(), 0.02)  # reaped, not left a zombie
         inst.due.clear()
         what = exit_text(INFERENCE, proc).replace("the inference server", "the task")
         overtime = inst.overtime_at is not None
