@@ -239,7 +239,11 @@ async def test_scaling_down_removes_the_idle_instance_and_lets_the_busy_one_fini
             # (newest first would be the wrong choice to remove).
             for i in range(4):
                 tg.start_soon(call, f"short-{i}", 2.0)
-            await placed(p.admin, d, 1, timeout=30)
+
+            async def serving() -> bool:  # (a full instance may already have asked for a second one)
+                return bool(placement(await deployment(p.admin, d))["runningInstances"] >= 1)
+
+            await wait_for(serving, timeout=30, what="the first instance running")
             tg.start_soon(call, "long", 8.0)  # under the test client's 10 s timeout
             tg.start_soon(call, "short-4", 1.0)
             await placed(p.admin, d, 2, timeout=30)
