@@ -47,5 +47,9 @@ BAD_STATES = frozenset(
 )
 #: Failures no retry fixes: the image cannot be pulled or its command cannot run.
 PERMANENT_CAUSES = frozenset({IMAGE_PULL_ISSUES, CREATE_CONTAINER_ERROR, ADMISSION_ERROR})
+#: How a task's instance ended (``terminationCause``): its process ended by itself, or at its deadline.
+TASK_COMPLETED = "task-completed"
+TASK_FAILED = "task-failed"
+EXCEEDED_MAX_RUNTIME = "exceeded-max-runtime"
 #: States after which the instance no longer exists.
 GONE_STATES = BAD_STATES | {TERMINATED, SUCCEEDED}

@@ -95,6 +95,10 @@ class TaskHealthInfo(WireModel):
     error: str | None = None
 
 
+#: The ``instanceState`` of a task's instance that no longer exists.
+INSTANCE_TERMINATED = "TERMINATED"
+
+
 @wire
 class TaskInstance(WireModel):
     """The instance a task runs on (``instances`` of ``TaskDto``)."""
@@ -151,6 +155,11 @@ class Task(WireModel):
     events: int = 0
     #: True once the instance was asked to stop (cancel, a terminal state).
     terminating: bool = False
+
+    @property
+    def instance_gone(self) -> bool:
+        """Its instance reported that it no longer exists."""
+        return bool(self.instances) and all(i.instance_state == INSTANCE_TERMINATED for i in self.instances)
 
 
 @wire

@@ -258,7 +258,7 @@ class Worker:
             connected_at: float | None = None
             why = "the invocation node ended the session"
             try:
-                async with _channel(self._host, self._port) as channel:
+                async with closing_channel(self._host, self._port) as channel:
                     session = await self._connect(channel)
                     connected_at = time.monotonic()
                     self.state.sessions += 1
@@ -673,7 +673,7 @@ class _Platform(Protocol):
 async def fetch_secrets(config: _Platform) -> dict[str, object]:
     """The instance's secrets from the platform (through the invocation plane)."""
     host, _, port = config.grpc_address.rpartition(":")
-    async with _channel(host or "127.0.0.1", int(port)) as channel:
+    async with closing_channel(host or "127.0.0.1", int(port)) as channel:
         with anyio.fail_after(30):
             async with channel.request(
                 f"{SERVICE}/FetchSecrets", Cardinality.UNARY_UNARY, SecretsRequest, SecretsResponse
@@ -731,7 +731,7 @@ class Janitor:
             _remove_all(self._pending)  # stopping: whatever is left, now
 
 
-class _channel:
+class closing_channel:
     """A grpclib channel closed on exit."""
 
     def __init__(self, host: str, port: int) -> None:

@@ -31,7 +31,7 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     TaskResultAck,
     TaskResultChunk,
 )
-from nvcf_mono.worker.agent import SERVICE, Backoff, WorkerState, _channel
+from nvcf_mono.worker.agent import SERVICE, Backoff, WorkerState, closing_channel
 from nvcf_mono.worker.config import WorkerConfigError
 
 log = logging.getLogger("nvcf_mono.worker.task")
@@ -145,7 +145,7 @@ class TaskWorker:
         self._drain.set()
 
     async def run(self) -> None:
-        async with _channel(self._host, self._port) as channel:
+        async with closing_channel(self._host, self._port) as channel:
             await self._connect(channel)
             self.state.connected = True
             last_beat = -float("inf")

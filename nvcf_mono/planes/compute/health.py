@@ -53,12 +53,6 @@ class Completion:
         return self.exit_code == 0 and self.cause is None
 
 
-#: Termination causes of tasks (the instance record's ``terminationCause``).
-TASK_COMPLETED = "task-completed"
-TASK_FAILED = "task-failed"
-EXCEEDED_MAX_RUNTIME = "exceeded-max-runtime"
-
-
 @attrs.frozen(kw_only=True)
 class Verdict:
     """The instance's ``status`` and ``instanceState``, and for a terminal state its cause and why."""
@@ -93,11 +87,11 @@ def evaluate(
     if obs.completed is not None:
         done = obs.completed
         if done.succeeded:
-            return Verdict(state=states.SUCCEEDED, status=states.TERMINATED_BY_SERVICE, cause=TASK_COMPLETED)
+            return Verdict(state=states.SUCCEEDED, status=states.TERMINATED_BY_SERVICE, cause=states.TASK_COMPLETED)
         return Verdict(
             state=states.FAILED,
             status=states.TERMINATED_BY_SERVICE,
-            cause=done.cause or TASK_FAILED,
+            cause=done.cause or states.TASK_FAILED,
             detail=done.detail,
         )
     if obs.failure is not None:

@@ -178,9 +178,7 @@ class Capacity:
         """What unfinished tasks hold (their instance runs, or is about to, on the cluster they were sent to)."""
         for task in tasks:
             cluster = clusters.get(task.cluster_id or "")
-            ended = task.status in TASK_TERMINAL and (
-                not task.instances or task.instances[0].instance_state == "TERMINATED"
-            )
+            ended = task.status in TASK_TERMINAL and (not task.instances or task.instance_gone)
             if cluster is None or ended:
                 continue
             spec = task.gpu_specification

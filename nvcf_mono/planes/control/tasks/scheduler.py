@@ -39,16 +39,9 @@ from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.planes.control.tasks.lifecycle import transition
 from nvcf_mono.structure import evolve, structure
 
-#: Instance states after which a task's instance is gone (from the agent's reports).
-GONE = "TERMINATED"
-
 
 def _since(stamp: str | None, now: datetime) -> float:
     return 0.0 if stamp is None else (now - parse_iso(stamp)).total_seconds()
-
-
-def _instance_gone(task: Task) -> bool:
-    return bool(task.instances) and all(i.instance_state == GONE for i in task.instances)
 
 
 def task_spec(task: Task) -> GpuSpec:
@@ -104,7 +97,7 @@ class TaskScheduler:
     async def _watch(self, task: Task, now: datetime, clusters: dict[str, Cluster], capacity: Capacity) -> None:
         cfg = self._ctl.config.tasks
         if task.status in TERMINAL:
-            if task.request_id and not task.terminating and not _instance_gone(task):
+            if task.request_id and not task.terminating and not task.instance_gone:
                 await stop_instance(self._ctl, task, f"task {task.status.value}")
             elif _since(task.finished_at, now) > cfg.retention:
                 await purge_task(self._ctl, task)

@@ -14,20 +14,17 @@ from nvcf_mono.contracts import states
 from nvcf_mono.contracts.messages import InstanceStatusReport, ListedInstance
 from nvcf_mono.contracts.rpc import RpcError
 from nvcf_mono.models.common import now_iso
-from nvcf_mono.models.task import TERMINAL, Task, TaskInstance, TaskStatus
+from nvcf_mono.models.task import INSTANCE_TERMINATED, TERMINAL, Task, TaskInstance, TaskStatus
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.planes.control.tasks.lifecycle import transition
 from nvcf_mono.structure import evolve
 
-#: Agent cause of a task stopped at its maxRuntimeDuration (planes/compute/health.py).
-EXCEEDED_MAX_RUNTIME = "exceeded-max-runtime"
-
 
 def instance_state(report: InstanceStatusReport) -> str:
     """The agent's ``instanceState`` in TaskDto's words."""
     if report.instance_state in states.GONE_STATES:
-        return "TERMINATED"
+        return INSTANCE_TERMINATED
     if report.instance_state == states.RUNNING:
         return "RUNNING"
     return "STARTING"
@@ -78,7 +75,7 @@ async def _ended(ctl: Control, task: Task, report: InstanceStatusReport, log: lo
     cause = report.termination_cause or report.instance_state
     if report.instance_state == states.SUCCEEDED:
         to, error = TaskStatus.COMPLETED, None
-    elif cause == EXCEEDED_MAX_RUNTIME:
+    elif cause == states.EXCEEDED_MAX_RUNTIME:
         to, error = TaskStatus.EXCEEDED_MAX_RUNTIME_DURATION, error_log or "ran past its maxRuntimeDuration"
     elif report.instance_state == states.TERMINATED:
         to, error = TaskStatus.ERRORED, f"the task's instance was terminated ({cause})"
@@ -95,9 +92,9 @@ def listed(ctl: Control, cluster_id: str) -> list[ListedInstance]:
     for task in ctl.store.tasks.values():
         if task.cluster_id != cluster_id or task.request_id is None:
             continue
-        state = task.instances[0].instance_state if task.instances else "STARTING"
-        if state == "TERMINATED":
+        if task.instance_gone:
             continue
+        state = task.instances[0].instance_state if task.instances else "STARTING"
         out.append(
             ListedInstance(
                 instance_id=task.instances[0].instance_id if task.instances else None,

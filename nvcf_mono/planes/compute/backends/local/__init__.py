@@ -39,7 +39,7 @@ from nvcf_mono.planes.compute.backends.local.environment import (
 from nvcf_mono.planes.compute.backends.local.images import LaunchError, resolve
 from nvcf_mono.planes.compute.backends.local.processes import Proc, exit_text, read_tail, spawn
 from nvcf_mono.planes.compute.config import HealthSettings, Image, LocalSettings
-from nvcf_mono.planes.compute.health import EXCEEDED_MAX_RUNTIME, Completion, LaunchFailure, Observation
+from nvcf_mono.planes.compute.health import Completion, LaunchFailure, Observation
 
 INFERENCE, WORKER = "inference", "worker"
 LOGS = {INFERENCE: "inference.log", WORKER: "worker.log"}
@@ -427,7 +427,7 @@ class LocalBackend:
         inst.completion = Completion(
             exit_code=proc.returncode if proc.returncode is not None else -1,
             detail=f"{what} after its maxRuntimeDuration" if overtime else what,
-            cause=EXCEEDED_MAX_RUNTIME if overtime else None,
+            cause=states.EXCEEDED_MAX_RUNTIME if overtime else None,
         )
         self._log.info("task instance %s: %s", inst.instance_id, inst.completion.detail)
 
