@@ -81,6 +81,9 @@ class LocalInstance:
     #: would otherwise end before anyone reports its progress or uploads its results).
     worker_wait: float | None = None
     completion: Completion | None = None
+    #: Every process started for the instance, so each is reaped when it is released, whatever path
+    #: dropped it from ``procs``.
+    spawned: list[Proc] = attrs.field(factory=list)
 
     @property
     def processes(self) -> tuple[AgentProcess, ...]:
@@ -296,6 +299,7 @@ class LocalBackend:
         except OSError as err:
             raise LaunchError(states.CREATE_CONTAINER_ERROR, f"cannot start {_TITLE[role]}: {err}") from err
         inst.procs[role] = proc
+        inst.spawned.append(proc)
         if role == INFERENCE and inst.run_once and inst.task_started is None:
             inst.task_started = time.monotonic()
 
@@ -479,6 +483,9 @@ class LocalBackend:
     async def release(self, handle: object) -> None:
         inst = _local(handle)
         self._held.pop(inst.instance_id, None)
+        for proc in inst.spawned:
+            proc.poll()  # an ended child is reaped here, not left a zombie
+        inst.spawned.clear()
         for port in (inst.port, inst.health_port):
             if port is not None:
                 self._ports.discard(port)
