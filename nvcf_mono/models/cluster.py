@@ -78,6 +78,8 @@ class InstanceType(WireModel):
     description: str = ""
     default: bool = False
     nodes: int = 1
+    #: Instances that would fit on nodes that cannot take pods now (not Ready, cordoned).
+    unschedulable_capacity: int | None = None
     cpu_cores: int | None = None
     system_memory: str | None = None
     gpu_memory: str | None = None

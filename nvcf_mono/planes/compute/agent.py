@@ -110,8 +110,7 @@ class ClusterAgent:
 
     async def prepare(self) -> None:
         """Discover the GPUs, ensure the durables, read the records back (raises BusError: try again)."""
-        inventory = await anyio.to_thread.run_sync(discover, self.cluster.gpu_discovery, self.cluster.gpus)
-        self.allocator.replace_inventory(inventory)
+        self.allocator.replace_inventory(await self._discover())
         await self._ensure_consumers()
         self._records = await self.book.load()
 
@@ -152,8 +151,8 @@ class ClusterAgent:
     async def _recover(self, records: list[AgentRequest]) -> None:
         # First the processes of this cluster no record holds (the agent died between starting one and
         # recording it): they go, so nothing runs twice.
-        keep = {p.pid for r in records for i in r.instances if not i.gone for p in i.processes}
-        swept = await self.backend.sweep(self.cluster_id, self.state_dir, keep)
+        live = [i for r in records for i in r.instances if not i.gone]
+        swept = await self.backend.sweep(self.cluster_id, self.state_dir, live)
         if swept:
             self.log.warning("stopped unrecorded processes of instance(s) %s", ", ".join(swept))
         assert self._tg is not None
@@ -185,6 +184,7 @@ class ClusterAgent:
             capabilities=self.backend.capabilities,
             authorized_nca_ids=self.cluster.authorized_nca_ids,
             nvca_version=self.version,
+            k8s_version=self.backend.kubernetes_version(self.cluster_id),
         )
 
     async def _registration(self) -> None:
@@ -224,10 +224,20 @@ class ClusterAgent:
                 await self._beat_wanted.wait()
             self._beat_wanted = anyio.Event()
 
+    async def _discover(self) -> Inventory:
+        """The GPUs: the configured ones (static), the backend's view (a Kubernetes cluster's nodes), or
+        nvidia-smi's.
+        """
+        if self.cluster.gpu_discovery != "static":
+            found = await self.backend.discover(self.cluster_id)
+            if found is not None:
+                return found
+        return await anyio.to_thread.run_sync(discover, self.cluster.gpu_discovery, self.cluster.gpus)
+
     async def _rediscover(self) -> None:
         if self.cluster.gpu_discovery == "static":
             return
-        found = await anyio.to_thread.run_sync(discover, self.cluster.gpu_discovery, self.cluster.gpus)
+        found = await self._discover()
         if found != self.allocator.inventory:
             self.log.info("the GPUs changed: %s", ", ".join(f"{m.capacity}x {m.name}" for m in found.models))
             self.allocator.replace_inventory(found)

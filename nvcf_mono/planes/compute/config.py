@@ -27,6 +27,72 @@ class GpuSettings:
 
 
 @attrs.frozen(kw_only=True)
+class Toleration:
+    """A toleration every instance pod of the cluster gets (besides nvidia.com/gpu)."""
+
+    key: str = setting("", doc="Taint key; empty with operator Exists tolerates every taint.")
+    operator: Literal["Exists", "Equal"] = setting("Exists", doc="Exists or Equal.")
+    value: str | None = setting(None, doc="Taint value (operator Equal).")
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = setting("", doc="Empty: every effect.")
+
+
+@attrs.frozen(kw_only=True)
+class KubernetesSettings:
+    """A cluster whose instances run as pods (``backend: kubernetes``; reference compute-plane §3, §4, §6)."""
+
+    kubeconfig: Path | None = setting(
+        None,
+        doc="Kubeconfig of the GPU cluster. Unset: the service account of the pod the agent runs in (in-cluster).",
+    )
+    context: str | None = setting(None, doc="Context of the kubeconfig. Default: its current context.")
+    namespace: str = setting(
+        "nvcf-backend",
+        doc="Namespace of instance pods, their secrets and ICMSRequest objects (created if missing).",
+        check=matches(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", "a DNS label"),
+    )
+    worker_image: str = setting(
+        "nvcf-mono:latest",
+        doc="Image of every pod's `utils` container: this project's image, running `nvcf-mono worker`.",
+    )
+    worker_pull_policy: Literal["Always", "IfNotPresent", "Never"] = setting(
+        "IfNotPresent", doc="imagePullPolicy of the utils container."
+    )
+    image_pull_secrets: tuple[str, ...] = setting(
+        (), doc="Secrets in `namespace` every pod may pull with (besides the account's registry credentials)."
+    )
+    tolerations: tuple[Toleration, ...] = setting((), doc="Tolerations every instance pod gets.")
+    priority_class_name: str | None = setting(None, doc="priorityClassName of instance pods.")
+    scheduler_name: str | None = setting(None, doc="schedulerName of instance pods (e.g. a gang scheduler).")
+    termination_grace: Seconds = setting(
+        120.0,
+        doc="terminationGracePeriodSeconds of function pods (tasks: max(1h, the task's grace)).",
+        check=at_least(0),
+    )
+    scheduling_timeout: Seconds = setting(
+        600.0,
+        doc="A pod unschedulable this long is instance-terminated-no-capacity (tasks: maxQueuedDuration).",
+        check=positive,
+    )
+    image_pull_timeout: Seconds = setting(
+        60.0, doc="A pod failing to pull its image this long is image-pull-issues.", check=positive
+    )
+    init_timeout: Seconds = setting(
+        7200.0, doc="A pod not initialized this long is init-container-stuck.", check=positive
+    )
+    label_nodes: bool = setting(
+        True, doc="Label GPU nodes nvca.nvcf.nvidia.io/instance-type=<PROVIDER>.GPU.<GPU> (pods require it)."
+    )
+    multi_node: bool = setting(True, doc="Register multi-node instance types <type>_<g>x.x<nodes> as well.")
+    api_timeout: Seconds = setting(10.0, doc="Deadline of one call to the Kubernetes API.", check=positive)
+    watch_timeout: Seconds = setting(
+        240.0, doc="A watch is restarted after this long (with a fresh list), as client-go does.", check=positive
+    )
+    error_log_bytes: ByteSize = setting(
+        1024, doc="How much of a failed pod's log and events a failure report carries.", check=in_range(64, 64 * 1024)
+    )
+
+
+@attrs.frozen(kw_only=True)
 class ClusterSettings:
     """One cluster this process runs an agent for."""
 
@@ -60,6 +126,9 @@ class ClusterSettings:
         factory=lambda: (GpuSettings(),), doc="The GPU inventory registered when no real GPUs are discovered."
     )
     attributes: tuple[str, ...] = setting((), doc="Attributes deployments may require, e.g. [NVLinkOptimized=true].")
+    kubernetes: KubernetesSettings = setting(
+        factory=KubernetesSettings, doc="The Kubernetes backend (clusters with backend: kubernetes)."
+    )
     nca_id: str | None = setting(None, doc="The account that owns the cluster. Default: shared with every account.")
     authorized_nca_ids: tuple[str, ...] = setting((), doc="Further accounts that may deploy on an owned cluster.")
 

@@ -17,7 +17,7 @@ import attrs
 from nvcf_mono.models.cluster import ClusterGpu, GpuUsage, InstanceType, instance_type_name
 from nvcf_mono.planes.compute.config import GpuSettings
 
-Source = Literal["nvidia-smi", "static"]
+Source = Literal["nvidia-smi", "static", "kubernetes"]
 
 _DROPPED = {"NVIDIA", "GEFORCE", "TESLA", "QUADRO"}
 _MEMORY_RX = re.compile(r"^\d+(?:\.\d+)?(?:GB|G|GIB|MB|TB)$")
@@ -41,11 +41,26 @@ def gpu_model_name(product: str) -> str:
 
 
 @attrs.frozen(kw_only=True)
+class NodeResources:
+    """What a node can give its pods (Kubernetes ``allocatable``), shared by its GPUs."""
+
+    cpu_cores: float
+    memory: int
+    storage: int | None = None
+    cpu_arch: str | None = None
+    os: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class Node:
     """One node's GPUs of a model: the device indices an instance can be given."""
 
     index: int
     devices: tuple[int, ...]
+    #: Its Kubernetes name (None for this machine).
+    name: str | None = None
+    #: None: this machine's (the local backend's instances share the host).
+    resources: NodeResources | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -58,6 +73,8 @@ class GpuModel:
     nodes: tuple[Node, ...]
     source: Source
     driver_version: str | None = None
+    #: Nodes with GPUs of this model that cannot take pods now (not Ready, cordoned).
+    unschedulable: tuple[Node, ...] = ()
 
     @property
     def capacity(self) -> int:
@@ -69,6 +86,8 @@ class Inventory:
     """The GPUs a cluster offers."""
 
     models: tuple[GpuModel, ...]
+    #: Register multi-node instance types too (a Kubernetes cluster whose settings ask for them).
+    multi_node: bool = False
 
     def model(self, name: str) -> GpuModel | None:
         for model in self.models:
@@ -173,33 +192,90 @@ def _system_memory() -> int:
         return 0
 
 
+def _gib(n: float) -> str:
+    return f"{max(1, int(n) // 1024**3)}G"
+
+
+def _share(nodes: Sequence[Node], size: int, total: int) -> tuple[int, str | None, str | None]:
+    """CPU cores, memory and storage one instance of ``size`` GPUs gets on the least generous node
+    (on this machine: its share of all ``total`` GPUs).
+    """
+    sized = [(n.resources, size / len(n.devices)) for n in nodes if n.resources is not None and n.devices]
+    if not sized:
+        cpus, memory = os.cpu_count() or 1, _system_memory()
+        return max(1, int(cpus * size / total)), (_gib(memory * size / total) if memory else None), None
+    cpu = min(r.cpu_cores * f for r, f in sized)
+    mem = min(r.memory * f for r, f in sized)
+    storage = [r.storage * f for r, f in sized if r.storage]
+    return max(1, int(cpu)), _gib(mem), (_gib(min(storage)) if storage else None)
+
+
+def _node_fact(nodes: Sequence[Node], key: str, default: str) -> str:
+    for node in nodes:
+        value = getattr(node.resources, key, None) if node.resources is not None else None
+        if value:
+            return str(value)
+    return default
+
+
 def registered_gpus(inventory: Inventory, provider: str) -> tuple[ClusterGpu, ...]:
-    """The ``gpus`` of a registration: capacity and instance types (``<provider>.GPU.<gpu>_<n>x``) per model."""
-    cpus = os.cpu_count() or 1
-    memory = _system_memory()
-    total = max(sum(m.capacity for m in inventory.models), 1)
+    """The ``gpus`` of a registration: capacity and instance types (``<provider>.GPU.<gpu>_<n>x``) per model.
+
+    Single-node types fit ``1, 2, 4, ...`` GPUs below a node's count, plus the count; ``maxInstances`` sums
+    what fits on each schedulable node, ``unschedulableCapacity`` the same over the others. With
+    ``inventory.multi_node``, whole-node types ``_<g>x.x<nodes>`` span 2..N nodes of ``g`` GPUs.
+    """
     out = []
+    total = max(sum(m.capacity for m in inventory.models), 1)
     for model in inventory.models:
         counts = [len(n.devices) for n in model.nodes]
+        blocked = [len(n.devices) for n in model.unschedulable]
+        arch = _node_fact(model.nodes, "cpu_arch", _cpu_arch())
+        system = _node_fact(model.nodes, "os", platform.system().lower())
         types = []
         for i, size in enumerate(_sizes(counts)):
-            share = size / total
+            fitting = [n for n in model.nodes if len(n.devices) >= size]
+            cpu, memory, storage = _share(fitting, size, total)
             types.append(
                 InstanceType(
                     name=instance_type_name(provider, model.name, size),
                     value=f"{provider}.GPU.{model.name}",
                     gpu_count=size,
                     max_instances=sum(c // size for c in counts),
+                    unschedulable_capacity=sum(c // size for c in blocked) if model.source == "kubernetes" else None,
                     description=f"{size}x {model.product}",
                     default=i == 0,
-                    cpu_cores=max(1, int(cpus * share)),
-                    system_memory=f"{max(1, int(memory * share) // 1024**3)}G" if memory else None,
+                    cpu_cores=cpu,
+                    system_memory=memory,
+                    storage=storage,
                     gpu_memory=model.memory,
-                    cpu_arch=_cpu_arch(),
-                    os=platform.system().lower(),
+                    cpu_arch=arch,
+                    os=system,
                     driver_version=model.driver_version,
                 )
             )
+        if inventory.multi_node:
+            for per_node in sorted(set(counts)):
+                whole = [n for n in model.nodes if len(n.devices) == per_node]
+                cpu, memory, storage = _share(whole, per_node, total)
+                for nodes in range(2, len(whole) + 1):
+                    types.append(
+                        InstanceType(
+                            name=instance_type_name(provider, model.name, per_node, nodes),
+                            value=f"{provider}.GPU.{model.name}",
+                            gpu_count=per_node * nodes,
+                            nodes=nodes,
+                            max_instances=len(whole) // nodes,
+                            description=f"{nodes} nodes of {per_node}x {model.product}",
+                            cpu_cores=cpu * nodes,
+                            system_memory=memory,
+                            storage=storage,
+                            gpu_memory=model.memory,
+                            cpu_arch=arch,
+                            os=system,
+                            driver_version=model.driver_version,
+                        )
+                    )
         out.append(ClusterGpu(name=model.name, capacity=model.capacity, instance_types=tuple(types)))
     return tuple(out)
 

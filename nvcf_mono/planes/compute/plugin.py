@@ -22,6 +22,7 @@ from nvcf_mono.contracts import buckets, streams
 from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.planes.compute.agent import ClusterAgent
 from nvcf_mono.planes.compute.backends import COMPUTE_BACKENDS, Backend, BackendContext
+from nvcf_mono.planes.compute.backends.kubernetes import KubernetesProvider
 from nvcf_mono.planes.compute.backends.local import LocalProvider
 from nvcf_mono.planes.compute.config import ComputeConfig, Image, image_catalog
 from nvcf_mono.planes.compute.identity import cluster_ids, identity
@@ -47,11 +48,12 @@ class ComputePlane(BasePlugin[ComputeConfig]):
         ctx.declare_stream(streams.TERMINATE_STREAM)
         self.catalog = image_catalog(ctx.section("images"))
         ctx.extend(COMPUTE_BACKENDS, LocalProvider())
+        ctx.extend(COMPUTE_BACKENDS, KubernetesProvider())
 
     async def run(self, ctx: RunContext[ComputeConfig], *, task_status: TaskStatus[None]) -> None:
         config = self.config
         ids = cluster_ids(ctx.state_dir, config.clusters)
-        backends = self._backends(ctx)
+        backends = self._backends(ctx, ids)
         agents = [
             ClusterAgent(
                 bus=ctx.bus,
@@ -66,17 +68,18 @@ class ComputePlane(BasePlugin[ComputeConfig]):
             for cluster in config.clusters
         ]
         _metrics(ctx, agents)
-        try:
-            for agent in agents:
-                await agent.prepare()
-        except BusError as err:
-            raise PluginNotReady(f"the bus is not ready for the cluster agents: {err}") from err
         async with AsyncExitStack() as stack:
+            # Backends first: a Kubernetes cluster's GPUs are discovered through its backend.
             for backend in backends.values():
                 await stack.enter_async_context(backend)
+            try:
+                for agent in agents:
+                    await agent.prepare()
+            except BusError as err:
+                raise PluginNotReady(f"the bus is not ready for the cluster agents: {err}") from err
             await self._serve(ctx, agents, task_status)
 
-    def _backends(self, ctx: RunContext[ComputeConfig]) -> dict[str, Backend]:
+    def _backends(self, ctx: RunContext[ComputeConfig], ids: Mapping[str, str]) -> dict[str, Backend]:
         """One backend per name the clusters use, from the providers plugins contributed."""
         providers = {ext.value.name: ext.value for ext in ctx.services.extensions(COMPUTE_BACKENDS)}
         wanted = sorted({cluster.backend for cluster in self.config.clusters})
@@ -92,6 +95,7 @@ class ComputePlane(BasePlugin[ComputeConfig]):
             environ=dict(os.environ),  # noqa: TID251 - instance processes inherit the host's environment
             state_dir=ctx.state_dir,
             log=ctx.log,
+            cluster_ids=ids,
         )
         return {name: providers[name].create(made) for name in wanted}
 

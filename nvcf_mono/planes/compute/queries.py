@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from anyio.abc import TaskStatus
@@ -94,5 +93,6 @@ class Queries:
             inst = req.instance(query.instance_id)
             if inst is not None and inst.directory:
                 tail = max(0, min(query.tail, 4 * 1024 * 1024))
-                return AgentLogs(instance_id=inst.instance_id, logs=agent.backend.logs(Path(inst.directory), tail))
+                logs = await agent.backend.logs(agent.cluster_id, inst, tail)
+                return AgentLogs(instance_id=inst.instance_id, logs=logs)
         raise RpcError(404, f"instance {query.instance_id!r} is not on cluster {agent.ident.name}")

@@ -72,12 +72,25 @@ async def test_a_cluster_runs_on_the_backend_a_plugin_contributes(tmp_path: Path
 
 
 async def test_a_cluster_naming_an_unknown_backend_stops_the_host_with_a_clear_error(tmp_path: Path) -> None:
-    settings = {**FAST, "plugins.compute.clusters": json.dumps([cluster("local", CLUSTER_A, backend="kubernetes")])}
+    settings = {**FAST, "plugins.compute.clusters": json.dumps([cluster("local", CLUSTER_A, backend="pods")])}
     config = platform_config(tmp_path / "state", settings=settings)
     with pytest.raises(BaseException) as caught:
         async with running_host(config):
             pass
-    assert "no compute backend named 'kubernetes' (available: local" in _messages(caught.value)
+    assert "no compute backend named 'pods' (available: kubernetes, local" in _messages(caught.value)
+
+
+async def test_a_kubernetes_cluster_without_a_cluster_to_reach_stops_the_host_with_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    missing = tmp_path / "no-such-kubeconfig"
+    gpu_a = {**cluster("gpu-a", CLUSTER_A, backend="kubernetes"), "kubernetes": {"kubeconfig": str(missing)}}
+    settings = {**FAST, "plugins.compute.clusters": json.dumps([gpu_a])}
+    config = platform_config(tmp_path / "state", settings=settings)
+    with pytest.raises(BaseException) as caught:
+        async with running_host(config):
+            pass
+    assert f"cluster gpu-a: cannot configure a Kubernetes client from kubeconfig {missing}" in _messages(caught.value)
 
 
 def _messages(exc: BaseException) -> str:

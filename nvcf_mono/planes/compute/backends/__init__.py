@@ -12,7 +12,7 @@ compute plane contributes ``local`` itself.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol
@@ -22,7 +22,7 @@ import attrs
 from nvcf_mono.contracts.agent import AgentInstance, AgentLog, AgentProcess
 from nvcf_mono.contracts.messages import CreationMessage
 from nvcf_mono.planes.compute.config import ComputeConfig, Image
-from nvcf_mono.planes.compute.gpus import Allocation
+from nvcf_mono.planes.compute.gpus import Allocation, Inventory
 from nvcf_mono.planes.compute.health import LaunchFailure, Observation
 from nvcf_mono.services import ExtensionPoint
 
@@ -71,6 +71,16 @@ class Backend(Protocol):
     #: Registered with the cluster (``HelmMiniService``: the control plane may send Helm functions).
     capabilities: tuple[str, ...]
 
+    async def discover(self, cluster_id: str) -> Inventory | None:
+        """The cluster's GPUs as this backend sees them (a Kubernetes cluster's nodes); None: the agent's own
+        discovery (``nvidia-smi`` or the configured inventory).
+        """
+        ...
+
+    def kubernetes_version(self, cluster_id: str) -> str | None:
+        """The cluster's Kubernetes version, for its registration (None: not a Kubernetes cluster)."""
+        ...
+
     def refuse(self, message: CreationMessage) -> LaunchFailure | None:
         """A workload this backend cannot run at all (a Helm chart on the local backend)."""
         ...
@@ -95,16 +105,18 @@ class Backend(Protocol):
         """Forget it (after stop): free its ports, remove what should not outlive it."""
         ...
 
-    def logs(self, directory: Path, tail: int) -> tuple[AgentLog, ...]:
-        """The ends of an instance's logs."""
+    async def logs(self, cluster_id: str, instance: AgentInstance, tail: int) -> tuple[AgentLog, ...]:
+        """The ends of an instance's logs (``tail`` bytes each)."""
         ...
 
     def error_log(self, handle: InstanceHandle, source: str, limit: int) -> str:
         """The last ``limit`` bytes of the log that explains a failure (``source``: k8s, utils, init)."""
         ...
 
-    async def sweep(self, cluster_id: str, root: Path, keep: set[int]) -> list[str]:
-        """Stop this cluster's processes under ``root`` except ``keep`` (recorded pids); their instance ids."""
+    async def sweep(self, cluster_id: str, root: Path, keep: Sequence[AgentInstance]) -> list[str]:
+        """Stop what runs for this cluster that no record holds (``keep``: the recorded live instances);
+        the instance ids stopped.
+        """
         ...
 
     async def __aenter__(self) -> object: ...
@@ -123,6 +135,8 @@ class BackendContext:
     environ: Mapping[str, str]
     state_dir: Path
     log: logging.Logger
+    #: Cluster name -> cluster id, for every configured cluster.
+    cluster_ids: Mapping[str, str] = attrs.field(factory=dict)
 
 
 class BackendProvider(Protocol):

@@ -14,7 +14,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import final
@@ -39,6 +39,7 @@ from nvcf_mono.planes.compute.backends.local.environment import (
 from nvcf_mono.planes.compute.backends.local.images import LaunchError, resolve
 from nvcf_mono.planes.compute.backends.local.processes import Proc, exit_text, read_tail, spawn
 from nvcf_mono.planes.compute.config import HealthSettings, Image, LocalSettings
+from nvcf_mono.planes.compute.gpus import Inventory
 from nvcf_mono.planes.compute.health import Completion, LaunchFailure, Observation
 
 INFERENCE, WORKER = "inference", "worker"
@@ -498,7 +499,16 @@ class LocalBackend:
 
     # ---- logs --------------------------------------------------------------------------------------
 
-    def logs(self, directory: Path, tail: int) -> tuple[AgentLog, ...]:
+    async def discover(self, cluster_id: str) -> Inventory | None:
+        return None  # the agent's own: nvidia-smi, or the configured inventory
+
+    def kubernetes_version(self, cluster_id: str) -> str | None:
+        return None
+
+    async def logs(self, cluster_id: str, instance: AgentInstance, tail: int) -> tuple[AgentLog, ...]:
+        if not instance.directory:
+            return ()
+        directory = Path(instance.directory)
         out = []
         for role in (INFERENCE, WORKER):
             path = directory / LOGS[role]
@@ -514,7 +524,8 @@ class LocalBackend:
         role = WORKER if source in ("utils", "init") else INFERENCE
         return read_tail(inst.log_path(role), limit)
 
-    async def sweep(self, cluster_id: str, root: Path, keep: set[int]) -> list[str]:
+    async def sweep(self, cluster_id: str, root: Path, live: Sequence[AgentInstance]) -> list[str]:
+        keep = {p.pid for i in live for p in i.processes}
         found = await anyio.to_thread.run_sync(lambda: list(processes.cluster_processes(cluster_id, root)))
         mine = os.getpgrp()
         # A recorded process keeps its whole group (a server's own workers); anything else goes.

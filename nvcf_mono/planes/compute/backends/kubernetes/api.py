@@ -1,0 +1,291 @@
+"""One GPU cluster's Kubernetes API: its own client (never the global default), calls with deadlines,
+objects as plain dicts, and a watch-fed cache of the agent's pods.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from nvcf_mono.errors import NvcfMonoError
+from nvcf_mono.planes.compute.backends.kubernetes.manifests import ICMS_GROUP, ICMS_PLURAL, ICMS_VERSION
+from nvcf_mono.planes.compute.config import KubernetesSettings
+
+Obj = dict[str, Any]
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class KubeError(NvcfMonoError):
+    """A call to the Kubernetes API failed: ``status`` is its HTTP status (0: no answer)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def transient(self) -> bool:
+        return self.status in {0, 429} or self.status >= 500
+
+
+def _message(err: ApiException) -> str:
+    try:
+        body = json.loads(err.body or "{}")
+        return str(body.get("message") or err.reason)
+    except (ValueError, TypeError):
+        return str(err.reason or err)
+
+
+async def open_client(settings: KubernetesSettings) -> client.ApiClient:
+    """A client for the cluster: its kubeconfig (and context), or the pod's service account."""
+    try:
+        if settings.kubeconfig is not None:
+            return await config.new_client_from_config(
+                config_file=str(settings.kubeconfig), context=settings.context, persist_config=False
+            )
+        conf = client.Configuration()
+        config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
+        return client.ApiClient(configuration=conf)
+    except (config.ConfigException, OSError, KeyError, ValueError) as err:
+        where = f"kubeconfig {settings.kubeconfig}" if settings.kubeconfig else "the in-cluster service account"
+        raise KubeError(0, f"cannot configure a Kubernetes client from {where}: {err}") from err
+
+
+class Kube:
+    """The calls the backend makes, on one cluster."""
+
+    def __init__(self, api: client.ApiClient, settings: KubernetesSettings, log: logging.Logger) -> None:
+        self.api = api
+        self.settings = settings
+        self.namespace = settings.namespace
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.version_api = client.VersionApi(api)
+        self.log = log
+
+    async def _call(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Obj:
+        """One call with the API deadline; its JSON body as a dict."""
+        try:
+            with anyio.fail_after(self.settings.api_timeout):
+                resp = await fn(*args, _preload_content=False, **kwargs)
+                try:
+                    data = await resp.read()
+                finally:
+                    resp.release()
+        except ApiException as err:
+            raise KubeError(int(err.status or 0), _message(err)) from err
+        except TimeoutError as err:
+            raise KubeError(0, f"the Kubernetes API did not answer within {self.settings.api_timeout:g}s") from err
+        except OSError as err:  # aiohttp's connection errors are OSErrors
+            raise KubeError(0, f"cannot reach the Kubernetes API: {err}") from err
+        if not data:
+            return {}
+        parsed = json.loads(data)
+        return parsed if isinstance(parsed, dict) else {"value": parsed}
+
+    # ---- cluster -------------------------------------------------------------------------------
+
+    async def server_version(self) -> str | None:
+        try:
+            info = await self._call(self.version_api.get_code)
+        except KubeError:
+            return None
+        return str(info.get("gitVersion")) if info.get("gitVersion") else None
+
+    async def nodes(self) -> list[Obj]:
+        return list((await self._call(self.core.list_node)).get("items") or [])
+
+    async def label_node(self, name: str, labels: Mapping[str, str]) -> None:
+        await self._call(self.core.patch_node, name, {"metadata": {"labels": dict(labels)}}, _content_type=MERGE_PATCH)
+
+    async def ensure_namespace(self) -> None:
+        try:
+            await self._call(self.core.read_namespace, self.namespace)
+        except KubeError as err:
+            if err.status != 404:
+                raise
+            await self.create_tolerant(
+                self.core.create_namespace,
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}},
+            )
+
+    # ---- objects -------------------------------------------------------------------------------
+
+    async def create_tolerant(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Obj | None:
+        """Create; an object that exists already is fine (a retry, an agent restart): None then."""
+        try:
+            return await self._call(fn, *args)
+        except KubeError as err:
+            if err.status == 409:
+                return None
+            raise
+
+    async def create_pod(self, pod: Obj) -> Obj | None:
+        return await self.create_tolerant(self.core.create_namespaced_pod, self.namespace, pod)
+
+    async def create_secret(self, secret: Obj) -> Obj | None:
+        return await self.create_tolerant(self.core.create_namespaced_secret, self.namespace, secret)
+
+    async def delete_pod(self, name: str, grace: int) -> None:
+        await self._delete(self.core.delete_namespaced_pod, name, self.namespace, grace_period_seconds=grace)
+
+    async def delete_secret(self, name: str) -> None:
+        await self._delete(self.core.delete_namespaced_secret, name, self.namespace)
+
+    async def _delete(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> None:
+        try:
+            await self._call(fn, *args, **kwargs)
+        except KubeError as err:
+            if err.status != 404:
+                raise
+
+    async def pod_log(self, name: str, container: str, *, previous: bool, limit: int) -> str:
+        """The end of a container's log ('' when there is none)."""
+        try:
+            with anyio.fail_after(self.settings.api_timeout):
+                resp: Any = await self.core.read_namespaced_pod_log(
+                    name,
+                    self.namespace,
+                    container=container,
+                    previous=previous,
+                    tail_lines=200,
+                    _preload_content=False,
+                )
+                try:
+                    data = await resp.read()
+                finally:
+                    resp.release()
+        except (ApiException, TimeoutError, OSError):
+            return ""
+        return data.decode(errors="replace")[-limit:] if limit > 0 else ""
+
+    # ---- ICMSRequest ---------------------------------------------------------------------------
+
+    async def create_request(self, body: Obj) -> Obj:
+        """Create the ICMSRequest, or read it back when it exists already."""
+        name = body["metadata"]["name"]
+        created = await self.create_tolerant(
+            self.custom.create_namespaced_custom_object, ICMS_GROUP, ICMS_VERSION, self.namespace, ICMS_PLURAL, body
+        )
+        if created is not None:
+            return created
+        return await self._call(
+            self.custom.get_namespaced_custom_object, ICMS_GROUP, ICMS_VERSION, self.namespace, ICMS_PLURAL, name
+        )
+
+    async def patch_request_status(self, name: str, status: Obj) -> None:
+        await self._call(
+            self.custom.patch_namespaced_custom_object_status,
+            ICMS_GROUP,
+            ICMS_VERSION,
+            self.namespace,
+            ICMS_PLURAL,
+            name,
+            {"status": status},
+            _content_type=MERGE_PATCH,
+        )
+
+    async def delete_request(self, name: str) -> None:
+        await self._delete(
+            self.custom.delete_namespaced_custom_object, ICMS_GROUP, ICMS_VERSION, self.namespace, ICMS_PLURAL, name
+        )
+
+
+class PodCache:
+    """The agent's pods in its namespace, kept current by a list and then a watch (relisted on errors)."""
+
+    def __init__(self, kube: Kube, selector: Mapping[str, str]) -> None:
+        self._kube = kube
+        self._selector = dict(selector)
+        self.pods: dict[str, Obj] = {}
+        self.synced = anyio.Event()
+        #: Set (and replaced) on every change, for whoever waits for one.
+        self._changed = anyio.Event()
+
+    def _mine(self, pod: Mapping[str, Any]) -> bool:
+        # The selector is also sent to the server; checked again here so a server that ignores it is harmless.
+        labels = pod.get("metadata", {}).get("labels") or {}
+        return all(labels.get(k) == v for k, v in self._selector.items())
+
+    def get(self, name: str) -> Obj | None:
+        return self.pods.get(name)
+
+    async def changed(self, timeout: float) -> None:
+        """Wait for the next change (or ``timeout`` seconds)."""
+        event = self._changed
+        with anyio.move_on_after(timeout):
+            await event.wait()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def apply(self, kind: str, pod: Obj) -> None:
+        name = pod.get("metadata", {}).get("name")
+        if not name or not self._mine(pod):
+            return
+        if kind == "DELETED":
+            self.pods.pop(name, None)
+        elif kind in ("ADDED", "MODIFIED"):
+            self.pods[name] = pod
+        self._notify()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """List, then watch, forever; ready at once (``synced`` tells when the first list arrived)."""
+        task_status.started()
+        kube = self._kube
+        selector = ",".join(f"{k}={v}" for k, v in self._selector.items())
+        pause = 0.2
+        while True:
+            try:
+                listing = await kube._call(kube.core.list_namespaced_pod, kube.namespace, label_selector=selector)
+                self.pods = {p["metadata"]["name"]: p for p in listing.get("items") or [] if self._mine(p)}
+                self.synced.set()
+                self._notify()
+                version = (listing.get("metadata") or {}).get("resourceVersion")
+                await self._watch(selector, version)
+                pause = 0.2
+            except KubeError as err:
+                kube.log.warning("watching pods in %s failed (%s); again in %.1fs", kube.namespace, err, pause)
+                await anyio.sleep(pause)
+                pause = min(pause * 2, 10.0)
+
+    async def _watch(self, selector: str, version: str | None) -> None:
+        kube = self._kube
+        timeout = int(kube.settings.watch_timeout)
+        kwargs: dict[str, Any] = {"label_selector": selector, "watch": True, "timeout_seconds": timeout}
+        if version and version.isdigit():
+            kwargs["resource_version"] = version
+        try:
+            with anyio.fail_after(kube.settings.api_timeout):
+                resp: Any = await kube.core.list_namespaced_pod(kube.namespace, _preload_content=False, **kwargs)
+        except ApiException as err:
+            raise KubeError(int(err.status or 0), _message(err)) from err
+        except (TimeoutError, OSError) as err:
+            raise KubeError(0, f"cannot start a watch: {err}") from err
+        try:
+            # The server ends the watch after ``timeout``; a silent, dead connection ends here too.
+            with anyio.move_on_after(timeout + kube.settings.api_timeout):
+                async for line in resp.content:
+                    if not line.strip():
+                        continue
+                    try:
+                        event = json.loads(line)
+                    except ValueError:
+                        continue
+                    kind, obj = event.get("type"), event.get("object") or {}
+                    if kind == "ERROR":
+                        return  # e.g. 410 Gone: relist
+                    if kind == "BOOKMARK":
+                        continue
+                    self.apply(str(kind), obj)
+        except (OSError, anyio.EndOfStream) as err:
+            raise KubeError(0, f"the pod watch broke: {err}") from err
+        finally:
+            resp.release()

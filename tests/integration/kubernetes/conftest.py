@@ -1,0 +1,188 @@
+"""The Kubernetes backend against an emulated Kubernetes API server.
+
+No Kubernetes cluster exists here, so the API server is kmock's stateful emulator (a real HTTP
+server keeping objects in memory, with lists and watches), made a little more like a real server:
+it gives objects a uid, a creation time and a resource version, and starts pods Pending. Nothing runs
+the pods: a test plays the scheduler and the kubelet by writing pod statuses through the API, which
+the backend sees through its watch like any status change. Every object the backend creates is
+checked against the Kubernetes OpenAPI schemas (``kubernetes-validate``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kmock
+import kubernetes_validate
+import yaml
+
+#: The Kubernetes version whose schemas the objects are checked against.
+SCHEMA_VERSION = "1.33.0"
+NAMESPACE = "nvcf-backend"
+
+_BUILT_IN = ("v1/pods", "v1/secrets", "v1/namespaces", "v1/nodes", "v1/events")
+_CUSTOM = ("nvca.nvcf.nvidia.io/v2beta1/icmsrequests", "resource.nvidia.com/v1beta1/computedomains")
+
+
+def stamp(seconds_ago: float = 0.0) -> str:
+    return (datetime.now(UTC) - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ApiServer(kmock.KubernetesEmulator):
+    """kmock's emulator with the server-set metadata a real API server adds on create."""
+
+    _versions = itertools.count(1)
+
+    async def _handle(self, request: Any) -> Any:
+        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", stamp())
+            meta["resourceVersion"] = str(next(self._versions))
+            if request.data.get("kind") == "Pod":
+                request.data.setdefault("status", {"phase": "Pending"})
+        return await super()._handle(request)
+
+
+class Cluster:
+    """The emulated cluster as a test drives it: nodes, pod statuses, and what the backend created."""
+
+    def __init__(self, server: ApiServer, url: str, kubeconfig: Path) -> None:
+        self.server = server
+        self.url = url
+        self.kubeconfig = kubeconfig
+
+    async def _request(self, method: str, path: str, body: Any = None, content_type: str | None = None) -> Any:
+        headers = {"Content-Type": content_type} if content_type else {}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.request(
+                method, self.url + path, data=json.dumps(body) if body is not None else None, headers=headers
+            ) as resp,
+        ):
+            text = await resp.text()
+            assert resp.status < 300, f"{method} {path}: {resp.status} {text}"
+            return json.loads(text) if text else None
+
+    async def add_node(
+        self,
+        name: str,
+        product: str | None,
+        gpus: int,
+        *,
+        ready: bool = True,
+        cpu: str = "96",
+        memory: str = "1024Gi",
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
+        node_labels = {"kubernetes.io/hostname": name, **(labels or {})}
+        if product is not None:
+            node_labels |= {
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.product": product,
+                "nvidia.com/gpu.memory": "81559",
+                "nvidia.com/cuda.driver.major": "555",
+                "nvidia.com/cuda.driver.minor": "42",
+                "nvidia.com/cuda.driver.rev": "06",
+            }
+        allocatable = {"cpu": cpu, "memory": memory, "ephemeral-storage": "1000Gi", "pods": "110"}
+        if gpus:
+            allocatable["nvidia.com/gpu"] = str(gpus)
+        await self._request(
+            "POST",
+            "/api/v1/nodes",
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "labels": node_labels},
+                "spec": {},
+                "status": {
+                    "allocatable": allocatable,
+                    "capacity": allocatable,
+                    "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+                    "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"},
+                },
+            },
+        )
+
+    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> None:
+        await self._request("PATCH", f"/api/v1/nodes/{name}", patch, "application/merge-patch+json")
+
+    async def set_pod_status(self, name: str, status: Mapping[str, Any]) -> None:
+        """Play the kubelet: replace a pod's status (through the API, so watches see it)."""
+        await self._request(
+            "PATCH",
+            f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/status",
+            {"status": dict(status)},
+            "application/merge-patch+json",
+        )
+
+    async def delete_pod(self, name: str) -> None:
+        await self._request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+
+    def objects(self, resource: str, namespace: str | None = NAMESPACE) -> dict[str, dict[str, Any]]:
+        """Name -> object of what exists now (``v1/pods``, ``nvca.nvcf.nvidia.io/v2beta1/icmsrequests``)."""
+        wanted = kmock.resource(resource)
+        out = {}
+        for (res, ns, name), obj in self.server.objects.items():
+            if res == wanted and ns == namespace and not obj.deleted:
+                out[name] = dict(obj.raw)
+        return out
+
+    def created(self, resource: str) -> list[dict[str, Any]]:
+        """Every object of ``resource`` ever created (as created), also the deleted ones."""
+        wanted = kmock.resource(resource)
+        return [
+            dict(obj.history[0].raw)
+            for (res, _, _), obj in self.server.objects.items()
+            if res == wanted and obj.history and obj.history[0] is not None
+        ]
+
+
+def validate(obj: Mapping[str, Any]) -> None:
+    """Check a built-in object against the Kubernetes OpenAPI schema (strict: unknown fields fail)."""
+    kubernetes_validate.validate(dict(obj), SCHEMA_VERSION, strict=True)
+
+
+def kubeconfig(path: Path, url: str) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "emulated", "cluster": {"server": url}}],
+                "users": [{"name": "agent", "user": {"token": "test"}}],
+                "contexts": [{"name": "emulated", "context": {"cluster": "emulated", "user": "agent"}}],
+                "current-context": "emulated",
+            }
+        )
+    )
+    return path
+
+
+@asynccontextmanager
+async def emulated_cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    """An emulated Kubernetes API server on 127.0.0.1 and a kubeconfig for it (use inside the test body)."""
+    async with ApiServer() as server, kmock.Server(server) as http:
+        for name in _BUILT_IN + _CUSTOM:
+            server.resources[name] = kmock.ResourceInfo(namespaced=not name.endswith(("nodes", "namespaces")))
+        url = str(http.url).rstrip("/")
+        yield Cluster(server, url, kubeconfig(tmp_path / "kubeconfig", url))
+
+
+def k8s_cluster(name: str, cluster_id: str, kubeconfig_path: Path, **kube: Any) -> dict[str, Any]:
+    """A cluster setting on the Kubernetes backend with short health timeouts."""
+    return {
+        "name": name,
+        "id": cluster_id,
+        "backend": "kubernetes",
+        "kubernetes": {"kubeconfig": str(kubeconfig_path), "api_timeout": "5", **kube},
+    }

@@ -1,0 +1,248 @@
+"""The all-in-one platform with a cluster on the Kubernetes backend, against the emulated API server.
+
+The real control plane places instances, the real agent takes the creation messages from JetStream
+and creates the objects; the test plays the kubelet. Nothing in the pods runs (there are no nodes),
+so what is checked is what the agent creates, how it reads pod states, and what it reports.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+from nvcf_mono.testing.platform import wait_for
+from tests.integration.compute.conftest import (
+    compute_platform,
+    create,
+    deploy,
+    function,
+    instances,
+    running,
+    spec,
+    wait_status,
+)
+from tests.integration.kubernetes.conftest import Cluster, emulated_cluster, k8s_cluster, stamp, validate
+
+CLUSTER = str(uuid.uuid4())
+CLUSTERS = "/v1/accounts/nvcf-default/clusters"
+IMAGE = "nvcr.io/acme/echo:1"
+PODS = "v1/pods"
+REQUESTS = "nvca.nvcf.nvidia.io/v2beta1/icmsrequests"
+
+
+async def gpu_nodes(kc: Cluster) -> None:
+    await kc.add_node("h100-a", "NVIDIA-H100-80GB-HBM3", 8)
+    await kc.add_node("h100-b", "NVIDIA-H100-80GB-HBM3", 8)
+    await kc.add_node("l40s-a", "NVIDIA-L40S", 4)
+    await kc.add_node("l40s-b", "NVIDIA-L40S", 4, ready=False)
+    await kc.add_node("system", None, 0)
+
+
+async def registered(p: Any, want: dict[str, int]) -> dict[str, Any]:
+    """The cluster's registration once its GPU capacities are ``want``."""
+
+    async def probe() -> dict[str, Any] | None:
+        reply = await p.admin.get(f"{CLUSTERS}/{CLUSTER}")
+        if reply.status != 200:
+            return None
+        gpus = {g["name"]: g for g in reply.json.get("gpus", [])}
+        return reply.json if {n: g["capacity"] for n, g in gpus.items()} == want else None
+
+    return await wait_for(probe, timeout=15, what=f"registration with {want}")
+
+
+async def one_pod(kc: Cluster, timeout: float = 20) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
+        pods = kc.objects(PODS)
+        return next(iter(pods.values())) if pods else None
+
+    return await wait_for(probe, timeout=timeout, what="the instance's pod")
+
+
+def ready_status() -> dict[str, Any]:
+    return {
+        "phase": "Running",
+        "startTime": stamp(5),
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Initialized", "status": "True"},
+            {"type": "Ready", "status": "True"},
+        ],
+        "containerStatuses": [
+            {"name": "inference", "ready": True, "restartCount": 0, "state": {"running": {"startedAt": stamp(4)}}},
+            {"name": "utils", "ready": True, "restartCount": 0, "state": {"running": {"startedAt": stamp(4)}}},
+        ],
+    }
+
+
+async def test_gpu_nodes_register_instance_types_and_a_gpu_change_registers_again(tmp_path: Path) -> None:
+    async with emulated_cluster(tmp_path) as kc:
+        await gpu_nodes(kc)
+        clusters = [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig)]
+        async with compute_platform(tmp_path, clusters, **{"plugins.compute.inventory_interval": "0.5"}) as p:
+            first = await registered(p, {"H100": 16, "L40S": 4})
+            types = {t["name"]: t for g in first["gpus"] for t in g["instanceTypes"]}
+            assert {n: t["maxInstances"] for n, t in types.items()} == {
+                "ON-PREM.GPU.H100_1x": 16,
+                "ON-PREM.GPU.H100_2x": 8,
+                "ON-PREM.GPU.H100_4x": 4,
+                "ON-PREM.GPU.H100_8x": 2,
+                "ON-PREM.GPU.H100_8x.x2": 1,
+                "ON-PREM.GPU.L40S_1x": 4,
+                "ON-PREM.GPU.L40S_2x": 2,
+                "ON-PREM.GPU.L40S_4x": 1,
+            }
+            assert types["ON-PREM.GPU.L40S_1x"]["unschedulableCapacity"] == 4
+            assert types["ON-PREM.GPU.H100_1x"]["cpuCores"] == 12
+            # Every GPU node carries its instance-type label, which instance pods require.
+            nodes = kc.objects("v1/nodes", None)
+            assert nodes["h100-a"]["metadata"]["labels"]["nvca.nvcf.nvidia.io/instance-type"] == "ON-PREM.GPU.H100"
+            assert nodes["l40s-b"]["metadata"]["labels"]["nvca.nvcf.nvidia.io/instance-type"] == "ON-PREM.GPU.L40S"
+            assert "nvca.nvcf.nvidia.io/instance-type" not in nodes["system"]["metadata"]["labels"]
+
+            # The not-Ready node comes back and another loses half its GPUs: registered again.
+            await kc.patch_node("l40s-b", {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+            await kc.patch_node("h100-b", {"status": {"allocatable": {"nvidia.com/gpu": "4"}}})
+            again = await registered(p, {"H100": 12, "L40S": 8})
+            types = {t["name"]: t["maxInstances"] for g in again["gpus"] for t in g["instanceTypes"]}
+            assert types["ON-PREM.GPU.H100_8x"] == 1 and types["ON-PREM.GPU.H100_4x"] == 3
+            assert "ON-PREM.GPU.H100_8x.x2" not in types
+
+
+async def test_a_function_instance_is_a_pod_that_runs_when_ready_and_goes_when_undeployed(tmp_path: Path) -> None:
+    async with emulated_cluster(tmp_path) as kc:
+        await gpu_nodes(kc)
+        async with compute_platform(tmp_path, [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig)]) as p:
+            await registered(p, {"H100": 16, "L40S": 4})
+            fid, _, d = await create(p.admin, function("on-k8s", containerImage=IMAGE))
+            await deploy(p.admin, d, spec("H100", size=2))
+            pod = await one_pod(kc)
+            name = pod["metadata"]["name"]
+            (request,) = kc.objects(REQUESTS).values()
+            assert name == f"0-{request['metadata']['name']}"
+            assert request["spec"]["functionDetails"]["functionId"] == fid
+            assert pod["metadata"]["ownerReferences"][0]["uid"] == request["metadata"]["uid"]
+            inference = pod["spec"]["containers"][0]
+            assert (inference["name"], inference["image"]) == ("inference", IMAGE)
+            assert inference["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+            terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["ON-PREM.GPU.H100"]
+            for created in [*kc.created(PODS), *kc.created("v1/secrets")]:
+                validate(created)
+
+            # Scheduled, pulled, ready: the instance runs and the function is ACTIVE.
+            (view,) = await instances(p.bus, CLUSTER)
+            assert view.instance.state == "starting"
+            await kc.set_pod_status(name, ready_status())
+            (view,) = await running(p.bus, CLUSTER)
+            assert view.instance.instance_id == name and view.function_id == fid
+            await wait_status(p.admin, d, "ACTIVE")
+
+            async def request_running() -> bool:
+                (req,) = kc.objects(REQUESTS).values()
+                status = req.get("status", {})
+                return status.get("instances", {}).get(name, {}).get("status") == "running"
+
+            await wait_for(request_running, timeout=10, what="the ICMSRequest's status")
+
+            # Undeployed: the pod, its secret and its request go; the agent reports it terminated by the user.
+            reply = await p.admin.delete(d)
+            assert reply.status == 200, reply.body
+
+            async def gone() -> bool:
+                return not kc.objects(PODS) and not kc.objects("v1/secrets") and not kc.objects(REQUESTS)
+
+            await wait_for(gone, timeout=20, what="the pod, its secret and its ICMSRequest deleted")
+
+            async def reported() -> Any:
+                views = await instances(p.bus, CLUSTER, finished=True)
+                done = [v for v in views if v.instance.instance_id == name and v.instance.state == "terminated"]
+                return done[0] if done else None
+
+            done = await wait_for(reported, timeout=15, what="the instance reported terminated")
+            assert done.instance.status == "instance-terminated-by-user"
+
+
+async def test_an_image_that_cannot_be_pulled_fails_the_instance_and_its_pod_is_deleted(tmp_path: Path) -> None:
+    async with emulated_cluster(tmp_path) as kc:
+        await gpu_nodes(kc)
+        clusters = [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig, image_pull_timeout="1")]
+        async with compute_platform(tmp_path, clusters) as p:
+            await registered(p, {"H100": 16, "L40S": 4})
+            _, _, d = await create(p.admin, function("bad-image", containerImage="nvcr.io/acme/missing:0"))
+            await deploy(p.admin, d, spec("H100"))
+            pod = await one_pod(kc)
+            name = pod["metadata"]["name"]
+            message = 'failed to pull image "nvcr.io/acme/missing:0": not found'
+            await kc.set_pod_status(
+                name,
+                {
+                    "phase": "Pending",
+                    "startTime": stamp(3),
+                    "conditions": [{"type": "PodScheduled", "status": "True"}],
+                    "containerStatuses": [
+                        {
+                            "name": "inference",
+                            "ready": False,
+                            "restartCount": 0,
+                            "state": {"waiting": {"reason": "ImagePullBackOff", "message": message}},
+                        }
+                    ],
+                },
+            )
+
+            async def failed() -> Any:
+                views = await instances(p.bus, CLUSTER, finished=True)
+                bad = [v for v in views if v.instance.instance_id == name and v.instance.state == "image-pull-issues"]
+                return bad[0] if bad else None
+
+            view = await wait_for(failed, timeout=15, what="image-pull-issues")
+            assert view.instance.status == "instance-terminated-by-service"
+            assert view.instance.termination_cause == "image-pull-issues"
+            assert view.instance.error_log is not None and "ImagePullBackOff" in view.instance.error_log
+
+            async def deleted() -> bool:
+                return name not in kc.objects(PODS)
+
+            await wait_for(deleted, timeout=10, what="the failed pod deleted")
+
+
+async def test_a_pod_that_does_not_fit_is_no_capacity_and_a_vanished_pod_is_not_found(tmp_path: Path) -> None:
+    async with emulated_cluster(tmp_path) as kc:
+        await gpu_nodes(kc)
+        clusters = [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig, scheduling_timeout="1")]
+        async with compute_platform(tmp_path, clusters) as p:
+            await registered(p, {"H100": 16, "L40S": 4})
+            _, _, d = await create(p.admin, function("no-room", containerImage=IMAGE))
+            await deploy(p.admin, d, spec("L40S"))
+            name = (await one_pod(kc))["metadata"]["name"]
+            unschedulable = {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "lastTransitionTime": stamp(2),
+                "message": "0/5 nodes are available: 4 Insufficient nvidia.com/gpu.",
+            }
+            await kc.set_pod_status(name, {"phase": "Pending", "conditions": [unschedulable]})
+
+            async def ended(instance_id: str, state: str) -> Any:
+                views = await instances(p.bus, CLUSTER, finished=True)
+                hit = [v for v in views if v.instance.instance_id == instance_id and v.instance.state == state]
+                return hit[0] if hit else None
+
+            view = await wait_for(
+                lambda: ended(name, "instance-terminated-no-capacity"), timeout=15, what="no-capacity"
+            )
+            assert "Insufficient nvidia.com/gpu" in (view.instance.error_log or "")
+
+            # The control plane asks for a replacement; someone deletes its pod by hand.
+            async def replacement() -> str | None:
+                names = [n for n in kc.objects(PODS) if n != name]
+                return names[0] if names else None
+
+            second = await wait_for(replacement, timeout=20, what="a replacement pod")
+            await kc.set_pod_status(second, ready_status())
+            await running(p.bus, CLUSTER)
+            await kc.delete_pod(second)
+            await wait_for(lambda: ended(second, "instance-not-found"), timeout=15, what="instance-not-found")
