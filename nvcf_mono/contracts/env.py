@@ -39,6 +39,7 @@ INFERENCE_HEALTH_EXPECTED_RESPONSE_CODE = "INFERENCE_HEALTH_EXPECTED_RESPONSE_CO
 INFERENCE_HEALTH_TIMEOUT = "INFERENCE_HEALTH_TIMEOUT"
 MAX_REQUEST_CONCURRENCY = "MAX_REQUEST_CONCURRENCY"
 NVCF_WORKER_TOKEN = "NVCF_WORKER_TOKEN"
+CONTAINER_REGISTRIES_CREDENTIALS = "CONTAINER_REGISTRIES_CREDENTIALS"
 NVCF_FQDN_GRPC = "NVCF_FQDN_GRPC"
 NCA_ID = "NCA_ID"
 FUNCTION_ID = "FUNCTION_ID"
@@ -96,6 +97,13 @@ CONTRACT: tuple[Var, ...] = (
     Var(INFERENCE_HEALTH_TIMEOUT, CP, WORKER, "10", "Seconds one health check may take."),
     Var(MAX_REQUEST_CONCURRENCY, CP, WORKER, "1", "Requests the instance serves at once."),
     Var(NVCF_WORKER_TOKEN, CP, "worker (never the inference process)", "-", "Per-instance token for ConnectOnce."),
+    Var(
+        CONTAINER_REGISTRIES_CREDENTIALS,
+        CP,
+        AGENT,
+        "-",
+        "The account's credentials for the image's registry (base64 JSON {k8sSecrets: [{auths}]}): a pull secret.",
+    ),
     Var(NVCF_FQDN_GRPC, CP, WORKER, "-", "host:port of the WorkerService (invocation plane gRPC)."),
     Var(NCA_ID, CP, "worker, agent", "-", "The function's account."),
     Var(FUNCTION_ID, CP, "worker, agent", "-", "Function id."),

@@ -79,6 +79,11 @@ class KubernetesSettings:
     init_timeout: Seconds = setting(
         7200.0, doc="A pod not initialized this long is init-container-stuck.", check=positive
     )
+    stop_instances_on_shutdown: bool = setting(
+        False,
+        doc="Delete the cluster's pods when the agent stops. false (NVCA's way): pods outlive an agent restart or "
+        "upgrade, and the next agent takes them over.",
+    )
     label_nodes: bool = setting(
         True, doc="Label GPU nodes nvca.nvcf.nvidia.io/instance-type=<PROVIDER>.GPU.<GPU> (pods require it)."
     )
@@ -185,6 +190,13 @@ class LocalSettings:
         doc="Tasks: once the task's process ended, how long its worker may take to upload the last results.",
         check=positive,
     )
+
+
+def stops_instances_on_shutdown(cluster: ClusterSettings, local: LocalSettings) -> bool:
+    """Whether the agent of ``cluster`` stops its instances when the host stops."""
+    if cluster.backend == "kubernetes":
+        return cluster.kubernetes.stop_instances_on_shutdown
+    return local.stop_instances_on_shutdown
 
 
 @attrs.frozen(kw_only=True)

@@ -24,7 +24,7 @@ from nvcf_mono.planes.compute.agent import ClusterAgent
 from nvcf_mono.planes.compute.backends import COMPUTE_BACKENDS, Backend, BackendContext
 from nvcf_mono.planes.compute.backends.kubernetes import KubernetesProvider
 from nvcf_mono.planes.compute.backends.local import LocalProvider
-from nvcf_mono.planes.compute.config import ComputeConfig, Image, image_catalog
+from nvcf_mono.planes.compute.config import ComputeConfig, Image, image_catalog, stops_instances_on_shutdown
 from nvcf_mono.planes.compute.identity import cluster_ids, identity
 from nvcf_mono.plugin import BasePlugin, PluginNotReady, PluginSpec, RunContext, SetupContext
 
@@ -113,7 +113,11 @@ class ComputePlane(BasePlugin[ComputeConfig]):
                 async with anyio.create_task_group() as stops:
                     for agent in agents:
                         stops.start_soon(
-                            partial(agent.shutdown, stop_instances=config.local.stop_instances_on_shutdown, grace=grace)
+                            partial(
+                                agent.shutdown,
+                                stop_instances=stops_instances_on_shutdown(agent.cluster, config.local),
+                                grace=grace,
+                            )
                         )
             tg.cancel_scope.cancel()
 

@@ -7,6 +7,7 @@ import binascii
 import re
 
 from nvcf_mono.auth.secret import Keyring
+from nvcf_mono.contracts import pull_credentials
 from nvcf_mono.models.secret import ArtifactType, RecognizedRegistry, StoredRegistryCredential
 from nvcf_mono.planes.control.store import ControlStore
 
@@ -117,3 +118,17 @@ def credentials_for(
     key, stored = found
     value = keyring.box.open(stored.sealed_secret, aad=key).decode()
     return decode_basic(value)
+
+
+def pull_credentials_for(store: ControlStore, keyring: Keyring, nca_id: str, image: str | None) -> str | None:
+    """``CONTAINER_REGISTRIES_CREDENTIALS`` for an instance of ``image``: the account's CONTAINER credential for
+    the image's registry, or None (a public image, or nothing stored).
+    """
+    if not image:
+        return None
+    host = pull_credentials.image_registry(image)
+    try:
+        found = credentials_for(store, keyring, nca_id, host, ArtifactType.CONTAINER)
+    except ValueError:  # a stored secret that does not decode: pulling goes without it, and says why
+        return None
+    return pull_credentials.encode(host, *found) if found is not None else None

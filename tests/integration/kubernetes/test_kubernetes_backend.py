@@ -7,6 +7,8 @@ so what is checked is what the agent creates, how it reads pod states, and what 
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -246,3 +248,107 @@ async def test_a_pod_that_does_not_fit_is_no_capacity_and_a_vanished_pod_is_not_
             await running(p.bus, CLUSTER)
             await kc.delete_pod(second)
             await wait_for(lambda: ended(second, "instance-not-found"), timeout=15, what="instance-not-found")
+
+
+async def test_the_accounts_registry_credential_becomes_the_pods_pull_secret(tmp_path: Path) -> None:
+    async with emulated_cluster(tmp_path) as kc:
+        await gpu_nodes(kc)
+        async with compute_platform(tmp_path, [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig)]) as p:
+            await registered(p, {"H100": 16, "L40S": 4})
+            secret = base64.b64encode(b"$oauthtoken:nvapi-KEY-0001").decode()
+            stored = await p.admin.post(
+                "/v2/nvcf/registry-credentials",
+                {
+                    "registryHostname": "nvcr.io",
+                    "secret": {"name": "ngc", "value": secret},
+                    "artifactTypes": ["CONTAINER"],
+                },
+            )
+            assert stored.status == 200, stored.body
+            _, _, d = await create(p.admin, function("private", containerImage=IMAGE))
+            await deploy(p.admin, d, spec("H100"))
+            pod = await one_pod(kc)
+            pulls = [s["name"] for s in pod["spec"]["imagePullSecrets"]]
+            regcred = kc.objects("v1/secrets")[pulls[0]]
+            assert regcred["type"] == "kubernetes.io/dockerconfigjson"
+            config = json.loads(base64.b64decode(regcred["data"][".dockerconfigjson"]))
+            assert base64.b64decode(config["auths"]["nvcr.io"]["auth"]) == b"$oauthtoken:nvapi-KEY-0001"
+            # Never in the pod spec nor in the ICMSRequest, which more people may read.
+            (request,) = kc.objects(REQUESTS).values()
+            assert b"nvapi-KEY-0001" not in json.dumps([pod, request]).encode()
+            assert secret not in json.dumps([pod, request])
+
+
+async def test_a_task_runs_once_in_a_pod_with_its_worker_as_a_sidecar_and_completes_with_its_exit_code(
+    tmp_path: Path,
+) -> None:
+    async with emulated_cluster(tmp_path) as kc:
+        await gpu_nodes(kc)
+        async with compute_platform(tmp_path, [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig)]) as p:
+            await registered(p, {"H100": 16, "L40S": 4})
+            made = await p.admin.post(
+                "/v1/nvct/tasks",
+                {
+                    "name": "train",
+                    "containerImage": "nvcr.io/acme/train:1",
+                    "gpuSpecification": {"gpu": "H100", "instanceType": "ON-PREM.GPU.H100_1x"},
+                    "maxRuntimeDuration": "PT1H",
+                },
+            )
+            assert made.status == 200, made.body
+            task_id = made.json["task"]["id"]
+            pod = await one_pod(kc)
+            validate(pod)
+            assert pod["spec"]["restartPolicy"] == "Never"
+            assert pod["spec"]["activeDeadlineSeconds"] == 3600
+            assert [c["name"] for c in pod["spec"]["containers"]] == ["task"]
+            (utils,) = pod["spec"]["initContainers"]
+            assert (utils["name"], utils["restartPolicy"]) == ("utils", "Always")
+            assert pod["metadata"]["labels"]["nvca.nvcf.nvidia.io/task-id"] == task_id
+            name = pod["metadata"]["name"]
+            ended = {
+                "phase": "Failed",
+                "startTime": stamp(5),
+                "containerStatuses": [
+                    {"name": "task", "restartCount": 0, "state": {"terminated": {"exitCode": 2, "reason": "Error"}}}
+                ],
+            }
+            await kc.set_pod_status(name, ended)
+
+            async def finished() -> Any:
+                views = await instances(p.bus, CLUSTER, finished=True)
+                done = [v for v in views if v.instance.instance_id == name and v.instance.state == "failed"]
+                return done[0] if done else None
+
+            view = await wait_for(finished, timeout=15, what="the task's instance failed")
+            assert view.instance.termination_cause == "task-failed"
+            assert "exited with code 2" in (view.instance.error_log or "")
+
+            async def task_errored() -> Any:
+                task = (await p.admin.get(f"/v1/nvct/tasks/{task_id}")).json["task"]
+                return task if task["status"] == "ERRORED" else None
+
+            await wait_for(task_errored, timeout=15, what="the task ERRORED")
+
+
+async def test_pods_outlive_an_agent_restart_and_the_next_agent_takes_them_over(tmp_path: Path) -> None:
+    async with emulated_cluster(tmp_path) as kc:
+        await gpu_nodes(kc)
+        clusters = [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig)]
+        async with compute_platform(tmp_path, clusters) as p:
+            await registered(p, {"H100": 16, "L40S": 4})
+            _, _, d = await create(p.admin, function("long-lived", containerImage=IMAGE))
+            await deploy(p.admin, d, spec("H100"))
+            pod = await one_pod(kc)
+            await kc.set_pod_status(pod["metadata"]["name"], ready_status())
+            (before,) = await running(p.bus, CLUSTER)
+        # The agent stopped; its pod did not.
+        (left,) = kc.objects(PODS).values()
+        assert left["metadata"]["uid"] == pod["metadata"]["uid"]
+        async with compute_platform(tmp_path, clusters) as p:
+            (after,) = await running(p.bus, CLUSTER)
+            assert after.instance.instance_id == before.instance.instance_id
+            await wait_status(p.admin, d, "ACTIVE")
+            (still,) = kc.objects(PODS).values()
+            assert still["metadata"]["uid"] == pod["metadata"]["uid"]  # taken over, not created again
+            assert len(kc.created(PODS)) == 1

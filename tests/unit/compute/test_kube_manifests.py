@@ -19,6 +19,7 @@ import yaml
 from nvcf_mono.contracts import env
 from nvcf_mono.contracts.messages import Action, CreationMessage, FunctionDetails, LaunchSpecification, TaskDetails
 from nvcf_mono.planes.compute.backends import LaunchSpec
+from nvcf_mono.contracts import pull_credentials
 from nvcf_mono.planes.compute.backends.kubernetes import manifests
 from nvcf_mono.planes.compute.config import KubernetesSettings, Toleration
 
@@ -147,10 +148,10 @@ def test_the_pull_secret_keeps_only_the_image_registry() -> None:
 
 
 def test_image_registries() -> None:
-    assert manifests.image_registry("nvcr.io/acme/x:1") == "nvcr.io"
-    assert manifests.image_registry("localhost:5000/x") == "localhost:5000"
-    assert manifests.image_registry("ubuntu:24.04") == "docker.io"
-    assert manifests.image_registry("library/ubuntu") == "docker.io"
+    assert pull_credentials.image_registry("nvcr.io/acme/x:1") == "nvcr.io"
+    assert pull_credentials.image_registry("localhost:5000/x") == "localhost:5000"
+    assert pull_credentials.image_registry("ubuntu:24.04") == "docker.io"
+    assert pull_credentials.image_registry("library/ubuntu") == "docker.io"
 
 
 def test_a_launch_without_an_image_is_refused_clearly() -> None:

@@ -30,6 +30,7 @@ def instance_environment(
     worker_token: str,
     grpc_address: str,
     secrets_present: bool,
+    pull_credentials: str | None = None,
 ) -> dict[str, str]:
     """The environment contract of a function instance (``contracts/env.py``)."""
     health = fv.effective_health()
@@ -68,6 +69,8 @@ def instance_environment(
         )
     if fv.helm_chart_service_name is not None:
         values[env.HELM_CHART_INFERENCE_SERVICE_NAME] = fv.helm_chart_service_name
+    if pull_credentials is not None:
+        values[env.CONTAINER_REGISTRIES_CREDENTIALS] = pull_credentials
     return values
 
 
@@ -81,6 +84,7 @@ def creation_message(
     signer: TokenSigner,
     grpc_address: str,
     secrets_present: bool,
+    pull_credentials: str | None = None,
 ) -> CreationMessage:
     """``Create.NVCA.Function...`` for one instance."""
     token = mint_worker_token(
@@ -114,7 +118,14 @@ def creation_message(
             helm_chart=fv.helm_chart,
             configuration=spec.configuration,
             environment=instance_environment(
-                fv, dep, spec, inst, worker_token=token, grpc_address=grpc_address, secrets_present=secrets_present
+                fv,
+                dep,
+                spec,
+                inst,
+                worker_token=token,
+                grpc_address=grpc_address,
+                secrets_present=secrets_present,
+                pull_credentials=pull_credentials,
             ),
         ),
     )

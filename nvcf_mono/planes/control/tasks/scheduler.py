@@ -35,6 +35,7 @@ from nvcf_mono.models.deployment import GpuSpec
 from nvcf_mono.models.task import TERMINAL, Task, TaskGpuSpecification, TaskHealthInfo, TaskStatus
 from nvcf_mono.planes.control.catalog import Capacity, candidates, placeable, visible_clusters
 from nvcf_mono.planes.control.context import Control
+from nvcf_mono.planes.control.registry import pull_credentials_for
 from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.planes.control.tasks.lifecycle import transition
 from nvcf_mono.structure import evolve, structure
@@ -216,6 +217,9 @@ class TaskScheduler:
             environment[env.INFERENCE_CONTAINER_ENV] = json.dumps(
                 [{"key": kv.key, "value": kv.value} for kv in task.container_environment or ()]
             )
+        pulls = pull_credentials_for(ctl.store, ctl.keyring, task.nca_id, task.container_image)
+        if pulls is not None:
+            environment[env.CONTAINER_REGISTRIES_CREDENTIALS] = pulls
         return CreationMessage(
             request_id=request_id,
             nca_id=task.nca_id,

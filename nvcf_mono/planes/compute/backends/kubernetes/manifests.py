@@ -15,7 +15,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from nvcf_mono.contracts import env
+from nvcf_mono.contracts import env, pull_credentials
 from nvcf_mono.contracts.messages import CreationMessage
 from nvcf_mono.models.common import duration_seconds
 from nvcf_mono.planes.compute.backends import LaunchSpec
@@ -44,8 +44,7 @@ TASK_DIR = "/var/task"
 SECRET_TOKEN_KEY = "worker-token"
 SECRET_FILE_KEY = "secrets.json"
 #: Keys of the contract that never reach a pod spec in the clear.
-_SENSITIVE = frozenset({env.NVCF_WORKER_TOKEN, "CONTAINER_REGISTRIES_CREDENTIALS", "SIDECAR_REGISTRY_CREDENTIAL"})
-REGISTRY_CREDENTIALS = "CONTAINER_REGISTRIES_CREDENTIALS"
+_SENSITIVE = frozenset({env.NVCF_WORKER_TOKEN, env.CONTAINER_REGISTRIES_CREDENTIALS})
 MAX_QUEUED_ANNOTATION = "nvcf.nvidia.io/max-queued-seconds"
 #: A task's grace period is at least an hour (reference compute-plane §3, container tasks).
 TASK_MIN_GRACE = 3600.0
@@ -431,14 +430,6 @@ def instance_secret(
     }
 
 
-def image_registry(image: str) -> str:
-    """The registry host of an image reference (``nvcr.io/org/x:1`` -> ``nvcr.io``; ``ubuntu`` -> ``docker.io``)."""
-    first, sep, _ = image.partition("/")
-    if sep and ("." in first or ":" in first or first == "localhost"):
-        return first.lower()
-    return "docker.io"
-
-
 def pull_secret(spec: LaunchSpec, settings: KubernetesSettings, *, owner: Mapping[str, Any] | None) -> Manifest | None:
     """``workload-<instance>-regcred-0``: the account's registry credentials for the image's registry.
 
@@ -446,22 +437,11 @@ def pull_secret(spec: LaunchSpec, settings: KubernetesSettings, *, owner: Mappin
     entries of the image's registry are kept. None when there are none (or they cannot be read).
     """
     contract = spec.message.launch_specification.environment
-    raw = contract.get(REGISTRY_CREDENTIALS, "").strip()
+    raw = contract.get(env.CONTAINER_REGISTRIES_CREDENTIALS, "").strip()
     image = spec.message.launch_specification.container_image or contract.get(env.INFERENCE_CONTAINER, "")
     if not raw or not image:
         return None
-    try:
-        decoded = json.loads(base64.b64decode(raw))
-        secrets = decoded.get("k8sSecrets", [])
-        host = image_registry(image)
-        auths = {
-            h: entry
-            for s in secrets
-            for h, entry in (s.get("auths") or {}).items()
-            if h.lower().removeprefix("https://").rstrip("/") == host
-        }
-    except (ValueError, TypeError, AttributeError):
-        return None
+    auths = pull_credentials.auths_for(raw, pull_credentials.image_registry(image))
     if not auths:
         return None
     config = json.dumps({"auths": auths}, sort_keys=True)

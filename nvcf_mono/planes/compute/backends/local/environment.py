@@ -46,6 +46,7 @@ class Where:
 def worker_environment(base: Mapping[str, str], contract: Mapping[str, str], where: Where) -> dict[str, str]:
     """The sidecar's environment: the contract, with the instance's own ports and directories."""
     out = {**base, **contract}
+    out.pop(env.CONTAINER_REGISTRIES_CREDENTIALS, None)  # processes pull nothing: no process needs them
     declared = contract.get(env.INFERENCE_PORT, "")
     health = contract.get(env.INFERENCE_HEALTH_PORT, declared)
     out.update(

@@ -1,0 +1,43 @@
+"""``CONTAINER_REGISTRIES_CREDENTIALS``: the account's registry credentials for an instance's image, as the
+control plane sends them and a cluster agent turns them into a pull secret (reference compute-plane §1:
+base64 of ``{k8sSecrets: [{auths: {<host>: {auth}}}]}``, ``auth`` being base64 of ``user:password``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+DOCKER_HUB = "docker.io"
+
+
+def image_registry(image: str) -> str:
+    """The registry host of an image reference (``nvcr.io/org/x:1`` -> ``nvcr.io``; ``ubuntu`` -> ``docker.io``)."""
+    first, sep, _ = image.strip().partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        host = first.lower()
+        return DOCKER_HUB if host in ("index.docker.io", "registry-1.docker.io") else host
+    return DOCKER_HUB
+
+
+def encode(host: str, user: str, password: str) -> str:
+    """The contract value carrying one registry's credentials."""
+    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+    doc = {"k8sSecrets": [{"auths": {host: {"auth": auth}}}]}
+    return base64.b64encode(json.dumps(doc, sort_keys=True).encode()).decode()
+
+
+def auths_for(value: str, host: str) -> dict[str, Any]:
+    """The ``auths`` entries of ``value`` for ``host`` (a docker config's ``auths``); {} when none or unreadable."""
+    try:
+        doc = json.loads(base64.b64decode(value.strip(), validate=True))
+        return {
+            h: entry
+            for secret in doc.get("k8sSecrets", [])
+            for h, entry in (secret.get("auths") or {}).items()
+            if h.lower().removeprefix("https://").rstrip("/") == host
+        }
+    except (ValueError, TypeError, AttributeError, binascii.Error):
+        return {}
