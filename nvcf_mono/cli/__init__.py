@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "nvcf_mono.cli.cluster_cmds",
     "nvcf_mono.cli.instance_cmds",
     "nvcf_mono.cli.secret_cmds",
+    "nvcf_mono.cli.helm_cmds",
     "nvcf_mono.cli.worker_cmds",
     "nvcf_mono.cli.invoke_cmds",
 )

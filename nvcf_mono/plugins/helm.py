@@ -1,0 +1,86 @@
+"""Plugin ``helm``: renders Helm charts for the other plugins (``CHART_RENDERER``).
+
+It contributes the built-in renderers (the ``helm`` executable and helm-python-sdk) to
+``HELM_RENDERERS`` and, once every plugin is set up, picks the one ``plugins.helm.renderer`` names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+import attrs
+from anyio.abc import TaskStatus
+
+from nvcf_mono.helm import (
+    AUTO,
+    CHART_RENDERER,
+    HELM_RENDERERS,
+    ChartRenderer,
+    HelmRenderError,
+    RendererOptions,
+    builtin_providers,
+    select_renderer,
+)
+from nvcf_mono.plugin import BasePlugin, PluginConfigError, PluginSpec, RunContext, SetupContext
+from nvcf_mono.structure import ByteSize, Seconds, in_range, matches, positive, setting
+
+
+@attrs.frozen(kw_only=True)
+class HelmConfig:
+    """How Helm charts are fetched and rendered."""
+
+    renderer: str = setting(
+        AUTO,
+        doc="auto (the helm executable when found, else helm-python-sdk), binary, sdk, or a renderer a plugin "
+        "provides. With auto and neither installed, the platform runs and rendering fails with what to install.",
+        check=matches(r"[a-z][a-z0-9_-]*", "a renderer name: auto, binary, sdk, ..."),
+    )
+    binary: Path | None = setting(None, doc="The helm executable (binary renderer). Default: helm on PATH.")
+    timeout: Seconds = setting(60.0, doc="Deadline of one render, downloading the chart included.", check=positive)
+    max_chart_size: ByteSize = setting(
+        20 * 1024 * 1024,
+        doc="Largest chart archive downloaded from an https URL.",
+        check=in_range(1024, 1024 * 1024 * 1024),
+    )
+    ca_file: Path | None = setting(None, doc="A CA bundle trusted, besides the system's, for https chart downloads.")
+
+
+class Helm(BasePlugin[HelmConfig]):
+    """Plugin ``helm``."""
+
+    spec: ClassVar[PluginSpec] = PluginSpec(
+        name="helm",
+        description="Renders Helm charts (the helm executable or helm-python-sdk) for the planes.",
+        roles=frozenset({"all-in-one", "control", "compute"}),
+        config_type=HelmConfig,
+    )
+
+    def setup(self, ctx: SetupContext) -> None:
+        self.renderer = ChartRenderer()
+        for provider in builtin_providers():
+            ctx.extend(HELM_RENDERERS, provider)
+        ctx.provide(CHART_RENDERER, self.renderer)
+
+    async def run(self, ctx: RunContext[HelmConfig], *, task_status: TaskStatus[None]) -> None:
+        config = self.config
+        options = RendererOptions(
+            binary=config.binary,
+            timeout=config.timeout,
+            max_chart_size=config.max_chart_size,
+            ca_file=config.ca_file,
+        )
+        providers = [ext.value for ext in ctx.services.extensions(HELM_RENDERERS)]
+        try:
+            chosen = select_renderer(config.renderer, providers, options)
+        except HelmRenderError as err:
+            if config.renderer != AUTO:
+                raise PluginConfigError(f"plugins.helm.renderer: {err}") from err
+            # Nothing uses Helm until a Helm function arrives: run, and let each render say what is missing.
+            self.renderer.configure(None, str(err))
+            ctx.log.warning("Helm charts cannot be rendered on this node: %s", err)
+        else:
+            self.renderer.configure(chosen)
+            ctx.log.info("Helm charts are rendered by the %s renderer", chosen.name)
+        task_status.started()
+        await ctx.wait_stopping()

@@ -1,0 +1,89 @@
+"""``nvcf-mono helm render``: objects on stdout, what was skipped on stderr, clear errors."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import yaml
+
+from nvcf_mono.cli import main
+from nvcf_mono.cli.context import CliContext
+from tests.unit.helm.charts import BROKEN_TEMPLATES, package, write_chart
+
+
+def _unused_host(*_: object) -> int:
+    raise AssertionError("helm render starts no host")
+
+
+def _cli(*argv: str, environ: dict[str, str] | None = None) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    ctx = CliContext(environ=environ or {"PATH": ""}, stdout=out, stderr=err, run_host=_unused_host)
+    code = main(list(argv), ctx)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_render_prints_yaml_documents_and_reports_skipped_objects(tmp_path: Path) -> None:
+    chart = write_chart(tmp_path / "src")
+    first = tmp_path / "a.yaml"
+    first.write_text("greeting: from-a\nreplicas: 2\nnested: {keep: 1, change: 1}\n")
+    second = tmp_path / "b.yaml"
+    second.write_text("greeting: from-b\nnested: {change: 2}\n")
+    code, out, err = _cli(
+        "helm", "render", str(chart), "-f", str(first), "--values", str(second),
+        "--set", "replicas=5", "--set", "image=registry.example.com/other:2",
+        "--release", "cli", "--namespace", "tools",
+    )  # fmt: skip
+    assert code == 0, err
+    objects = list(yaml.safe_load_all(out))
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
+        ("ServiceAccount", "cli"),
+        ("ConfigMap", "cli-settings"),
+        ("Deployment", "cli-server"),
+    ]
+    assert objects[1]["data"] == {"greeting": "from-b"}
+    assert objects[1]["metadata"]["namespace"] == "tools"
+    assert objects[2]["spec"]["replicas"] == 5
+    assert objects[2]["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example.com/other:2"
+    lines = err.splitlines()
+    assert "skipped Job/cli-migrate (demo/templates/hooks.yaml): a Helm hook (pre-install,pre-upgrade): " \
+        "hooks are never installed" in lines  # fmt: skip
+    assert any(line.startswith("skipped CustomResourceDefinition/gadgets.example.com") for line in lines)
+    assert lines[-1] == "chart demo 1.2.3 (sdk renderer): 3 objects, 5 skipped"
+
+
+def test_render_json_from_an_archive(tmp_path: Path) -> None:
+    archive = package(write_chart(tmp_path / "src"), tmp_path / "dist")
+    code, out, err = _cli("helm", "render", str(archive), "--json", "--renderer", "sdk", "--set", "greeting=true")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["chart"] == {"name": "demo", "version": "1.2.3"}
+    assert data["renderer"] == "sdk"
+    assert [o["kind"] for o in data["objects"]] == ["ServiceAccount", "ConfigMap", "Deployment"]
+    assert data["objects"][1]["data"] == {"greeting": "true"}  # a typed --set value, quoted by the template
+    assert {"source", "kind", "name", "reason"} == set(data["skipped"][0])
+
+
+def test_errors_are_one_clear_line_and_a_nonzero_exit(tmp_path: Path) -> None:
+    broken = write_chart(tmp_path / "b", "broken", templates=BROKEN_TEMPLATES, crds={})
+    code, out, err = _cli("helm", "render", str(broken))
+    assert (code, out) == (1, "")
+    assert err.startswith(f"nvcf-mono: cannot render chart {broken}: execution error at (broken/templates/")
+    code, _, err = _cli("helm", "render", str(tmp_path / "missing"))
+    assert code == 1 and f"nvcf-mono: chart not found: {tmp_path / 'missing'} does not exist" in err
+    code, _, err = _cli("helm", "render", str(broken), "--renderer", "binary")
+    assert (code, err) == (
+        1,
+        "nvcf-mono: the binary Helm renderer cannot run here: the helm executable is not on PATH\n",
+    )
+    code, _, err = _cli("helm", "render", str(broken), "-f", str(tmp_path / "nope.yaml"))
+    assert code == 2 and "cannot read values file" in err
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- a\n- b\n")
+    code, _, err = _cli("helm", "render", str(broken), "-f", str(listed))
+    assert code == 2 and f"values file {listed} must hold a mapping, not a list" in err
+    code, _, err = _cli("helm", "render", str(broken), "--set", "noequals")
+    assert code == 2 and "--set 'noequals': expected KEY=VALUE" in err
+    code, _, err = _cli("helm", "render", str(broken), "--username", "me")
+    assert code == 2 and "--username and --password-file go together" in err
