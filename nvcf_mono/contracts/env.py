@@ -40,6 +40,7 @@ INFERENCE_HEALTH_TIMEOUT = "INFERENCE_HEALTH_TIMEOUT"
 MAX_REQUEST_CONCURRENCY = "MAX_REQUEST_CONCURRENCY"
 NVCF_WORKER_TOKEN = "NVCF_WORKER_TOKEN"
 CONTAINER_REGISTRIES_CREDENTIALS = "CONTAINER_REGISTRIES_CREDENTIALS"
+HELM_REGISTRIES_CREDENTIALS = "HELM_REGISTRIES_CREDENTIALS"
 NVCF_FQDN_GRPC = "NVCF_FQDN_GRPC"
 NCA_ID = "NCA_ID"
 FUNCTION_ID = "FUNCTION_ID"
@@ -103,6 +104,13 @@ CONTRACT: tuple[Var, ...] = (
         AGENT,
         "-",
         "The account's credentials for the image's registry (base64 JSON {k8sSecrets: [{auths}]}): a pull secret.",
+    ),
+    Var(
+        HELM_REGISTRIES_CREDENTIALS,
+        CP,
+        AGENT,
+        "-",
+        "Helm functions: the account's credentials for the chart's host (same shape), to fetch the chart.",
     ),
     Var(NVCF_FQDN_GRPC, CP, WORKER, "-", "host:port of the WorkerService (invocation plane gRPC)."),
     Var(NCA_ID, CP, "worker, agent", "-", "The function's account."),

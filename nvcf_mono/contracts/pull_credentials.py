@@ -24,20 +24,34 @@ def image_registry(image: str) -> str:
 
 def encode(host: str, user: str, password: str) -> str:
     """The contract value carrying one registry's credentials."""
-    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
-    doc = {"k8sSecrets": [{"auths": {host: {"auth": auth}}}]}
+    return encode_all({host: (user, password)})
+
+
+def encode_all(credentials: dict[str, tuple[str, str]]) -> str:
+    """The contract value carrying several registries' credentials (host -> (user, password))."""
+    auths = {h: {"auth": base64.b64encode(f"{u}:{p}".encode()).decode()} for h, (u, p) in credentials.items()}
+    doc = {"k8sSecrets": [{"auths": auths}]}
     return base64.b64encode(json.dumps(doc, sort_keys=True).encode()).decode()
 
 
-def auths_for(value: str, host: str) -> dict[str, Any]:
-    """The ``auths`` entries of ``value`` for ``host`` (a docker config's ``auths``); {} when none or unreadable."""
+def decode(value: str) -> dict[str, Any]:
+    """The document a contract value carries (``{k8sSecrets: [...]}``); {} when unreadable."""
+    try:
+        doc = json.loads(base64.b64decode(value.strip(), validate=True))
+    except (ValueError, TypeError, binascii.Error):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def auths_for(value: str, host: str | None) -> dict[str, Any]:
+    """The ``auths`` entries of ``value`` for ``host`` (every host when None): a docker config's ``auths``."""
     try:
         doc = json.loads(base64.b64decode(value.strip(), validate=True))
         return {
             h: entry
             for secret in doc.get("k8sSecrets", [])
             for h, entry in (secret.get("auths") or {}).items()
-            if h.lower().removeprefix("https://").rstrip("/") == host
+            if host is None or h.lower().removeprefix("https://").rstrip("/") == host
         }
     except (ValueError, TypeError, AttributeError, binascii.Error):
         return {}

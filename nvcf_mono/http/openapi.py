@@ -29,6 +29,11 @@ PROBLEM_SCHEMA: dict[str, Any] = {
         "status": {"type": "integer"},
         "detail": {"type": "string"},
         "instance": {"type": "string"},
+        "validationErrors": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "An invalid Helm chart: each rule it breaks, in NVCF's words.",
+        },
     },
     "required": ["title", "status"],
     "additionalProperties": False,

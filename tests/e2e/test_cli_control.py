@@ -15,6 +15,7 @@ import pytest
 
 from nvcf_mono.testing.platform import credentials, wait_for
 from tests.e2e.cli import ROOT, cli_env, run_cli
+from tests.function_charts import write_chart
 from tests.integration.control.conftest import CONTAINER_FUNCTION, Platform, agent, platform
 
 pytestmark = pytest.mark.e2e
@@ -143,7 +144,8 @@ async def test_function_commands_with_flags(tmp_path: Path) -> None:
 
 
 async def test_function_create_and_update_from_files_with_env_credentials(tmp_path: Path) -> None:
-    async with platform(tmp_path) as p:
+    chart = write_chart(tmp_path / "charts")
+    async with platform(tmp_path, **{"plugins.control.helm.allow_local_charts": "true"}) as p:
         env = env_for(tmp_path, NVCF_API_URL=p.host.endpoints.api_url, NVCF_TOKEN=credentials(p.host)["admin_token"])
         body = tmp_path / "fn.json"
         body.write_text(
@@ -180,10 +182,11 @@ async def test_function_create_and_update_from_files_with_env_credentials(tmp_pa
         assert upd["rateLimit"] == {"rateLimit": "7-M", "syncCheck": True}
 
         helm = await cli(
-            "function", "create", "--name", "h", "--helm-chart", "oci://r.example.com/charts/h-1.0.0.tgz",
-            "--helm-chart-service", "svc", "--inference-url", "/x", "--inference-port", "8000", "--json", env=env,
+            "function", "create", "--name", "h", "--helm-chart", f"file://{chart}",
+            "--helm-chart-service", "inference-svc", "--inference-url", "/x", "--inference-port", "8001", "--json",
+            env=env,
         )  # fmt: skip
-        assert json.loads(ok(helm))["function"]["helmChartServiceName"] == "svc"
+        assert json.loads(ok(helm))["function"]["helmChartServiceName"] == "inference-svc"
 
         bad = tmp_path / "bad.json"
         bad.write_text("[1, 2]")

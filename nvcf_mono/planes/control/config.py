@@ -117,6 +117,32 @@ class TaskSettings:
 
 
 @attrs.frozen(kw_only=True)
+class ChartChecks:
+    """Helm charts of functions and tasks: rendered and validated like NVCF's ReVal (reference helm-validation)."""
+
+    enabled: bool = setting(
+        True,
+        doc="Render and validate a Helm function's chart when it is created and when it is deployed (with the "
+        "deployment's configuration values). false: only the chart URL's shape is checked here.",
+    )
+    enforce_security_context: bool = setting(
+        False,
+        doc="Fail charts whose containers break the security-context rules (runAsNonRoot, capabilities, "
+        "seccomp, ...). false: report them as warnings ('not enforced yet', as NVCF documents).",
+    )
+    allow_local_charts: bool = setting(
+        False, doc="Development: helmChart may be a file:// URL or a path on this node (a directory or .tgz)."
+    )
+    preserve_labels: tuple[str, ...] = setting(
+        ("apps.kubernetes.io/pod-index",), doc="Label keys the sanitizer keeps on rendered objects."
+    )
+    preserve_annotations: tuple[str, ...] = setting(
+        ("dra.nvcf.nvidia.io/required-nvlink-domain-index",),
+        doc="Annotation keys the sanitizer keeps on rendered objects.",
+    )
+
+
+@attrs.frozen(kw_only=True)
 class ControlConfig:
     """Settings of the control plane."""
 
@@ -160,3 +186,4 @@ class ControlConfig:
     reconcile: ReconcileSettings = setting(factory=ReconcileSettings, doc="The deployment reconciler.")
     autoscaler: AutoscalerSettings = setting(factory=AutoscalerSettings, doc="The autoscaler.")
     tasks: TaskSettings = setting(factory=TaskSettings, doc="Tasks (NVCT).")
+    helm: ChartChecks = setting(factory=ChartChecks, doc="Helm charts: render and validate (ReVal).")

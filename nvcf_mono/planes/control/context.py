@@ -17,6 +17,7 @@ from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.planes.control.config import ControlConfig
 from nvcf_mono.planes.control.store import ControlStore
 from nvcf_mono.plugin import Endpoints
+from nvcf_mono.reval.engine import ChartRendering, Validator
 
 
 @final
@@ -33,6 +34,8 @@ class Control:
     _keyring: Keyring | None = None
     _keys: ApiKeyStore | None = None
     _endpoints: Endpoints | None = None
+    #: Renders Helm charts (the ``helm`` plugin's); None where that plugin is not enabled.
+    charts: ChartRendering | None = None
 
     def bind(
         self, *, store: ControlStore, bus: Bus, keyring: Keyring, keys: ApiKeyStore | None, endpoints: Endpoints
@@ -66,6 +69,13 @@ class Control:
     @property
     def tokens(self) -> TokenSigner:
         return TokenSigner(self.keyring.token_key)
+
+    @property
+    def validator(self) -> Validator:
+        """The Helm chart validator with this plane's settings (``plugins.control.helm``)."""
+        from nvcf_mono.planes.control.charts import NoRenderer, validator_settings
+
+        return Validator(self.charts or NoRenderer(), validator_settings(self.config.helm))
 
     @property
     def region(self) -> str:

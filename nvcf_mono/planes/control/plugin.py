@@ -16,6 +16,7 @@ from nvcf_mono.auth.secret import KEYRING
 from nvcf_mono.auth.strategy import AUTHENTICATOR
 from nvcf_mono.bus.codec import TypedKV
 from nvcf_mono.contracts import buckets, streams
+from nvcf_mono.helm import CHART_RENDERER
 from nvcf_mono.http.api import ApiRouter
 from nvcf_mono.planes.control.api import ALL as API_MODULES
 from nvcf_mono.planes.control.autoscale.autoscaler import Autoscaler
@@ -60,7 +61,7 @@ class ControlPlane(BasePlugin[ControlConfig]):
         description="Control plane: the NVCF management API, accounts, keys, clusters and deployments.",
         roles=frozenset({"all-in-one", "control"}),
         requires=("auth",),
-        after=("auth_api_key", "auth_static_token", "auth_jwt"),
+        after=("auth_api_key", "auth_static_token", "auth_jwt", "helm"),
         config_type=ControlConfig,
     )
 
@@ -84,6 +85,7 @@ class ControlPlane(BasePlugin[ControlConfig]):
         async with anyio.create_task_group() as tg:
             await tg.start(store.run, ctx.bus)
             ctl.bind(store=store, bus=ctx.bus, keyring=ctx.services.get(KEYRING), keys=keys, endpoints=ctx.endpoints)
+            ctl.charts = ctx.services.find(CHART_RENDERER)
 
             async def account_exists(nca_id: str) -> bool:
                 return await store.accounts.fetch(nca_id) is not None

@@ -132,3 +132,31 @@ def pull_credentials_for(store: ControlStore, keyring: Keyring, nca_id: str, ima
     except ValueError:  # a stored secret that does not decode: pulling goes without it, and says why
         return None
     return pull_credentials.encode(host, *found) if found is not None else None
+
+
+def all_pull_credentials(store: ControlStore, keyring: Keyring, nca_id: str) -> str | None:
+    """Every CONTAINER credential of the account: a Helm chart's images may come from any of them."""
+    found: dict[str, tuple[str, str]] = {}
+    for key, stored in store.registry_credentials.items():
+        cred = stored.credential
+        if cred.nca_id != nca_id or ArtifactType.CONTAINER not in cred.artifact_types:
+            continue
+        try:
+            found[normalize_hostname(cred.registry_hostname)] = decode_basic(
+                keyring.box.open(stored.sealed_secret, aad=key).decode()
+            )
+        except ValueError:
+            continue
+    return pull_credentials.encode_all(found) if found else None
+
+
+def chart_credentials_for(store: ControlStore, keyring: Keyring, nca_id: str, chart: str | None) -> str | None:
+    """``HELM_REGISTRIES_CREDENTIALS``: the account's HELM credential for the chart's host, or None."""
+    if not chart or "://" not in chart:
+        return None
+    host = chart.split("://", 1)[1].split("/", 1)[0].lower()
+    try:
+        found = credentials_for(store, keyring, nca_id, host, ArtifactType.HELM)
+    except ValueError:
+        return None
+    return pull_credentials.encode(host, *found) if found is not None else None

@@ -103,7 +103,20 @@ def check_rate_limit(rate: RateLimit | None) -> None:
         raise bad(f"accounts {sorted(overlap)} are both exempted and given a per-account rate")
 
 
-def check_create_function(req: CreateFunctionRequest) -> None:
+def check_helm_artifact(chart: str, args: object, environment: object, allow_local_charts: bool) -> None:
+    """A chart goes without container args and environment; its URL has NVCF's shape (or, in development,
+    it is a local chart).
+    """
+    if args is not None:
+        raise bad("Cannot specify both 'containerArgs' and 'helmChart'")
+    if environment is not None:
+        raise bad("Cannot specify both 'containerEnvironment' and 'helmChart'")
+    local = chart.startswith("file://") or "://" not in chart
+    if not (allow_local_charts and local):
+        check_helm_chart_url(chart)
+
+
+def check_create_function(req: CreateFunctionRequest, *, allow_local_charts: bool = False) -> None:
     """Everything NVCF checks on a new function version that field shapes do not express."""
     refuse_unsupported(
         (("models", req.models), ("resources", req.resources), ("telemetries", req.telemetries),
@@ -118,11 +131,7 @@ def check_create_function(req: CreateFunctionRequest) -> None:
     if req.helm_chart is not None:
         if not req.helm_chart_service_name:
             raise bad("'helmChartServiceName' must be specified when 'helmChart' is")
-        if req.container_args is not None:
-            raise bad("Cannot specify both 'containerArgs' and 'helmChart'")
-        if req.container_environment is not None:
-            raise bad("Cannot specify both 'containerEnvironment' and 'helmChart'")
-        check_helm_chart_url(req.helm_chart)
+        check_helm_artifact(req.helm_chart, req.container_args, req.container_environment, allow_local_charts)
     elif req.helm_chart_service_name is not None:
         raise bad("'helmChartServiceName' may only be specified with 'helmChart'")
     if req.container_image is not None and not req.container_image.strip():

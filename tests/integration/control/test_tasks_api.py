@@ -175,7 +175,7 @@ async def test_launch_validation(tmp_path: Path) -> None:
             cases: list[tuple[dict[str, Any], tuple[str, ...]]] = [
                 ({**TASK, "helmChart": chart}, ("Cannot specify both 'containerImage' and 'helmChart'",)),
                 (no_image, ("'containerImage' or 'helmChart' must be specified",)),
-                ({**no_image, "helmChart": chart}, ("Helm tasks need a cluster with the Kubernetes backend",)),
+                ({**no_image, "helmChart": chart}, ("Helm tasks need a cluster whose agent installs Helm charts",)),
                 ({**TASK, "maxRuntimeDuration": "10 minutes"}, ("field=maxRuntimeDuration", "ISO-8601")),
                 ({**TASK, "maxQueuedDuration": "P1W"}, ("field=maxQueuedDuration",)),
                 ({**TASK, "maxRuntimeDuration": "PT0S"}, ("'maxRuntimeDuration' must be longer than zero",)),

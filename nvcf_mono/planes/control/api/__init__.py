@@ -5,6 +5,7 @@ from __future__ import annotations
 from nvcf_mono.planes.control.api import (
     accounts,
     assets,
+    charts,
     clusters,
     deployments,
     functions,
@@ -30,4 +31,5 @@ ALL = (
     queues,
     instances,
     tasks,
+    charts,
 )

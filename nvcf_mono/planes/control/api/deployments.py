@@ -21,6 +21,7 @@ from nvcf_mono.models.deployment import (
 )
 from nvcf_mono.models.function import FunctionResponse, FunctionStatus, FunctionVersion
 from nvcf_mono.planes.control.catalog import check_autoscaling, check_spec
+from nvcf_mono.planes.control.charts import check_chart, helm_auth
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.service import find_version, new_deployment, set_status, undeploy
 from nvcf_mono.planes.control.views import deployment_view, function_view
@@ -78,6 +79,7 @@ def register(router: ApiRouter, ctl: Control) -> None:
         specs = tuple(
             evolve(check_spec(clusters, fv.nca_id, spec, fv), gpu_specification_id=new_id()) for spec in specs_in
         )
+        await check_values(ctl, fv, specs)
         dep = new_deployment(fv, specs)
         try:
             await store.deployments.create(key, dep)
@@ -253,6 +255,24 @@ def register(router: ApiRouter, ctl: Control) -> None:
         updated = await undeploy(ctl, fv, graceful=call.query_bool("graceful"))
         return FunctionResponse(
             function=function_view(ctl.store, updated, owner=True, details=True, include_secrets=False)
+        )
+
+
+async def check_values(ctl: Control, fv: FunctionVersion, specs: tuple[GpuSpec, ...]) -> None:
+    """A Helm function's chart, validated again with each spec's ``configuration`` values."""
+    if fv.helm_chart is None or not ctl.config.helm.enabled:
+        return
+    for spec in specs:
+        if spec.configuration is not None and not isinstance(spec.configuration, dict):
+            raise ProblemError(400, "'configuration' must be a JSON object of Helm values")
+        await check_chart(
+            ctl.validator,
+            chart=fv.helm_chart,
+            service_name=fv.helm_chart_service_name,
+            service_port=fv.inference_port,
+            configuration=spec.configuration,
+            auth=helm_auth(ctl.store, ctl.keyring, fv.nca_id, fv.helm_chart),
+            what=f"helmChart {fv.helm_chart!r} with the configuration of {spec.gpu} {spec.instance_type}",
         )
 
 

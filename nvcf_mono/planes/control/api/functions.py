@@ -19,6 +19,7 @@ from nvcf_mono.models.function import (
     UpdateFunctionRequest,
 )
 from nvcf_mono.planes.control.access import relation, restricted_out
+from nvcf_mono.planes.control.charts import check_chart, helm_auth
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.service import find_version, not_found, seal_secrets, undeploy
 from nvcf_mono.planes.control.store import Unchanged
@@ -41,8 +42,18 @@ def register(router: ApiRouter, ctl: Control) -> None:
 
     async def new_version(call: Call[CreateFunctionRequest], function_id: str | None) -> FunctionResponse:
         req = call.body
-        check_create_function(req)
+        check_create_function(req, allow_local_charts=ctl.config.helm.allow_local_charts)
         store = ctl.store
+        if req.helm_chart is not None and ctl.config.helm.enabled:
+            await check_chart(
+                ctl.validator,
+                chart=req.helm_chart,
+                service_name=req.helm_chart_service_name,
+                service_port=req.inference_port,
+                configuration=None,
+                auth=helm_auth(store, ctl.keyring, call.account, req.helm_chart),
+                what=f"helmChart {req.helm_chart!r}",
+            )
         account = await store.accounts.fetch(call.account)
         if account is None:
             raise ProblemError(404, f"account {call.account!r} not found")

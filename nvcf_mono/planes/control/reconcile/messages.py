@@ -31,6 +31,7 @@ def instance_environment(
     grpc_address: str,
     secrets_present: bool,
     pull_credentials: str | None = None,
+    chart_credentials: str | None = None,
 ) -> dict[str, str]:
     """The environment contract of a function instance (``contracts/env.py``)."""
     health = fv.effective_health()
@@ -71,6 +72,8 @@ def instance_environment(
         values[env.HELM_CHART_INFERENCE_SERVICE_NAME] = fv.helm_chart_service_name
     if pull_credentials is not None:
         values[env.CONTAINER_REGISTRIES_CREDENTIALS] = pull_credentials
+    if chart_credentials is not None:
+        values[env.HELM_REGISTRIES_CREDENTIALS] = chart_credentials
     return values
 
 
@@ -85,6 +88,7 @@ def creation_message(
     grpc_address: str,
     secrets_present: bool,
     pull_credentials: str | None = None,
+    chart_credentials: str | None = None,
 ) -> CreationMessage:
     """``Create.NVCA.Function...`` for one instance."""
     token = mint_worker_token(
@@ -126,6 +130,7 @@ def creation_message(
                 grpc_address=grpc_address,
                 secrets_present=secrets_present,
                 pull_credentials=pull_credentials,
+                chart_credentials=chart_credentials,
             ),
         ),
     )

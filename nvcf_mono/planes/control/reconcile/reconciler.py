@@ -32,7 +32,11 @@ from nvcf_mono.planes.control.reconcile.ledger import FailurePolicy
 from nvcf_mono.planes.control.reconcile.messages import creation_message, termination_message
 from nvcf_mono.planes.control.reconcile.plan import Site, Timeouts, expire, scale, terminate_all
 from nvcf_mono.planes.control.reconcile.status import SpecState, next_status
-from nvcf_mono.planes.control.registry import pull_credentials_for
+from nvcf_mono.planes.control.registry import (
+    all_pull_credentials,
+    chart_credentials_for,
+    pull_credentials_for,
+)
 from nvcf_mono.planes.control.service import set_status
 from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.structure import evolve
@@ -222,7 +226,12 @@ class Reconciler:
         if creations and fv is not None and dep is not None and spec is not None:
             stream = ctl.bus.stream(subjects.CREATE_STREAM)
             secrets = ctl.store.secrets.get(buckets.function_secrets_key(fv.id, fv.version_id)) is not None
-            pulls = pull_credentials_for(ctl.store, ctl.keyring, fv.nca_id, fv.container_image)
+            pulls = (
+                pull_credentials_for(ctl.store, ctl.keyring, fv.nca_id, fv.container_image)
+                if fv.helm_chart is None
+                else all_pull_credentials(ctl.store, ctl.keyring, fv.nca_id)
+            )
+            charts = chart_credentials_for(ctl.store, ctl.keyring, fv.nca_id, fv.helm_chart)
             for inst in creations:
                 cluster = clusters.get(inst.cluster_id)
                 if cluster is None:
@@ -237,6 +246,7 @@ class Reconciler:
                     grpc_address=ctl.worker_grpc_address,
                     secrets_present=secrets,
                     pull_credentials=pulls,
+                    chart_credentials=charts,
                 )
                 subject = subjects.create_subject("Function", cluster.cluster_id, inst.gpu, inst.instance_type)
                 await stream.publish(subject, encode(msg), msg_id=inst.request_id)

@@ -33,9 +33,9 @@ from nvcf_mono.models.cluster import Cluster, InstanceType, parse_instance_type
 from nvcf_mono.models.common import duration_seconds, new_id, now_iso, parse_iso, utc_now
 from nvcf_mono.models.deployment import GpuSpec
 from nvcf_mono.models.task import TERMINAL, Task, TaskGpuSpecification, TaskHealthInfo, TaskStatus
-from nvcf_mono.planes.control.catalog import Capacity, candidates, placeable, visible_clusters
+from nvcf_mono.planes.control.catalog import HELM_CAPABILITY, Capacity, candidates, placeable, visible_clusters
 from nvcf_mono.planes.control.context import Control
-from nvcf_mono.planes.control.registry import pull_credentials_for
+from nvcf_mono.planes.control.registry import all_pull_credentials, chart_credentials_for, pull_credentials_for
 from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.planes.control.tasks.lifecycle import transition
 from nvcf_mono.structure import evolve, structure
@@ -136,6 +136,8 @@ class TaskScheduler:
         ttl = ctl.config.cluster_heartbeat_ttl
         gpu = task.gpu_specification.gpu
         sites = candidates(visible_clusters(clusters.values(), task.nca_id), task_spec(task))
+        if task.helm_chart is not None:
+            sites = [(c, it) for c, it in sites if HELM_CAPABILITY in c.capabilities]
         site = next(
             (
                 (c, it)
@@ -217,9 +219,16 @@ class TaskScheduler:
             environment[env.INFERENCE_CONTAINER_ENV] = json.dumps(
                 [{"key": kv.key, "value": kv.value} for kv in task.container_environment or ()]
             )
-        pulls = pull_credentials_for(ctl.store, ctl.keyring, task.nca_id, task.container_image)
+        pulls = (
+            pull_credentials_for(ctl.store, ctl.keyring, task.nca_id, task.container_image)
+            if task.helm_chart is None
+            else all_pull_credentials(ctl.store, ctl.keyring, task.nca_id)
+        )
         if pulls is not None:
             environment[env.CONTAINER_REGISTRIES_CREDENTIALS] = pulls
+        charts = chart_credentials_for(ctl.store, ctl.keyring, task.nca_id, task.helm_chart)
+        if charts is not None:
+            environment[env.HELM_REGISTRIES_CREDENTIALS] = charts
         return CreationMessage(
             request_id=request_id,
             nca_id=task.nca_id,

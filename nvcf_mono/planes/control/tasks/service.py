@@ -34,13 +34,14 @@ from nvcf_mono.models.task import (
     TaskResult,
     TaskStatus,
 )
-from nvcf_mono.planes.control.catalog import check_placement
+from nvcf_mono.planes.control.catalog import HELM_CAPABILITY, check_placement
+from nvcf_mono.planes.control.charts import check_chart, helm_auth
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.service import open_secrets, seal_secrets
 from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.planes.control.tasks.lifecycle import first_event, transition
 from nvcf_mono.planes.control.tasks.scheduler import purge_task, spec_of, stop_instance
-from nvcf_mono.planes.control.validation import check_secrets
+from nvcf_mono.planes.control.validation import check_helm_artifact, check_secrets
 from nvcf_mono.structure import evolve
 
 T = TypeVar("T")
@@ -96,14 +97,14 @@ def refuse_artifacts(req: CreateTaskRequest) -> None:
             )
 
 
-def check_artifact(req: CreateTaskRequest) -> None:
-    """Exactly one of ``containerImage`` and ``helmChart``, and only a container image runs here."""
+def check_artifact(req: CreateTaskRequest, *, allow_local_charts: bool = False) -> None:
+    """Exactly one of ``containerImage`` and ``helmChart``; a chart URL of NVCF's shape."""
     if req.container_image is None and req.helm_chart is None:
         raise bad("One of the following properties 'containerImage' or 'helmChart' must be specified")
     if req.container_image is not None and req.helm_chart is not None:
         raise bad("Cannot specify both 'containerImage' and 'helmChart'")
     if req.helm_chart is not None:
-        raise bad("Helm tasks need a cluster with the Kubernetes backend; not supported yet")
+        check_helm_artifact(req.helm_chart, req.container_args, req.container_environment, allow_local_charts)
     if req.container_image is not None and not req.container_image.strip():
         raise bad("'containerImage' must not be blank")
 
@@ -168,14 +169,22 @@ def check_durations(req: CreateTaskRequest, backend: str | None) -> Durations:
 
 
 def check_gpu_specification(
-    clusters: Iterable[Cluster], account: str, spec: TaskGpuSpecification
+    clusters: Iterable[Cluster], account: str, spec: TaskGpuSpecification, *, helm: bool = False
 ) -> TaskGpuSpecification:
     """The spec against the registered clusters, with the deployment checks' wording; names as registered."""
-    if spec.configuration is not None:
+    if not helm and spec.configuration is not None:
         raise bad("'configuration' may only be given for a Helm task")
-    if spec.helm_validation_policy is not None:
+    if not helm and spec.helm_validation_policy is not None:
         raise bad("'helmValidationPolicy' may only be given for a Helm task")
-    normalized, _ = check_placement(clusters, account, spec_of(spec))
+    if spec.configuration is not None and not isinstance(spec.configuration, dict):
+        raise bad("'configuration' must be a JSON object of Helm values")
+    normalized, sites = check_placement(clusters, account, spec_of(spec))
+    if helm and not any(HELM_CAPABILITY in c.capabilities for c, _ in sites):
+        raise bad(
+            "Helm tasks need a cluster whose agent installs Helm charts (the Kubernetes backend, capability "
+            f"'{HELM_CAPABILITY}'); the matching clusters ({', '.join(c.cluster_name for c, _ in sites)}) "
+            "run container tasks only"
+        )
     return evolve(spec, gpu=normalized.gpu, instance_type=normalized.instance_type)
 
 
@@ -191,9 +200,20 @@ async def create_task(ctl: Control, principal: Principal, account: str, req: Cre
     if not key_reaches(principal, None):
         raise ProblemError(403, "the API key may launch tasks only with the resource 'account-tasks:*'")
     refuse_artifacts(req)
-    check_artifact(req)
+    check_artifact(req, allow_local_charts=ctl.config.helm.allow_local_charts)
     check_environment(req)
-    spec = check_gpu_specification(ctl.store.clusters.values(), account, req.gpu_specification)
+    helm = req.helm_chart is not None
+    spec = check_gpu_specification(ctl.store.clusters.values(), account, req.gpu_specification, helm=helm)
+    if req.helm_chart is not None and ctl.config.helm.enabled:
+        await check_chart(
+            ctl.validator,
+            chart=req.helm_chart,
+            service_name=None,
+            service_port=None,
+            configuration=spec.configuration,
+            auth=helm_auth(ctl.store, ctl.keyring, account, req.helm_chart),
+            what=f"helmChart {req.helm_chart!r}",
+        )
     durations = check_durations(req, spec.backend)
     secrets = check_secrets(req.secrets)
     check_secret_size(secrets)
@@ -215,6 +235,7 @@ async def create_task(ctl: Control, principal: Principal, account: str, req: Cre
         termination_grace_period_duration=durations.grace,
         max_runtime_duration=durations.max_runtime,
         container_image=req.container_image,
+        helm_chart=req.helm_chart,
         container_args=req.container_args,
         container_environment=req.container_environment,
         results_location=req.results_location,
