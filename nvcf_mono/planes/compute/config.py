@@ -84,6 +84,9 @@ class KubernetesSettings:
         doc="Delete the cluster's pods when the agent stops. false (NVCA's way): pods outlive an agent restart or "
         "upgrade, and the next agent takes them over.",
     )
+    allow_local_charts: bool = setting(
+        False, doc="Development: Helm functions may name a chart by file:// URL or path on the agent's machine."
+    )
     label_nodes: bool = setting(
         True, doc="Label GPU nodes nvca.nvcf.nvidia.io/instance-type=<PROVIDER>.GPU.<GPU> (pods require it)."
     )

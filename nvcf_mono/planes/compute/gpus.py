@@ -10,7 +10,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
@@ -230,8 +230,13 @@ def registered_gpus(inventory: Inventory, provider: str) -> tuple[ClusterGpu, ..
     for model in inventory.models:
         counts = [len(n.devices) for n in model.nodes]
         blocked = [len(n.devices) for n in model.unschedulable]
-        arch = _node_fact(model.nodes, "cpu_arch", _cpu_arch())
-        system = _node_fact(model.nodes, "os", platform.system().lower())
+        common: dict[str, Any] = {
+            "value": f"{provider}.GPU.{model.name}",
+            "gpu_memory": model.memory,
+            "cpu_arch": _node_fact(model.nodes, "cpu_arch", _cpu_arch()),
+            "os": _node_fact(model.nodes, "os", platform.system().lower()),
+            "driver_version": model.driver_version,
+        }
         types = []
         for i, size in enumerate(_sizes(counts)):
             fitting = [n for n in model.nodes if len(n.devices) >= size]
@@ -239,7 +244,6 @@ def registered_gpus(inventory: Inventory, provider: str) -> tuple[ClusterGpu, ..
             types.append(
                 InstanceType(
                     name=instance_type_name(provider, model.name, size),
-                    value=f"{provider}.GPU.{model.name}",
                     gpu_count=size,
                     max_instances=sum(c // size for c in counts),
                     unschedulable_capacity=sum(c // size for c in blocked) if model.source == "kubernetes" else None,
@@ -248,10 +252,7 @@ def registered_gpus(inventory: Inventory, provider: str) -> tuple[ClusterGpu, ..
                     cpu_cores=cpu,
                     system_memory=memory,
                     storage=storage,
-                    gpu_memory=model.memory,
-                    cpu_arch=arch,
-                    os=system,
-                    driver_version=model.driver_version,
+                    **common,
                 )
             )
         if inventory.multi_node:
@@ -262,7 +263,6 @@ def registered_gpus(inventory: Inventory, provider: str) -> tuple[ClusterGpu, ..
                     types.append(
                         InstanceType(
                             name=instance_type_name(provider, model.name, per_node, nodes),
-                            value=f"{provider}.GPU.{model.name}",
                             gpu_count=per_node * nodes,
                             nodes=nodes,
                             max_instances=len(whole) // nodes,
@@ -270,10 +270,7 @@ def registered_gpus(inventory: Inventory, provider: str) -> tuple[ClusterGpu, ..
                             cpu_cores=cpu * nodes,
                             system_memory=memory,
                             storage=storage,
-                            gpu_memory=model.memory,
-                            cpu_arch=arch,
-                            os=system,
-                            driver_version=model.driver_version,
+                            **common,
                         )
                     )
         out.append(ClusterGpu(name=model.name, capacity=model.capacity, instance_types=tuple(types)))

@@ -20,6 +20,7 @@ from nvcf_mono import __version__
 from nvcf_mono.bus.errors import BusError
 from nvcf_mono.contracts import buckets, streams
 from nvcf_mono.errors import NvcfMonoError
+from nvcf_mono.helm import CHART_RENDERER
 from nvcf_mono.planes.compute.agent import ClusterAgent
 from nvcf_mono.planes.compute.backends import COMPUTE_BACKENDS, Backend, BackendContext
 from nvcf_mono.planes.compute.backends.kubernetes import KubernetesProvider
@@ -37,7 +38,7 @@ class ComputePlane(BasePlugin[ComputeConfig]):
         description="Compute plane: the cluster agent that runs function instances on its backend.",
         roles=frozenset({"all-in-one", "compute"}),
         # Started after the planes it reports to, so it stops before them.
-        after=("control", "invocation"),
+        after=("control", "invocation", "helm"),
         config_type=ComputeConfig,
         sections={"images": Mapping[str, Image]},
     )
@@ -96,6 +97,7 @@ class ComputePlane(BasePlugin[ComputeConfig]):
             state_dir=ctx.state_dir,
             log=ctx.log,
             cluster_ids=ids,
+            charts=ctx.services.find(CHART_RENDERER),
         )
         return {name: providers[name].create(made) for name in wanted}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -24,22 +25,78 @@ import kmock
 import kubernetes_validate
 import yaml
 
+from nvcf_mono.testing.platform import wait_for
+
 #: The Kubernetes version whose schemas the objects are checked against.
 SCHEMA_VERSION = "1.33.0"
 NAMESPACE = "nvcf-backend"
 
-_BUILT_IN = ("v1/pods", "v1/secrets", "v1/namespaces", "v1/nodes", "v1/events")
-_CUSTOM = ("nvca.nvcf.nvidia.io/v2beta1/icmsrequests", "resource.nvidia.com/v1beta1/computedomains")
+_BUILT_IN = (
+    "v1/pods",
+    "v1/secrets",
+    "v1/nodes",
+    "v1/events",
+    "v1/services",
+    "v1/configmaps",
+    "v1/persistentvolumeclaims",
+    "v1/serviceaccounts",
+    "apps/v1/deployments",
+    "apps/v1/replicasets",
+    "apps/v1/statefulsets",
+    "batch/v1/jobs",
+    "batch/v1/cronjobs",
+    "rbac.authorization.k8s.io/v1/roles",
+    "rbac.authorization.k8s.io/v1/rolebindings",
+)
+_CUSTOM = (
+    "nvca.nvcf.nvidia.io/v2beta1/icmsrequests",
+    "nvca.nvcf.nvidia.io/v1alpha1/miniservices",
+    "resource.nvidia.com/v1beta1/computedomains",
+)
+_CLUSTER_SCOPED = ("nodes", "namespaces", "miniservices")
 
 
 def stamp(seconds_ago: float = 0.0) -> str:
     return (datetime.now(UTC) - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+_NAMESPACE_PATH = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+))?$")
+
+
 class ApiServer(kmock.KubernetesEmulator):
-    """kmock's emulator with the server-set metadata a real API server adds on create."""
+    """kmock's emulator with the server-set metadata a real API server adds on create, and Namespace
+    objects (kmock reads ``/api/v1/namespaces/...`` as a namespace prefix, so they are served here)."""
 
     _versions = itertools.count(1)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.namespaces: dict[str, dict[str, Any]] = {}
+
+    async def _namespace_call(self, request: aiohttp.web.BaseRequest) -> aiohttp.web.Response | None:
+        m = _NAMESPACE_PATH.match(request.path)
+        if m is None:
+            return None
+        name, method = m["name"], request.method.upper()
+        if method == "POST" and name is None:
+            obj = dict(json.loads(await request.read() or b"{}"))
+            key = obj.get("metadata", {}).get("name", "")
+            if key in self.namespaces:
+                return aiohttp.web.json_response({"kind": "Status", "code": 409, "reason": "AlreadyExists"}, status=409)
+            obj.setdefault("metadata", {}).update({"uid": str(uuid.uuid4()), "creationTimestamp": stamp()})
+            self.namespaces[key] = obj
+            return aiohttp.web.json_response(obj, status=201)
+        if method == "GET" and name is None:
+            return aiohttp.web.json_response({"kind": "NamespaceList", "items": list(self.namespaces.values())})
+        if name not in self.namespaces:
+            return aiohttp.web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
+        if method == "DELETE":
+            return aiohttp.web.json_response(self.namespaces.pop(name))
+        return aiohttp.web.json_response(self.namespaces[name])
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        served = await self._namespace_call(raw_request)
+        return served if served is not None else await super().__call__(raw_request)
 
     async def _handle(self, request: Any) -> Any:
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):
@@ -116,20 +173,26 @@ class Cluster:
     async def patch_node(self, name: str, patch: Mapping[str, Any]) -> None:
         await self._request("PATCH", f"/api/v1/nodes/{name}", patch, "application/merge-patch+json")
 
-    async def set_pod_status(self, name: str, status: Mapping[str, Any]) -> None:
+    async def set_pod_status(self, name: str, status: Mapping[str, Any], namespace: str = NAMESPACE) -> None:
         """Play the kubelet: replace a pod's status (through the API, so watches see it)."""
         await self._request(
             "PATCH",
-            f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/status",
+            f"/api/v1/namespaces/{namespace}/pods/{name}/status",
             {"status": dict(status)},
             "application/merge-patch+json",
         )
+
+    async def create_pod(self, pod: Mapping[str, Any]) -> None:
+        """Play a controller: create a pod (e.g. from a Deployment's template)."""
+        await self._request("POST", f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods", dict(pod))
 
     async def delete_pod(self, name: str) -> None:
         await self._request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
 
     def objects(self, resource: str, namespace: str | None = NAMESPACE) -> dict[str, dict[str, Any]]:
         """Name -> object of what exists now (``v1/pods``, ``nvca.nvcf.nvidia.io/v2beta1/icmsrequests``)."""
+        if resource == "v1/namespaces":
+            return {k: dict(v) for k, v in self.server.namespaces.items()}
         wanted = kmock.resource(resource)
         out = {}
         for (res, ns, name), obj in self.server.objects.items():
@@ -173,9 +236,54 @@ async def emulated_cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     """An emulated Kubernetes API server on 127.0.0.1 and a kubeconfig for it (use inside the test body)."""
     async with ApiServer() as server, kmock.Server(server) as http:
         for name in _BUILT_IN + _CUSTOM:
-            server.resources[name] = kmock.ResourceInfo(namespaced=not name.endswith(("nodes", "namespaces")))
+            server.resources[name] = kmock.ResourceInfo(namespaced=not name.endswith(_CLUSTER_SCOPED))
         url = str(http.url).rstrip("/")
         yield Cluster(server, url, kubeconfig(tmp_path / "kubeconfig", url))
+
+
+async def gpu_nodes(kc: Cluster) -> None:
+    await kc.add_node("h100-a", "NVIDIA-H100-80GB-HBM3", 8)
+    await kc.add_node("h100-b", "NVIDIA-H100-80GB-HBM3", 8)
+    await kc.add_node("l40s-a", "NVIDIA-L40S", 4)
+    await kc.add_node("l40s-b", "NVIDIA-L40S", 4, ready=False)
+    await kc.add_node("system", None, 0)
+
+
+async def registered(p: Any, cluster_id: str, want: dict[str, int]) -> dict[str, Any]:
+    """The cluster's registration once its GPU capacities are ``want``."""
+
+    async def probe() -> dict[str, Any] | None:
+        reply = await p.admin.get(f"/v1/accounts/nvcf-default/clusters/{cluster_id}")
+        if reply.status != 200:
+            return None
+        gpus = {g["name"]: g for g in reply.json.get("gpus", [])}
+        return reply.json if {n: g["capacity"] for n, g in gpus.items()} == want else None
+
+    return await wait_for(probe, timeout=15, what=f"registration with {want}")
+
+
+async def one_pod(kc: Cluster, timeout: float = 20) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
+        pods = kc.objects("v1/pods")
+        return next(iter(pods.values())) if pods else None
+
+    return await wait_for(probe, timeout=timeout, what="the instance's pod")
+
+
+def ready_status() -> dict[str, Any]:
+    return {
+        "phase": "Running",
+        "startTime": stamp(5),
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Initialized", "status": "True"},
+            {"type": "Ready", "status": "True"},
+        ],
+        "containerStatuses": [
+            {"name": "inference", "ready": True, "restartCount": 0, "state": {"running": {"startedAt": stamp(4)}}},
+            {"name": "utils", "ready": True, "restartCount": 0, "state": {"running": {"startedAt": stamp(4)}}},
+        ],
+    }
 
 
 def k8s_cluster(name: str, cluster_id: str, kubeconfig_path: Path, **kube: Any) -> dict[str, Any]:

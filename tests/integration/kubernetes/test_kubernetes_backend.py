@@ -24,7 +24,16 @@ from tests.integration.compute.conftest import (
     spec,
     wait_status,
 )
-from tests.integration.kubernetes.conftest import Cluster, emulated_cluster, k8s_cluster, stamp, validate
+from tests.integration.kubernetes.conftest import (
+    emulated_cluster,
+    gpu_nodes,
+    k8s_cluster,
+    one_pod,
+    ready_status,
+    registered,
+    stamp,
+    validate,
+)
 
 CLUSTER = str(uuid.uuid4())
 CLUSTERS = "/v1/accounts/nvcf-default/clusters"
@@ -33,57 +42,12 @@ PODS = "v1/pods"
 REQUESTS = "nvca.nvcf.nvidia.io/v2beta1/icmsrequests"
 
 
-async def gpu_nodes(kc: Cluster) -> None:
-    await kc.add_node("h100-a", "NVIDIA-H100-80GB-HBM3", 8)
-    await kc.add_node("h100-b", "NVIDIA-H100-80GB-HBM3", 8)
-    await kc.add_node("l40s-a", "NVIDIA-L40S", 4)
-    await kc.add_node("l40s-b", "NVIDIA-L40S", 4, ready=False)
-    await kc.add_node("system", None, 0)
-
-
-async def registered(p: Any, want: dict[str, int]) -> dict[str, Any]:
-    """The cluster's registration once its GPU capacities are ``want``."""
-
-    async def probe() -> dict[str, Any] | None:
-        reply = await p.admin.get(f"{CLUSTERS}/{CLUSTER}")
-        if reply.status != 200:
-            return None
-        gpus = {g["name"]: g for g in reply.json.get("gpus", [])}
-        return reply.json if {n: g["capacity"] for n, g in gpus.items()} == want else None
-
-    return await wait_for(probe, timeout=15, what=f"registration with {want}")
-
-
-async def one_pod(kc: Cluster, timeout: float = 20) -> dict[str, Any]:
-    async def probe() -> dict[str, Any] | None:
-        pods = kc.objects(PODS)
-        return next(iter(pods.values())) if pods else None
-
-    return await wait_for(probe, timeout=timeout, what="the instance's pod")
-
-
-def ready_status() -> dict[str, Any]:
-    return {
-        "phase": "Running",
-        "startTime": stamp(5),
-        "conditions": [
-            {"type": "PodScheduled", "status": "True"},
-            {"type": "Initialized", "status": "True"},
-            {"type": "Ready", "status": "True"},
-        ],
-        "containerStatuses": [
-            {"name": "inference", "ready": True, "restartCount": 0, "state": {"running": {"startedAt": stamp(4)}}},
-            {"name": "utils", "ready": True, "restartCount": 0, "state": {"running": {"startedAt": stamp(4)}}},
-        ],
-    }
-
-
 async def test_gpu_nodes_register_instance_types_and_a_gpu_change_registers_again(tmp_path: Path) -> None:
     async with emulated_cluster(tmp_path) as kc:
         await gpu_nodes(kc)
         clusters = [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig)]
         async with compute_platform(tmp_path, clusters, **{"plugins.compute.inventory_interval": "0.5"}) as p:
-            first = await registered(p, {"H100": 16, "L40S": 4})
+            first = await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
             types = {t["name"]: t for g in first["gpus"] for t in g["instanceTypes"]}
             assert {n: t["maxInstances"] for n, t in types.items()} == {
                 "ON-PREM.GPU.H100_1x": 16,
@@ -106,7 +70,7 @@ async def test_gpu_nodes_register_instance_types_and_a_gpu_change_registers_agai
             # The not-Ready node comes back and another loses half its GPUs: registered again.
             await kc.patch_node("l40s-b", {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
             await kc.patch_node("h100-b", {"status": {"allocatable": {"nvidia.com/gpu": "4"}}})
-            again = await registered(p, {"H100": 12, "L40S": 8})
+            again = await registered(p, CLUSTER, {"H100": 12, "L40S": 8})
             types = {t["name"]: t["maxInstances"] for g in again["gpus"] for t in g["instanceTypes"]}
             assert types["ON-PREM.GPU.H100_8x"] == 1 and types["ON-PREM.GPU.H100_4x"] == 3
             assert "ON-PREM.GPU.H100_8x.x2" not in types
@@ -116,7 +80,7 @@ async def test_a_function_instance_is_a_pod_that_runs_when_ready_and_goes_when_u
     async with emulated_cluster(tmp_path) as kc:
         await gpu_nodes(kc)
         async with compute_platform(tmp_path, [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig)]) as p:
-            await registered(p, {"H100": 16, "L40S": 4})
+            await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
             fid, _, d = await create(p.admin, function("on-k8s", containerImage=IMAGE))
             await deploy(p.admin, d, spec("H100", size=2))
             pod = await one_pod(kc)
@@ -171,7 +135,7 @@ async def test_an_image_that_cannot_be_pulled_fails_the_instance_and_its_pod_is_
         await gpu_nodes(kc)
         clusters = [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig, image_pull_timeout="1")]
         async with compute_platform(tmp_path, clusters) as p:
-            await registered(p, {"H100": 16, "L40S": 4})
+            await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
             _, _, d = await create(p.admin, function("bad-image", containerImage="nvcr.io/acme/missing:0"))
             await deploy(p.admin, d, spec("H100"))
             pod = await one_pod(kc)
@@ -215,7 +179,7 @@ async def test_a_pod_that_does_not_fit_is_no_capacity_and_a_vanished_pod_is_not_
         await gpu_nodes(kc)
         clusters = [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig, scheduling_timeout="1")]
         async with compute_platform(tmp_path, clusters) as p:
-            await registered(p, {"H100": 16, "L40S": 4})
+            await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
             _, _, d = await create(p.admin, function("no-room", containerImage=IMAGE))
             await deploy(p.admin, d, spec("L40S"))
             name = (await one_pod(kc))["metadata"]["name"]
@@ -254,7 +218,7 @@ async def test_the_accounts_registry_credential_becomes_the_pods_pull_secret(tmp
     async with emulated_cluster(tmp_path) as kc:
         await gpu_nodes(kc)
         async with compute_platform(tmp_path, [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig)]) as p:
-            await registered(p, {"H100": 16, "L40S": 4})
+            await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
             secret = base64.b64encode(b"$oauthtoken:nvapi-KEY-0001").decode()
             stored = await p.admin.post(
                 "/v2/nvcf/registry-credentials",
@@ -285,7 +249,7 @@ async def test_a_task_runs_once_in_a_pod_with_its_worker_as_a_sidecar_and_comple
     async with emulated_cluster(tmp_path) as kc:
         await gpu_nodes(kc)
         async with compute_platform(tmp_path, [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig)]) as p:
-            await registered(p, {"H100": 16, "L40S": 4})
+            await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
             made = await p.admin.post(
                 "/v1/nvct/tasks",
                 {
@@ -336,7 +300,7 @@ async def test_pods_outlive_an_agent_restart_and_the_next_agent_takes_them_over(
         await gpu_nodes(kc)
         clusters = [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig)]
         async with compute_platform(tmp_path, clusters) as p:
-            await registered(p, {"H100": 16, "L40S": 4})
+            await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
             _, _, d = await create(p.admin, function("long-lived", containerImage=IMAGE))
             await deploy(p.admin, d, spec("H100"))
             pod = await one_pod(kc)

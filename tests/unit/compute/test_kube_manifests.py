@@ -16,10 +16,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from nvcf_mono.contracts import env
+from nvcf_mono.contracts import env, pull_credentials
 from nvcf_mono.contracts.messages import Action, CreationMessage, FunctionDetails, LaunchSpecification, TaskDetails
 from nvcf_mono.planes.compute.backends import LaunchSpec
-from nvcf_mono.contracts import pull_credentials
 from nvcf_mono.planes.compute.backends.kubernetes import manifests
 from nvcf_mono.planes.compute.config import KubernetesSettings, Toleration
 

@@ -21,6 +21,7 @@ import attrs
 
 from nvcf_mono.contracts.agent import AgentInstance, AgentLog, AgentProcess
 from nvcf_mono.contracts.messages import CreationMessage
+from nvcf_mono.helm import ChartRenderer
 from nvcf_mono.planes.compute.config import ComputeConfig, Image
 from nvcf_mono.planes.compute.gpus import Allocation, Inventory
 from nvcf_mono.planes.compute.health import LaunchFailure, Observation
@@ -68,8 +69,11 @@ class Backend(Protocol):
     """
 
     name: str
-    #: Registered with the cluster (``HelmMiniService``: the control plane may send Helm functions).
-    capabilities: tuple[str, ...]
+
+    @property
+    def capabilities(self) -> tuple[str, ...]:
+        """Registered with the cluster (``HelmMiniService``: the control plane may send Helm functions)."""
+        ...
 
     async def discover(self, cluster_id: str) -> Inventory | None:
         """The cluster's GPUs as this backend sees them (a Kubernetes cluster's nodes); None: the agent's own
@@ -137,6 +141,8 @@ class BackendContext:
     log: logging.Logger
     #: Cluster name -> cluster id, for every configured cluster.
     cluster_ids: Mapping[str, str] = attrs.field(factory=dict)
+    #: Renders Helm charts (the ``helm`` plugin's ``CHART_RENDERER``); None where that plugin is off.
+    charts: ChartRenderer | None = None
 
 
 class BackendProvider(Protocol):

@@ -24,23 +24,32 @@ import anyio
 import attrs
 from anyio.abc import TaskGroup
 
-from nvcf_mono.contracts import env, states
+from nvcf_mono.contracts import env, pull_credentials, states
 from nvcf_mono.contracts.agent import AgentInstance, AgentLog, AgentProcess
 from nvcf_mono.contracts.messages import CreationMessage
 from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.models.cluster import parse_instance_type
 from nvcf_mono.models.common import now_iso
 from nvcf_mono.planes.compute.backends import BackendContext, LaunchSpec
-from nvcf_mono.planes.compute.backends.kubernetes import discovery, manifests, nvlink, pod_health
+from nvcf_mono.planes.compute.backends.kubernetes import (
+    discovery,
+    helm_health,
+    manifests,
+    miniservice,
+    nvlink,
+    pod_health,
+)
 from nvcf_mono.planes.compute.backends.kubernetes.api import Kube, KubeError, Obj, PodCache, open_client
 from nvcf_mono.planes.compute.config import ClusterSettings, ComputeConfig
 from nvcf_mono.planes.compute.gpus import Inventory
 from nvcf_mono.planes.compute.health import LaunchFailure, Observation
+from nvcf_mono.reval.engine import RequestError, RevalRequest, Validator, ValidatorSettings
 
 __all__ = ["KubernetesBackend", "KubernetesProvider"]
 
 #: A created pod the watch has not shown yet after this long is missing.
 _UNSEEN_GRACE = 30.0
+MS_RESOURCE = (miniservice.MS_GROUP, miniservice.MS_VERSION, miniservice.MS_PLURAL)
 
 
 @final
@@ -61,10 +70,26 @@ class KubeInstance:
     reported: str = ""
     #: Extra objects of the instance to delete with it (pull secret, compute domain).
     extras: tuple[tuple[str, str], ...] = ()
+    #: A Helm function or task: its MiniService.
+    helm: HelmInstall | None = None
 
     port: int | None = None
     health_port: int | None = None
     processes: tuple[AgentProcess, ...] = ()
+
+
+@attrs.define(eq=False)
+class HelmInstall:
+    """A chart installed for one instance, in its own namespace."""
+
+    namespace: str
+    name: str
+    by_worker_readiness: bool
+    #: (resource, name) of every chart object applied, in install order.
+    applied: list[tuple[tuple[str, str, str], str]] = attrs.field(factory=list)
+    phase: str = miniservice.INSTALLING
+    controllers: list[Obj] = attrs.field(factory=list)
+    checked: float = 0.0
 
 
 @attrs.frozen(kw_only=True)
@@ -94,9 +119,9 @@ class KubernetesBackend:
     """Runs instances as pods on the clusters that name ``backend: kubernetes``."""
 
     name = "kubernetes"
-    capabilities: tuple[str, ...] = ("DynamicGPUDiscovery", "UniformInstanceLabels")
 
     def __init__(self, ctx: BackendContext) -> None:
+        self._charts = ctx.charts
         self._config: ComputeConfig = ctx.config
         self._log = ctx.log.getChild("kubernetes")
         self._clusters = [c for c in ctx.config.clusters if c.backend == self.name]
@@ -142,6 +167,11 @@ class KubernetesBackend:
                 await stack.aclose()
         self._held.clear()
 
+    @property
+    def capabilities(self) -> tuple[str, ...]:
+        helm = ("HelmMiniService",) if self._charts is not None and self._charts.name is not None else ()
+        return ("DynamicGPUDiscovery", "UniformInstanceLabels", *helm)
+
     def _site(self, cluster_id: str) -> Site:
         site = self._sites.get(cluster_id)
         if site is None:
@@ -174,10 +204,13 @@ class KubernetesBackend:
 
     def refuse(self, message: CreationMessage) -> LaunchFailure | None:
         if message.launch_specification.helm_chart:
-            return LaunchFailure(
-                cause=states.CREATE_CONTAINER_ERROR,
-                detail="Helm functions and tasks are not installed by this version of the kubernetes backend",
-            )
+            if self._charts is None or self._charts.name is None:
+                return LaunchFailure(
+                    cause=states.CREATE_CONTAINER_ERROR,
+                    detail="this agent cannot render Helm charts: enable the 'helm' plugin and install helm or "
+                    "helm-python-sdk (pip install 'nvcf-mono[helm]')",
+                )
+            return None
         parsed = parse_instance_type(message.instance_type_name)
         if parsed is not None and parsed.nodes > 1:
             return LaunchFailure(
@@ -189,18 +222,26 @@ class KubernetesBackend:
 
     # ---- one instance --------------------------------------------------------------------------
 
-    async def start(self, spec: LaunchSpec) -> KubeInstance:
-        site = self._site(spec.cluster_id)
+    def _hold(self, spec: LaunchSpec, *, seen: bool) -> KubeInstance:
         inst = KubeInstance(
             instance_id=spec.instance_id,
             request_id=spec.request_id,
             cluster_id=spec.cluster_id,
             task=manifests.is_task(spec.message),
             created_at=time.time(),
+            seen=seen,
         )
         self._held[inst.instance_id] = inst
+        return inst
+
+    async def start(self, spec: LaunchSpec) -> KubeInstance:
+        site = self._site(spec.cluster_id)
+        inst = self._hold(spec, seen=False)
         try:
-            await self._create(site, spec, inst)
+            if spec.message.launch_specification.helm_chart:
+                await self._install(site, spec, inst)
+            else:
+                await self._create(site, spec, inst)
         except _Refused as err:
             inst.failure = err.failure
             self._log.info("instance %s cannot start: %s", inst.instance_id, err.failure.detail)
@@ -284,31 +325,208 @@ class KubernetesBackend:
             ) from err
         return json.dumps(values)
 
+    # ---- Helm: a MiniService ----------------------------------------------------------------------
+
+    async def _install(self, site: Site, spec: LaunchSpec, inst: KubeInstance) -> None:
+        """Render and validate the chart, then install it in the request's namespace (reference §5 doInstall)."""
+        settings = site.settings
+        kube = site.kube
+        namespace = miniservice.namespace_of(spec)
+        local = attrs.evolve(settings, namespace=namespace)
+        try:
+            if not site.namespace_ready:
+                await kube.ensure_namespace()
+                site.namespace_ready = True
+            await kube.create_request(manifests.icms_request(spec, settings))
+            objects, config = await self._render(spec, namespace, settings.allow_local_charts)
+            inst.helm = HelmInstall(
+                namespace=namespace,
+                name=miniservice.miniservice_name(spec),
+                by_worker_readiness=config.by_worker_readiness,
+            )
+            await kube.create_tolerant(kube.core.create_namespace, miniservice.namespace(spec))
+            await kube.create_or_apply(
+                miniservice.miniservice(spec, settings, config, objects), MS_RESOURCE, miniservice.FIELD_MANAGER
+            )
+            secrets_json = await self._secrets(spec)
+            secret = manifests.instance_secret(spec, local, owner=None, secrets_json=secrets_json)
+            await kube.create_or_apply(secret, ("", "v1", "secrets"), miniservice.FIELD_MANAGER)
+            pulls = await self._helm_pull_secrets(site, spec, local)
+            worker = miniservice.utils_pod(
+                spec, local, pull_secrets=pulls, ready_timeout=self._config.health.start_timeout + 60
+            )
+            await kube.create_or_apply(worker, ("", "v1", "pods"), miniservice.FIELD_MANAGER)
+            for obj in miniservice.apply_order(objects):
+                mutated = miniservice.mutate(
+                    obj, spec, settings, pull_secrets=pulls, attributes=site.cluster.attributes
+                )
+                resource = miniservice.resource_of(mutated)
+                await kube.create_or_apply(mutated, resource, miniservice.FIELD_MANAGER)
+                inst.helm.applied.append((resource, mutated["metadata"]["name"]))
+            await self._phase(site, inst, miniservice.INSTALLED)
+            self._log.info(
+                "instance %s: chart %s installed in %s (%d objects)",
+                inst.instance_id,
+                spec.message.launch_specification.helm_chart,
+                namespace,
+                len(objects),
+            )
+        except KubeError as err:
+            raise _Refused(states.FAILED, f"UnexpectedInstallError: {err}") from err
+        except ValueError as err:
+            raise _Refused(states.FAILED, f"UnexpectedInstallError: {err}") from err
+
+    async def _render(self, spec: LaunchSpec, namespace: str, allow_local: bool) -> tuple[list[Obj], Any]:
+        """The chart's objects, rendered and validated as the control plane does (the same renderer)."""
+        if self._charts is None:
+            raise _Refused(states.CREATE_CONTAINER_ERROR, "this agent cannot render Helm charts")
+        launch = spec.message.launch_specification
+        contract = launch.environment
+        auth = pull_credentials.decode(contract.get(env.HELM_REGISTRIES_CREDENTIALS, ""))
+        port = contract.get(env.INFERENCE_PORT, "")
+        validator = Validator(self._charts, ValidatorSettings(allow_local_charts=allow_local))
+        try:
+            result = await validator.render(
+                RevalRequest(
+                    helm_chart=launch.helm_chart,
+                    namespace=namespace,
+                    helm_chart_service_name=contract.get(env.HELM_CHART_INFERENCE_SERVICE_NAME) or None,
+                    helm_chart_service_port=int(port)
+                    if port.isdigit() and not manifests.is_task(spec.message)
+                    else None,
+                    configuration=miniservice.chart_values(spec),
+                    helm_registry_auth_config=auth or None,
+                )
+            )
+        except RequestError as err:
+            raise _Refused(states.FAILED, f"ReValResultInvalid: {err}") from err
+        if not result.valid:
+            raise _Refused(states.FAILED, "ReValResultInvalid: " + "; ".join(result.validation_errors))
+        objects, config = miniservice.split_workload_config([dict(o) for o in result.output or ()])
+        return objects, config
+
+    async def _helm_pull_secrets(self, site: Site, spec: LaunchSpec, local: Any) -> list[str]:
+        """The account's registry credentials, and the cluster's configured pull secrets copied in."""
+        kube = site.kube
+        names = []
+        regcred = manifests.pull_secret(spec, local, owner=None, every_registry=True)
+        if regcred is not None:
+            await kube.create_or_apply(regcred, ("", "v1", "secrets"), miniservice.FIELD_MANAGER)
+            names.append(regcred["metadata"]["name"])
+        for name in site.settings.image_pull_secrets:
+            try:
+                source = await kube.raw("GET", kube.path("", "v1", "secrets", kube.namespace, name))
+            except KubeError as err:
+                self._log.warning("pull secret %s/%s cannot be copied: %s", kube.namespace, name, err)
+                continue
+            copy = {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": source.get("type", "kubernetes.io/dockerconfigjson"),
+                "metadata": {"name": name, "namespace": local.namespace},
+                "data": source.get("data") or {},
+            }
+            await kube.create_or_apply(copy, ("", "v1", "secrets"), miniservice.FIELD_MANAGER)
+            names.append(name)
+        return names
+
+    async def _phase(self, site: Site, inst: KubeInstance, phase: str, conditions: Sequence[str] = ()) -> None:
+        helm = inst.helm
+        if helm is None or (helm.phase == phase and not conditions):
+            return
+        helm.phase = phase
+        status: Obj = {"phase": phase, "lastPhaseTransitionTime": now_iso()}
+        if conditions:
+            status["conditions"] = [
+                {
+                    "type": "ObjectsHealthy",
+                    "status": "False",
+                    "reason": "ObjectStatusErrors",
+                    "message": "; ".join(conditions)[:2000],
+                }
+            ]
+        try:
+            await site.kube.patch_status(MS_RESOURCE, None, helm.name, status)
+        except KubeError as err:
+            self._log.debug("cannot update MiniService %s: %s", helm.name, err)
+
+    async def _observe_helm(self, site: Site, inst: KubeInstance, helm: HelmInstall, now: float) -> Observation:
+        pods = site.pods.in_namespace(helm.namespace)
+        worker = site.pods.get(inst.instance_id, helm.namespace)
+        inst.seen = inst.seen or worker is not None
+        # Controllers (Deployments, Jobs, ...) are read for terminal conditions every few looks, not watched.
+        if now - helm.checked >= max(self._config.health.probe_interval * 5, 1.0):
+            helm.checked = now
+            found = []
+            for resource, name in helm.applied:
+                if resource[2] in ("deployments", "replicasets", "statefulsets", "jobs", "cronjobs"):
+                    try:
+                        obj = await site.kube.get_object(resource, helm.namespace, name)
+                    except KubeError:
+                        obj = None
+                    if obj is not None:
+                        found.append(obj)
+            helm.controllers = found
+        view = helm_health.observe_helm(
+            worker=worker,
+            worker_seen=inst.seen,
+            worker_name=inst.instance_id,
+            pods=[p for p in pods if p.get("metadata", {}).get("name") != inst.instance_id],
+            controllers=helm.controllers,
+            by_worker_readiness=helm.by_worker_readiness,
+            task=inst.task,
+            now=now,
+            limits=self._limits(site, scheduling=site.settings.scheduling_timeout),
+        )
+        await self._phase(site, inst, view.phase, view.objects if view.phase != helm.phase else ())
+        obs = view.observation
+        if helm.by_worker_readiness and view.objects and obs.failure is None and obs.completed is None:
+            # The other objects do not decide; what they do is still shown.
+            obs = attrs.evolve(obs, detail="; ".join(filter(None, [obs.detail, *view.objects])))
+        return obs
+
+    async def _uninstall(self, site: Site, inst: KubeInstance, helm: HelmInstall, grace: float) -> None:
+        """Workload objects first (their pods get the grace), then the worker, then the namespace."""
+        kube = site.kube
+        for resource, name in reversed(helm.applied):
+            try:
+                await kube.delete_object(resource, helm.namespace, name)
+            except KubeError as err:
+                self._log.warning("deleting %s %s/%s failed: %s", resource[2], helm.namespace, name, err)
+        with anyio.move_on_after(grace + site.settings.api_timeout):
+            while any(
+                p.get("metadata", {}).get("name") != inst.instance_id for p in site.pods.in_namespace(helm.namespace)
+            ):
+                await site.pods.changed(1.0)
+        try:
+            await kube.delete_pod_in(helm.namespace, inst.instance_id, int(grace))
+        except KubeError as err:
+            self._log.warning("deleting the worker pod of %s failed: %s", inst.instance_id, err)
+
     async def adopt(self, spec: LaunchSpec, recorded: AgentInstance) -> KubeInstance:
         site = self._site(spec.cluster_id)
         with anyio.move_on_after(site.settings.api_timeout):
             await site.pods.synced.wait()
+        if spec.message.launch_specification.helm_chart:
+            # Installing again is idempotent (create, or server-side apply): what changed is re-applied.
+            return await self.start(spec)
         if site.pods.get(spec.instance_id) is None:
             self._log.info("instance %s: its pod is gone; creating it again", spec.instance_id)
             return await self.start(spec)
-        inst = KubeInstance(
-            instance_id=spec.instance_id,
-            request_id=spec.request_id,
-            cluster_id=spec.cluster_id,
-            task=manifests.is_task(spec.message),
-            created_at=time.time(),
-            seen=True,
-        )
-        self._held[inst.instance_id] = inst
-        return inst
+        return self._hold(spec, seen=True)
 
     async def observe(self, handle: object) -> Observation:
         inst = _kube(handle)
         if inst.failure is not None:
             return Observation(ready=False, failure=inst.failure)
         site = self._site(inst.cluster_id)
-        pod = site.pods.get(inst.instance_id)
         now = time.time()
+        if inst.helm is not None:
+            obs = await self._observe_helm(site, inst, inst.helm, now)
+            if obs.failure is not None and not inst.error_text:
+                inst.error_text = obs.failure.detail[-site.settings.error_log_bytes :]
+            return obs
+        pod = site.pods.get(inst.instance_id)
         if pod is None:
             if inst.seen or (site.pods.synced.is_set() and now - inst.created_at > _UNSEEN_GRACE):
                 obs = pod_health.missing(inst.instance_id)
@@ -316,13 +534,7 @@ class KubernetesBackend:
                 return Observation(ready=False, detail="pod created, not seen yet")
         else:
             inst.seen = True
-            s = site.settings
-            limits = pod_health.Thresholds(
-                scheduling=self._scheduling_limit(inst, pod, s.scheduling_timeout),
-                image_pull=s.image_pull_timeout,
-                init=s.init_timeout,
-                restarts=self._config.health.restart_limit,
-            )
+            limits = self._limits(site, scheduling=self._scheduling_limit(inst, pod, site.settings.scheduling_timeout))
             obs = pod_health.observe_pod(pod, now=now, limits=limits, task=inst.task)
         if (obs.failure is not None or (obs.completed is not None and not obs.completed.succeeded)) and not (
             inst.error_text
@@ -330,6 +542,15 @@ class KubernetesBackend:
             inst.error_text = await self._explain(site, inst, pod, obs)
         await self._report_to_request(site, inst, obs)
         return obs
+
+    def _limits(self, site: Site, *, scheduling: float) -> pod_health.Thresholds:
+        s = site.settings
+        return pod_health.Thresholds(
+            scheduling=scheduling,
+            image_pull=s.image_pull_timeout,
+            init=s.init_timeout,
+            restarts=self._config.health.restart_limit,
+        )
 
     @staticmethod
     def _scheduling_limit(inst: KubeInstance, pod: Obj, default: float) -> float:
@@ -394,6 +615,9 @@ class KubernetesBackend:
     async def stop(self, handle: object, grace: float) -> None:
         inst = _kube(handle)
         site = self._site(inst.cluster_id)
+        if inst.helm is not None:
+            await self._uninstall(site, inst, inst.helm, grace)
+            return
         if site.pods.get(inst.instance_id) is None and inst.failure is not None:
             return  # never created
         try:
@@ -418,7 +642,12 @@ class KubernetesBackend:
         site = self._site(inst.cluster_id)
         kube = site.kube
         try:
-            await kube.delete_secret(manifests.secret_name(inst.instance_id))
+            if inst.helm is not None:
+                # The namespace takes what is left with it (secrets, the worker); then the MiniService.
+                await kube.delete_object(("", "v1", "namespaces"), None, inst.helm.namespace)
+                await kube.delete_object(MS_RESOURCE, None, inst.helm.name)
+            else:
+                await kube.delete_secret(manifests.secret_name(inst.instance_id))
             for kind, name in inst.extras:
                 if kind == "secret":
                     await kube.delete_secret(name)
@@ -462,7 +691,7 @@ class KubernetesBackend:
         with anyio.move_on_after(site.settings.api_timeout):
             await site.pods.synced.wait()
         wanted = {i.instance_id for i in keep}
-        strays = sorted(name for name in site.pods.pods if name not in wanted)
+        strays = sorted(name for ns, name in site.pods.pods if ns == site.kube.namespace and name not in wanted)
         for name in strays:
             self._log.warning("deleting pod %s: no request holds it", name)
             try:

@@ -135,6 +135,9 @@ class Kube:
     async def delete_pod(self, name: str, grace: int) -> None:
         await self._delete(self.core.delete_namespaced_pod, name, self.namespace, grace_period_seconds=grace)
 
+    async def delete_pod_in(self, namespace: str, name: str, grace: int) -> None:
+        await self._delete(self.core.delete_namespaced_pod, name, namespace, grace_period_seconds=grace)
+
     async def delete_secret(self, name: str) -> None:
         await self._delete(self.core.delete_namespaced_secret, name, self.namespace)
 
@@ -164,6 +167,73 @@ class Kube:
         except (ApiException, TimeoutError, OSError):
             return ""
         return data.decode(errors="replace")[-limit:] if limit > 0 else ""
+
+    # ---- any object (a chart's) ------------------------------------------------------------------
+
+    @staticmethod
+    def path(group: str, version: str, plural: str, namespace: str | None, name: str | None = None) -> str:
+        base = f"/api/{version}" if not group else f"/apis/{group}/{version}"
+        where = f"/namespaces/{namespace}" if namespace else ""
+        return f"{base}{where}/{plural}" + (f"/{name}" if name else "")
+
+    async def raw(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        query: list[tuple[str, Any]] | None = None,
+    ) -> Obj:
+        """Any call by path (the chart's kinds have no typed API here)."""
+        return await self._call(
+            self.api.call_api,
+            path,
+            method,
+            query_params=query or [],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+        )
+
+    async def create_or_apply(self, obj: Obj, resource: tuple[str, str, str], field_manager: str) -> Obj:
+        """Create the object, or bring an existing one to this state by server-side apply."""
+        group, version, plural = resource
+        meta = obj.get("metadata", {})
+        namespace = meta.get("namespace")
+        try:
+            return await self.raw("POST", self.path(group, version, plural, namespace), obj)
+        except KubeError as err:
+            if err.status != 409:
+                raise
+        return await self.raw(
+            "PATCH",
+            self.path(group, version, plural, namespace, meta["name"]),
+            obj,
+            content_type="application/apply-patch+yaml",
+            query=[("fieldManager", field_manager), ("force", "true")],
+        )
+
+    async def get_object(self, resource: tuple[str, str, str], namespace: str | None, name: str) -> Obj | None:
+        try:
+            return await self.raw("GET", self.path(*resource, namespace, name))
+        except KubeError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def delete_object(self, resource: tuple[str, str, str], namespace: str | None, name: str) -> None:
+        try:
+            await self.raw("DELETE", self.path(*resource, namespace, name), {"propagationPolicy": "Background"})
+        except KubeError as err:
+            if err.status != 404:
+                raise
+
+    async def patch_status(self, resource: tuple[str, str, str], namespace: str | None, name: str, status: Obj) -> None:
+        await self.raw(
+            "PATCH", self.path(*resource, namespace, name) + "/status", {"status": status}, content_type=MERGE_PATCH
+        )
 
     # ---- ICMSRequest ---------------------------------------------------------------------------
 
@@ -198,12 +268,14 @@ class Kube:
 
 
 class PodCache:
-    """The agent's pods in its namespace, kept current by a list and then a watch (relisted on errors)."""
+    """The agent's pods in every namespace (its own and its Helm instances'), kept current by a list and then
+    a watch (relisted on errors), by (namespace, name).
+    """
 
     def __init__(self, kube: Kube, selector: Mapping[str, str]) -> None:
         self._kube = kube
         self._selector = dict(selector)
-        self.pods: dict[str, Obj] = {}
+        self.pods: dict[tuple[str, str], Obj] = {}
         self.synced = anyio.Event()
         #: Set (and replaced) on every change, for whoever waits for one.
         self._changed = anyio.Event()
@@ -213,8 +285,11 @@ class PodCache:
         labels = pod.get("metadata", {}).get("labels") or {}
         return all(labels.get(k) == v for k, v in self._selector.items())
 
-    def get(self, name: str) -> Obj | None:
-        return self.pods.get(name)
+    def get(self, name: str, namespace: str | None = None) -> Obj | None:
+        return self.pods.get((namespace or self._kube.namespace, name))
+
+    def in_namespace(self, namespace: str) -> list[Obj]:
+        return [pod for (ns, _), pod in self.pods.items() if ns == namespace]
 
     async def changed(self, timeout: float) -> None:
         """Wait for the next change (or ``timeout`` seconds)."""
@@ -226,14 +301,19 @@ class PodCache:
         self._changed.set()
         self._changed = anyio.Event()
 
+    @staticmethod
+    def _key(pod: Mapping[str, Any]) -> tuple[str, str]:
+        meta = pod.get("metadata", {})
+        return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
     def apply(self, kind: str, pod: Obj) -> None:
-        name = pod.get("metadata", {}).get("name")
-        if not name or not self._mine(pod):
+        key = self._key(pod)
+        if not key[1] or not self._mine(pod):
             return
         if kind == "DELETED":
-            self.pods.pop(name, None)
+            self.pods.pop(key, None)
         elif kind in ("ADDED", "MODIFIED"):
-            self.pods[name] = pod
+            self.pods[key] = pod
         self._notify()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -244,27 +324,34 @@ class PodCache:
         pause = 0.2
         while True:
             try:
-                listing = await kube._call(kube.core.list_namespaced_pod, kube.namespace, label_selector=selector)
-                self.pods = {p["metadata"]["name"]: p for p in listing.get("items") or [] if self._mine(p)}
+                listing = await kube._call(kube.core.list_pod_for_all_namespaces, label_selector=selector)
+                self.pods = {self._key(p): p for p in listing.get("items") or [] if self._mine(p)}
                 self.synced.set()
                 self._notify()
                 version = (listing.get("metadata") or {}).get("resourceVersion")
+                began = anyio.current_time()
                 await self._watch(selector, version)
-                pause = 0.2
+                if anyio.current_time() - began < 1.0:
+                    # A watch that ends at once (a server that does not stream): no tight relist loop.
+                    await anyio.sleep(pause)
+                    pause = min(pause * 2, 10.0)
+                else:
+                    pause = 0.2
             except KubeError as err:
-                kube.log.warning("watching pods in %s failed (%s); again in %.1fs", kube.namespace, err, pause)
+                kube.log.warning("watching the agent's pods failed (%s); again in %.1fs", err, pause)
                 await anyio.sleep(pause)
                 pause = min(pause * 2, 10.0)
 
     async def _watch(self, selector: str, version: str | None) -> None:
         kube = self._kube
         timeout = int(kube.settings.watch_timeout)
-        kwargs: dict[str, Any] = {"label_selector": selector, "watch": True, "timeout_seconds": timeout}
+        # "true", not True: the client would send "True", which some servers do not take for a watch.
+        kwargs: dict[str, Any] = {"label_selector": selector, "watch": "true", "timeout_seconds": timeout}
         if version and version.isdigit():
             kwargs["resource_version"] = version
         try:
             with anyio.fail_after(kube.settings.api_timeout):
-                resp: Any = await kube.core.list_namespaced_pod(kube.namespace, _preload_content=False, **kwargs)
+                resp: Any = await kube.core.list_pod_for_all_namespaces(_preload_content=False, **kwargs)
         except ApiException as err:
             raise KubeError(int(err.status or 0), _message(err)) from err
         except (TimeoutError, OSError) as err:

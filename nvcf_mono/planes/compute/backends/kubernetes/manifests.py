@@ -15,7 +15,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from nvcf_mono.contracts import env, pull_credentials
+from nvcf_mono.contracts import env, kube_labels, pull_credentials
 from nvcf_mono.contracts.messages import CreationMessage
 from nvcf_mono.models.common import duration_seconds
 from nvcf_mono.planes.compute.backends import LaunchSpec
@@ -44,8 +44,8 @@ TASK_DIR = "/var/task"
 SECRET_TOKEN_KEY = "worker-token"
 SECRET_FILE_KEY = "secrets.json"
 #: Keys of the contract that never reach a pod spec in the clear.
-_SENSITIVE = frozenset({env.NVCF_WORKER_TOKEN, env.CONTAINER_REGISTRIES_CREDENTIALS})
-MAX_QUEUED_ANNOTATION = "nvcf.nvidia.io/max-queued-seconds"
+_SENSITIVE = frozenset({env.NVCF_WORKER_TOKEN, env.CONTAINER_REGISTRIES_CREDENTIALS, env.HELM_REGISTRIES_CREDENTIALS})
+MAX_QUEUED_ANNOTATION = kube_labels.MAX_QUEUED_SECONDS
 #: A task's grace period is at least an hour (reference compute-plane §3, container tasks).
 TASK_MIN_GRACE = 3600.0
 
@@ -85,16 +85,16 @@ def instance_labels(spec: LaunchSpec) -> dict[str, str]:
     labels = {
         "icms-request-id": msg.request_id,
         "nca-id": msg.nca_id,
-        "nvcf.nvidia.io/message-batch-id": msg.message_batch_id,
+        kube_labels.MESSAGE_BATCH_ID: msg.message_batch_id,
         "gpu-name": msg.gpu_type,
         "GPU_COUNT": str(max(msg.requested_gpu_count, 1)),
         CLUSTER_LABEL: spec.cluster_id,
         INSTANCE_LABEL: spec.instance_id,
     }
     if msg.deployment_id:
-        labels["nvcf.nvidia.io/deployment-id"] = msg.deployment_id
+        labels[kube_labels.DEPLOYMENT_ID] = msg.deployment_id
     if msg.gpu_specification_id:
-        labels["nvcf.nvidia.io/gpu-specification-id"] = msg.gpu_specification_id
+        labels[kube_labels.GPU_SPECIFICATION_ID] = msg.gpu_specification_id
     if msg.function_details is not None:
         labels["function-id"] = msg.function_details.function_id
         labels["function-version-id"] = msg.function_details.function_version_id
@@ -110,11 +110,11 @@ def instance_annotations(spec: LaunchSpec, cluster_group: str) -> dict[str, str]
         "nca-id": msg.nca_id,
         "instance-count": str(msg.instance_count),
         "icms-cluster-group": cluster_group,
-        "nvcf.nvidia.io/region": contract.get(env.REGION, ""),
-        "nvcf.nvidia.io/backend": contract.get(env.BACKEND, cluster_group),
-        "nvcf.nvidia.io/instance-type-name": msg.instance_type_name,
-        "nvcf.nvidia.io/instance-type-value": msg.instance_type_value,
-        "nvcf.nvidia.io/environment": "nvcf-mono",
+        kube_labels.REGION: contract.get(env.REGION, ""),
+        kube_labels.BACKEND: contract.get(env.BACKEND, cluster_group),
+        kube_labels.INSTANCE_TYPE_NAME: msg.instance_type_name,
+        kube_labels.INSTANCE_TYPE_VALUE: msg.instance_type_value,
+        kube_labels.ENVIRONMENT: "nvcf-mono",
     }
     if msg.function_details is not None and msg.function_details.function_name:
         out["function-name"] = msg.function_details.function_name
@@ -197,11 +197,11 @@ def _workload_env(spec: LaunchSpec) -> list[Manifest]:
         values[env.INFERENCE_PORT] = port
     out = _env_list(values)
     out += [
-        _annotation_ref(env.NVCF_REGION, "nvcf.nvidia.io/region"),
-        _annotation_ref(env.NVCF_INSTANCETYPE, "nvcf.nvidia.io/instance-type-name"),
-        _annotation_ref(env.NVCF_INSTANCETYPE_VALUE, "nvcf.nvidia.io/instance-type-value"),
-        _annotation_ref(env.NVCF_BACKEND, "nvcf.nvidia.io/backend"),
-        _annotation_ref("NVCF_ENV", "nvcf.nvidia.io/environment"),
+        _annotation_ref(env.NVCF_REGION, kube_labels.REGION),
+        _annotation_ref(env.NVCF_INSTANCETYPE, kube_labels.INSTANCE_TYPE_NAME),
+        _annotation_ref(env.NVCF_INSTANCETYPE_VALUE, kube_labels.INSTANCE_TYPE_VALUE),
+        _annotation_ref(env.NVCF_BACKEND, kube_labels.BACKEND),
+        _annotation_ref("NVCF_ENV", kube_labels.ENVIRONMENT),
         _annotation_ref(env.NVCF_NCA_ID, "nca-id"),
     ]
     if spec.message.function_details is not None:
@@ -284,7 +284,7 @@ def _probes() -> dict[str, Manifest]:
 _DROP_ALL = {"capabilities": {"drop": ["ALL"]}, "allowPrivilegeEscalation": False}
 
 
-def _tolerations(settings: KubernetesSettings) -> list[Manifest]:
+def tolerations(settings: KubernetesSettings) -> list[Manifest]:
     out: list[Manifest] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     for t in settings.tolerations:
         item: Manifest = {"operator": t.operator}
@@ -298,7 +298,7 @@ def _tolerations(settings: KubernetesSettings) -> list[Manifest]:
     return out
 
 
-def _affinity(instance_type_value: str) -> Manifest:
+def affinity(instance_type_value: str) -> Manifest:
     term = {"matchExpressions": [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": [instance_type_value]}]}
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
@@ -325,15 +325,17 @@ def instance_pod(
     owner: Mapping[str, Any] | None,
     pull_secrets: Sequence[str],
     ready_timeout: float,
+    worker_only: bool = False,
 ) -> Manifest:
-    """The Pod of a container function (``inference`` + ``utils``) or task (``task`` + ``utils``).
+    """The Pod of a container function (``inference`` + ``utils``) or task (``task`` + ``utils``); with
+    ``worker_only``, a Helm instance's ``utils`` pod (the chart runs the workload).
 
     Raises ValueError when the launch spec cannot make a pod (no image, unreadable args or env).
     """
     msg = spec.message
     launch = msg.launch_specification
     contract = launch.environment
-    image = launch.container_image or contract.get(env.INFERENCE_CONTAINER)
+    image = launch.container_image or contract.get(env.INFERENCE_CONTAINER) or ("" if not worker_only else "-")
     if not image:
         raise ValueError("the launch specification names no container image")
     task = is_task(msg)
@@ -380,11 +382,17 @@ def instance_pod(
         "terminationGracePeriodSeconds": grace_seconds(spec, settings),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "tolerations": _tolerations(settings),
-        "affinity": _affinity(msg.instance_type_value),
+        "tolerations": tolerations(settings),
+        "affinity": affinity(msg.instance_type_value),
         "volumes": volumes,
     }
-    if task:
+    if worker_only:
+        pod_spec.pop("affinity")  # the worker needs no GPU node
+        pod_spec["restartPolicy"] = "Always"
+        pod_spec["containers"] = [utils]
+        pod_spec["volumes"] = [v for v in volumes if v["name"] != "dshm"]
+        pod_spec["terminationGracePeriodSeconds"] = int(settings.termination_grace)
+    elif task:
         # The worker is a native sidecar: it starts first, and when the task's container ends the
         # kubelet stops it (SIGTERM), so it uploads what is left and the pod completes.
         utils["restartPolicy"] = "Always"
@@ -430,18 +438,18 @@ def instance_secret(
     }
 
 
-def pull_secret(spec: LaunchSpec, settings: KubernetesSettings, *, owner: Mapping[str, Any] | None) -> Manifest | None:
-    """``workload-<instance>-regcred-0``: the account's registry credentials for the image's registry.
-
-    ``CONTAINER_REGISTRIES_CREDENTIALS`` is base64 of ``{k8sSecrets: [{auths: {host: {auth}}}]}``; only the
-    entries of the image's registry are kept. None when there are none (or they cannot be read).
+def pull_secret(
+    spec: LaunchSpec, settings: KubernetesSettings, *, owner: Mapping[str, Any] | None, every_registry: bool = False
+) -> Manifest | None:
+    """``workload-<instance>-regcred-0``: the account's registry credentials for the image's registry (with
+    ``every_registry``, a Helm chart's: all of them, its images may come from any). None when there are none.
     """
     contract = spec.message.launch_specification.environment
     raw = contract.get(env.CONTAINER_REGISTRIES_CREDENTIALS, "").strip()
     image = spec.message.launch_specification.container_image or contract.get(env.INFERENCE_CONTAINER, "")
-    if not raw or not image:
+    if not raw or not (image or every_registry):
         return None
-    auths = pull_credentials.auths_for(raw, pull_credentials.image_registry(image))
+    auths = pull_credentials.auths_for(raw, None if every_registry else pull_credentials.image_registry(image))
     if not auths:
         return None
     config = json.dumps({"auths": auths}, sort_keys=True)
@@ -467,7 +475,7 @@ def icms_request(spec: LaunchSpec, settings: KubernetesSettings) -> Manifest:
         "SQSMessageID": message_id(msg.request_id),
         "icms-request-id": msg.request_id,
         "nca-id": f"nca-{msg.nca_id}-nca",
-        "nvcf.nvidia.io/message-batch-id": msg.message_batch_id,
+        kube_labels.MESSAGE_BATCH_ID: msg.message_batch_id,
         "gpu-name": msg.gpu_type,
         CLUSTER_LABEL: spec.cluster_id,
     }

@@ -46,7 +46,8 @@ class Where:
 def worker_environment(base: Mapping[str, str], contract: Mapping[str, str], where: Where) -> dict[str, str]:
     """The sidecar's environment: the contract, with the instance's own ports and directories."""
     out = {**base, **contract}
-    out.pop(env.CONTAINER_REGISTRIES_CREDENTIALS, None)  # processes pull nothing: no process needs them
+    for key in (env.CONTAINER_REGISTRIES_CREDENTIALS, env.HELM_REGISTRIES_CREDENTIALS):
+        out.pop(key, None)  # processes pull nothing: no process needs them
     declared = contract.get(env.INFERENCE_PORT, "")
     health = contract.get(env.INFERENCE_HEALTH_PORT, declared)
     out.update(

@@ -1,0 +1,160 @@
+"""The health of a Helm instance (reference compute-plane §4 "Helm (MiniService) health", seed 003).
+
+By default every rendered object counts: a pod in a bad state, a controller with a terminal condition
+or a failed Job fails the instance. With the chart's ``StatusByWorkerReadiness`` flag only the worker's
+readiness decides; the other objects' states are reported for debugging. Pure: the pods and controllers
+of the instance's namespace in, an observation and the MiniService phase out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from nvcf_mono.contracts import states
+from nvcf_mono.planes.compute.backends.kubernetes import miniservice as ms
+from nvcf_mono.planes.compute.backends.kubernetes.pod_health import Thresholds, missing, observe_pod
+from nvcf_mono.planes.compute.health import Completion, LaunchFailure, Observation
+
+Obj = Mapping[str, Any]
+
+
+@attrs.frozen(kw_only=True)
+class HelmView:
+    observation: Observation
+    phase: str
+    #: What the objects other than the worker are doing (for the instance's detail and the MiniService).
+    objects: tuple[str, ...] = ()
+
+
+def _name(obj: Obj) -> str:
+    return f"{obj.get('kind', 'Pod')}/{obj.get('metadata', {}).get('name', '?')}"
+
+
+def _conditions(obj: Obj) -> dict[str, Obj]:
+    return {c.get("type", ""): c for c in obj.get("status", {}).get("conditions") or ()}
+
+
+def controller_failure(obj: Obj) -> str | None:
+    """A controller's terminal condition, in words (ProgressDeadlineExceeded, a replica failure, a failed Job)."""
+    conditions = _conditions(obj)
+    progressing = conditions.get("Progressing", {})
+    if progressing.get("reason") == "ProgressDeadlineExceeded":
+        return f"{_name(obj)}: ProgressDeadlineExceeded: {progressing.get('message', '')}".rstrip(": ")
+    replica = conditions.get("ReplicaFailure", {})
+    if replica.get("status") == "True":
+        return f"{_name(obj)}: {replica.get('reason', 'ReplicaFailure')}: {replica.get('message', '')}".rstrip(": ")
+    failed = conditions.get("Failed", {})
+    if obj.get("kind") == "Job" and failed.get("status") == "True":
+        return f"{_name(obj)}: {failed.get('reason', 'Failed')}: {failed.get('message', '')}".rstrip(": ")
+    return None
+
+
+def _never_restarted_failure(pod: Obj) -> str | None:
+    """A ``restartPolicy: Never`` container that exited non-zero (degraded at once)."""
+    if (pod.get("spec") or {}).get("restartPolicy") != "Never":
+        return None
+    for cs in pod.get("status", {}).get("containerStatuses") or ():
+        ended = (cs.get("state") or {}).get("terminated") or {}
+        if ended and int(ended.get("exitCode", 0)) != 0:
+            return f"{_name(pod)}: container {cs.get('name')} exited with code {ended.get('exitCode')}"
+    return None
+
+
+def _pod_state(pod: Obj, now: float, limits: Thresholds) -> tuple[str | None, bool, bool]:
+    """(failure in words or None, ready or done, scheduled) of one chart pod."""
+    phase = pod.get("status", {}).get("phase")
+    scheduled = _conditions(pod).get("PodScheduled", {}).get("status") == "True" or phase not in (None, "Pending")
+    if phase == "Succeeded":
+        return None, True, True
+    never = _never_restarted_failure(pod)
+    if never is not None:
+        return never, False, scheduled
+    obs = observe_pod(pod, now=now, limits=limits, task=False)
+    if obs.failure is not None:
+        return f"{_name(pod)}: {obs.failure.cause}: {obs.failure.detail}", False, scheduled
+    return None, obs.ready, scheduled
+
+
+def observe_helm(
+    *,
+    worker: Obj | None,
+    worker_seen: bool,
+    worker_name: str,
+    pods: Sequence[Obj],
+    controllers: Sequence[Obj],
+    by_worker_readiness: bool,
+    task: bool,
+    now: float,
+    limits: Thresholds,
+) -> HelmView:
+    """The instance's observation and phase from its namespace's objects."""
+    failures: list[str] = []
+    waiting: list[str] = []
+    all_scheduled = True
+    for pod in pods:
+        failure, ready, scheduled = _pod_state(pod, now, limits)
+        all_scheduled &= scheduled
+        if failure is not None:
+            failures.append(failure)
+        elif not ready:
+            waiting.append(f"{_name(pod)}: not ready")
+    for obj in controllers:
+        failure = controller_failure(obj)
+        if failure is not None:
+            failures.append(failure)
+    notes = tuple(failures + waiting)
+
+    if task:
+        outcome = _task_outcome(pods, controllers)
+        if outcome is not None and not (by_worker_readiness and not outcome.succeeded):
+            return HelmView(observation=Observation(ready=False, completed=outcome), phase=ms.COMPLETED, objects=notes)
+
+    if worker is None:
+        if worker_seen:
+            return HelmView(observation=missing(worker_name), phase=ms.FAILED, objects=notes)
+        return HelmView(
+            observation=Observation(ready=False, detail="the worker's pod is being created"), phase=ms.INSTALLED
+        )
+    worker_obs = observe_pod(worker, now=now, limits=limits, task=False)
+    if worker_obs.failure is not None:
+        return HelmView(
+            observation=Observation(
+                ready=False,
+                failure=LaunchFailure(
+                    cause=worker_obs.failure.cause, detail=f"WorkerTerminalBadState: {worker_obs.failure.detail}"
+                ),
+            ),
+            phase=ms.FAILED,
+            objects=notes,
+        )
+    if failures and not by_worker_readiness:
+        detail = "ObjectsFailed: " + "; ".join(failures)
+        return HelmView(
+            observation=Observation(ready=False, failure=LaunchFailure(cause=states.FAILED, detail=detail)),
+            phase=ms.FAILED,
+            objects=notes,
+        )
+    others_ready = by_worker_readiness or not waiting
+    if worker_obs.ready and others_ready:
+        return HelmView(observation=Observation(ready=True), phase=ms.RUNNING, objects=notes)
+    detail = worker_obs.detail if not worker_obs.ready else "WaitingOnObjectReadiness: " + "; ".join(waiting)
+    phase = ms.STARTING if all_scheduled else ms.INSTALLED
+    return HelmView(observation=Observation(ready=False, detail=detail), phase=phase, objects=notes)
+
+
+def _task_outcome(pods: Sequence[Obj], controllers: Sequence[Obj]) -> Completion | None:
+    """A Helm task ends when its Jobs do (or, without Jobs, when all its pods succeeded)."""
+    jobs = [c for c in controllers if c.get("kind") == "Job"]
+    for job in jobs:
+        failure = controller_failure(job)
+        if failure is not None:
+            return Completion(exit_code=1, detail=failure)
+    if jobs:
+        done = all(_conditions(j).get("Complete", {}).get("status") == "True" for j in jobs)
+        return Completion(exit_code=0, detail="") if done else None
+    if pods and all(p.get("status", {}).get("phase") == "Succeeded" for p in pods):
+        return Completion(exit_code=0, detail="")
+    return None

@@ -1,0 +1,286 @@
+"""Helm functions on the Kubernetes backend: NVIDIA's ``inference-test`` sample shape installed as a
+MiniService on the emulated cluster, its health with and without ``StatusByWorkerReadiness``.
+
+The emulated API server runs no controllers: the test plays the Deployment controller (it creates the
+pods from the applied Deployment's template) and the kubelet (it writes pod statuses).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from nvcf_mono.testing.platform import wait_for
+from tests.function_charts import INFERENCE, SERVICE, SIDECAR, VALUES, WORKLOAD_CONFIG, write_chart
+from tests.integration.compute.conftest import compute_platform, create, deploy, instances, running, spec, wait_status
+from tests.integration.kubernetes.conftest import (
+    Cluster,
+    emulated_cluster,
+    gpu_nodes,
+    k8s_cluster,
+    ready_status,
+    registered,
+    stamp,
+    validate,
+)
+
+CLUSTER = str(uuid.uuid4())
+LOCAL = {"plugins.control.helm.allow_local_charts": "true"}
+
+
+def helm_function(chart: Path) -> dict[str, Any]:
+    return {
+        "name": "inference-test",
+        "inferenceUrl": "/v2/models/m/infer",
+        "inferencePort": 8001,
+        "helmChart": f"file://{chart}",
+        "helmChartServiceName": "inference-svc",
+    }
+
+
+async def installed(kc: Cluster, kind: str, name: str) -> tuple[str, dict[str, Any]]:
+    """The namespace and object of ``kind``/``name`` once the agent applied it."""
+
+    async def probe() -> tuple[str, dict[str, Any]] | None:
+        for (res, ns, obj_name), obj in kc.server.objects.items():
+            if res.plural == kind and obj_name == name and not obj.deleted and ns and ns.startswith("sr-"):
+                return ns, dict(obj.raw)
+        return None
+
+    return await wait_for(probe, timeout=20, what=f"{kind}/{name} installed")
+
+
+def pod_from(template_owner: dict[str, Any], namespace: str, name: str) -> dict[str, Any]:
+    """A pod as the Deployment controller makes it from the (mutated) template."""
+    template = copy.deepcopy(template_owner["spec"]["template"])
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {**template.get("metadata", {}), "name": name, "namespace": namespace},
+        "spec": template["spec"],
+    }
+
+
+def failed_status() -> dict[str, Any]:
+    return {
+        "phase": "Failed",
+        "reason": "Evicted",
+        "message": "The node was low on resource: memory.",
+        "startTime": stamp(5),
+    }
+
+
+async def start_sample(
+    kc: Cluster, p: Any, chart: Path, configuration: dict[str, Any] | None = None
+) -> tuple[str, str, str]:
+    """Create and deploy the function; play the controllers until its pods run. (namespace, worker, deployment path)"""
+    await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
+    _, _, d = await create(p.admin, helm_function(chart))
+    extra = {"configuration": configuration} if configuration else {}
+    await deploy(p.admin, d, spec("H100", **extra))
+    ns, inference = await installed(kc, "deployments", "inference")
+    _, metrics = await installed(kc, "deployments", "metrics")
+    await kc.create_pod(pod_from(inference, ns, "inference-abc12"))
+    await kc.create_pod(pod_from(metrics, ns, "metrics-def34"))
+    worker = next(
+        name for (res, n, name) in kc.server.objects if res.plural == "pods" and n == ns and name.startswith("0-sr-")
+    )
+    for name in (worker, "inference-abc12", "metrics-def34"):
+        await kc.set_pod_status(name, ready_status(), namespace=ns)
+    return ns, worker, d
+
+
+async def test_the_sample_installs_as_a_miniservice_and_only_the_worker_decides_with_the_flag(tmp_path: Path) -> None:
+    chart = write_chart(
+        tmp_path / "chart",
+        templates={"i.yaml": INFERENCE, "s.yaml": SERVICE, "m.yaml": SIDECAR, "w.yaml": WORKLOAD_CONFIG},
+    )
+    async with emulated_cluster(tmp_path) as kc:
+        await gpu_nodes(kc)
+        clusters = [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig, allow_local_charts=True)]
+        async with compute_platform(tmp_path, clusters, **LOCAL) as p:
+            secret = base64.b64encode(b"$oauthtoken:nvapi-KEY-0002").decode()
+            stored = await p.admin.post(
+                "/v2/nvcf/registry-credentials",
+                {
+                    "registryHostname": "nvcr.io",
+                    "secret": {"name": "ngc", "value": secret},
+                    "artifactTypes": ["CONTAINER"],
+                },
+            )
+            assert stored.status == 200, stored.body
+            ns, worker, d = await start_sample(kc, p, chart, configuration={"greeting": "from-the-deployment"})
+
+            # What the agent installed: the namespace, the MiniService, the worker, the chart's objects.
+            namespaces = kc.objects("v1/namespaces", None)
+            assert namespaces[ns]["metadata"]["labels"]["nvca.nvcf.nvidia.io/workload-instance-type"] == "miniservice"
+            (ms,) = kc.objects("nvca.nvcf.nvidia.io/v1alpha1/miniservices", None).values()
+            assert ms["spec"]["namespace"] == ns
+            assert ms["spec"]["workloadConfig"] == {"featureFlags": {"StatusByWorkerReadiness": True}}
+            assert ms["spec"]["helmChartConfig"]["serviceName"] == "inference-svc"
+            assert "nvcf-workload-config" not in kc.objects("v1/configmaps", ns)  # read, never installed
+            assert set(kc.objects("v1/services", ns)) == {"inference-svc"}
+            pod = kc.objects("v1/pods", ns)[worker]
+            utils_env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+            assert utils_env["INFERENCE_HOST"] == f"inference-svc.{ns}.svc.cluster.local"
+            assert utils_env["INFERENCE_PORT"] == "8001"
+            # Values from the deployment reach the rendered objects; pull secrets reach every pod spec.
+            deployments = kc.objects("apps/v1/deployments", ns)
+            server = deployments["inference"]["spec"]["template"]["spec"]["containers"][0]
+            assert {"name": "GREETING", "value": "from-the-deployment"} in server["env"]
+            for name, obj in deployments.items():
+                pulls = [s["name"] for s in obj["spec"]["template"]["spec"]["imagePullSecrets"]]
+                assert pulls == [f"workload-{worker}-regcred-0"], name
+                affinity = obj["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+                assert affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
+                    "matchExpressions"
+                ][0]["values"] == ["ON-PREM.GPU.H100"]
+                validate(obj)
+            assert [s["name"] for s in pod["spec"]["imagePullSecrets"]] == [f"workload-{worker}-regcred-0"]
+            regcred = kc.objects("v1/secrets", ns)[f"workload-{worker}-regcred-0"]
+            config = json.loads(base64.b64decode(regcred["data"][".dockerconfigjson"]))
+            assert list(config["auths"]) == ["nvcr.io"]
+            validate({**pod, "status": {}})  # the status is the test's own (it plays the kubelet)
+
+            (view,) = await running(p.bus, CLUSTER)
+            assert view.instance.instance_id == worker
+            await wait_status(p.admin, d, "ACTIVE")
+
+            async def phase(want: str) -> bool:
+                (obj,) = kc.objects("nvca.nvcf.nvidia.io/v1alpha1/miniservices", None).values()
+                return obj.get("status", {}).get("phase") == want
+
+            await wait_for(lambda: phase("Running"), timeout=10, what="MiniService Running")
+
+            # The metrics sidecar fails: with StatusByWorkerReadiness the instance keeps running.
+            await kc.set_pod_status("metrics-def34", failed_status(), namespace=ns)
+
+            async def noted() -> Any:
+                (v,) = await instances(p.bus, CLUSTER)
+                return v if v.instance.state == "running" else None
+
+            for _ in range(10):  # several looks at the instance, each still running
+                await noted()
+            (still,) = await instances(p.bus, CLUSTER)
+            assert still.instance.state == "running" and still.instance.instance_id == worker
+
+
+async def test_without_the_flag_a_failing_object_fails_the_instance_and_the_install_goes(tmp_path: Path) -> None:
+    chart = write_chart(tmp_path / "chart", templates={"i.yaml": INFERENCE, "s.yaml": SERVICE, "m.yaml": SIDECAR})
+    async with emulated_cluster(tmp_path) as kc:
+        await gpu_nodes(kc)
+        clusters = [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig, allow_local_charts=True)]
+        async with compute_platform(tmp_path, clusters, **LOCAL) as p:
+            ns, worker, _ = await start_sample(kc, p, chart)
+            await running(p.bus, CLUSTER)
+            await kc.set_pod_status("metrics-def34", failed_status(), namespace=ns)
+
+            async def failed() -> Any:
+                views = await instances(p.bus, CLUSTER, finished=True)
+                bad = [v for v in views if v.instance.instance_id == worker and v.instance.state == "failed"]
+                return bad[0] if bad else None
+
+            view = await wait_for(failed, timeout=20, what="the instance failed")
+            assert view.instance.status == "instance-terminated-by-service"
+            assert "ObjectsFailed" in (view.instance.error_log or "") and "metrics-def34" in (
+                view.instance.error_log or ""
+            )
+
+            async def cleaned() -> bool:
+                return ns not in kc.objects("v1/namespaces", None) and not kc.objects(
+                    "nvca.nvcf.nvidia.io/v1alpha1/miniservices", None
+                )
+
+            await wait_for(cleaned, timeout=20, what="the namespace and MiniService deleted")
+            # The chart's objects went first.
+            assert not kc.objects("apps/v1/deployments", ns)
+
+
+async def test_an_invalid_chart_at_deploy_time_and_on_the_local_backend(tmp_path: Path) -> None:
+    chart = write_chart(tmp_path / "chart", templates={"i.yaml": INFERENCE, "s.yaml": SERVICE})
+    async with emulated_cluster(tmp_path) as kc:
+        await gpu_nodes(kc)
+        clusters = [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig, allow_local_charts=True)]
+        async with compute_platform(tmp_path, clusters, **LOCAL) as p:
+            await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
+            _, _, d = await create(p.admin, helm_function(chart))
+            # The deployment's values make the Service a NodePort: refused with the validator's text.
+            reply = await p.admin.post(
+                d, {"deploymentSpecifications": [spec("H100", configuration={"serviceType": "NodePort"})]}
+            )
+            assert reply.status == 400, reply.body
+            assert reply.json["validationErrors"] == ["service is not ClusterIP"]
+            assert VALUES["serviceType"] == "ClusterIP"
+
+
+TRAIN_JOB = """\
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: train
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+        - name: train
+          image: nvcr.io/acme/train:1
+          env:
+            - {name: TASK_ID, value: {{ .Values.nvctTaskId | quote }}}
+            - {name: EPOCHS, value: {{ .Values.epochs | quote }}}
+          resources:
+            limits: {nvidia.com/gpu: 1}
+"""
+
+
+async def test_a_helm_task_gets_the_task_values_and_completes_with_its_job(tmp_path: Path) -> None:
+    chart = write_chart(tmp_path / "chart", name="train", templates={"job.yaml": TRAIN_JOB}, values={"epochs": 1})
+    async with emulated_cluster(tmp_path) as kc:
+        await gpu_nodes(kc)
+        clusters = [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig, allow_local_charts=True)]
+        async with compute_platform(tmp_path, clusters, **LOCAL) as p:
+            await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
+            made = await p.admin.post(
+                "/v1/nvct/tasks",
+                {
+                    "name": "train",
+                    "helmChart": f"file://{chart}",
+                    "gpuSpecification": {
+                        "gpu": "H100",
+                        "instanceType": "ON-PREM.GPU.H100_1x",
+                        "configuration": {"epochs": 3},
+                    },
+                },
+            )
+            assert made.status == 200, made.body
+            task_id = made.json["task"]["id"]
+            ns, job = await installed(kc, "jobs", "train")
+            env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+            assert env["TASK_ID"] == task_id and env["EPOCHS"] == "3"  # the task's values, then the user's
+            # The Job's pod ran; the Job completed.
+            pod = pod_from(job, ns, "train-x1")
+            await kc.create_pod(pod)
+            await kc.set_pod_status("train-x1", {"phase": "Succeeded", "startTime": stamp(3)}, namespace=ns)
+            await kc._request(
+                "PATCH",
+                f"/apis/batch/v1/namespaces/{ns}/jobs/train/status",
+                {"status": {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1}},
+                "application/merge-patch+json",
+            )
+
+            async def finished() -> Any:
+                views = await instances(p.bus, CLUSTER, finished=True)
+                done = [v for v in views if v.task_id == task_id and v.instance.state == "succeeded"]
+                return done[0] if done else None
+
+            view = await wait_for(finished, timeout=20, what="the task's instance succeeded")
+            assert view.instance.termination_cause == "task-completed"
+
+            async def gone() -> bool:
+                return ns not in kc.objects("v1/namespaces", None)
+
+            await wait_for(gone, timeout=20, what="the task's namespace deleted")
