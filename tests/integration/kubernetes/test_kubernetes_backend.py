@@ -316,3 +316,21 @@ async def test_pods_outlive_an_agent_restart_and_the_next_agent_takes_them_over(
             (still,) = kc.objects(PODS).values()
             assert still["metadata"]["uid"] == pod["metadata"]["uid"]  # taken over, not created again
             assert len(kc.created(PODS)) == 1
+
+
+async def test_function_secrets_are_mounted_from_the_instances_secret(tmp_path: Path) -> None:
+    async with emulated_cluster(tmp_path) as kc:
+        await gpu_nodes(kc)
+        async with compute_platform(tmp_path, [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig)]) as p:
+            await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
+            body = function("secretive", containerImage=IMAGE, secrets=[{"name": "API_KEY", "value": "s3cr3t"}])
+            _, _, d = await create(p.admin, body)
+            await deploy(p.admin, d, spec("H100"))
+            pod = await one_pod(kc)
+            name = pod["metadata"]["name"]
+            secret = kc.objects("v1/secrets")[f"{name}-secrets"]
+            assert json.loads(base64.b64decode(secret["data"]["secrets.json"])) == {"API_KEY": "s3cr3t"}
+            assert base64.b64decode(secret["data"]["worker-token"])  # the worker reads its token from here
+            mounts = {m["name"]: m for c in pod["spec"]["containers"] for m in c["volumeMounts"]}
+            assert mounts["secret-data"] == {"name": "secret-data", "mountPath": "/var/secrets", "readOnly": True}
+            assert b"s3cr3t" not in json.dumps(pod).encode()

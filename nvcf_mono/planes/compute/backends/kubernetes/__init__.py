@@ -1,13 +1,15 @@
 """The Kubernetes backend: a cluster's instances run as pods on a GPU Kubernetes cluster (NVCA's
 container workloads; reference compute-plane §2-§4, §6).
 
-Each cluster with ``backend: kubernetes`` gets its own API client. An instance is a Pod in the
-cluster's requests namespace (``<i>-sr-<request>``: the user's container plus the ``utils`` worker)
+Each cluster with ``backend: kubernetes`` gets its own API client. A container instance is a Pod in
+the cluster's requests namespace (``<i>-sr-<request>``: the user's container plus the ``utils`` worker)
 with its own Secret (the worker token and the function's secrets, mounted) and, when the account
-stored credentials for the image's registry, its own pull secret. Each request is an ``ICMSRequest``
-object that owns them and carries the instances' states. Pods are watched, not polled: the agent's
-looks read a watch-fed cache, and a pod's status turns into an observation (``pod_health.py``).
-The agent's durable record of requests stays in its KV bucket, as for every backend.
+stored credentials for the image's registry, its own pull secret. A Helm instance is a MiniService:
+its chart rendered, validated and applied in a namespace of its own beside the worker's pod
+(``miniservice.py``, ``helm_health.py``). Each request is an ``ICMSRequest`` object that carries the
+instances' states. Pods are watched, not polled: the agent's looks read a watch-fed cache, and a
+pod's status turns into an observation (``pod_health.py``). The agent's durable record of requests
+stays in its KV bucket, as for every backend.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from nvcf_mono.planes.compute.backends.kubernetes import (
     pod_health,
 )
 from nvcf_mono.planes.compute.backends.kubernetes.api import Kube, KubeError, Obj, PodCache, open_client
-from nvcf_mono.planes.compute.config import ClusterSettings, ComputeConfig
+from nvcf_mono.planes.compute.config import ClusterSettings, ComputeConfig, KubernetesSettings
 from nvcf_mono.planes.compute.gpus import Inventory
 from nvcf_mono.planes.compute.health import LaunchFailure, Observation
 from nvcf_mono.reval.engine import RequestError, RevalRequest, Validator, ValidatorSettings
@@ -111,7 +113,7 @@ class Site:
         self.version: str | None = None
 
     @property
-    def settings(self) -> Any:
+    def settings(self) -> KubernetesSettings:
         return self.cluster.kubernetes
 
 
@@ -289,7 +291,8 @@ class KubernetesBackend:
                     states.CREATE_CONTAINER_ERROR,
                     f"{err} (are the CRDs of deploy/crds/ applied to the cluster?)",
                 ) from err
-            raise _Refused(states.CREATE_CONTAINER_ERROR, f"cannot create the instance's pod: {err}") from err
+            # The API failing now (5xx, no answer): the control plane replaces the instance and tries again.
+            raise _Refused(states.FAILED, f"cannot create the instance's pod: {err}") from err
 
     async def _nvlink(self, site: Site, spec: LaunchSpec, pod: Obj, inst: KubeInstance) -> Obj:
         """The pod in its request's NVLink partition, with the request's ComputeDomain."""
@@ -321,7 +324,7 @@ class KubernetesBackend:
             values = await fetch_secrets(source)
         except Exception as err:  # grpclib's errors, OSError, a timeout: all mean "not now"
             raise _Refused(
-                states.CREATE_CONTAINER_ERROR, f"cannot fetch the instance's secrets from {source.grpc_address}: {err}"
+                states.FAILED, f"cannot fetch the instance's secrets from {source.grpc_address}: {err}"
             ) from err
         return json.dumps(values)
 
@@ -345,9 +348,10 @@ class KubernetesBackend:
                 by_worker_readiness=config.by_worker_readiness,
             )
             await kube.create_tolerant(kube.core.create_namespace, miniservice.namespace(spec))
-            await kube.create_or_apply(
-                miniservice.miniservice(spec, settings, config, objects), MS_RESOURCE, miniservice.FIELD_MANAGER
+            made = await kube.create_or_apply(
+                miniservice.miniservice(spec, config), MS_RESOURCE, miniservice.FIELD_MANAGER
             )
+            await kube.patch_status(MS_RESOURCE, None, made["metadata"]["name"], miniservice.installing_status(objects))
             secrets_json = await self._secrets(spec)
             secret = manifests.instance_secret(spec, local, owner=None, secrets_json=secrets_json)
             await kube.create_or_apply(secret, ("", "v1", "secrets"), miniservice.FIELD_MANAGER)
@@ -399,13 +403,14 @@ class KubernetesBackend:
                 )
             )
         except RequestError as err:
-            raise _Refused(states.FAILED, f"ReValResultInvalid: {err}") from err
+            raise _Refused(states.CREATE_CONTAINER_ERROR, f"ReValResultInvalid: {err}") from err
         if not result.valid:
-            raise _Refused(states.FAILED, "ReValResultInvalid: " + "; ".join(result.validation_errors))
+            # Permanent: another attempt renders the same chart with the same values.
+            raise _Refused(states.CREATE_CONTAINER_ERROR, "ReValResultInvalid: " + "; ".join(result.validation_errors))
         objects, config = miniservice.split_workload_config([dict(o) for o in result.output or ()])
         return objects, config
 
-    async def _helm_pull_secrets(self, site: Site, spec: LaunchSpec, local: Any) -> list[str]:
+    async def _helm_pull_secrets(self, site: Site, spec: LaunchSpec, local: KubernetesSettings) -> list[str]:
         """The account's registry credentials, and the cluster's configured pull secrets copied in."""
         kube = site.kube
         names = []
@@ -525,6 +530,7 @@ class KubernetesBackend:
             obs = await self._observe_helm(site, inst, inst.helm, now)
             if obs.failure is not None and not inst.error_text:
                 inst.error_text = obs.failure.detail[-site.settings.error_log_bytes :]
+            await self._report_to_request(site, inst, obs)
             return obs
         pod = site.pods.get(inst.instance_id)
         if pod is None:
@@ -599,7 +605,7 @@ class KubernetesBackend:
             "instances": {
                 inst.instance_id: {
                     "id": inst.instance_id,
-                    "instanceType": "Pod",
+                    "instanceType": "MiniService" if inst.helm is not None else "Pod",
                     "status": state,
                     "lastReportedStatus": state,
                     "lastReportedTimestamp": now_iso(),

@@ -108,8 +108,9 @@ def observe_helm(
     notes = tuple(failures + waiting)
 
     if task:
+        # A task is its Jobs: they decide its end whatever the flag says.
         outcome = _task_outcome(pods, controllers)
-        if outcome is not None and not (by_worker_readiness and not outcome.succeeded):
+        if outcome is not None:
             return HelmView(observation=Observation(ready=False, completed=outcome), phase=ms.COMPLETED, objects=notes)
 
     if worker is None:

@@ -150,16 +150,10 @@ def namespace(spec: LaunchSpec) -> Manifest:
     }
 
 
-def miniservice(
-    spec: LaunchSpec, settings: KubernetesSettings, config: WorkloadConfig, objects: Sequence[Manifest]
-) -> Manifest:
+def miniservice(spec: LaunchSpec, config: WorkloadConfig) -> Manifest:
     """The cluster-scoped MiniService that tracks the install (its status carries the phase)."""
     launch = spec.message.launch_specification
     contract = launch.environment
-    counts: dict[str, int] = {}
-    for obj in objects:
-        key = f"{obj.get('apiVersion')}/{obj.get('kind')}"
-        counts[key] = counts.get(key, 0) + 1
     return {
         "apiVersion": f"{MS_GROUP}/{MS_VERSION}",
         "kind": "MiniService",
@@ -175,13 +169,21 @@ def miniservice(
             },
             "workloadConfig": {"featureFlags": dict(config.feature_flags)},
         },
-        "status": {
-            "phase": INSTALLING,
-            "revision": 0,
-            "renderedDetails": {
-                "hash": rendered_hash(objects),
-                "resources": [{"gvk": k, "count": v} for k, v in sorted(counts.items())],
-            },
+    }
+
+
+def installing_status(objects: Sequence[Manifest]) -> Manifest:
+    """The MiniService's status as the install starts: the phase and what the chart rendered to."""
+    counts: dict[str, int] = {}
+    for obj in objects:
+        key = f"{obj.get('apiVersion')}/{obj.get('kind')}"
+        counts[key] = counts.get(key, 0) + 1
+    return {
+        "phase": INSTALLING,
+        "revision": 0,
+        "renderedDetails": {
+            "hash": rendered_hash(objects),
+            "resources": [{"gvk": k, "count": v} for k, v in sorted(counts.items())],
         },
     }
 
