@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from nvcf_mono.helm import HelmRenderError, RegistryCredential, RenderedChart, RenderRequest
-from nvcf_mono.reval.inputs import chart_url_errors, kube_version_error
+from nvcf_mono.reval.inputs import chart_url_errors, is_local_chart, kube_version_error
 from nvcf_mono.reval.objects import ExtraType, Obj, decode_errors, unsupported_types
 from nvcf_mono.reval.rules import object_errors, target_service_errors
 from nvcf_mono.reval.sanitize import SanitizeSettings, sanitize
@@ -150,10 +150,6 @@ def credentials_for(auth_config: Any, chart: str) -> dict[str, RegistryCredentia
     return out
 
 
-def _local(chart: str) -> bool:
-    return chart.startswith("file://") or "://" not in chart
-
-
 def _path(chart: str) -> str:
     return urlsplit(chart).path if chart.startswith("file://") else chart
 
@@ -176,7 +172,7 @@ class Validator:
         policies = check_request(req, render=render)
         chart = req.helm_chart or ""
         errors: list[str] = []
-        if _local(chart) and self._settings.allow_local_charts:
+        if is_local_chart(chart) and self._settings.allow_local_charts:
             chart = _path(chart)
         else:
             errors += chart_url_errors(chart)

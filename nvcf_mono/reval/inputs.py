@@ -59,3 +59,8 @@ def kube_version_error(version: str | None) -> str | None:
     if _KUBE_VERSION.match(version.strip()) is None:
         return f"invalid kube version {version!r}: expected v<major>.<minor>[.<patch>]"
     return None
+
+
+def is_local_chart(chart: str) -> bool:
+    """A chart on this machine (a path or ``file://``), allowed only in development."""
+    return chart.startswith("file://") or "://" not in chart

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 from nvcf_mono.auth.secret import Keyring
+from nvcf_mono.contracts import pull_credentials
 from nvcf_mono.helm import HelmRenderError, RenderedChart, RenderRequest
 from nvcf_mono.http.problem import ProblemError
-from nvcf_mono.models.secret import ArtifactType
 from nvcf_mono.planes.control.config import ChartChecks
-from nvcf_mono.planes.control.registry import credentials_for
+from nvcf_mono.planes.control.registry import chart_credentials_for
 from nvcf_mono.planes.control.store import ControlStore
 from nvcf_mono.reval.engine import RevalRequest, RevalResult, Validator, ValidatorSettings
 from nvcf_mono.reval.sanitize import SanitizeSettings
@@ -37,25 +36,10 @@ def validator_settings(checks: ChartChecks) -> ValidatorSettings:
     )
 
 
-def is_local_chart(chart: str) -> bool:
-    return chart.startswith("file://") or "://" not in chart
-
-
 def helm_auth(store: ControlStore, keyring: Keyring, nca_id: str, chart: str) -> dict[str, Any] | None:
     """The account's HELM credential for the chart's host as ``{k8sSecrets: [{auths: {host: {auth}}}]}``."""
-    if "://" not in chart:
-        return None
-    host = urlsplit(chart).netloc.lower()
-    try:
-        found = credentials_for(store, keyring, nca_id, host, ArtifactType.HELM)
-    except ValueError:
-        return None
-    if found is None:
-        return None
-    import base64
-
-    auth = base64.b64encode(f"{found[0]}:{found[1]}".encode()).decode()
-    return {"k8sSecrets": [{"auths": {host: {"auth": auth}}}]}
+    value = chart_credentials_for(store, keyring, nca_id, chart)
+    return pull_credentials.decode(value) if value is not None else None
 
 
 def invalid(what: str, result: RevalResult) -> ProblemError:

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.common import NameValue
 from nvcf_mono.models.function import CreateFunctionRequest, FunctionType, RateLimit, rate_check
+from nvcf_mono.reval.inputs import is_local_chart
 
 SECRET_NAME = re.compile(r"^[a-z0-9A-Z][a-z0-9A-Z_.\-]*$")
 RESERVED_PORTS = (8080, 8010)
@@ -111,8 +112,7 @@ def check_helm_artifact(chart: str, args: object, environment: object, allow_loc
         raise bad("Cannot specify both 'containerArgs' and 'helmChart'")
     if environment is not None:
         raise bad("Cannot specify both 'containerEnvironment' and 'helmChart'")
-    local = chart.startswith("file://") or "://" not in chart
-    if not (allow_local_charts and local):
+    if not (allow_local_charts and is_local_chart(chart)):
         check_helm_chart_url(chart)
 
 
