@@ -11,13 +11,13 @@ import base64
 import hashlib
 import json
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nvcf_mono.contracts import env, kube_labels, pull_credentials
 from nvcf_mono.contracts.messages import CreationMessage
 from nvcf_mono.models.common import duration_seconds
+from nvcf_mono.planes.compute import workload
 from nvcf_mono.planes.compute.backends import LaunchSpec
 from nvcf_mono.planes.compute.config import KubernetesSettings
 
@@ -163,31 +163,11 @@ def _label_ref(name: str, label: str) -> Manifest:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
 
 
-def container_env(contract: Mapping[str, str]) -> dict[str, str]:
-    """``INFERENCE_CONTAINER_ENV`` (JSON ``[{key, value}]``); ValueError says what is wrong."""
-    raw = contract.get(env.INFERENCE_CONTAINER_ENV, "").strip()
-    if not raw:
-        return {}
-    try:
-        return {str(item["key"]): str(item["value"]) for item in json.loads(raw)}
-    except (ValueError, TypeError, KeyError) as err:
-        raise ValueError(f"INFERENCE_CONTAINER_ENV is not [{{key, value}}]: {err}") from err
-
-
-def container_args(contract: Mapping[str, str]) -> list[str]:
-    """``INFERENCE_CONTAINER_ARGS`` split like a shell would; ValueError says what is wrong."""
-    raw = contract.get(env.INFERENCE_CONTAINER_ARGS, "")
-    try:
-        return shlex.split(raw)
-    except ValueError as err:
-        raise ValueError(f"INFERENCE_CONTAINER_ARGS cannot be split: {err}") from err
-
-
 def _workload_env(spec: LaunchSpec) -> list[Manifest]:
     """The user container's env: its containerEnvironment, its identity, NVCF's pod fields."""
     contract = spec.message.launch_specification.environment
     values = {
-        **container_env(contract),
+        **workload.container_environment(contract),
         env.INSTANCE_ID: spec.instance_id,
         env.NVCF_INSTANCE_ID: spec.instance_id,
         env.SECRETS_FILE: f"{SECRETS_DIR}/{SECRET_FILE_KEY}",
@@ -339,7 +319,7 @@ def instance_pod(
     if not image:
         raise ValueError("the launch specification names no container image")
     task = is_task(msg)
-    workload: Manifest = {
+    main: Manifest = {
         "name": TASK if task else INFERENCE,
         "image": image,
         "env": _workload_env(spec) + (_task_env(spec) if task else []),
@@ -352,9 +332,9 @@ def instance_pod(
         ]
         + ([{"name": "task-data", "mountPath": TASK_DIR}] if task else []),
     }
-    args = container_args(contract)
+    args = workload.container_args(contract.get(env.INFERENCE_CONTAINER_ARGS, ""))
     if args:
-        workload["args"] = args
+        main["args"] = args
     utils: Manifest = {
         "name": UTILS,
         "image": settings.worker_image,
@@ -397,12 +377,12 @@ def instance_pod(
         # kubelet stops it (SIGTERM), so it uploads what is left and the pod completes.
         utils["restartPolicy"] = "Always"
         pod_spec["initContainers"] = [utils]
-        pod_spec["containers"] = [workload]
+        pod_spec["containers"] = [main]
         deadline = max_runtime(spec)
         if deadline is not None:
             pod_spec["activeDeadlineSeconds"] = max(1, int(deadline))
     else:
-        pod_spec["containers"] = [workload, utils]
+        pod_spec["containers"] = [main, utils]
     if pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": n} for n in pull_secrets]
     if settings.priority_class_name:

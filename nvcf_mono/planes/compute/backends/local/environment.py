@@ -7,13 +7,13 @@ NVCF's pod fields, and never the worker token.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
 
 from nvcf_mono.contracts import env, states
+from nvcf_mono.planes.compute import workload
 from nvcf_mono.planes.compute.backends.local.images import LaunchError
 
 _CONTRACT = frozenset(v.name for v in env.CONTRACT) - {env.CUDA_VISIBLE_DEVICES, env.PORT}
@@ -72,16 +72,10 @@ def worker_environment(base: Mapping[str, str], contract: Mapping[str, str], whe
 
 def container_environment(contract: Mapping[str, str]) -> dict[str, str]:
     """``containerEnvironment`` from ``INFERENCE_CONTAINER_ENV`` (JSON ``[{key, value}]``)."""
-    raw = contract.get(env.INFERENCE_CONTAINER_ENV, "").strip()
-    if not raw:
-        return {}
     try:
-        items = json.loads(raw)
-        return {str(item["key"]): str(item["value"]) for item in items}
-    except (ValueError, TypeError, KeyError) as err:
-        raise LaunchError(
-            states.CREATE_CONTAINER_ERROR, f"INFERENCE_CONTAINER_ENV is not [{{key, value}}]: {err}"
-        ) from err
+        return workload.container_environment(contract)
+    except ValueError as err:
+        raise LaunchError(states.CREATE_CONTAINER_ERROR, str(err)) from err
 
 
 def inference_environment(

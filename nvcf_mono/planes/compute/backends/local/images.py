@@ -9,7 +9,6 @@ the arguments and the environment.
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import attrs
 
 from nvcf_mono.contracts import states
+from nvcf_mono.planes.compute import workload
 from nvcf_mono.planes.compute.config import Image
 from nvcf_mono.planes.compute.health import LaunchFailure
 
@@ -97,9 +97,9 @@ def resolve(
     if not image.command:
         raise LaunchError(states.CREATE_CONTAINER_ERROR, f"image {key!r} has no command (images.{key}.command)")
     try:
-        args = shlex.split(container_args)
+        args = workload.container_args(container_args)
     except ValueError as err:
-        raise LaunchError(states.CREATE_CONTAINER_ERROR, f"containerArgs cannot be split: {err}") from err
+        raise LaunchError(states.CREATE_CONTAINER_ERROR, str(err)) from err
     values = {"port": str(image.port or port), "python": python, "instance_dir": str(instance_dir)}
     argv = tuple(_fill(part, values) for part in (*image.command, *args))
     cwd = Path(_fill(str(image.cwd), values)).expanduser() if image.cwd is not None else instance_dir
