@@ -43,15 +43,28 @@ def decode(value: str) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def auths_for(value: str, host: str | None) -> dict[str, Any]:
-    """The ``auths`` entries of ``value`` for ``host`` (every host when None): a docker config's ``auths``."""
+def auths_in(doc: Any, host: str | None) -> dict[str, Any]:
+    """The ``auths`` entries of a decoded document for ``host`` (every host when None); {} when malformed."""
     try:
-        doc = json.loads(base64.b64decode(value.strip(), validate=True))
         return {
             h: entry
-            for secret in doc.get("k8sSecrets", [])
-            for h, entry in (secret.get("auths") or {}).items()
+            for secret in doc.get("k8sSecrets") or []
+            for h, entry in ((secret or {}).get("auths") or {}).items()
             if host is None or h.lower().removeprefix("https://").rstrip("/") == host
         }
-    except (ValueError, TypeError, AttributeError, binascii.Error):
+    except (TypeError, AttributeError):
         return {}
+
+
+def auths_for(value: str, host: str | None) -> dict[str, Any]:
+    """The ``auths`` entries of a contract value for ``host`` (every host when None): a docker config's."""
+    return auths_in(decode(value), host)
+
+
+def basic(entry: Any) -> tuple[str, str] | None:
+    """``(user, password)`` of one ``auths`` entry (``auth``: base64 of ``user:password``), or None."""
+    try:
+        user, _, password = base64.b64decode(str(entry.get("auth", ""))).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError, ValueError, AttributeError):
+        return None
+    return (user, password) if user and password else None

@@ -7,8 +7,6 @@ Validation failures are results (``valid: false``), never exceptions.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -16,6 +14,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
+from nvcf_mono.contracts import pull_credentials
 from nvcf_mono.helm import HelmRenderError, RegistryCredential, RenderedChart, RenderRequest
 from nvcf_mono.reval.inputs import chart_url_errors, is_local_chart, kube_version_error
 from nvcf_mono.reval.objects import ExtraType, Obj, decode_errors, unsupported_types
@@ -134,19 +133,13 @@ def check_request(req: RevalRequest, *, render: bool) -> list[ValidationPolicy]:
 def credentials_for(auth_config: Any, chart: str) -> dict[str, RegistryCredential]:
     """The chart host's credentials from ``{k8sSecrets: [{auths: {host: {auth}}}]}``."""
     host = urlsplit(chart).netloc.lower() if "://" in chart else ""
-    out: dict[str, RegistryCredential] = {}
     if not host or not isinstance(auth_config, Mapping):
-        return out
-    for secret in auth_config.get("k8sSecrets") or ():
-        for name, entry in ((secret or {}).get("auths") or {}).items():
-            if name.lower().removeprefix("https://").rstrip("/") != host or not isinstance(entry, Mapping):
-                continue
-            try:
-                user, _, password = base64.b64decode(str(entry.get("auth", ""))).decode().partition(":")
-            except (binascii.Error, UnicodeDecodeError, ValueError):
-                continue
-            if user and password:
-                out[host] = RegistryCredential(username=user, password=password)
+        return {}
+    out: dict[str, RegistryCredential] = {}
+    for entry in pull_credentials.auths_in(auth_config, host).values():
+        found = pull_credentials.basic(entry)
+        if found is not None:
+            out[host] = RegistryCredential(username=found[0], password=found[1])
     return out
 
 

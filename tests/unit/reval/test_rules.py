@@ -228,3 +228,24 @@ def test_sanitizing_replaces_selectors_and_strips_placement() -> None:
     assert labels[service_key] == service["spec"]["selector"][service_key]
     assert set(labels) == {"autogen-label-controller", service_key}
     assert objs[0]["spec"]["selector"] == {"matchLabels": {"app": "a"}}  # inputs untouched
+
+
+def test_chart_credentials_come_from_the_auth_config_of_the_charts_host() -> None:
+    import base64
+
+    from nvcf_mono.reval.engine import credentials_for
+
+    def auth(text: str) -> dict[str, str]:
+        return {"auth": base64.b64encode(text.encode()).decode()}
+
+    config = {"k8sSecrets": [{"auths": {"https://charts.example.com/": auth("robot:pw"), "other.io": auth("x:y")}}]}
+    (found,) = credentials_for(config, "oci://charts.example.com/acme/charts/c-1.0.0.tgz").items()
+    assert found[0] == "charts.example.com" and (found[1].username, found[1].password) == ("robot", "pw")
+    assert credentials_for(config, "https://nothing.example.com/c.tgz") == {}
+    assert (
+        credentials_for(
+            {"k8sSecrets": [{"auths": {"charts.example.com": auth("no-colon")}}]}, "oci://charts.example.com/c"
+        )
+        == {}
+    )
+    assert credentials_for("not a mapping", "oci://charts.example.com/c") == {}
