@@ -52,6 +52,9 @@ __all__ = ["KubernetesBackend", "KubernetesProvider"]
 #: A created pod the watch has not shown yet after this long is missing.
 _UNSEEN_GRACE = 30.0
 MS_RESOURCE = (miniservice.MS_GROUP, miniservice.MS_VERSION, miniservice.MS_PLURAL)
+SECRETS = ("", "v1", "secrets")
+PODS = ("", "v1", "pods")
+COMPUTE_DOMAINS = ("resource.nvidia.com", "v1beta1", "computedomains")
 
 
 @final
@@ -70,8 +73,8 @@ class KubeInstance:
     #: Why it failed, with the end of the log that shows it (fetched once, when it fails).
     error_text: str = ""
     reported: str = ""
-    #: Extra objects of the instance to delete with it (pull secret, compute domain).
-    extras: tuple[tuple[str, str], ...] = ()
+    #: Extra objects of the instance to delete with it (pull secret, compute domain): (resource, name).
+    extras: tuple[tuple[tuple[str, str, str], str], ...] = ()
     #: A Helm function or task: its MiniService.
     helm: HelmInstall | None = None
 
@@ -265,7 +268,7 @@ class KubernetesBackend:
             if regcred is not None:
                 await kube.create_secret(regcred)
                 pulls.insert(0, regcred["metadata"]["name"])
-                inst.extras += (("secret", regcred["metadata"]["name"]),)
+                inst.extras += ((SECRETS, regcred["metadata"]["name"]),)
             pod = manifests.instance_pod(
                 spec,
                 settings,
@@ -299,15 +302,8 @@ class KubernetesBackend:
         group = manifests.request_name(spec.request_id)
         name, template = f"{group}-cd"[:63], f"{group}-cd-channel"[:63]
         domain = nvlink.compute_domain(name, site.kube.namespace, template, nodes=1)
-        await site.kube.create_tolerant(
-            site.kube.custom.create_namespaced_custom_object,
-            "resource.nvidia.com",
-            "v1beta1",
-            site.kube.namespace,
-            "computedomains",
-            domain,
-        )
-        inst.extras += (("computedomain", name),)
+        await site.kube.create_or_apply(domain, COMPUTE_DOMAINS, miniservice.FIELD_MANAGER)
+        inst.extras += ((COMPUTE_DOMAINS, name),)
         return nvlink.mutate(pod, group, claim_name=nvlink.CLAIM_NAME, claim_template=template)
 
     async def _secrets(self, spec: LaunchSpec) -> str | None:
@@ -354,12 +350,12 @@ class KubernetesBackend:
             await kube.patch_status(MS_RESOURCE, None, made["metadata"]["name"], miniservice.installing_status(objects))
             secrets_json = await self._secrets(spec)
             secret = manifests.instance_secret(spec, local, owner=None, secrets_json=secrets_json)
-            await kube.create_or_apply(secret, ("", "v1", "secrets"), miniservice.FIELD_MANAGER)
+            await kube.create_or_apply(secret, SECRETS, miniservice.FIELD_MANAGER)
             pulls = await self._helm_pull_secrets(site, spec, local)
             worker = miniservice.utils_pod(
                 spec, local, pull_secrets=pulls, ready_timeout=self._config.health.start_timeout + 60
             )
-            await kube.create_or_apply(worker, ("", "v1", "pods"), miniservice.FIELD_MANAGER)
+            await kube.create_or_apply(worker, PODS, miniservice.FIELD_MANAGER)
             for obj in miniservice.apply_order(objects):
                 mutated = miniservice.mutate(
                     obj, spec, settings, pull_secrets=pulls, attributes=site.cluster.attributes
@@ -416,11 +412,11 @@ class KubernetesBackend:
         names = []
         regcred = manifests.pull_secret(spec, local, owner=None, every_registry=True)
         if regcred is not None:
-            await kube.create_or_apply(regcred, ("", "v1", "secrets"), miniservice.FIELD_MANAGER)
+            await kube.create_or_apply(regcred, SECRETS, miniservice.FIELD_MANAGER)
             names.append(regcred["metadata"]["name"])
         for name in site.settings.image_pull_secrets:
             try:
-                source = await kube.raw("GET", kube.path("", "v1", "secrets", kube.namespace, name))
+                source = await kube.raw("GET", kube.path(*SECRETS, kube.namespace, name))
             except KubeError as err:
                 self._log.warning("pull secret %s/%s cannot be copied: %s", kube.namespace, name, err)
                 continue
@@ -431,7 +427,7 @@ class KubernetesBackend:
                 "metadata": {"name": name, "namespace": local.namespace},
                 "data": source.get("data") or {},
             }
-            await kube.create_or_apply(copy, ("", "v1", "secrets"), miniservice.FIELD_MANAGER)
+            await kube.create_or_apply(copy, SECRETS, miniservice.FIELD_MANAGER)
             names.append(name)
         return names
 
@@ -504,7 +500,7 @@ class KubernetesBackend:
             ):
                 await site.pods.changed(1.0)
         try:
-            await kube.delete_pod_in(helm.namespace, inst.instance_id, int(grace))
+            await kube.delete_pod(inst.instance_id, int(grace), helm.namespace)
         except KubeError as err:
             self._log.warning("deleting the worker pod of %s failed: %s", inst.instance_id, err)
 
@@ -654,18 +650,8 @@ class KubernetesBackend:
                 await kube.delete_object(MS_RESOURCE, None, inst.helm.name)
             else:
                 await kube.delete_secret(manifests.secret_name(inst.instance_id))
-            for kind, name in inst.extras:
-                if kind == "secret":
-                    await kube.delete_secret(name)
-                elif kind == "computedomain":
-                    await kube._delete(
-                        kube.custom.delete_namespaced_custom_object,
-                        "resource.nvidia.com",
-                        "v1beta1",
-                        kube.namespace,
-                        "computedomains",
-                        name,
-                    )
+            for resource, name in inst.extras:
+                await kube.delete_object(resource, kube.namespace, name)
             if not any(h.request_id == inst.request_id for h in self._held.values()):
                 await kube.delete_request(manifests.request_name(inst.request_id))
         except KubeError as err:
@@ -697,7 +683,7 @@ class KubernetesBackend:
         with anyio.move_on_after(site.settings.api_timeout):
             await site.pods.synced.wait()
         wanted = {i.instance_id for i in keep}
-        strays = sorted(name for ns, name in site.pods.pods if ns == site.kube.namespace and name not in wanted)
+        strays = sorted(name for name in site.pods.pods.get(site.kube.namespace, {}) if name not in wanted)
         for name in strays:
             self._log.warning("deleting pod %s: no request holds it", name)
             try:

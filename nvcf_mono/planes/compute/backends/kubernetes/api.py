@@ -132,11 +132,11 @@ class Kube:
     async def create_secret(self, secret: Obj) -> Obj | None:
         return await self.create_tolerant(self.core.create_namespaced_secret, self.namespace, secret)
 
-    async def delete_pod(self, name: str, grace: int) -> None:
-        await self._delete(self.core.delete_namespaced_pod, name, self.namespace, grace_period_seconds=grace)
-
-    async def delete_pod_in(self, namespace: str, name: str, grace: int) -> None:
-        await self._delete(self.core.delete_namespaced_pod, name, namespace, grace_period_seconds=grace)
+    async def delete_pod(self, name: str, grace: int, namespace: str | None = None) -> None:
+        """Delete a pod of the agent's namespace (or of ``namespace``: a Helm instance's)."""
+        await self._delete(
+            self.core.delete_namespaced_pod, name, namespace or self.namespace, grace_period_seconds=grace
+        )
 
     async def delete_secret(self, name: str) -> None:
         await self._delete(self.core.delete_namespaced_secret, name, self.namespace)
@@ -275,7 +275,8 @@ class PodCache:
     def __init__(self, kube: Kube, selector: Mapping[str, str]) -> None:
         self._kube = kube
         self._selector = dict(selector)
-        self.pods: dict[tuple[str, str], Obj] = {}
+        #: namespace -> name -> pod (a Helm instance reads its own namespace's at every look).
+        self.pods: dict[str, dict[str, Obj]] = {}
         self.synced = anyio.Event()
         #: Set (and replaced) on every change, for whoever waits for one.
         self._changed = anyio.Event()
@@ -286,10 +287,10 @@ class PodCache:
         return all(labels.get(k) == v for k, v in self._selector.items())
 
     def get(self, name: str, namespace: str | None = None) -> Obj | None:
-        return self.pods.get((namespace or self._kube.namespace, name))
+        return self.pods.get(namespace or self._kube.namespace, {}).get(name)
 
     def in_namespace(self, namespace: str) -> list[Obj]:
-        return [pod for (ns, _), pod in self.pods.items() if ns == namespace]
+        return list(self.pods.get(namespace, {}).values())
 
     async def changed(self, timeout: float) -> None:
         """Wait for the next change (or ``timeout`` seconds)."""
@@ -310,10 +311,14 @@ class PodCache:
         key = self._key(pod)
         if not key[1] or not self._mine(pod):
             return
+        namespace, name = key
         if kind == "DELETED":
-            self.pods.pop(key, None)
+            held = self.pods.get(namespace, {})
+            held.pop(name, None)
+            if not held:
+                self.pods.pop(namespace, None)
         elif kind in ("ADDED", "MODIFIED"):
-            self.pods[key] = pod
+            self.pods.setdefault(namespace, {})[name] = pod
         self._notify()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -325,7 +330,12 @@ class PodCache:
         while True:
             try:
                 listing = await kube._call(kube.core.list_pod_for_all_namespaces, label_selector=selector)
-                self.pods = {self._key(p): p for p in listing.get("items") or [] if self._mine(p)}
+                pods: dict[str, dict[str, Obj]] = {}
+                for pod in listing.get("items") or []:
+                    if self._mine(pod):
+                        namespace, name = self._key(pod)
+                        pods.setdefault(namespace, {})[name] = pod
+                self.pods = pods
                 self.synced.set()
                 self._notify()
                 version = (listing.get("metadata") or {}).get("resourceVersion")

@@ -15,7 +15,7 @@ import attrs
 
 from nvcf_mono.contracts import states
 from nvcf_mono.planes.compute.backends.kubernetes import miniservice as ms
-from nvcf_mono.planes.compute.backends.kubernetes.pod_health import Thresholds, missing, observe_pod
+from nvcf_mono.planes.compute.backends.kubernetes.pod_health import Thresholds, conditions_of, missing, observe_pod
 from nvcf_mono.planes.compute.health import Completion, LaunchFailure, Observation
 
 Obj = Mapping[str, Any]
@@ -33,13 +33,9 @@ def _name(obj: Obj) -> str:
     return f"{obj.get('kind', 'Pod')}/{obj.get('metadata', {}).get('name', '?')}"
 
 
-def _conditions(obj: Obj) -> dict[str, Obj]:
-    return {c.get("type", ""): c for c in obj.get("status", {}).get("conditions") or ()}
-
-
 def controller_failure(obj: Obj) -> str | None:
     """A controller's terminal condition, in words (ProgressDeadlineExceeded, a replica failure, a failed Job)."""
-    conditions = _conditions(obj)
+    conditions = conditions_of(obj)
     progressing = conditions.get("Progressing", {})
     if progressing.get("reason") == "ProgressDeadlineExceeded":
         return f"{_name(obj)}: ProgressDeadlineExceeded: {progressing.get('message', '')}".rstrip(": ")
@@ -66,7 +62,7 @@ def _never_restarted_failure(pod: Obj) -> str | None:
 def _pod_state(pod: Obj, now: float, limits: Thresholds) -> tuple[str | None, bool, bool]:
     """(failure in words or None, ready or done, scheduled) of one chart pod."""
     phase = pod.get("status", {}).get("phase")
-    scheduled = _conditions(pod).get("PodScheduled", {}).get("status") == "True" or phase not in (None, "Pending")
+    scheduled = conditions_of(pod).get("PodScheduled", {}).get("status") == "True" or phase not in (None, "Pending")
     if phase == "Succeeded":
         return None, True, True
     never = _never_restarted_failure(pod)
@@ -154,7 +150,7 @@ def _task_outcome(pods: Sequence[Obj], controllers: Sequence[Obj]) -> Completion
         if failure is not None:
             return Completion(exit_code=1, detail=failure)
     if jobs:
-        done = all(_conditions(j).get("Complete", {}).get("status") == "True" for j in jobs)
+        done = all(conditions_of(j).get("Complete", {}).get("status") == "True" for j in jobs)
         return Completion(exit_code=0, detail="") if done else None
     if pods and all(p.get("status", {}).get("phase") == "Succeeded" for p in pods):
         return Completion(exit_code=0, detail="")

@@ -41,14 +41,15 @@ def parse_time(text: str | None) -> float | None:
         return None
 
 
-def _conditions(pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    return {c.get("type", ""): c for c in pod.get("status", {}).get("conditions") or ()}
+def conditions_of(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """An object's status conditions by type (pods and controllers alike)."""
+    return {c.get("type", ""): c for c in obj.get("status", {}).get("conditions") or ()}
 
 
 def started_at(pod: Mapping[str, Any]) -> float | None:
     """When the pod's clocks start: ``startTime``, else when it was found unschedulable, else its creation."""
     status = pod.get("status", {})
-    scheduled = _conditions(pod).get("PodScheduled", {})
+    scheduled = conditions_of(pod).get("PodScheduled", {})
     return (
         parse_time(status.get("startTime"))
         or (parse_time(scheduled.get("lastTransitionTime")) if scheduled.get("status") == "False" else None)
@@ -123,7 +124,7 @@ def observe_pod(pod: Mapping[str, Any], *, now: float, limits: Thresholds, task:
     """The observation of one instance's pod at ``now`` (epoch seconds)."""
     status = pod.get("status", {})
     phase = status.get("phase", "Pending")
-    conditions = _conditions(pod)
+    conditions = conditions_of(pod)
     since = started_at(pod) or now
     age = now - since
     if phase == "Failed" and status.get("reason") == "UnexpectedAdmissionError":
