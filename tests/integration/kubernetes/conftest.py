@@ -10,6 +10,7 @@ checked against the Kubernetes OpenAPI schemas (``kubernetes-validate``).
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import re
@@ -284,6 +285,28 @@ def ready_status() -> dict[str, Any]:
             {"name": "utils", "ready": True, "restartCount": 0, "state": {"running": {"startedAt": stamp(4)}}},
         ],
     }
+
+
+async def ended(p: Any, cluster_id: str, instance_id: str, state: str, timeout: float = 20) -> Any:
+    """The instance's view (finished ones included) once the agent holds it in ``state``."""
+    from tests.integration.compute.conftest import instances
+
+    async def probe() -> Any:
+        views = await instances(p.bus, cluster_id, finished=True)
+        hit = [v for v in views if v.instance.instance_id == instance_id and v.instance.state == state]
+        return hit[0] if hit else None
+
+    return await wait_for(probe, timeout=timeout, what=f"instance {instance_id} {state}")
+
+
+async def store_ngc_credential(p: Any, api_key: str) -> None:
+    """An NGC registry credential of the default account, for pulling containers."""
+    secret = base64.b64encode(f"$oauthtoken:{api_key}".encode()).decode()
+    stored = await p.admin.post(
+        "/v2/nvcf/registry-credentials",
+        {"registryHostname": "nvcr.io", "secret": {"name": "ngc", "value": secret}, "artifactTypes": ["CONTAINER"]},
+    )
+    assert stored.status == 200, stored.body
 
 
 def k8s_cluster(name: str, cluster_id: str, kubeconfig_path: Path, **kube: Any) -> dict[str, Any]:

@@ -20,11 +20,13 @@ from tests.integration.compute.conftest import compute_platform, create, deploy,
 from tests.integration.kubernetes.conftest import (
     Cluster,
     emulated_cluster,
+    ended,
     gpu_nodes,
     k8s_cluster,
     ready_status,
     registered,
     stamp,
+    store_ngc_credential,
     validate,
 )
 
@@ -103,16 +105,7 @@ async def test_the_sample_installs_as_a_miniservice_and_only_the_worker_decides_
         await gpu_nodes(kc)
         clusters = [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig, allow_local_charts=True)]
         async with compute_platform(tmp_path, clusters, **LOCAL) as p:
-            secret = base64.b64encode(b"$oauthtoken:nvapi-KEY-0002").decode()
-            stored = await p.admin.post(
-                "/v2/nvcf/registry-credentials",
-                {
-                    "registryHostname": "nvcr.io",
-                    "secret": {"name": "ngc", "value": secret},
-                    "artifactTypes": ["CONTAINER"],
-                },
-            )
-            assert stored.status == 200, stored.body
+            await store_ngc_credential(p, "nvapi-KEY-0002")
             ns, worker, d = await start_sample(kc, p, chart, configuration={"greeting": "from-the-deployment"})
 
             # What the agent installed: the namespace, the MiniService, the worker, the chart's objects.
@@ -179,12 +172,7 @@ async def test_without_the_flag_a_failing_object_fails_the_instance_and_the_inst
             await running(p.bus, CLUSTER)
             await kc.set_pod_status("metrics-def34", failed_status(), namespace=ns)
 
-            async def failed() -> Any:
-                views = await instances(p.bus, CLUSTER, finished=True)
-                bad = [v for v in views if v.instance.instance_id == worker and v.instance.state == "failed"]
-                return bad[0] if bad else None
-
-            view = await wait_for(failed, timeout=20, what="the instance failed")
+            view = await ended(p, CLUSTER, worker, "failed")
             assert view.instance.status == "instance-terminated-by-service"
             assert "ObjectsFailed" in (view.instance.error_log or "") and "metrics-def34" in (
                 view.instance.error_log or ""

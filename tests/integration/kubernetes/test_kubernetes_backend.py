@@ -26,12 +26,14 @@ from tests.integration.compute.conftest import (
 )
 from tests.integration.kubernetes.conftest import (
     emulated_cluster,
+    ended,
     gpu_nodes,
     k8s_cluster,
     one_pod,
     ready_status,
     registered,
     stamp,
+    store_ngc_credential,
     validate,
 )
 
@@ -121,12 +123,7 @@ async def test_a_function_instance_is_a_pod_that_runs_when_ready_and_goes_when_u
 
             await wait_for(gone, timeout=20, what="the pod, its secret and its ICMSRequest deleted")
 
-            async def reported() -> Any:
-                views = await instances(p.bus, CLUSTER, finished=True)
-                done = [v for v in views if v.instance.instance_id == name and v.instance.state == "terminated"]
-                return done[0] if done else None
-
-            done = await wait_for(reported, timeout=15, what="the instance reported terminated")
+            done = await ended(p, CLUSTER, name, "terminated", timeout=15)
             assert done.instance.status == "instance-terminated-by-user"
 
 
@@ -158,12 +155,7 @@ async def test_an_image_that_cannot_be_pulled_fails_the_instance_and_its_pod_is_
                 },
             )
 
-            async def failed() -> Any:
-                views = await instances(p.bus, CLUSTER, finished=True)
-                bad = [v for v in views if v.instance.instance_id == name and v.instance.state == "image-pull-issues"]
-                return bad[0] if bad else None
-
-            view = await wait_for(failed, timeout=15, what="image-pull-issues")
+            view = await ended(p, CLUSTER, name, "image-pull-issues", timeout=15)
             assert view.instance.status == "instance-terminated-by-service"
             assert view.instance.termination_cause == "image-pull-issues"
             assert view.instance.error_log is not None and "ImagePullBackOff" in view.instance.error_log
@@ -192,14 +184,7 @@ async def test_a_pod_that_does_not_fit_is_no_capacity_and_a_vanished_pod_is_not_
             }
             await kc.set_pod_status(name, {"phase": "Pending", "conditions": [unschedulable]})
 
-            async def ended(instance_id: str, state: str) -> Any:
-                views = await instances(p.bus, CLUSTER, finished=True)
-                hit = [v for v in views if v.instance.instance_id == instance_id and v.instance.state == state]
-                return hit[0] if hit else None
-
-            view = await wait_for(
-                lambda: ended(name, "instance-terminated-no-capacity"), timeout=15, what="no-capacity"
-            )
+            view = await ended(p, CLUSTER, name, "instance-terminated-no-capacity", timeout=15)
             assert "Insufficient nvidia.com/gpu" in (view.instance.error_log or "")
 
             # The control plane asks for a replacement; someone deletes its pod by hand.
@@ -211,7 +196,7 @@ async def test_a_pod_that_does_not_fit_is_no_capacity_and_a_vanished_pod_is_not_
             await kc.set_pod_status(second, ready_status())
             await running(p.bus, CLUSTER)
             await kc.delete_pod(second)
-            await wait_for(lambda: ended(second, "instance-not-found"), timeout=15, what="instance-not-found")
+            await ended(p, CLUSTER, second, "instance-not-found", timeout=15)
 
 
 async def test_the_accounts_registry_credential_becomes_the_pods_pull_secret(tmp_path: Path) -> None:
@@ -219,16 +204,8 @@ async def test_the_accounts_registry_credential_becomes_the_pods_pull_secret(tmp
         await gpu_nodes(kc)
         async with compute_platform(tmp_path, [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig)]) as p:
             await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
+            await store_ngc_credential(p, "nvapi-KEY-0001")
             secret = base64.b64encode(b"$oauthtoken:nvapi-KEY-0001").decode()
-            stored = await p.admin.post(
-                "/v2/nvcf/registry-credentials",
-                {
-                    "registryHostname": "nvcr.io",
-                    "secret": {"name": "ngc", "value": secret},
-                    "artifactTypes": ["CONTAINER"],
-                },
-            )
-            assert stored.status == 200, stored.body
             _, _, d = await create(p.admin, function("private", containerImage=IMAGE))
             await deploy(p.admin, d, spec("H100"))
             pod = await one_pod(kc)
@@ -270,21 +247,16 @@ async def test_a_task_runs_once_in_a_pod_with_its_worker_as_a_sidecar_and_comple
             assert (utils["name"], utils["restartPolicy"]) == ("utils", "Always")
             assert pod["metadata"]["labels"]["nvca.nvcf.nvidia.io/task-id"] == task_id
             name = pod["metadata"]["name"]
-            ended = {
+            exited = {
                 "phase": "Failed",
                 "startTime": stamp(5),
                 "containerStatuses": [
                     {"name": "task", "restartCount": 0, "state": {"terminated": {"exitCode": 2, "reason": "Error"}}}
                 ],
             }
-            await kc.set_pod_status(name, ended)
+            await kc.set_pod_status(name, exited)
 
-            async def finished() -> Any:
-                views = await instances(p.bus, CLUSTER, finished=True)
-                done = [v for v in views if v.instance.instance_id == name and v.instance.state == "failed"]
-                return done[0] if done else None
-
-            view = await wait_for(finished, timeout=15, what="the task's instance failed")
+            view = await ended(p, CLUSTER, name, "failed", timeout=15)
             assert view.instance.termination_cause == "task-failed"
             assert "exited with code 2" in (view.instance.error_log or "")
 
