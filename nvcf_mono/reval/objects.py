@@ -14,29 +14,25 @@ MAX_OBJECTS = 300
 #: Per rendered document: 1 MiB plus 1 KiB of metadata.
 MAX_OBJECT_BYTES = 1024 * 1024 + 1024
 
-#: (group, version, kind) allowed in every chart; "" is the core group.
-ALLOWED = frozenset(
-    {
-        ("", "v1", "Pod"),
-        ("apps", "v1", "Deployment"),
-        ("apps", "v1", "ReplicaSet"),
-        ("apps", "v1", "StatefulSet"),
-        ("batch", "v1", "Job"),
-        ("batch", "v1", "CronJob"),
-        ("", "v1", "Service"),
-        ("", "v1", "ConfigMap"),
-        ("", "v1", "Secret"),
-        ("", "v1", "PersistentVolumeClaim"),
-    }
-)
+#: (group, version, kind) allowed in every chart ("" is the core group) -> its resource (plural).
+ALLOWED: Mapping[tuple[str, str, str], str] = {
+    ("", "v1", "Pod"): "pods",
+    ("apps", "v1", "Deployment"): "deployments",
+    ("apps", "v1", "ReplicaSet"): "replicasets",
+    ("apps", "v1", "StatefulSet"): "statefulsets",
+    ("batch", "v1", "Job"): "jobs",
+    ("batch", "v1", "CronJob"): "cronjobs",
+    ("", "v1", "Service"): "services",
+    ("", "v1", "ConfigMap"): "configmaps",
+    ("", "v1", "Secret"): "secrets",
+    ("", "v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
+}
 #: Tolerated for older charts; they will be refused one day.
-DEPRECATED = frozenset(
-    {
-        ("", "v1", "ServiceAccount"),
-        ("rbac.authorization.k8s.io", "v1", "RoleBinding"),
-        ("rbac.authorization.k8s.io", "v1", "Role"),
-    }
-)
+DEPRECATED: Mapping[tuple[str, str, str], str] = {
+    ("", "v1", "ServiceAccount"): "serviceaccounts",
+    ("rbac.authorization.k8s.io", "v1", "RoleBinding"): "rolebindings",
+    ("rbac.authorization.k8s.io", "v1", "Role"): "roles",
+}
 WORKLOAD_KINDS = ("Pod", "Deployment", "ReplicaSet", "StatefulSet", "Job", "CronJob")
 CONTROLLER_KINDS = ("Deployment", "ReplicaSet", "StatefulSet")
 
@@ -85,7 +81,7 @@ def decode_errors(objects: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def unsupported_types(objects: Iterable[Mapping[str, Any]], extras: Iterable[ExtraType] = ()) -> str | None:
     """``unsupported types: ["autoscaling/v2.HorizontalPodAutoscaler" ...]``, or None when every kind is allowed."""
-    allowed = ALLOWED | DEPRECATED | {(e.group, e.version, e.kind) for e in extras}
+    allowed = {*ALLOWED, *DEPRECATED} | {(e.group, e.version, e.kind) for e in extras}
     bad: list[str] = []
     for obj in objects:
         if gvk(obj) not in allowed:

@@ -22,7 +22,7 @@ from nvcf_mono.planes.compute.backends import LaunchSpec
 from nvcf_mono.planes.compute.backends.kubernetes import manifests, nvlink
 from nvcf_mono.planes.compute.backends.kubernetes.manifests import Manifest
 from nvcf_mono.planes.compute.config import KubernetesSettings
-from nvcf_mono.reval.objects import pod_spec, pod_template_metadata
+from nvcf_mono.reval.objects import ALLOWED, DEPRECATED, pod_spec, pod_template_metadata
 
 MS_GROUP, MS_VERSION, MS_PLURAL = "nvca.nvcf.nvidia.io", "v1alpha1", "miniservices"
 WORKLOAD_CONFIG = "nvcf-workload-config"
@@ -33,36 +33,23 @@ FIELD_MANAGER = "nvcf-mono-agent"
 
 # Phases (reference compute-plane §2).
 INSTALLING, INSTALLED, STARTING, RUNNING, COMPLETED = "Installing", "Installed", "Starting", "Running", "Completed"
-INSTALL_FAILED, FAILED = "InstallFailed", "Failed"
+FAILED = "Failed"
 
-#: kind -> (group, version, plural) of what charts may contain (and the validator allows).
+#: kind -> (group, version, plural) of what charts may contain (what the validator allows).
 RESOURCES: dict[str, tuple[str, str, str]] = {
-    "Pod": ("", "v1", "pods"),
-    "Service": ("", "v1", "services"),
-    "ConfigMap": ("", "v1", "configmaps"),
-    "Secret": ("", "v1", "secrets"),
-    "PersistentVolumeClaim": ("", "v1", "persistentvolumeclaims"),
-    "ServiceAccount": ("", "v1", "serviceaccounts"),
-    "Deployment": ("apps", "v1", "deployments"),
-    "ReplicaSet": ("apps", "v1", "replicasets"),
-    "StatefulSet": ("apps", "v1", "statefulsets"),
-    "Job": ("batch", "v1", "jobs"),
-    "CronJob": ("batch", "v1", "cronjobs"),
-    "Role": ("rbac.authorization.k8s.io", "v1", "roles"),
-    "RoleBinding": ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    kind: (group, version, plural) for (group, version, kind), plural in {**ALLOWED, **DEPRECATED}.items()
 }
 #: Applied first and deleted last (what others refer to).
 _APPLY_ORDER = ["ServiceAccount", "Secret", "ConfigMap", "PersistentVolumeClaim", "Role", "RoleBinding", "Service"]
 
 
-def resource_of(obj: Mapping[str, Any], extra: Mapping[str, str] | None = None) -> tuple[str, str, str]:
-    """(group, version, plural) of an object; ``extra`` maps further kinds to their plural (policy types)."""
+def resource_of(obj: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(group, version, plural) of an object (another kind: its lower-case plural, Kubernetes' convention)."""
     kind = str(obj.get("kind", ""))
     group, _, version = str(obj.get("apiVersion", "")).rpartition("/")
     if kind in RESOURCES and RESOURCES[kind][:2] == (group, version):
         return RESOURCES[kind]
-    plural = (extra or {}).get(kind) or kind.lower() + "s"
-    return group, version, plural
+    return group, version, kind.lower() + "s"
 
 
 def apply_order(objects: Sequence[Manifest]) -> list[Manifest]:
