@@ -25,7 +25,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(RUNTIME_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[helm]'
 	@touch $@
 
 $(DEV_STAMP): pyproject.toml | $(BIN)/python
