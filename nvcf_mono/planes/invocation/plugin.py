@@ -100,6 +100,7 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
         async with anyio.create_task_group() as tg:
             await tg.start(routing.run, bus)
             await tg.start(router.serve)
+            await tg.start(results.waits.run)
             await tg.start(collector.run)
             assets = InputAssets(bus, log)
             await tg.start(assets.run, bus)

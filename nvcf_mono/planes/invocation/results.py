@@ -24,6 +24,7 @@ from nvcf_mono.contracts.buckets import RequestRecord, StoredResult
 from nvcf_mono.contracts.frames import Frame, Headers
 from nvcf_mono.http.problem import PROBLEM_CONTENT_TYPE, problem_body
 from nvcf_mono.models.common import now_iso
+from nvcf_mono.planes.invocation.result_waits import ResultWaits
 from nvcf_mono.structure import evolve
 
 INLINE_RESULT = 512 * 1024
@@ -47,6 +48,8 @@ class ResultStore:
         self.records = TypedKV(bus.kv(buckets.REQUESTS.name), buckets.REQUEST)
         self.results = TypedKV(bus.kv(buckets.RESULTS.name), buckets.RESULT)
         self.payloads = bus.objects(buckets.PAYLOADS.name)
+        #: Wakes status polls when their result is written (run it in the plane's task group).
+        self.waits = ResultWaits(bus, buckets.RESULTS.name, log)
 
     async def track(self, record: RequestRecord, *, ttl: float) -> None:
         """Remember a request that answered 202 (until its deadline plus the result TTL)."""
@@ -168,13 +171,8 @@ class ResultStore:
 
     async def wait(self, request_id: str, timeout: float) -> bool:
         """Wait up to ``timeout`` for the result to exist."""
-        if await self.results.get(request_id) is not None:
-            return True
-        with anyio.move_on_after(timeout):
-            async with self.results.kv.watch(request_id) as watch:
-                if watch.initial:
-                    return True
-                async for entry in watch:
-                    if not entry.deleted:
-                        return True
-        return False
+
+        async def present() -> bool:
+            return await self.results.get(request_id) is not None
+
+        return await self.waits.wait(request_id, timeout, present)
