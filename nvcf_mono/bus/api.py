@@ -122,6 +122,18 @@ class PubAck:
 
 
 @attrs.frozen(kw_only=True)
+class StoreUsage:
+    """What JetStream holds for the platform's account: bytes used and reserved, streams, consumers."""
+
+    storage: int
+    memory: int
+    reserved_storage: int
+    reserved_memory: int
+    streams: int
+    consumers: int
+
+
+@attrs.frozen(kw_only=True)
 class StreamState:
     """A snapshot of a stream."""
 
@@ -327,6 +339,10 @@ class Stream(Protocol):
         """The newest message on ``subject``."""
         ...
 
+    async def next_stored(self, seq: int, subject: str) -> StoredMsg | None:
+        """The first message on ``subject`` (a pattern) with a sequence of ``seq`` or later, or None."""
+        ...
+
     async def count_stored(self, first_seq: int, last_seq: int) -> int:
         """How many messages the stream still holds with a sequence in ``[first_seq, last_seq]``."""
         ...
@@ -354,6 +370,8 @@ class Watch(Protocol):
     """A KV watch: ``initial`` holds the live entries at start; iteration yields later changes."""
 
     initial: tuple[Entry, ...]
+    #: The bucket's newest revision the initial entries account for (deletes included).
+    revision: int
 
     def __aiter__(self) -> AsyncIterator[Entry]: ...
 
@@ -391,6 +409,10 @@ class KeyValue(Protocol):
         """Live keys matching a subject pattern."""
         ...
 
+    async def last_revision(self) -> int:
+        """The bucket's newest revision (0 when empty): a watch that has seen it is current."""
+        ...
+
     def watch(self, pattern: str = ">", *, include_history: bool = False) -> AbstractAsyncContextManager[Watch]:
         """Watch keys matching ``pattern`` (``>`` for all, ``fn.*`` for one level)."""
         ...
@@ -417,6 +439,7 @@ class ObjectStore(Protocol):
         metadata: Mapping[str, str] | None = None,
         description: str = "",
         chunk_size: int | None = None,
+        ttl: float | None = None,
     ) -> ObjectInfo:
         """Store (or replace) an object from bytes or a stream of chunks."""
         ...
@@ -513,6 +536,14 @@ class Bus(Protocol):
         """Remove a stream and its messages."""
         ...
 
+    async def stream_names(self, subject: str | None = None) -> list[str]:
+        """Names of the streams that store ``subject`` (every stream when None)."""
+        ...
+
+    async def stream_states(self, subject: str) -> dict[str, StreamState]:
+        """The counts of every stream that stores ``subject``, by name (a call per 256 streams)."""
+        ...
+
     async def ensure_bucket(self, spec: BucketSpec) -> KeyValue:
         """Create the bucket or bring it to ``spec``."""
         ...
@@ -535,4 +566,8 @@ class Bus(Protocol):
 
     def statistics(self) -> BusStatistics:
         """Counters."""
+        ...
+
+    async def usage(self) -> StoreUsage:
+        """JetStream's use of the store by this account (one API call)."""
         ...

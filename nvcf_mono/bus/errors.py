@@ -37,6 +37,10 @@ class StreamFull(BusError):
     """A stream with discard-new limits refused a message."""
 
 
+class StoreFull(BusError):
+    """JetStream's storage is used up (the server's ``max_file_store`` or ``max_memory_store``)."""
+
+
 class SpecConflict(BusError):
     """An existing stream or consumer has a configuration the declared spec cannot be applied to."""
 

@@ -25,10 +25,19 @@ from nvcf_mono.bus.api import (
     Headers,
     PubAck,
     StoredMsg,
+    StoreUsage,
     StreamSpec,
     StreamState,
 )
-from nvcf_mono.bus.errors import BusError, BusUnavailable, NotFound, RequestTimeout, SpecConflict, StreamFull
+from nvcf_mono.bus.errors import (
+    BusError,
+    BusUnavailable,
+    NotFound,
+    RequestTimeout,
+    SpecConflict,
+    StoreFull,
+    StreamFull,
+)
 
 # JetStream API error codes (nats-server's errors.json).
 _STREAM_NOT_FOUND = 10059
@@ -37,6 +46,8 @@ _STREAM_NAME_IN_USE = 10058
 _MAX_MESSAGES = 10077
 _MAX_BYTES = 10054  # "maximum bytes exceeded" on a discard-new stream
 _MAX_MSGS_PER_SUBJECT = 10164
+_INSUFFICIENT_RESOURCES = 10023  # a message that does not fit in what is left of the store
+_INSUFFICIENT_STORAGE = 10047  # a stream whose reservation does not fit
 _MSG_DELETE_FAILED = 10057  # its description says why; some reasons only mean the message is not there
 _NO_SUCH_MSG = re.compile(r"no message found|stream store EOF", re.IGNORECASE)
 
@@ -51,6 +62,8 @@ def translate(err: Exception, what: str) -> BusError:
         description = err.description or ""
         if err.err_code in (_MAX_MESSAGES, _MAX_BYTES, _MAX_MSGS_PER_SUBJECT) or "maximum" in description:
             return StreamFull(f"{what}: {description}")
+        if err.err_code in (_INSUFFICIENT_RESOURCES, _INSUFFICIENT_STORAGE):
+            return StoreFull(f"{what}: {description or 'insufficient storage resources'}")
         if err.err_code in (_STREAM_NOT_FOUND, _CONSUMER_NOT_FOUND) or err.code == 404:
             return NotFound(f"{what}: {description or 'not found'}")
         if err.code == 503:  # JetStream temporarily unavailable (e.g. still recovering its store)
@@ -163,6 +176,64 @@ async def ensure_stream_config(js: JetStreamContext, config: api.StreamConfig) -
         except _NATS_ERRORS as err:
             raise translate(err, f"stream {name}") from err
     raise SpecConflict(f"stream {name}: could not create or update it")
+
+
+async def stream_names(js: JetStreamContext, subject: str | None, timeout: float) -> list[str]:
+    """Every stream name (storing ``subject``, when given), page by page."""
+    names: list[str] = []
+    while True:
+        payload: dict[str, Any] = {"offset": len(names)}
+        if subject:
+            payload["subject"] = subject
+        try:
+            resp = await js._api_request(f"{js._prefix}.STREAM.NAMES", _json(payload), timeout=timeout)
+        except _NATS_ERRORS as err:
+            raise translate(err, "list streams") from err
+        page = resp.get("streams") or []
+        names.extend(page)
+        if not page or len(names) >= int(resp.get("total") or 0):
+            return names
+
+
+async def stream_states(js: JetStreamContext, subject: str, timeout: float) -> dict[str, StreamState]:
+    """The state of every stream storing ``subject``, a page (up to 256 streams) per call."""
+    out: dict[str, StreamState] = {}
+    while True:
+        payload = {"offset": len(out), "subject": subject}
+        try:
+            resp = await js._api_request(f"{js._prefix}.STREAM.LIST", _json(payload), timeout=timeout)
+        except _NATS_ERRORS as err:
+            raise translate(err, "list streams") from err
+        page = resp.get("streams") or []
+        for raw in page:
+            # Read straight from the JSON: nats-py's StreamInfo costs more than the call for big listings.
+            name, state = str(raw["config"]["name"]), raw.get("state") or {}
+            out[name] = StreamState(
+                name=name,
+                messages=int(state.get("messages") or 0),
+                bytes=int(state.get("bytes") or 0),
+                first_seq=int(state.get("first_seq") or 0),
+                last_seq=int(state.get("last_seq") or 0),
+                consumer_count=int(state.get("consumer_count") or 0),
+            )
+        if not page or len(out) >= int(resp.get("total") or 0):
+            return out
+
+
+async def store_usage(js: JetStreamContext, timeout: float) -> StoreUsage:
+    """The account's JetStream usage, with the reservations nats-py's AccountInfo leaves out."""
+    try:
+        resp = await js._api_request(f"{js._prefix}.INFO", b"", timeout=timeout)
+    except _NATS_ERRORS as err:
+        raise translate(err, "JetStream account info") from err
+    return StoreUsage(
+        storage=int(resp.get("storage") or 0),
+        memory=int(resp.get("memory") or 0),
+        reserved_storage=int(resp.get("reserved_storage") or 0),
+        reserved_memory=int(resp.get("reserved_memory") or 0),
+        streams=int(resp.get("streams") or 0),
+        consumers=int(resp.get("consumers") or 0),
+    )
 
 
 def stream_state(name: str, info: api.StreamInfo) -> StreamState:
@@ -286,6 +357,26 @@ class NatsStream:
             raw = await self._js.get_last_msg(self.name, subject)
         except js_errors.NotFoundError:
             return None
+        except _NATS_ERRORS as err:
+            raise translate(err, f"read {subject} from {self.name}") from err
+        return StoredMsg(
+            subject=raw.subject or subject,
+            seq=raw.seq or 0,
+            data=raw.data or b"",
+            headers=dict(raw.headers or {}),
+            time=raw.time,
+        )
+
+    async def next_stored(self, seq: int, subject: str) -> StoredMsg | None:
+        """The first message on ``subject`` (a pattern) with a sequence of ``seq`` or later, or None."""
+        try:
+            raw = await self._js.get_msg(self.name, seq=max(seq, 1), subject=subject, next=True)
+        except js_errors.NotFoundError:
+            return None
+        except js_errors.APIError as err:
+            if err.err_code in (10037, 10043) or err.code == 404:  # no message found
+                return None
+            raise translate(err, f"read {subject} from {self.name}") from err
         except _NATS_ERRORS as err:
             raise translate(err, f"read {subject} from {self.name}") from err
         return StoredMsg(

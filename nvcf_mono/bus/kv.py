@@ -23,9 +23,10 @@ _KV_OP = "KV-Operation"
 _WRONG_LAST_SEQUENCE = (10071, 10164)
 _KEY_RX = re.compile(r"[-/_=.a-zA-Z0-9]+")
 _PATTERN_RX = re.compile(r"[-/_=.a-zA-Z0-9*>]+")
-#: How long expiry markers stay visible, so watchers learn that a TTL'd key is gone.
-_MARKER_TTL = 300.0
 _NATS_ERRORS = (nats.errors.Error, TimeoutError)
+#: Seconds without a subscriber after which the server removes a watch's consumer (a client that
+#: went away without deleting it); while the watch runs it always has one.
+_WATCH_INACTIVE = 30.0
 
 
 def check_key(key: str) -> str:
@@ -36,18 +37,21 @@ def check_key(key: str) -> str:
 
 
 async def bucket_stream_config(
-    js: JetStreamContext, spec: BucketSpec, default_storage: str, default_replicas: int
+    js: JetStreamContext, spec: BucketSpec, default_storage: str, default_replicas: int, *, marker_ttl: float
 ) -> api.StreamConfig:
-    """The stream behind a bucket, as NATS's own clients lay it out."""
+    """The stream behind a bucket, as NATS's own clients lay it out.
+
+    ``marker_ttl``: how long the server's marker for an expired key stays, so watchers learn it is gone.
+    """
     storage = spec.storage or default_storage
-    marker_ttl = None
+    expiry_markers = None
     if spec.per_key_ttl or spec.ttl > 0:
         try:
             level = (await js.account_info()).api.level or 0
         except _NATS_ERRORS as err:
             raise translate(err, f"bucket {spec.name}") from err
         if level >= 1:  # nats-server 2.11+: expiries leave markers that watchers see
-            marker_ttl = _MARKER_TTL
+            expiry_markers = marker_ttl
     duplicate_window = 120.0 if spec.ttl == 0 else min(120.0, spec.ttl)
     return api.StreamConfig(
         name=f"KV_{spec.name}",
@@ -68,7 +72,7 @@ async def bucket_stream_config(
         max_msgs_per_subject=spec.history,
         num_replicas=spec.replicas or default_replicas,
         storage=api.StorageType.FILE if storage == "file" else api.StorageType.MEMORY,
-        subject_delete_marker_ttl=marker_ttl,
+        subject_delete_marker_ttl=expiry_markers,
     )
 
 
@@ -89,10 +93,11 @@ def _ttl_header(ttl: float) -> str:
 class NatsWatch:
     """Initial live entries, then changes as they happen."""
 
-    def __init__(self, watcher: NatsKV.KeyWatcher, initial: tuple[Entry, ...], bucket: str) -> None:
+    def __init__(self, watcher: NatsKV.KeyWatcher, initial: tuple[Entry, ...], bucket: str, revision: int) -> None:
         self._watcher = watcher
         self.initial = initial
         self._bucket = bucket
+        self.revision = revision
 
     def __aiter__(self) -> NatsWatch:
         return self  # a class iterator survives a cancelled step, unlike an async generator
@@ -119,8 +124,9 @@ def _entry(bucket: str, raw: NatsKV.Entry) -> Entry:
 class NatsKeyValue:
     """A handle on one bucket."""
 
-    def __init__(self, js: JetStreamContext, bucket: str, timeout: float) -> None:
+    def __init__(self, js: JetStreamContext, bucket: str, timeout: float, *, deleted_ttl: float = 900.0) -> None:
         self._js = js
+        self._deleted_ttl = _ttl_header(deleted_ttl)
         self.bucket = bucket
         self._stream = f"KV_{bucket}"
         self._prefix = f"$KV.{bucket}."
@@ -203,8 +209,12 @@ class NatsKeyValue:
             raise ConflictError(f"{self.bucket}/{key} is no longer at revision {revision}") from None
 
     async def delete(self, key: str, *, revision: int | None = None) -> int:
-        """Leave a delete marker (only at ``revision`` when given); returns its revision."""
-        headers = {_KV_OP: "DEL"}
+        """Leave a delete marker (only at ``revision`` when given); returns its revision.
+
+        The marker replaces the key's older revisions and expires after ``deleted_ttl``: a deleted
+        key costs nothing once watchers have had time to see it go.
+        """
+        headers = {_KV_OP: "DEL", "Nats-Rollup": "sub", api.Header.MSG_TTL: self._deleted_ttl}
         if revision is not None:
             headers["Nats-Expected-Last-Subject-Sequence"] = str(revision)
         try:
@@ -214,7 +224,15 @@ class NatsKeyValue:
 
     async def purge(self, key: str) -> None:
         """Remove the key and its history."""
-        await self._publish(key, b"", {_KV_OP: "PURGE", "Nats-Rollup": "sub"})
+        await self._publish(key, b"", {_KV_OP: "PURGE", "Nats-Rollup": "sub", api.Header.MSG_TTL: self._deleted_ttl})
+
+    async def last_revision(self) -> int:
+        """The bucket stream's last sequence."""
+        try:
+            info = await self._js.stream_info(self._stream)
+        except _NATS_ERRORS as err:
+            raise translate(err, f"bucket {self.bucket}") from err
+        return int(info.state.last_seq or 0)
 
     async def keys(self, pattern: str = ">") -> list[str]:
         """Live keys matching ``pattern``."""
@@ -249,7 +267,9 @@ class NatsKeyValue:
         if not _PATTERN_RX.fullmatch(pattern):
             raise ValueError(f"invalid KV key pattern {pattern!r}")
         try:
-            watcher = await self._watchable.watch(pattern, include_history=include_history)
+            watcher = await self._watchable.watch(
+                pattern, include_history=include_history, inactive_threshold=_WATCH_INACTIVE
+            )
         except _NATS_ERRORS as err:
             raise translate(err, f"watch {self.bucket}/{pattern}") from err
         try:
@@ -276,10 +296,15 @@ class NatsKeyValue:
                     break
                 keep(raw)
             await self._catch_up(watcher, keep, lambda: last_seen)
-            yield NatsWatch(watcher, tuple(initial.values()), self.bucket)
+            yield NatsWatch(watcher, tuple(initial.values()), self.bucket, last_seen)
         finally:
             with anyio.move_on_after(self._timeout, shield=True):
+                consumer = getattr(watcher._sub, "_consumer", None)
                 try:
                     await watcher.stop()  # type: ignore[no-untyped-call]
+                    # The watch's consumer goes with it, not after an inactivity timeout: short watches
+                    # (keys(), one-off reads) must not pile up consumers on the bucket's stream.
+                    if consumer:
+                        await self._js.delete_consumer(self._stream, consumer)
                 except _NATS_ERRORS:
                     pass

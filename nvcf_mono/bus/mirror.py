@@ -61,6 +61,10 @@ class KvMirror(Generic[T]):
         self._log = log or logging.getLogger(f"nvcf_mono.bus.mirror.{kv.bucket}")
         self._data: dict[str, Versioned[T]] = {}
         self.loaded = anyio.Event()
+        #: The newest revision of the bucket this copy has seen (deletes included).
+        self.revision = 0
+        #: Counts changes of the copy: an index built from it is current while this is unchanged.
+        self.generation = 0
 
     # ---- reading ----------------------------------------------------------------------------------
 
@@ -90,9 +94,13 @@ class KvMirror(Generic[T]):
             return
         if value is None:
             if self._data.pop(key, None) is not None:
-                self.signal.notify()
+                self._changed()
             return
         self._data[key] = Versioned(key, value, revision)
+        self._changed()
+
+    def _changed(self) -> None:
+        self.generation += 1
         self.signal.notify()
 
     # ---- running ----------------------------------------------------------------------------------
@@ -106,6 +114,7 @@ class KvMirror(Generic[T]):
                     tg.start_soon(self._restart_on_reconnect, bus, tg.cancel_scope)
                     async with self.kv.watch(self.pattern) as watch:
                         self._replace(watch.initial)
+                        self.revision = max(self.revision, watch.revision)
                         if not self.loaded.is_set():
                             self.loaded.set()
                             task_status.started()
@@ -148,20 +157,30 @@ class KvMirror(Generic[T]):
             if value is not None:
                 data[entry.key] = Versioned(entry.key, value, entry.revision)
         self._data = data
-        self.signal.notify()
+        self._changed()
+
+    async def caught_up(self, timeout: float) -> bool:
+        """Wait (up to ``timeout``) until the copy holds every write made to the bucket before this call."""
+        with anyio.move_on_after(timeout):
+            wanted = await self.kv.last_revision()
+            while self.revision < wanted:  # noqa: ASYNC110 - not every revision changes the copy (no signal)
+                await anyio.sleep(0.01)
+            return True
+        return False
 
     def _apply(self, entry: Entry) -> None:
+        self.revision = max(self.revision, entry.revision)
         current = self._data.get(entry.key)
         if current is not None and current.revision >= entry.revision:
             return
         if entry.deleted:
             if self._data.pop(entry.key, None) is not None:
-                self.signal.notify()
+                self._changed()
             return
         value = self._decode(entry)
         if value is not None:
             self._data[entry.key] = Versioned(entry.key, value, entry.revision)
-            self.signal.notify()
+            self._changed()
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

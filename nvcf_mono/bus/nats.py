@@ -32,11 +32,20 @@ from nvcf_mono.bus.api import (
     Msg,
     ObjectStore,
     ObjectStoreSpec,
+    StoreUsage,
     StreamSpec,
     StreamState,
 )
 from nvcf_mono.bus.errors import BusError, BusUnavailable, NoResponders, RemoteError, RequestTimeout
-from nvcf_mono.bus.jetstream import NatsStream, ensure_stream_config, stream_config, stream_state
+from nvcf_mono.bus.jetstream import (
+    NatsStream,
+    ensure_stream_config,
+    store_usage,
+    stream_config,
+    stream_names,
+    stream_state,
+    stream_states,
+)
 from nvcf_mono.bus.kv import NatsKeyValue, bucket_stream_config
 from nvcf_mono.bus.objects import NatsObjectStore, object_store_stream_config
 from nvcf_mono.config.model import BusSettings
@@ -172,6 +181,10 @@ class NatsBus:
             out_bytes=int(stats["out_bytes"]),
             errors=int(stats["errors_received"]),
         )
+
+    async def usage(self) -> StoreUsage:
+        """JetStream's use of the store by this account."""
+        return await store_usage(self._js, self._settings.request_timeout)
 
     @asynccontextmanager
     async def events(self) -> AsyncIterator[AsyncIterator[BusEvent]]:
@@ -331,19 +344,35 @@ class NatsBus:
         return handle
 
     async def delete_stream(self, name: str) -> bool:
-        """Remove a stream."""
-        return await self.stream(name).delete()
+        """Remove a stream (and forget its handle: handles stay as many as the streams in use)."""
+        try:
+            return await self.stream(name).delete()
+        finally:
+            self._streams.pop(name, None)
+
+    async def stream_names(self, subject: str | None = None) -> list[str]:
+        """Names of the streams that store ``subject`` (every stream when None)."""
+        return await stream_names(self._js, subject, self._settings.request_timeout)
+
+    async def stream_states(self, subject: str) -> dict[str, StreamState]:
+        """The counts of every stream that stores ``subject``, by name (a call per 256 streams)."""
+        return await stream_states(self._js, subject, self._settings.request_timeout)
 
     async def ensure_bucket(self, spec: BucketSpec) -> KeyValue:
         """Create or update a KV bucket."""
-        await ensure_stream_config(self._js, await bucket_stream_config(self._js, spec, *self._defaults()))
+        config = await bucket_stream_config(
+            self._js, spec, *self._defaults(), marker_ttl=self._settings.deleted_key_ttl
+        )
+        await ensure_stream_config(self._js, config)
         return self.kv(spec.name)
 
     def kv(self, bucket: str) -> NatsKeyValue:
         """A handle on a bucket (no I/O)."""
         handle = self._kv.get(bucket)
         if handle is None:
-            handle = self._kv[bucket] = NatsKeyValue(self._js, bucket, self._settings.request_timeout)
+            handle = self._kv[bucket] = NatsKeyValue(
+                self._js, bucket, self._settings.request_timeout, deleted_ttl=self._settings.deleted_key_ttl
+            )
         return handle
 
     async def ensure_object_store(self, spec: ObjectStoreSpec) -> ObjectStore:
@@ -355,7 +384,9 @@ class NatsBus:
         """A handle on an object store (no I/O)."""
         handle = self._objects.get(bucket)
         if handle is None:
-            handle = self._objects[bucket] = NatsObjectStore(self._js, bucket, self._settings.request_timeout)
+            handle = self._objects[bucket] = NatsObjectStore(
+                self._js, bucket, self._settings.request_timeout, deleted_ttl=self._settings.deleted_key_ttl
+            )
         return handle
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -31,6 +32,9 @@ _FETCH_BATCH_BYTES = 4 * 1024 * 1024
 _nuid = NUID()
 
 
+_MSG_TTL: str = api.Header.MSG_TTL.value
+
+
 def object_store_stream_config(spec: ObjectStoreSpec, default_storage: str, default_replicas: int) -> api.StreamConfig:
     """The stream behind an object store bucket."""
     storage = spec.storage or default_storage
@@ -46,6 +50,7 @@ def object_store_stream_config(spec: ObjectStoreSpec, default_storage: str, defa
         discard=api.DiscardPolicy.NEW,
         allow_rollup_hdrs=True,
         allow_direct=True,
+        allow_msg_ttl=True,  # tombstones of deleted objects expire
         duplicate_window=120.0,
     )
 
@@ -97,11 +102,12 @@ class NatsObjectReader:
 class NatsObjectStore:
     """A handle on one object store bucket."""
 
-    def __init__(self, js: JetStreamContext, bucket: str, timeout: float) -> None:
+    def __init__(self, js: JetStreamContext, bucket: str, timeout: float, *, deleted_ttl: float = 300.0) -> None:
         self._js = js
         self.bucket = bucket
         self._stream = f"OBJ_{bucket}"
         self._timeout = timeout
+        self._deleted_ttl = f"{max(1, math.ceil(deleted_ttl))}s"
 
     def _meta_subject(self, name: str) -> str:
         return f"$O.{self.bucket}.M.{_encode_name(name)}"
@@ -145,14 +151,19 @@ class NatsObjectStore:
         metadata: Mapping[str, str] | None = None,
         description: str = "",
         chunk_size: int | None = None,
+        ttl: float | None = None,
     ) -> ObjectInfo:
-        """Store or replace ``name``; a failed put leaves the previous version in place."""
+        """Store or replace ``name``; a failed put leaves the previous version in place.
+
+        ``ttl``: seconds after which the object is gone (its chunks and its entry), whatever the bucket keeps.
+        """
         if not name:
             raise ValueError("an object needs a name")
         size_limit = chunk_size or DEFAULT_CHUNK_SIZE
         previous = await self._read_meta(name)
         nuid = _nuid.next().decode()
         subject = self._chunk_subject(nuid)
+        expiry: dict[str, str] | None = {_MSG_TTL: f"{max(1, math.ceil(ttl))}s"} if ttl else None
         digest = hashlib.sha256()
         size = chunks = 0
         try:
@@ -160,7 +171,7 @@ class NatsObjectStore:
                 digest.update(chunk)
                 size += len(chunk)
                 chunks += 1
-                await self._publish(subject, chunk)
+                await self._publish(subject, chunk, expiry)
             info = ObjectInfo(
                 bucket=self.bucket,
                 name=name,
@@ -172,7 +183,9 @@ class NatsObjectStore:
                 description=description,
                 metadata=dict(metadata or {}),
             )
-            await self._publish(self._meta_subject(name), _meta_json(info, size_limit), {"Nats-Rollup": "sub"})
+            await self._publish(
+                self._meta_subject(name), _meta_json(info, size_limit), {"Nats-Rollup": "sub", **(expiry or {})}
+            )
         except BaseException:
             with anyio.move_on_after(self._timeout, shield=True):
                 try:
@@ -272,7 +285,9 @@ class NatsObjectStore:
             "deleted": True,
             "mtime": _format_time(datetime.now(UTC)),
         }
-        await self._publish(self._meta_subject(name), json.dumps(tombstone).encode(), {"Nats-Rollup": "sub"})
+        # The tombstone tells readers the object is gone, for a while: then nothing of it is left.
+        headers = {"Nats-Rollup": "sub", _MSG_TTL: self._deleted_ttl}
+        await self._publish(self._meta_subject(name), json.dumps(tombstone).encode(), headers)
         if info.nuid:
             await self._purge_chunks(info.nuid)
         return True

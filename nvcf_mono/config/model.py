@@ -89,6 +89,13 @@ class BusSettings:
         1, doc="Replicas of every stream and bucket (3 on a NATS cluster).", check=in_range(1, 5)
     )
     storage: Literal["file", "memory"] = setting("file", doc="Storage of streams and buckets.")
+    deleted_key_ttl: Seconds = setting(
+        300.0,
+        doc="How long the marker of a deleted or expired KV key stays (watchers learn of the delete from it; a "
+        "watch started later simply does not see the key). A delete also removes the key's older revisions, "
+        "so the store holds what exists, not what once did.",
+        check=in_range(1, 7 * 24 * 3600),
+    )
 
 
 @attrs.frozen(kw_only=True)

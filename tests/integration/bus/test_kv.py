@@ -11,6 +11,7 @@ import pytest
 from nvcf_mono.bus.api import BucketSpec, Entry, KvOp
 from nvcf_mono.bus.errors import ConflictError, RequestTimeout
 from nvcf_mono.testing.nats_server import NatsServer
+from nvcf_mono.testing.platform import wait_for
 from tests.conftest import connect
 
 pytestmark = pytest.mark.nats
@@ -175,14 +176,38 @@ async def test_watch_of_an_empty_bucket_and_with_history(nats_server: NatsServer
                 (entry,) = await _next(aiter(watch))
                 assert (entry.key, entry.value) == ("a", b"first")
         await kv.put("a", b"second")
+        with anyio.fail_after(10):
+            async with kv.watch("a", include_history=True) as watch:
+                assert [(e.value, e.operation) for e in watch.initial] == [(b"first", KvOp.PUT), (b"second", KvOp.PUT)]
         await kv.delete("a")
         with anyio.fail_after(10):
             async with kv.watch("a", include_history=True) as watch:
-                assert [(e.value, e.operation) for e in watch.initial] == [
-                    (b"first", KvOp.PUT),
-                    (b"second", KvOp.PUT),
-                    (b"", KvOp.DELETE),
-                ]
+                # A delete replaces the key's history with its marker.
+                assert [(e.value, e.operation) for e in watch.initial] == [(b"", KvOp.DELETE)]
+
+
+async def test_a_deleted_key_leaves_nothing_once_its_marker_expires(
+    nats_server: NatsServer, unique: Callable[[str], str]
+) -> None:
+    name = unique("gone")
+    async with connect(nats_server.url, deleted_key_ttl=1.0) as bus:
+        kv = await bus.ensure_bucket(BucketSpec(name=name, history=5))
+        for i in range(5):
+            await kv.put("a", str(i).encode())
+        await kv.put("b", b"stays")
+        async with kv.watch() as watch:
+            revision = await kv.delete("a")
+            (marker,) = await _next(aiter(watch))
+            assert (marker.key, marker.operation, marker.revision) == ("a", KvOp.DELETE, revision)
+        stream = bus.stream(f"KV_{name}")
+        assert (await stream.info()).messages == 2  # b, and a's marker: a's five revisions are gone
+
+        async def only_b_left() -> bool:
+            return (await stream.info()).messages == 1
+
+        await wait_for(only_b_left, timeout=15, interval=0.2, what="the delete marker to expire")
+        assert await kv.get("a") is None
+        assert await kv.create("a", b"again") > revision
 
 
 async def test_bucket_ttl_expires_values_and_watchers_see_it(
@@ -263,3 +288,18 @@ async def test_keys_and_watches_do_not_miss_values_nats_py_reports_late(
         assert await kv.keys("cluster.*") == ["cluster.request"]
         async with kv.watch("cluster.>") as watch:
             assert [e.key for e in watch.initial] == ["cluster.request"]
+
+
+async def test_a_finished_watch_leaves_no_consumer_behind(
+    nats_server: NatsServer, unique: Callable[[str], str]
+) -> None:
+    name = unique("watched")
+    async with connect(nats_server.url) as bus:
+        kv = await bus.ensure_bucket(BucketSpec(name=name))
+        await kv.put("a", b"1")
+        stream = bus.stream(f"KV_{name}")
+        for _ in range(20):
+            assert await kv.keys() == ["a"]
+            async with kv.watch("a") as watch:
+                assert len(watch.initial) == 1
+        assert (await stream.info()).consumer_count == 0
