@@ -143,6 +143,10 @@ class Problem:
     type: str = ""
 
 
+#: The attempt of a frame the platform sends itself: no delivery of the request answered it.
+PLATFORM_ATTEMPT = 0
+
+
 @attrs.frozen(kw_only=True, slots=True)
 class Frame:
     """A piece of a response."""
@@ -204,6 +208,11 @@ class Frame:
             )
         except (KeyError, TypeError, ValueError, IndexError) as err:
             raise FrameError(f"not a response frame: {err}") from err
+
+
+def problem_frame(request_id: str, status: int, detail: str) -> Frame:
+    """The platform's own answer to a request: one frame that ends it with a problem."""
+    return Frame(request_id=request_id, seq=0, attempt=PLATFORM_ATTEMPT, problem=Problem(status=status, detail=detail))
 
 
 def headers_of(pairs: Sequence[tuple[str, str]]) -> Headers:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nvcf_mono.bus.api import ConsumerSpec, Discard, Retention, StreamSpec
+from nvcf_mono.bus.api import Bus, ConsumerSpec, Discard, Retention, StreamSpec
 from nvcf_mono.contracts import subjects
 
 #: Creation messages wait here until the addressed cluster's agent takes them (reference §1: 96 h).
@@ -48,15 +48,22 @@ def terminate_consumer(cluster_id: str) -> ConsumerSpec:
     )
 
 
-def request_stream(region: str, function_version_id: str, *, max_msgs: int, max_bytes: int) -> StreamSpec:
-    """The durable request buffer of one function version (work queue; a full stream refuses: 429)."""
+def request_stream(region: str, function_version_id: str, *, max_msgs: int, max_msg_size: int) -> StreamSpec:
+    """The durable request buffer of one function version (work queue; a full queue refuses: 429).
+
+    No ``max_bytes``: JetStream reserves a stream's byte limit out of the server's whole store when
+    the stream is made, so a byte limit per version made the store's cost grow with the number of
+    versions ever deployed (the 11th version of 1 GiB filled a 10 GiB store). Messages are bounded
+    (``max_msg_size``: larger bodies go to the object store), the count by ``max_msgs``, and the
+    invocation plane enforces each version's byte quota itself.
+    """
     return StreamSpec(
         name=subjects.request_stream(region, function_version_id),
         subjects=(subjects.request_filter(region, function_version_id),),
         description=f"invocation requests of function version {function_version_id} in {region}",
         retention=Retention.WORK_QUEUE,
         max_msgs=max_msgs,
-        max_bytes=max_bytes,
+        max_msg_size=max_msg_size,
         discard=Discard.NEW,
         # One message per request id: a repeated publish is a duplicate, not a second request.
         max_msgs_per_subject=1,
@@ -98,3 +105,18 @@ def request_consumer(region: str, function_version_id: str, *, ack_wait: float) 
         max_ack_pending=100_000,
         max_waiting=4096,
     )
+
+
+async def queue_depths(bus: Bus, region: str) -> dict[str, int]:
+    """Requests waiting or being served, per version id, for every version of ``region`` with a queue.
+
+    A request stream is a work queue: a message stays until its request is settled, so the stream's
+    count is what its consumer has pending plus what instances hold. One call per 256 versions, where
+    asking each version's consumer costs a call per version.
+    """
+    depths = {}
+    for name, state in (await bus.stream_states(subjects.request_streams_filter(region))).items():
+        version_id = subjects.version_of_request_stream(region, name)
+        if version_id is not None:
+            depths[version_id] = state.messages
+    return depths

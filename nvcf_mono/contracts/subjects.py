@@ -82,6 +82,17 @@ def request_stream(region: str, function_version_id: str) -> str:
     return f"rq_{region}_{function_version_id}"
 
 
+def request_streams_filter(region: str) -> str:
+    """Every request of every version in one region (finds the region's request streams)."""
+    return f"rq.{region}.>"
+
+
+def version_of_request_stream(region: str, stream: str) -> str | None:
+    """The version id of a request stream of ``region`` (None for any other stream)."""
+    prefix = request_stream(region, "")
+    return stream[len(prefix) :] or None if stream.startswith(prefix) else None
+
+
 def request_subject(region: str, function_version_id: str, request_id: str) -> str:
     """``rq.<region>.<fvid>.<requestId>``."""
     return f"rq.{region}.{function_version_id}.{request_id}"

@@ -11,6 +11,7 @@ from typing import Any, final
 import anyio
 from aiohttp import web
 
+from nvcf_mono.bus.errors import BusError, BusUnavailable, RequestTimeout, StoreFull
 from nvcf_mono.config.model import HttpSettings
 from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.http.problem import ProblemError, problem_response
@@ -136,6 +137,12 @@ class HttpServer:
             except (asyncio.CancelledError, anyio.get_cancelled_exc_class()):
                 status = 499  # the client went away
                 raise
+            except (StoreFull, BusUnavailable, RequestTimeout) as err:
+                # Conditions that pass: the caller should retry later, not treat it as a server bug.
+                self._log.warning("%s %s: %s", request.method, request.path, err)
+                response = problem_response(
+                    503, _unavailable(err), instance=request.path, headers={"Retry-After": _RETRY_AFTER}
+                )
             except Exception:
                 self._log.exception("unhandled error serving %s %s", request.method, request.path)
                 response = problem_response(
@@ -182,3 +189,17 @@ class HttpServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+#: Seconds a caller is asked to wait after a 503 for a full store or an unreachable bus.
+_RETRY_AFTER = "30"
+
+
+def _unavailable(err: BusError) -> str:
+    if isinstance(err, StoreFull):
+        return (
+            "the platform's message store is full, so nothing more can be accepted until queued requests, "
+            "results or payloads are taken out or expire; operators: raise embedded_nats.max_file_store "
+            "(or the NATS server's JetStream max_file_store) or free space"
+        )
+    return "the platform's message bus did not answer in time; retry shortly"

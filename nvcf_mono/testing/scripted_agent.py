@@ -246,11 +246,30 @@ class ScriptedAgent:
                 await delivery.ack()
                 for request_id in msg.request_ids:
                     inst = self.instances.get(request_id)
-                    if inst is not None and inst.state not in states.GONE_STATES:
+                    if inst is None:
+                        await self._nothing_runs(request_id, msg.function_version_id)
+                    elif inst.state not in states.GONE_STATES:
                         if self.launcher is not None:
                             await self.launcher.stop(request_id)
                         await self.report(request_id, states.TERMINATED, status=states.TERMINATED_BY_USER)
                 self._notify()
+
+    async def _nothing_runs(self, request_id: str, function_version_id: str | None) -> None:
+        """A termination of a request never started here (its creation not taken yet): say it is gone, as NVCA."""
+        report = InstanceStatusReport(
+            request_id=request_id,
+            instance_id=f"0-sr-{request_id}",
+            status=states.TERMINATED_BY_USER,
+            instance_state=states.TERMINATED,
+            request_state=RequestState.CLOSED,
+            action="TerminateInstances",
+            at=now_iso(),
+            function_version_id=function_version_id,
+        )
+        try:
+            await rpc.call(self.bus, subjects.icms_subject("status", self.cluster_id), report, Empty)
+        except rpc.RpcError as err:
+            log.info("report of %s as never started refused: %s", request_id, err)
 
     async def report(self, request_id: str, state: str, *, error: str | None = None, status: str | None = None) -> None:
         """Send one instance status report (a test may call this to script a change)."""

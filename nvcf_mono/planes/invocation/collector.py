@@ -64,6 +64,7 @@ class Collector:
             await self._results.store_problem(rid, 502, "the response stopped arriving before it was complete")
         finally:
             self._router.forget(rid)
+            await self._dispatcher.drop_body(request.body_object)
 
     async def _next_result(self, pending: Pending, timeout: float) -> Frame:
         """The first frame of the result; progress reports before it are kept for status polls."""

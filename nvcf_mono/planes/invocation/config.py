@@ -32,7 +32,10 @@ class InvocationConfig:
         check=in_range(1024, 4 * 1024 * 1024),
     )
     max_request_body: ByteSize = setting(
-        1024**3, doc="Largest request body accepted (streamed through the object store).", check=positive
+        64 * 1024 * 1024,
+        doc="Largest request body an invocation accepts (pexec, exec, Host-routed calls, the gRPC proxy); larger "
+        "ones are refused with 413 before anything is stored. Larger inputs go to functions as assets.",
+        check=positive,
     )
     frame_size: ByteSize = setting(
         256 * 1024, doc="Largest body piece in one response frame.", check=in_range(1024, 4 * 1024 * 1024)
@@ -43,7 +46,13 @@ class InvocationConfig:
     queue_max_messages: int = setting(
         100_000, doc="Requests one version's queue holds; more are refused with 429.", check=positive
     )
-    queue_max_bytes: ByteSize = setting(1024**3, doc="Bytes one version's queue holds.", check=positive)
+    queue_max_bytes: ByteSize = setting(
+        1024**3,
+        doc="Bytes one version's queue holds; more are refused with 429. Enforced by the invocation nodes "
+        "(JetStream would reserve it per version out of the whole store): several nodes together may overshoot "
+        "it by what each accepts in a quarter of a second.",
+        check=positive,
+    )
     ack_wait: Seconds = setting(
         30.0, doc="A delivery not confirmed in progress for this long is redelivered.", check=positive
     )
@@ -76,7 +85,18 @@ class InvocationConfig:
     rate_limit_timeout: Seconds = setting(
         0.05, doc="A rate-limit check the bus does not answer in time lets the request through.", check=positive
     )
-    sweep_interval: Seconds = setting(5.0, doc="How often expired queued requests are swept.", check=at_least(0.1))
+    sweep_interval: Seconds = setting(
+        5.0,
+        doc="How often the request queues of versions no longer deployed are looked for: their waiting requests "
+        "are answered 404 and the queues removed.",
+        check=at_least(0.1),
+    )
+    retired_queue_grace: Seconds = setting(
+        30.0,
+        doc="How long a version's queue outlives its deployment before it is emptied and removed (requests "
+        "another node accepted just before it heard of the undeploy are in it by then).",
+        check=at_least(0),
+    )
     load_report_interval: Seconds = setting(
         1.0,
         doc="How often workers report their load to this node, and this node reports it to the autoscaler.",

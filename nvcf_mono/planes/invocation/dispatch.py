@@ -14,11 +14,15 @@ from typing import final
 import anyio
 
 from nvcf_mono.bus.api import Bus
-from nvcf_mono.bus.errors import NotFound, StreamFull
+from nvcf_mono.bus.errors import BusError, NotFound, StreamFull
 from nvcf_mono.contracts import buckets, streams, subjects
 from nvcf_mono.contracts.frames import Request
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.planes.invocation.config import InvocationConfig
+from nvcf_mono.planes.invocation.quota import QueueQuota
+
+#: Room in a request message besides its inline body: the method, path, headers and ids.
+HEADER_ROOM = 1024 * 1024
 
 
 @final
@@ -31,6 +35,7 @@ class Dispatcher:
         self.region = region
         self._log = log
         self._ensured: set[str] = set()
+        self.quota = QueueQuota(config.queue_max_bytes)
         self._lock = anyio.Lock()
         self.payloads = bus.objects(buckets.PAYLOADS.name)
         #: Told of every request stored (function id, version id): the load meter counts and wakes.
@@ -52,7 +57,10 @@ class Dispatcher:
             c = self._config
             await self._bus.ensure_stream(
                 streams.request_stream(
-                    self.region, function_version_id, max_msgs=c.queue_max_messages, max_bytes=c.queue_max_bytes
+                    self.region,
+                    function_version_id,
+                    max_msgs=c.queue_max_messages,
+                    max_msg_size=c.inline_body_limit + HEADER_ROOM,
                 )
             )
             await self._bus.stream(self.stream_name(function_version_id)).ensure_consumer(
@@ -60,15 +68,22 @@ class Dispatcher:
             )
             self._ensured.add(function_version_id)
 
+    def forget(self, function_version_id: str) -> None:
+        """The version's stream was removed: make it again on next use, and drop its byte count."""
+        self._ensured.discard(function_version_id)
+        self.quota.forget(function_version_id)
+
     async def publish(self, request: Request) -> None:
         """Store the request durably; 429 when the version's queue is full."""
         fvid = request.function_version_id
         await self.ensure(fvid)
         subject = subjects.request_subject(self.region, fvid, request.request_id)
         data = request.encode()
+        stream = self._bus.stream(self.stream_name(fvid))
+        await self.quota.admit(stream, fvid, len(data))
         for attempt in range(2):
             try:
-                await self._bus.stream(self.stream_name(fvid)).publish(subject, data, msg_id=request.request_id)
+                await stream.publish(subject, data, msg_id=request.request_id)
                 if self.on_queued is not None:
                     await self.on_queued(request.function_id, fvid)
                 return
@@ -82,10 +97,24 @@ class Dispatcher:
                 await self.ensure(fvid, again=True)  # the stream was removed under us (a reset store)
 
     async def put_body(self, request_id: str, chunks: AsyncIterable[bytes]) -> tuple[str, int]:
-        """Store a large request body; returns its object name and size."""
+        """Store a large request body; returns its object name and size.
+
+        It lives as long as its request may wait and run (then it expires on its own); the node that
+        gets the request's answer deletes it sooner (:meth:`drop_body`).
+        """
         name = buckets.request_body_object(request_id)
-        info = await self.payloads.put(name, chunks)
+        info = await self.payloads.put(name, chunks, ttl=self._config.queue_deadline + self._config.result_ttl)
         return name, info.size
+
+    async def drop_body(self, name: str | None) -> None:
+        """The request has its answer: its stored body is not needed any more (best effort, bounded)."""
+        if name is None:
+            return
+        with anyio.move_on_after(5, shield=True):
+            try:
+                await self.payloads.delete(name)
+            except BusError as err:
+                self._log.debug("could not delete request body %s: %s", name, err)
 
     async def cancel(self, function_version_id: str, request_id: str, *, reason: str = "cancelled") -> None:
         """Take a queued request out and tell the worker serving it to stop (best effort, bounded)."""

@@ -129,7 +129,7 @@ class GrpcProxy:
         version_id = _metadata(stream, FUNCTION_VERSION_ID).strip() or None
         try:
             principal.require(S.INVOKE_FUNCTION)
-            fv = invoker.routing.resolve(principal, function_id, version_id)
+            fv = await invoker.routing.resolve_current(principal, function_id, version_id)
             if not fv.is_grpc:
                 raise GRPCError(
                     Status.INVALID_ARGUMENT,
@@ -245,6 +245,7 @@ class GrpcProxy:
             if ended is None:
                 await cancel("the gRPC call ended early (the client went away)")
             invoker.router.forget(request_id)
+            await invoker.dispatcher.drop_body(body_object)
         if ended.status is not Status.OK:
             # Already sent to the client; raised so the call is counted with the function's status.
             raise GRPCError(ended.status, ended.message)

@@ -19,7 +19,8 @@ from aiohttp import web
 from anyio.abc import TaskStatus
 
 from nvcf_mono.bus.api import Bus
-from nvcf_mono.bus.errors import BusError, NotFound
+from nvcf_mono.bus.errors import BusError
+from nvcf_mono.contracts import streams
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.metrics import LATENCY_BUCKETS, Metrics
 from nvcf_mono.models.function import CONNECTABLE, FunctionVersion
@@ -121,33 +122,25 @@ class InvocationMetrics:
         interval: float = QUEUE_REFRESH,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Keep the queue-depth gauge current: one consumer lookup per deployed version per interval."""
+        """Keep the queue-depth gauge current: every version's depth in one listing per interval."""
         task_status.started()
         shown: set[tuple[str, str]] = set()
         while True:
-            live: set[tuple[str, str]] = set()
-            for fv in routing.functions.values():
-                if fv.status not in CONNECTABLE:
-                    continue
-                live.add((fv.id, fv.version_id))
-                depth = await self._depth(bus, dispatcher, fv.version_id, log)
-                if depth is not None:  # unknown this round: the last value stays
-                    self.queue_depth.set(depth, function_id=fv.id, function_version_id=fv.version_id)
-            for function_id, version_id in shown - live:
-                self.queue_depth.remove(function_id=function_id, function_version_id=version_id)
-            shown = live
+            depths: dict[str, int] | None = None
+            with anyio.move_on_after(QUEUE_CALL_TIMEOUT):
+                try:
+                    depths = await streams.queue_depths(bus, dispatcher.region)
+                except BusError as err:
+                    log.debug("queue depths: %s", err)
+            if depths is not None:  # unknown this round: the last values stay
+                live: set[tuple[str, str]] = set()
+                for fv in routing.functions.values():
+                    if fv.status in CONNECTABLE:
+                        live.add((fv.id, fv.version_id))
+                        self.queue_depth.set(
+                            depths.get(fv.version_id, 0), function_id=fv.id, function_version_id=fv.version_id
+                        )
+                for function_id, version_id in shown - live:
+                    self.queue_depth.remove(function_id=function_id, function_version_id=version_id)
+                shown = live
             await anyio.sleep(interval)
-
-    @staticmethod
-    async def _depth(bus: Bus, dispatcher: Dispatcher, version_id: str, log: logging.Logger) -> int | None:
-        stream = bus.stream(dispatcher.stream_name(version_id))
-        with anyio.move_on_after(QUEUE_CALL_TIMEOUT):
-            try:
-                state = await stream.consumer_info(dispatcher.durable(version_id))
-            except NotFound:
-                return 0  # nothing was ever queued for it
-            except BusError as err:
-                log.debug("queue depth of %s: %s", version_id, err)
-                return None
-            return state.num_pending + state.num_ack_pending
-        return None

@@ -31,7 +31,9 @@ from nvcf_mono.planes.invocation.ratelimit import RateLimiter
 from nvcf_mono.planes.invocation.relay import Relay
 from nvcf_mono.planes.invocation.responses import ResponseRouter
 from nvcf_mono.planes.invocation.results import ResultStore
+from nvcf_mono.planes.invocation.retired import RetiredQueues
 from nvcf_mono.planes.invocation.routing import RoutingTable
+from nvcf_mono.planes.invocation.settlement import Answers
 from nvcf_mono.planes.invocation.workers import WorkerService
 from nvcf_mono.plugin import BasePlugin, PluginSpec, RunContext, SetupContext
 
@@ -118,12 +120,23 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
             )
             dispatcher.on_queued = meter.queued
             await tg.start(meter.run)
+            relay = Relay(bus, router, log)
+            retired = RetiredQueues(
+                bus,
+                routing=routing,
+                dispatcher=dispatcher,
+                answers=Answers(relay, results),
+                interval=self.config.sweep_interval,
+                grace=self.config.retired_queue_grace,
+                log=log,
+            )
+            tg.start_soon(retired.run)
             self.workers.bind(
                 bus=bus,
                 keyring=ctx.services.get(KEYRING),
                 routing=routing,
                 dispatcher=dispatcher,
-                relay=Relay(bus, router, log),
+                relay=relay,
                 results=results,
                 nats_url=self.config.worker_nats_url or _without_credentials(ctx.endpoints.nats_url),
                 callout=ctx.services.find(NATS_AUTH),

@@ -21,8 +21,8 @@ from typing import final
 import anyio
 import attrs
 
-from nvcf_mono.bus.errors import BusError, ConflictError, NotFound
-from nvcf_mono.contracts import buckets, load, subjects
+from nvcf_mono.bus.errors import BusError, ConflictError
+from nvcf_mono.contracts import buckets, load, streams
 from nvcf_mono.contracts.messages import MessageError, decode
 from nvcf_mono.metrics import Metrics
 from nvcf_mono.models.common import iso, parse_iso, utc_now
@@ -67,6 +67,10 @@ class Autoscaler:
         self._last: dict[str, int] = {}
         #: Per version: when scaling from zero began (for the cold-start histogram).
         self._cold: dict[str, float] = {}
+        #: Per version: requests queued or being served, read for all versions once per round.
+        self._depths: dict[str, int] = {}
+        #: Per version: the labels its gauges carry (removed when it stops being scaled).
+        self._labelled: dict[str, dict[str, str]] = {}
         labels = ["function_id", "function_version_id"]
         self._desired = metrics.gauge("nvcf_autoscaler_scaling_desired_instances", "Desired instances.", labels)
         self._current = metrics.gauge(
@@ -159,6 +163,9 @@ class Autoscaler:
     async def round(self) -> None:
         store = self._ctl.store
         active = set()
+        with anyio.move_on_after(self._cfg.interval * 4):
+            # Unknown this round (a bus this slow): the last known depths stand in.
+            self._depths = await streams.queue_depths(self._ctl.bus, self._ctl.region)
         deployed = {dep.function_version_id for dep in store.deployments.values()}
         for key in [k for k, _ in store.autoscaler.items() if k.split(".", 1)[0] not in deployed]:
             # Undeployed: a later deployment of the version starts from its minInstances, not from this.
@@ -172,6 +179,11 @@ class Autoscaler:
         for fvid in [v for v in self._last if v not in active]:
             self._last.pop(fvid, None)
             self._cold.pop(fvid, None)
+        for fvid in [v for v in self._labelled if v not in active]:
+            # Series of versions no longer scaled go: /metrics grows with what runs, not with history.
+            labels = self._labelled.pop(fvid)
+            for gauge in (self._desired, self._current, self._starting, self._utilization, self._queue):
+                gauge.remove(**labels)
 
     async def _version(self, fv: FunctionVersion, dep: Deployment) -> None:
         inputs = await self._inputs(fv, dep)
@@ -187,7 +199,7 @@ class Autoscaler:
             last_predicted=last,
             decay=self._cfg.decay_factor,
         )
-        labels = {"function_id": fv.id, "function_version_id": fv.version_id}
+        labels = self._labels(fv)
         self._current.set(inputs.current, **labels)
         self._starting.set(inputs.starting, **labels)
         self._queue.set(inputs.backlog, **labels)
@@ -234,24 +246,11 @@ class Autoscaler:
             starting=starting,
             busy_instances=sum(1 for w in workers.values() if w.in_flight > 0),
             in_flight=sum(w.in_flight for w in workers.values()),
-            backlog=await self._backlog(fv),
+            backlog=self._depths.get(fv.version_id, 0),
             slots_per_instance=slots,
             samples=tuple(sanitize(enumerate(raw))),
             recently_invoked=book.last_invoked is not None and now - book.last_invoked < cfg.idle_timeout,
         )
-
-    async def _backlog(self, fv: FunctionVersion) -> int:
-        """Requests waiting or being served: the version's consumer pending + unacknowledged."""
-        region = self._ctl.region
-        stream = self._ctl.bus.stream(subjects.request_stream(region, fv.version_id))
-        try:
-            with anyio.fail_after(5):
-                info = await stream.consumer_info(subjects.worker_durable(region, fv.version_id))
-        except NotFound:
-            return 0
-        except TimeoutError as err:
-            raise BusError(f"consumer info of {fv.version_id} timed out") from err
-        return info.num_pending + info.num_ack_pending
 
     async def _apply(self, fv: FunctionVersion, dep: Deployment, total: int, kind: str, why: str) -> None:
         """Clamp to the specs' limits, spread over the specs, write what changed."""
@@ -277,7 +276,7 @@ class Autoscaler:
             target = buckets.AutoscalerTarget(desired=count, reason=why, at=iso(wall), last_invoked_at=invoked_at)
             changed |= await self._write(key, target)
         self._last[fv.version_id] = total
-        self._desired.set(total, function_id=fv.id, function_version_id=fv.version_id)
+        self._desired.set(total, **self._labels(fv))
         if changed and previous != total:
             self._decisions.inc(kind=kind)
             self._log.info(
@@ -306,6 +305,9 @@ class Autoscaler:
         except ConflictError:
             return False
         return wrote
+
+    def _labels(self, fv: FunctionVersion) -> dict[str, str]:
+        return self._labelled.setdefault(fv.version_id, {"function_id": fv.id, "function_version_id": fv.version_id})
 
     def _find(self, fvid: str) -> tuple[FunctionVersion, Deployment] | None:
         store = self._ctl.store

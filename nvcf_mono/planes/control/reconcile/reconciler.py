@@ -41,6 +41,9 @@ from nvcf_mono.planes.control.service import set_status
 from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.structure import evolve
 
+#: A change-triggered round waits at least this many times the last round's duration.
+PACING = 2.0
+
 
 @final
 class Reconciler:
@@ -79,10 +82,14 @@ class Reconciler:
             except BusError as err:
                 self._errors.inc()
                 self._log.warning("reconcile round failed: %s", err)
-            self._rounds.observe(time.perf_counter() - started)
+            took = time.perf_counter() - started
+            self._rounds.observe(took)
             with anyio.move_on_after(interval):
                 await signal.wait(after=seen)
-            await anyio.sleep(0.005)  # let a burst of changes land before the next round
+            # Let a burst of changes land before the next round, and never spend more than a third of
+            # the time reconciling: with thousands of deployments a round is not free, and changes come
+            # faster than rounds; what changed meanwhile is seen by the next one.
+            await anyio.sleep(max(0.005, PACING * took))
 
     async def reconcile_once(self) -> None:
         store = self._ctl.store

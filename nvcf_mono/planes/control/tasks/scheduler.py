@@ -88,9 +88,11 @@ class TaskScheduler:
     async def round(self) -> None:
         store = self._ctl.store
         now = utc_now()
+        tasks = sorted(store.tasks.values(), key=lambda t: (t.created_at, t.id))
+        if not tasks:
+            return  # a round per control-plane change: nothing to do costs nothing, whatever else is deployed
         clusters = {c.cluster_id: c for c in store.clusters.values()}
         capacity = Capacity.from_ledgers(store.placements.values())
-        tasks = sorted(store.tasks.values(), key=lambda t: (t.created_at, t.id))
         capacity.take_tasks(tasks, clusters)
         for task in tasks:
             await self._watch(task, now, clusters, capacity)
