@@ -24,6 +24,8 @@ class FunctionStatus(enum.Enum):
 
 #: Versions the invocation plane may send requests to.
 INVOCABLE = frozenset({FunctionStatus.ACTIVE, FunctionStatus.DEGRADING})
+#: Versions whose requests wait in the queue for an instance that is starting or coming back.
+AWAITING_INSTANCES = frozenset({FunctionStatus.DEPLOYING, FunctionStatus.DEGRADED})
 #: Versions whose workers may connect (ConnectOnce); others are zombies.
 CONNECTABLE = frozenset(
     {FunctionStatus.ACTIVE, FunctionStatus.DEPLOYING, FunctionStatus.DEGRADED, FunctionStatus.DEGRADING}

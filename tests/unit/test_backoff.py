@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nvcf_mono.worker.agent import Backoff
+from nvcf_mono.backoff import Backoff
 
 
 def test_delays_double_up_to_the_cap_and_reset() -> None:

@@ -126,7 +126,7 @@ def register(router: ApiRouter, invoker_of: Callable[[], Invoker]) -> None:
         invoker = invoker_of()
 
         async def entry(obs: Observation) -> web.StreamResponse:
-            fv = invoker.routing.resolve(call.principal, call.path("functionId"), version_id)
+            fv = await invoker.routing.resolve_current(call.principal, call.path("functionId"), version_id)
             obs.target(fv, call.principal.account)
             header = call.body.request_header or ExecRequestHeader()
             poll = None

@@ -79,7 +79,7 @@ def middleware(invoker_of: Callable[[], Invoker], authenticator_of: Callable[[],
                 principal.require(S.INVOKE_FUNCTION)
             except AuthError as err:
                 raise ProblemError(err.status, err.detail) from err
-            fv = invoker.routing.resolve(principal, function_id, version_id)
+            fv = await invoker.routing.resolve_current(principal, function_id, version_id)
             obs.target(fv, principal.account)
             headers = request.headers
             return await invoker.handle(

@@ -128,6 +128,10 @@ class Invoker:
 
     async def read_body(self, request: web.Request, request_id: str) -> tuple[bytes, str | None, int]:
         """Small bodies inline; the rest streamed into the object store."""
+        maximum = self.config.max_request_body
+        if request.content_length is not None and request.content_length > maximum:
+            # Refused before a byte is read or stored.
+            raise ProblemError(413, _too_large(maximum))
         limit = self.config.inline_body_limit
         head = bytearray()
         content = request.content
@@ -136,15 +140,14 @@ class Invoker:
             if not chunk:
                 return bytes(head), None, len(head)
             head.extend(chunk)
-        maximum = self.config.max_request_body
 
         async def rest() -> AsyncIterator[bytes]:
             size = len(head)
             yield bytes(head)
             async for chunk in content.iter_chunked(1024 * 1024):
                 size += len(chunk)
-                if size > maximum:
-                    raise ProblemError(413, f"the request body exceeds the limit of {maximum} bytes")
+                if size > maximum:  # a body without Content-Length: what was stored of it is removed
+                    raise ProblemError(413, _too_large(maximum))
                 yield chunk
 
         name, size = await self.dispatcher.put_body(request_id, rest())
@@ -272,6 +275,7 @@ class Invoker:
         finally:
             if not pending.detached:
                 self.router.forget(request_id)
+                await self.dispatcher.drop_body(body_object)  # answered, failed or abandoned: done with it
 
     async def respond(
         self,
@@ -560,6 +564,13 @@ async def _once(body: bytes) -> AsyncIterator[bytes]:
     yield body
 
 
+def _too_large(maximum: int) -> str:
+    return (
+        f"the request body exceeds the invocation limit of {maximum} bytes (plugins.invocation.max_request_body); "
+        "hand larger inputs to the function as assets (NVCF-INPUT-ASSET-REFERENCES)"
+    )
+
+
 def _unknown(request_id: str) -> str:
     return f"request '{request_id}' not found (unknown, or its result was already fetched)"
 
@@ -606,7 +617,7 @@ def register(router: ApiRouter, invoker_of: Callable[[], Invoker]) -> None:
         invoker = invoker_of()
 
         async def entry(obs: Observation) -> web.StreamResponse:
-            fv = invoker.routing.resolve(call.principal, call.path("functionId"), version_id)
+            fv = await invoker.routing.resolve_current(call.principal, call.path("functionId"), version_id)
             obs.target(fv, call.principal.account)
             headers = call.request.headers
             asset_ids = await invoker.input_assets(call.principal, headers.getall(ASSET_REFERENCES, ()))

@@ -16,9 +16,10 @@ from typing import final
 
 import anyio
 
+from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.codec import TypedKV
-from nvcf_mono.bus.errors import BusError, ConflictError, NotFound
+from nvcf_mono.bus.errors import BusError, ConflictError, NotFound, StoreFull
 from nvcf_mono.contracts import buckets
 from nvcf_mono.contracts.buckets import RequestRecord, StoredResult
 from nvcf_mono.contracts.frames import Frame, Headers
@@ -28,6 +29,12 @@ from nvcf_mono.planes.invocation.result_waits import ResultWaits
 from nvcf_mono.structure import evolve
 
 INLINE_RESULT = 512 * 1024
+#: Seconds a result waits for room in a full store before it is given up.
+STORE_FULL_PATIENCE = 60.0
+_NO_ROOM = (
+    "the function answered, but its answer was too large to keep while the platform's store was full; "
+    "invoke again once the store has room"
+)
 
 QUEUED, RUNNING, DONE = "queued", "running", "done"
 
@@ -81,7 +88,13 @@ class ResultStore:
             )
         else:
             name = buckets.result_body_object(request_id)
-            info = await self.payloads.put(name, body)
+            try:
+                info = await self.payloads.put(name, body, ttl=self._ttl)
+            except StoreFull:
+                # Its caller gets an answer that says so, rather than none.
+                self._log.warning("the store is full: the large result of %s is replaced by a 507", request_id)
+                await self.store_problem(request_id, 507, _NO_ROOM)
+                return
             result = StoredResult(
                 request_id=request_id,
                 status=status,
@@ -91,10 +104,22 @@ class ResultStore:
                 body_size=info.size,
                 percent=percent,
             )
-        await self.results.put(request_id, result, ttl=self._ttl)
+        await self._put(request_id, result)
         record = await self.records.get(request_id)
         if record is not None:
             await self.records.put(request_id, evolve(record.value, state=DONE), ttl=self._ttl)
+
+    async def _put(self, request_id: str, result: StoredResult) -> None:
+        """Write a result; a full store is waited out for a while (queued requests drain and free it)."""
+        backoff = Backoff(0.5, 5.0)
+        with anyio.move_on_after(STORE_FULL_PATIENCE):
+            while True:
+                try:
+                    await self.results.put(request_id, result, ttl=self._ttl)
+                    return
+                except StoreFull:
+                    await anyio.sleep(backoff.next())
+        raise StoreFull(f"no room for the result of {request_id} within {STORE_FULL_PATIENCE:g}s")
 
     async def store_frames(self, first: Frame, rest: AsyncIterator[Frame]) -> None:
         """Store a response given as frames (first frame in hand): the result, or its problem."""
@@ -125,7 +150,7 @@ class ResultStore:
             body_size=len(frame.body),
             percent=frame.percent,
         )
-        await self.results.put(frame.request_id, result, ttl=self._ttl)
+        await self._put(frame.request_id, result)
 
     async def store_problem(self, request_id: str, status: int, detail: str) -> None:
         """A problem+json result (a 504 past the deadline, a 500 after too many deliveries)."""

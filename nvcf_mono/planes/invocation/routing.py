@@ -20,9 +20,12 @@ from nvcf_mono.bus.mirror import KvMirror, Signal
 from nvcf_mono.contracts import buckets
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.deployment import Deployment
-from nvcf_mono.models.function import CONNECTABLE, INVOCABLE, FunctionStatus, FunctionVersion
+from nvcf_mono.models.function import AWAITING_INSTANCES, CONNECTABLE, INVOCABLE, FunctionStatus, FunctionVersion
 from nvcf_mono.models.placement import SpecPlacement
 from nvcf_mono.models.sharing import AuthorizedParties
+
+#: Seconds a refusal may wait for this node's copies to catch up with the buckets.
+CATCH_UP = 2.0
 
 
 @final
@@ -38,6 +41,7 @@ class RoutingTable:
         )
         self.placements = KvMirror(bus.kv(buckets.PLACEMENTS.name), buckets.PLACEMENT, signal=self.changed, log=log)
         self._by_function: dict[str, list[FunctionVersion]] = {}
+        self._by_version: dict[str, FunctionVersion] = {}
         self._seen = -1
 
     async def run(self, bus: Bus, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -47,23 +51,22 @@ class RoutingTable:
             task_status.started()
 
     def _index(self) -> dict[str, list[FunctionVersion]]:
-        if self._seen != self.changed.version:
-            self._seen = self.changed.version
+        # Rebuilt when the functions change, not on every placement or deployment update.
+        if self._seen != self.functions.generation:
+            self._seen = self.functions.generation
             index: dict[str, list[FunctionVersion]] = {}
             for fv in self.functions.values():
                 index.setdefault(fv.id, []).append(fv)
             self._by_function = index
+            self._by_version = {fv.version_id: fv for versions in index.values() for fv in versions}
         return self._by_function
 
     def version(self, function_id: str, version_id: str) -> FunctionVersion | None:
         return self.functions.get(buckets.version_key(function_id, version_id))
 
     def version_by_id(self, version_id: str) -> FunctionVersion | None:
-        for versions in self._index().values():
-            for fv in versions:
-                if fv.version_id == version_id:
-                    return fv
-        return None
+        self._index()
+        return self._by_version.get(version_id)
 
     def deployment(self, fv: FunctionVersion) -> Deployment | None:
         return self.deployments.get(buckets.version_key(fv.id, fv.version_id))
@@ -106,14 +109,53 @@ class RoutingTable:
         ready = [fv for fv in visible if fv.status in INVOCABLE]
         if ready:
             return random.choice(ready)
-        statuses = {fv.status for fv in visible}
-        if FunctionStatus.DEGRADED in statuses:
-            raise ProblemError(400, "the function is DEGRADED: none of its instances is ready")
-        if FunctionStatus.DEPLOYING in statuses:
-            raise ProblemError(400, "the function is still DEPLOYING; retry once it is ACTIVE")
-        if FunctionStatus.ERROR in statuses:
-            raise ProblemError(400, "the function's deployment is in ERROR")
+        # No instance ready is a reason to wait, not the caller's error: the request is queued, and
+        # served once one is (or answered by the poll window and the queue deadline as usual).
+        waiting = [fv for fv in visible if fv.status in AWAITING_INSTANCES]
+        if waiting:
+            return random.choice(waiting)
+        failed = [fv for fv in visible if fv.status is FunctionStatus.ERROR]
+        if failed:
+            raise ProblemError(503, self._error_detail(failed[0], owner=failed[0].nca_id == principal.account))
         raise ProblemError(404, f"function '{function_id}' is not deployed")
+
+    def _error_detail(self, fv: FunctionVersion, *, owner: bool) -> str:
+        """Why: the last failure's cause; its log excerpt only for the owner (a shared function's callers)."""
+        failures = sorted((f for p in self.placements_of(fv) for f in p.failures), key=lambda f: f.at)
+        last = failures[-1] if failures else None
+        why = ""
+        if last is not None:
+            why = f" (last failure: {last.cause}: {last.error})" if owner and last.error else f" ({last.cause})"
+        return (
+            f"the function's deployment is in ERROR{why}; no instance will start until it is undeployed and "
+            "deployed again"
+        )
+
+    async def resolve_current(
+        self, principal: Principal, function_id: str, version_id: str | None, *, patience: float = CATCH_UP
+    ) -> FunctionVersion:
+        """:meth:`resolve`, sure of a "no": a version deployed a moment ago is found, not refused with a 404.
+
+        The copies follow the buckets by a moment; before a refusal the copies catch up with every write
+        made until now (one call per bucket, only on this path) and the version is looked up again.
+        """
+        try:
+            return self.resolve(principal, function_id, version_id)
+        except ProblemError as err:
+            if err.status not in (403, 404):
+                raise
+            mirrors = (self.functions, self.deployments, self.sharing)
+            results = [False] * len(mirrors)
+
+            async def catch_up(i: int) -> None:
+                results[i] = await mirrors[i].caught_up(patience)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(mirrors)):
+                    tg.start_soon(catch_up, i)
+            if not any(results):
+                raise
+        return self.resolve(principal, function_id, version_id)
 
     def connectable(self, function_id: str, version_id: str) -> bool:
         """May a worker of this version connect (it is deployed)?"""
