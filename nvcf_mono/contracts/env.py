@@ -42,6 +42,7 @@ NVCF_WORKER_TOKEN = "NVCF_WORKER_TOKEN"
 CONTAINER_REGISTRIES_CREDENTIALS = "CONTAINER_REGISTRIES_CREDENTIALS"
 HELM_REGISTRIES_CREDENTIALS = "HELM_REGISTRIES_CREDENTIALS"
 NVCF_FQDN_GRPC = "NVCF_FQDN_GRPC"
+NVCF_FQDN_GRPC_FILE = "NVCF_FQDN_GRPC_FILE"
 NCA_ID = "NCA_ID"
 FUNCTION_ID = "FUNCTION_ID"
 FUNCTION_NAME = "FUNCTION_NAME"
@@ -113,6 +114,14 @@ CONTRACT: tuple[Var, ...] = (
         "Helm functions: the account's credentials for the chart's host (same shape), to fetch the chart.",
     ),
     Var(NVCF_FQDN_GRPC, CP, WORKER, "-", "host:port of the WorkerService (invocation plane gRPC)."),
+    Var(
+        NVCF_FQDN_GRPC_FILE,
+        AGENT,
+        WORKER,
+        "-",
+        "Local backend: a file with the WorkerService's current host:port, read before each connection "
+        "(rewritten when the platform comes back on other ports).",
+    ),
     Var(NCA_ID, CP, "worker, agent", "-", "The function's account."),
     Var(FUNCTION_ID, CP, "worker, agent", "-", "Function id."),
     Var(FUNCTION_NAME, CP, WORKER, "-", "Function name."),

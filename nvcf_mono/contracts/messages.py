@@ -159,6 +159,8 @@ class RegistrationResponse(WireModel):
     cluster_id: str
     cluster_group_id: str
     cluster_group_name: str
+    #: Where instances dial the WorkerService now (the platform may have come back on other ports).
+    worker_grpc_address: str | None = None
 
 
 @wire
@@ -184,6 +186,8 @@ class HeartbeatResponse(WireModel):
     """``{action}``."""
 
     action: HeartbeatAction
+    #: Where instances dial the WorkerService now.
+    worker_grpc_address: str | None = None
 
 
 @wire

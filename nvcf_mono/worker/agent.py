@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import shutil
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
@@ -27,6 +26,7 @@ from grpclib.client import Channel
 from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
+from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import Bus, Delivery
 from nvcf_mono.bus.holding import hold_until_ready
 from nvcf_mono.bus.nats import open_nats_bus
@@ -49,6 +49,7 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
 )
 from nvcf_mono.proto.serve_wire import NodeEnvelope, WorkerEnvelope
 from nvcf_mono.queues import eagerly
+from nvcf_mono.worker import endpoint
 from nvcf_mono.worker.assets import AssetDownloadError, download_assets
 from nvcf_mono.worker.config import WorkerConfig
 from nvcf_mono.worker.grpc_relay import grpc_call
@@ -88,36 +89,6 @@ class _Link:
     session: ConnectResponse
     out: Out
     http: aiohttp.ClientSession
-
-
-@final
-class Backoff:
-    """Delays between reconnection attempts: doubling from ``initial`` up to ``maximum``, with jitter."""
-
-    def __init__(
-        self,
-        initial: float = 0.2,
-        maximum: float = 10.0,
-        *,
-        factor: float = 2.0,
-        jitter: float = 0.2,
-        rand: Callable[[float, float], float] = random.uniform,
-    ) -> None:
-        self.initial = initial
-        self.maximum = maximum
-        self.factor = factor
-        self.jitter = jitter
-        self._rand = rand
-        self._next = initial
-
-    def next(self) -> float:
-        """The delay before the next attempt (the one after is longer, up to ``maximum``)."""
-        delay = self._next
-        self._next = min(self._next * self.factor, self.maximum)
-        return delay * self._rand(1 - self.jitter, 1 + self.jitter)
-
-    def reset(self) -> None:
-        self._next = self.initial
 
 
 @final
@@ -172,8 +143,6 @@ class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.state = WorkerState()
-        host, _, port = config.grpc_address.rpartition(":")
-        self._host, self._port = host or "127.0.0.1", int(port)
         self._cancels: dict[str, anyio.CancelScope] = {}
         self._health_changed = anyio.Event()
         #: Set while the inference server is healthy.
@@ -258,7 +227,7 @@ class Worker:
             connected_at: float | None = None
             why = "the invocation node ended the session"
             try:
-                async with closing_channel(self._host, self._port) as channel:
+                async with endpoint.channel(self.config.grpc_address, self.config.grpc_address_file) as channel:
                     session = await self._connect(channel)
                     connected_at = time.monotonic()
                     self.state.sessions += 1
@@ -667,13 +636,14 @@ class _Platform(Protocol):
     @property
     def grpc_address(self) -> str: ...
     @property
+    def grpc_address_file(self) -> str | None: ...
+    @property
     def worker_token(self) -> str: ...
 
 
 async def fetch_secrets(config: _Platform) -> dict[str, object]:
     """The instance's secrets from the platform (through the invocation plane)."""
-    host, _, port = config.grpc_address.rpartition(":")
-    async with closing_channel(host or "127.0.0.1", int(port)) as channel:
+    async with endpoint.channel(config.grpc_address, config.grpc_address_file) as channel:
         with anyio.fail_after(30):
             async with channel.request(
                 f"{SERVICE}/FetchSecrets", Cardinality.UNARY_UNARY, SecretsRequest, SecretsResponse
@@ -729,16 +699,3 @@ class Janitor:
                 await anyio.to_thread.run_sync(_remove_all, batch)
         finally:
             _remove_all(self._pending)  # stopping: whatever is left, now
-
-
-class closing_channel:
-    """A grpclib channel closed on exit."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.channel = Channel(host, port)
-
-    async def __aenter__(self) -> Channel:
-        return self.channel
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.channel.close()

@@ -8,6 +8,7 @@ import attrs
 
 from nvcf_mono.contracts import env
 from nvcf_mono.errors import NvcfMonoError
+from nvcf_mono.worker import endpoint
 
 PROTOCOLS = ("http", "grpc")
 FUNCTION_TYPES = ("DEFAULT", "STREAMING", "LLM")
@@ -53,6 +54,8 @@ class WorkerConfig:
     response_dir: str = "/tmp/nvcf-responses"
     frame_size: int = 256 * 1024
     secrets_file: str | None = None
+    #: A file the agent keeps the platform's current address in (read before each connection).
+    grpc_address_file: str | None = None
     #: How often a running request's progress file is looked at.
     progress_interval: float = 0.1
 
@@ -114,10 +117,8 @@ class WorkerConfig:
             return value
 
         grpc_address = need(env.NVCF_FQDN_GRPC)
-        if grpc_address:
-            host, sep, port_text = grpc_address.rpartition(":")
-            if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-                problems.append(f"{env.NVCF_FQDN_GRPC} must be host:port, got {grpc_address!r}")
+        if grpc_address and endpoint.parse(grpc_address) is None:
+            problems.append(f"{env.NVCF_FQDN_GRPC} must be host:port, got {grpc_address!r}")
         port = int(number(env.INFERENCE_PORT, 8000, check=between(1, 65535)))
         secrets_raw = text(env.FUNCTION_SECRETS_PRESENT, "false").lower()
         if secrets_raw not in ("true", "false"):
@@ -125,6 +126,7 @@ class WorkerConfig:
         config = cls(
             worker_token=need(env.NVCF_WORKER_TOKEN),
             grpc_address=grpc_address,
+            grpc_address_file=text(env.NVCF_FQDN_GRPC_FILE) or None,
             function_id=need(env.FUNCTION_ID),
             function_version_id=need(env.FUNCTION_VERSION_ID),
             function_name=text(env.FUNCTION_NAME),

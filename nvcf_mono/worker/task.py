@@ -21,6 +21,7 @@ import attrs
 from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
+from nvcf_mono.backoff import Backoff
 from nvcf_mono.contracts import env
 from nvcf_mono.models.common import now_iso
 from nvcf_mono.proto.gen.nvcf.worker.v1 import (
@@ -31,7 +32,8 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     TaskResultAck,
     TaskResultChunk,
 )
-from nvcf_mono.worker.agent import SERVICE, Backoff, WorkerState, closing_channel
+from nvcf_mono.worker import endpoint
+from nvcf_mono.worker.agent import SERVICE, WorkerState
 from nvcf_mono.worker.config import WorkerConfigError
 
 log = logging.getLogger("nvcf_mono.worker.task")
@@ -57,6 +59,7 @@ class TaskConfig:
     own_health_port: int = 0
     secrets_file: str | None = None
     secrets_present: bool = False
+    grpc_address_file: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> TaskConfig:
@@ -89,6 +92,7 @@ class TaskConfig:
             own_health_port=health_port,
             secrets_file=environ.get(env.SECRETS_FILE, "").strip() or None,
             secrets_present=environ.get(env.FUNCTION_SECRETS_PRESENT, "").strip().lower() == "true",
+            grpc_address_file=environ.get(env.NVCF_FQDN_GRPC_FILE, "").strip() or None,
         )
 
 
@@ -132,8 +136,6 @@ class TaskWorker:
         self.state.inference_detail = ""
         self.state.inference_healthy = True  # nothing to probe: the task itself has no health endpoint
         self._drain = anyio.Event()
-        host, _, port = config.grpc_address.rpartition(":")
-        self._host, self._port = host or "127.0.0.1", int(port)
         #: name -> (size, mtime) uploaded, and what the last scan saw (a file is stable when unchanged).
         self._uploaded: dict[str, tuple[int, float]] = {}
         self._seen: dict[str, tuple[int, float]] = {}
@@ -145,7 +147,7 @@ class TaskWorker:
         self._drain.set()
 
     async def run(self) -> None:
-        async with closing_channel(self._host, self._port) as channel:
+        async with endpoint.channel(self.config.grpc_address, self.config.grpc_address_file) as channel:
             await self._connect(channel)
             self.state.connected = True
             last_beat = -float("inf")

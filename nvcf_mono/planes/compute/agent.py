@@ -37,7 +37,7 @@ from nvcf_mono.contracts.messages import (
 from nvcf_mono.contracts.rpc import RpcError
 from nvcf_mono.models.common import now_iso, parse_iso
 from nvcf_mono.planes.compute import requests
-from nvcf_mono.planes.compute.backends import Backend
+from nvcf_mono.planes.compute.backends import Backend, WorkerEndpoint
 from nvcf_mono.planes.compute.config import ClusterSettings, ComputeConfig
 from nvcf_mono.planes.compute.control import ControlClient
 from nvcf_mono.planes.compute.gpus import Allocation, Allocator, Inventory, discover, registered_gpus
@@ -64,8 +64,10 @@ class ClusterAgent:
         state_dir: Path,
         log: logging.Logger,
         version: str,
+        endpoint: WorkerEndpoint | None = None,
     ) -> None:
         self.bus = bus
+        self.endpoint = endpoint or WorkerEndpoint()
         self.cluster = cluster
         self.ident = ident
         self.config = config
@@ -187,6 +189,12 @@ class ClusterAgent:
             k8s_version=self.backend.kubernetes_version(self.cluster_id),
         )
 
+    def _note_endpoint(self, address: str | None) -> None:
+        if address and address != self.endpoint.address:
+            if self.endpoint.address is not None:
+                self.log.info("instances now reach the platform at %s (was %s)", address, self.endpoint.address)
+            self.endpoint.address = address
+
     async def _registration(self) -> None:
         cfg = self.config
         pause = 0.2
@@ -201,10 +209,12 @@ class ClusterAgent:
                 if not self._registered or time.monotonic() - registered_mono > cfg.reregister_interval:
                     reply = await self.control.register(self.registration())
                     self._registered, registered_mono, self.registered_at = True, time.monotonic(), now_iso()
+                    self._note_endpoint(reply.worker_grpc_address)
                     self.log.info("registered as %s in group %s", reply.cluster_id, reply.cluster_group_name)
                 beat = Heartbeat(status="healthy", gpu_usage=self.allocator.usage(), nvca_version=self.version)
                 answer = await self.control.heartbeat(beat)
                 self.last_heartbeat_at = now_iso()
+                self._note_endpoint(answer.worker_grpc_address)
                 if answer.action is HeartbeatAction.REGISTER:
                     self._registered = False
                     continue

@@ -22,7 +22,7 @@ from nvcf_mono.contracts import buckets, streams
 from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.helm import CHART_RENDERER
 from nvcf_mono.planes.compute.agent import ClusterAgent
-from nvcf_mono.planes.compute.backends import COMPUTE_BACKENDS, Backend, BackendContext
+from nvcf_mono.planes.compute.backends import COMPUTE_BACKENDS, Backend, BackendContext, WorkerEndpoint
 from nvcf_mono.planes.compute.backends.kubernetes import KubernetesProvider
 from nvcf_mono.planes.compute.backends.local import LocalProvider
 from nvcf_mono.planes.compute.config import ComputeConfig, Image, image_catalog, stops_instances_on_shutdown
@@ -54,7 +54,8 @@ class ComputePlane(BasePlugin[ComputeConfig]):
     async def run(self, ctx: RunContext[ComputeConfig], *, task_status: TaskStatus[None]) -> None:
         config = self.config
         ids = cluster_ids(ctx.state_dir, config.clusters)
-        backends = self._backends(ctx, ids)
+        endpoint = WorkerEndpoint()
+        backends = self._backends(ctx, ids, endpoint)
         agents = [
             ClusterAgent(
                 bus=ctx.bus,
@@ -65,6 +66,7 @@ class ComputePlane(BasePlugin[ComputeConfig]):
                 state_dir=ctx.state_dir / ids[cluster.name],
                 log=ctx.log.getChild(cluster.name),
                 version=__version__,
+                endpoint=endpoint,
             )
             for cluster in config.clusters
         ]
@@ -80,7 +82,9 @@ class ComputePlane(BasePlugin[ComputeConfig]):
                 raise PluginNotReady(f"the bus is not ready for the cluster agents: {err}") from err
             await self._serve(ctx, agents, task_status)
 
-    def _backends(self, ctx: RunContext[ComputeConfig], ids: Mapping[str, str]) -> dict[str, Backend]:
+    def _backends(
+        self, ctx: RunContext[ComputeConfig], ids: Mapping[str, str], endpoint: WorkerEndpoint
+    ) -> dict[str, Backend]:
         """One backend per name the clusters use, from the providers plugins contributed."""
         providers = {ext.value.name: ext.value for ext in ctx.services.extensions(COMPUTE_BACKENDS)}
         wanted = sorted({cluster.backend for cluster in self.config.clusters})
@@ -98,6 +102,7 @@ class ComputePlane(BasePlugin[ComputeConfig]):
             log=ctx.log,
             cluster_ids=ids,
             charts=ctx.services.find(CHART_RENDERER),
+            endpoint=endpoint,
         )
         return {name: providers[name].create(made) for name in wanted}
 

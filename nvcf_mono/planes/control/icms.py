@@ -142,6 +142,7 @@ class Icms:
             cluster_id=cluster_id,
             cluster_group_id=cluster.cluster_group_id,
             cluster_group_name=cluster.cluster_group_name,
+            worker_grpc_address=self._ctl.worker_grpc_address,
         )
 
     async def heartbeat(self, subject: str, beat: Heartbeat) -> HeartbeatResponse:
@@ -162,7 +163,7 @@ class Icms:
         store.health.mirror.note(cluster_id, record, revision)
         if record.healthy != was_healthy:
             self._ctl.poke()
-        return HeartbeatResponse(action=HeartbeatAction.ACCEPTED)
+        return HeartbeatResponse(action=HeartbeatAction.ACCEPTED, worker_grpc_address=self._ctl.worker_grpc_address)
 
     # ---- instance requests --------------------------------------------------------------------------
 

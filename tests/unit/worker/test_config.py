@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,6 +51,7 @@ READS: dict[str, tuple[str, str, Any]] = {
     env.BASE_ASSET_DIR: ("/var/inf/inputAssets", "asset_dir", "/var/inf/inputAssets"),
     env.BASE_RESPONSE_DIR: ("/var/inf/response", "response_dir", "/var/inf/response"),
     env.SECRETS_FILE: ("/var/secrets/secrets.json", "secrets_file", "/var/secrets/secrets.json"),
+    env.NVCF_FQDN_GRPC_FILE: ("/inst/grpc-address", "grpc_address_file", "/inst/grpc-address"),
 }
 
 
@@ -166,3 +168,15 @@ def test_blank_values_count_as_unset() -> None:
     assert (config.inference_port, config.max_concurrency) == (8000, 1)
     with pytest.raises(WorkerConfigError, match="NVCF_WORKER_TOKEN is not set"):
         WorkerConfig.from_env({**BASE, env.NVCF_WORKER_TOKEN: "  "})
+
+
+def test_the_address_file_wins_while_it_holds_an_address(tmp_path: Path) -> None:
+    from nvcf_mono.worker import endpoint
+
+    address_file = tmp_path / "grpc-address"
+    assert endpoint.current("127.0.0.1:5000", str(address_file)) == ("127.0.0.1", 5000)  # no file yet
+    address_file.write_text("127.0.0.1:6000\n")
+    assert endpoint.current("127.0.0.1:5000", str(address_file)) == ("127.0.0.1", 6000)
+    address_file.write_text("garbage")
+    assert endpoint.current("127.0.0.1:5000", str(address_file)) == ("127.0.0.1", 5000)
+    assert endpoint.current("[::1]:7000", None) == ("::1", 7000)

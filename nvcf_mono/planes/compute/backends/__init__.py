@@ -28,6 +28,18 @@ from nvcf_mono.planes.compute.health import LaunchFailure, Observation
 from nvcf_mono.services import ExtensionPoint
 
 
+@attrs.define
+class WorkerEndpoint:
+    """Where instances dial the WorkerService now, as the control plane last said (None before it has).
+
+    The creation message names the address of its day; a platform that came back on other ports
+    says the new one in its registration and heartbeat answers, and backends pass it on to
+    running instances (the local backend rewrites their address file).
+    """
+
+    address: str | None = None
+
+
 @attrs.frozen(kw_only=True)
 class LaunchSpec:
     """One instance to start (or to take over after the agent restarted)."""
@@ -143,6 +155,8 @@ class BackendContext:
     cluster_ids: Mapping[str, str] = attrs.field(factory=dict)
     #: Renders Helm charts (the ``helm`` plugin's ``CHART_RENDERER``); None where that plugin is off.
     charts: ChartRenderer | None = None
+    #: The WorkerService address now, kept current by the cluster agents.
+    endpoint: WorkerEndpoint = attrs.field(factory=WorkerEndpoint)
 
 
 class BackendProvider(Protocol):

@@ -101,6 +101,7 @@ class HelmInstall:
 class _SecretsSource:
     grpc_address: str
     worker_token: str
+    grpc_address_file: str | None = None
 
 
 class Site:

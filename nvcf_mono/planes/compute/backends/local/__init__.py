@@ -28,9 +28,10 @@ from nvcf_mono.contracts import env, states
 from nvcf_mono.contracts.agent import AgentInstance, AgentLog, AgentProcess
 from nvcf_mono.contracts.messages import CreationMessage
 from nvcf_mono.models.common import duration_seconds
-from nvcf_mono.planes.compute.backends import BackendContext, LaunchSpec
+from nvcf_mono.planes.compute.backends import BackendContext, LaunchSpec, WorkerEndpoint
 from nvcf_mono.planes.compute.backends.local import processes
 from nvcf_mono.planes.compute.backends.local.environment import (
+    ADDRESS_FILE,
     Where,
     host_environment,
     inference_environment,
@@ -85,6 +86,8 @@ class LocalInstance:
     #: Every process started for the instance, so each is reaped when it is released, whatever path
     #: dropped it from ``procs``.
     spawned: list[Proc] = attrs.field(factory=list)
+    #: The WorkerService address last written to the worker's address file.
+    address: str = ""
 
     @property
     def processes(self) -> tuple[AgentProcess, ...]:
@@ -112,7 +115,9 @@ class LocalBackend:
         health: HealthSettings,
         local: LocalSettings,
         log: logging.Logger,
+        endpoint: WorkerEndpoint | None = None,
     ) -> None:
+        self._endpoint = endpoint or WorkerEndpoint()
         self._catalog = dict(catalog)
         self._base = host_environment(environ)
         self._path = environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -202,6 +207,7 @@ class LocalBackend:
             INFERENCE: inference_environment(self._base, contract, command.env, where),
             WORKER: worker_environment(self._base, contract, where),
         }
+        self._write_address(inst, self._endpoint.address or contract.get(env.NVCF_FQDN_GRPC, ""))
         if message.task_details is not None:
             self._as_task(inst, spec)
 
@@ -328,8 +334,26 @@ class LocalBackend:
             exited_role=inst.exited_role,
         )
 
+    def _write_address(self, inst: LocalInstance, address: str) -> None:
+        """The worker reads the platform's address from this file before each connection."""
+        if not address or address == inst.address:
+            return
+        path = inst.directory / ADDRESS_FILE
+        try:
+            scratch = path.with_suffix(".tmp")
+            scratch.write_text(address)
+            os.replace(scratch, path)  # a worker never reads half an address
+        except OSError as err:
+            self._log.warning("instance %s: cannot write %s: %s", inst.instance_id, path, err)
+            return
+        if inst.address:
+            self._log.info("instance %s: the worker now dials %s (was %s)", inst.instance_id, address, inst.address)
+        inst.address = address
+
     async def _tend(self, inst: LocalInstance) -> None:
         """Note exits, start again what is due, and start the server once its secrets are written."""
+        if self._endpoint.address:
+            self._write_address(inst, self._endpoint.address)
         now, mono = time.time(), time.monotonic()
         if inst.run_once:
             self._enforce_deadline(inst, mono)
@@ -560,5 +584,10 @@ class LocalProvider:
 
     def create(self, ctx: BackendContext) -> LocalBackend:
         return LocalBackend(
-            catalog=ctx.catalog, environ=ctx.environ, health=ctx.config.health, local=ctx.config.local, log=ctx.log
+            catalog=ctx.catalog,
+            environ=ctx.environ,
+            health=ctx.config.health,
+            local=ctx.config.local,
+            log=ctx.log,
+            endpoint=ctx.endpoint,
         )

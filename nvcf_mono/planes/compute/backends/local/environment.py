@@ -18,6 +18,8 @@ from nvcf_mono.planes.compute.backends.local.images import LaunchError
 
 _CONTRACT = frozenset(v.name for v in env.CONTRACT) - {env.CUDA_VISIBLE_DEVICES, env.PORT}
 SECRETS_NAME = "secrets.json"
+#: The platform's current WorkerService address, kept by the backend, read by the worker.
+ADDRESS_FILE = "grpc-address"
 
 
 def host_environment(environ: Mapping[str, str]) -> dict[str, str]:
@@ -65,6 +67,7 @@ def worker_environment(base: Mapping[str, str], contract: Mapping[str, str], whe
             env.BASE_ASSET_DIR: str(where.directory / "assets"),
             env.BASE_RESPONSE_DIR: str(where.directory / "responses"),
             env.SECRETS_FILE: str(where.secrets_file),
+            env.NVCF_FQDN_GRPC_FILE: str(where.directory / ADDRESS_FILE),
         }
     )
     return out
