@@ -6,6 +6,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, final
 
@@ -19,13 +20,16 @@ from nvcf_mono.bus.embedded import find_nats_server, free_port
 class NatsServer:
     """Start with :meth:`start`, stop with :meth:`stop`; :meth:`restart` keeps the port and the store."""
 
-    def __init__(self, *, store_dir: Path | None = None, port: int | None = None) -> None:
+    def __init__(
+        self, *, store_dir: Path | None = None, port: int | None = None, extra_args: Sequence[str] = ()
+    ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="nvcf-mono-nats-") if store_dir is None else None
         self.store_dir = store_dir or Path(self._tmp.name if self._tmp else ".")
         self.port = port or free_port("127.0.0.1")
         self.binary = find_nats_server(None)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.store_dir / "nats-server.log"
+        self._extra = tuple(extra_args)
 
     @property
     def url(self) -> str:
@@ -35,7 +39,11 @@ class NatsServer:
         """Launch and wait until the port accepts connections."""
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [str(self.binary), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir / "js")],
+            [
+                str(self.binary),
+                *("-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir / "js")),
+                *self._extra,
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -51,6 +59,13 @@ class NatsServer:
             except OSError:
                 time.sleep(0.02)
         raise RuntimeError(f"nats-server did not start within {timeout}s")
+
+    def kill(self) -> None:
+        """SIGKILL, as a machine that dies does."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
 
     def stop(self) -> None:
         """Terminate and wait."""
@@ -73,6 +88,41 @@ class NatsServer:
         self.stop()
         if self._tmp is not None:
             self._tmp.cleanup()
+
+
+@final
+class NatsCluster:
+    """Three nats-servers with JetStream clustered over routes on loopback (for losing a node in a test)."""
+
+    def __init__(self, size: int = 3) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="nvcf-mono-natscluster-")
+        routes = [free_port("127.0.0.1") for _ in range(size)]
+        route_urls = ",".join(f"nats-route://127.0.0.1:{p}" for p in routes)
+        self.nodes: list[NatsServer] = []
+        for i, route in enumerate(routes):
+            store = Path(self._tmp.name) / f"n{i}"
+            store.mkdir()
+            args = ("--name", f"n{i}", "--cluster_name", "nvcf", "--cluster", f"nats://127.0.0.1:{route}")
+            self.nodes.append(NatsServer(store_dir=store, extra_args=(*args, "--routes", route_urls)))
+
+    @property
+    def urls(self) -> str:
+        """The client URLs of every node, comma-separated (``bus.url``)."""
+        return ",".join(node.url for node in self.nodes)
+
+    def node(self, name: str) -> NatsServer:
+        """The node a JetStream stream names as its leader (``n0``, ``n1``, ...)."""
+        return self.nodes[int(name.removeprefix("n"))]
+
+    def start(self, timeout: float = 30.0) -> NatsCluster:
+        for node in self.nodes:
+            node.start(timeout=timeout)
+        return self
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+        self._tmp.cleanup()
 
 
 async def raw_client(url: str, **options: Any) -> NatsClient:

@@ -61,7 +61,7 @@ async def platform(tmp_path: Path, **settings: Any) -> AsyncIterator[Platform]:
             checker = ResponseChecker(await resp.json())
         async with open_nats_bus(
             BusSettings(connect_retry_for=5.0, request_timeout=5.0),
-            servers=[host.endpoints.nats_url],
+            servers=host.endpoints.nats_url.split(","),
             name="tests",
             metrics=Metrics(),
             log=logging.getLogger("tests.bus"),

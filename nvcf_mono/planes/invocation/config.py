@@ -53,6 +53,12 @@ class InvocationConfig:
         "it by what each accepts in a quarter of a second.",
         check=positive,
     )
+    publish_patience: Seconds = setting(
+        15.0,
+        doc="How long storing a request may wait for the bus (a NATS node lost: its streams elect new leaders) "
+        "before the caller gets 503 with Retry-After; the request id keeps a retried store from counting twice.",
+        check=positive,
+    )
     ack_wait: Seconds = setting(
         30.0, doc="A delivery not confirmed in progress for this long is redelivered.", check=positive
     )

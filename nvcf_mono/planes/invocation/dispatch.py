@@ -8,13 +8,15 @@ invocation plane pulls for the version's workers; both are created on first use 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterable, Awaitable, Callable
 from typing import final
 
 import anyio
 
+from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import Bus
-from nvcf_mono.bus.errors import BusError, NotFound, StreamFull
+from nvcf_mono.bus.errors import BusError, BusUnavailable, NotFound, RequestTimeout, StreamFull
 from nvcf_mono.contracts import buckets, streams, subjects
 from nvcf_mono.contracts.frames import Request
 from nvcf_mono.http.problem import ProblemError
@@ -74,27 +76,46 @@ class Dispatcher:
         self.quota.forget(function_version_id)
 
     async def publish(self, request: Request) -> None:
-        """Store the request durably; 429 when the version's queue is full."""
+        """Store the request durably; 429 when the version's queue is full, 503 when the bus will not take it.
+
+        A stream whose leader is being elected (a NATS node lost), a reconnecting connection or a
+        stream removed under us is retried until ``publish_patience`` runs out: the message id makes a
+        publish that did land the first time a duplicate, never a second request.
+        """
         fvid = request.function_version_id
-        await self.ensure(fvid)
         subject = subjects.request_subject(self.region, fvid, request.request_id)
         data = request.encode()
         stream = self._bus.stream(self.stream_name(fvid))
-        await self.quota.admit(stream, fvid, len(data))
-        for attempt in range(2):
+        patience = self._config.publish_patience
+        backoff = Backoff(0.05, 1.0)
+        started = time.monotonic()
+        admitted, again = False, False
+        while True:
             try:
+                await self.ensure(fvid, again=again)
+                if not admitted:
+                    await self.quota.admit(stream, fvid, len(data))
+                    admitted = True
                 await stream.publish(subject, data, msg_id=request.request_id)
-                if self.on_queued is not None:
-                    await self.on_queued(request.function_id, fvid)
-                return
+                break
             except StreamFull as err:
                 raise ProblemError(
                     429, "the function's request queue is full; retry later or raise its maxInstances"
                 ) from err
-            except NotFound:
-                if attempt:
-                    raise
-                await self.ensure(fvid, again=True)  # the stream was removed under us (a reset store)
+            except (NotFound, BusUnavailable, RequestTimeout) as err:
+                pause = backoff.next()
+                if time.monotonic() - started + pause > patience:
+                    self._log.warning("request %s not stored within %gs: %s", request.request_id, patience, err)
+                    raise ProblemError(
+                        503,
+                        f"the request could not be stored: the platform's message bus did not take it within "
+                        f"{patience:g}s; it was not run, retry it",
+                        headers={"Retry-After": "5"},
+                    ) from err
+                again = isinstance(err, NotFound)  # made again only if it is really gone
+                await anyio.sleep(pause)
+        if self.on_queued is not None:
+            await self.on_queued(request.function_id, fvid)
 
     async def put_body(self, request_id: str, chunks: AsyncIterable[bytes]) -> tuple[str, int]:
         """Store a large request body; returns its object name and size.
