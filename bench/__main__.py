@@ -6,7 +6,7 @@ import argparse
 
 import anyio
 
-from bench import bus, cold_start, invoke
+from bench import bus, cold_start, invoke, versions
 
 
 def main() -> None:
@@ -19,6 +19,8 @@ def main() -> None:
         anyio.run(invoke.run, args.quick, f"plugins.invocation.transport={transport}", backend="asyncio")
     print("-- cold start and scale to zero")
     anyio.run(cold_start.run, args.quick, backend="asyncio")
+    print("-- the cost of a function version")
+    anyio.run(versions.run, args.quick, backend="asyncio")
 
 
 if __name__ == "__main__":
