@@ -4,6 +4,10 @@ Guarantees: it listens on loopback only, with credentials generated once and kep
 directory; it dies with its parent (Linux parent-death signal); a pidfile lets the next host reap an
 orphan, and the host's state-directory lock means two hosts never share one store; it is restarted
 when it crashes (a crash loop stops the host); it is the last thing stopped.
+
+Its HTTP monitoring endpoint is off unless ``embedded_nats.monitor_port`` is set: it has no
+authentication, and lists every connection, subscription, stream and consumer to any local process.
+Readiness is a client connection with the generated credentials and a JetStream API call instead.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, final
 
-import aiohttp
 import anyio
 import attrs
+import nats.errors
 from anyio.abc import TaskStatus
+from nats.aio.client import Client as NatsClient
 
 from nvcf_mono.bus.callout import Issuer
 from nvcf_mono.config.model import EmbeddedNatsSettings
@@ -51,7 +56,8 @@ class EmbeddedInfo:
     client_url: str  # carries the generated credentials
     display_url: str  # the same without credentials, for logs and banners
     port: int
-    monitor_port: int
+    #: The unauthenticated HTTP monitoring port, when turned on (``embedded_nats.monitor_port``).
+    monitor_port: int | None
     store_dir: Path
     #: Seed of the account key the server trusts for auth callout (None: callout off).
     callout_seed_file: Path | None = None
@@ -182,6 +188,27 @@ def _child_setup(parent_pid: int) -> Callable[[], None]:
     return setup
 
 
+async def _jetstream_answers(url: str, timeout: int) -> bool:
+    """Whether a client connects to ``url`` and JetStream answers it (the server is ready)."""
+
+    async def quiet(err: Exception) -> None:
+        pass  # a server still starting refuses connections: expected, not worth a log line
+
+    nc = NatsClient()
+    try:
+        with anyio.fail_after(timeout):
+            await nc.connect(
+                url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=timeout, error_cb=quiet
+            )
+            await nc.jetstream(timeout=timeout).account_info()
+        return True
+    except (nats.errors.Error, OSError):  # TimeoutError included
+        return False
+    finally:
+        with anyio.move_on_after(timeout, shield=True):
+            await nc.close()
+
+
 def _tail(path: Path, limit: int = 2000) -> str:
     try:
         with path.open("rb") as fh:
@@ -241,7 +268,7 @@ class EmbeddedNats:
             write_private(path, seed)
         return Issuer(seed).public_key
 
-    def _write_config(self, port: int, monitor_port: int, password: str) -> None:
+    def _write_config(self, port: int, monitor_port: int | None, password: str) -> None:
         s = self._settings
         q = json.dumps
         text = "\n".join(
@@ -249,7 +276,8 @@ class EmbeddedNats:
                 "# Written by nvcf-mono at every start; edits are overwritten.",
                 'server_name: "nvcf-mono"',
                 f"listen: {q(f'{s.host}:{port}')}",
-                f"http: {q(f'127.0.0.1:{monitor_port}')}",
+                # Monitoring has no authentication: only when the operator asks, and on loopback.
+                *([] if monitor_port is None else [f"http: {q(f'127.0.0.1:{monitor_port}')}"]),
                 f"pid_file: {q(str(self.pidfile))}",
                 f"max_payload: {s.max_payload}",
                 "logtime: true",
@@ -291,8 +319,14 @@ class EmbeddedNats:
             if port:
                 self._log.info("port %d is taken; the embedded nats-server uses a free port", port)
             port = free_port(s.host)
-        monitor_port = s.monitor_port or free_port("127.0.0.1")
+        monitor_port = None if s.monitor_port is None else s.monitor_port or free_port("127.0.0.1")
         self._write_config(port, monitor_port, password)
+        if monitor_port is not None:
+            self._log.warning(
+                "the embedded nats-server's monitoring endpoint http://127.0.0.1:%d has no authentication: "
+                "any local process can read every connection, subscription, stream and consumer from it",
+                monitor_port,
+            )
         host = f"[{s.host}]" if ":" in s.host else s.host
         info = EmbeddedInfo(
             client_url=f"nats://{_USER}:{password}@{host}:{port}",
@@ -313,7 +347,7 @@ class EmbeddedNats:
                 while True:
                     self._proc = await self._spawn(binary, log_file)
                     try:
-                        await self._wait_ready(self._proc, monitor_port)
+                        await self._wait_ready(self._proc, info.client_url)
                     except EmbeddedNatsError:
                         if not reported:
                             raise
@@ -378,25 +412,18 @@ class EmbeddedNats:
         except OSError as err:
             raise EmbeddedNatsError(f"cannot start {binary}: {err}") from err
 
-    async def _wait_ready(self, proc: asyncio.subprocess.Process, monitor_port: int) -> None:
-        url = f"http://127.0.0.1:{monitor_port}/healthz"
-        timeout = aiohttp.ClientTimeout(total=2)
+    async def _wait_ready(self, proc: asyncio.subprocess.Process, client_url: str) -> None:
+        """Until a client gets a JetStream answer (what the monitoring port's /healthz checks)."""
         try:
             with anyio.fail_after(self._settings.start_timeout):
-                async with aiohttp.ClientSession(timeout=timeout) as http:
-                    while True:
-                        if proc.returncode is not None:
-                            raise EmbeddedNatsError(
-                                f"nats-server exited with code {proc.returncode} while starting:\n"
-                                f"{_tail(self.log_path)}"
-                            )
-                        try:
-                            async with http.get(url) as resp:
-                                if resp.status == 200:
-                                    return
-                        except (aiohttp.ClientError, OSError, TimeoutError):
-                            pass
-                        await anyio.sleep(0.02)
+                while True:
+                    if proc.returncode is not None:
+                        raise EmbeddedNatsError(
+                            f"nats-server exited with code {proc.returncode} while starting:\n{_tail(self.log_path)}"
+                        )
+                    if await _jetstream_answers(client_url, timeout=2):
+                        return
+                    await anyio.sleep(0.02)
         except TimeoutError:
             raise EmbeddedNatsError(
                 f"nats-server did not become ready within {self._settings.start_timeout:g}s:\n{_tail(self.log_path)}"

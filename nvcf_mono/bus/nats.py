@@ -415,10 +415,13 @@ async def open_nats_bus(
     metrics: Metrics,
     log: logging.Logger,
     token: str | None = None,
+    inbox_prefix: str = "",
 ) -> AsyncIterator[NatsBus]:
     """Connect (retrying for ``settings.connect_retry_for``), yield the bus, drain it on exit.
 
-    ``token`` is a connect token (workers present an auth-callout envelope with it).
+    ``token`` is a connect token (workers present an auth-callout envelope with it);
+    ``inbox_prefix`` replaces ``_INBOX`` for this connection's replies and pulls (a worker may
+    subscribe under its own prefix only).
     """
     holder: dict[str, NatsBus] = {}
     last_logged = [0.0]
@@ -466,6 +469,8 @@ async def open_nats_bus(
         options["user_credentials"] = str(settings.credentials_file)
     if token is not None:
         options["token"] = token
+    if inbox_prefix:
+        options["inbox_prefix"] = inbox_prefix
 
     # nats-py keeps retrying a failed first connection internally; the deadline is ours.
     try:

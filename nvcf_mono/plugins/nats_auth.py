@@ -3,8 +3,9 @@
 Connections the server does not know itself (workers on the nats transport) arrive as
 authorization requests. Their connect token is NVCF's envelope ``{account, pluginName, payload}``;
 the strategy named by ``pluginName`` decides and returns what the connection may do. The built-in
-``worker`` strategy accepts a worker session token and grants the version-scoped allow-list of
-``contracts/permissions.py``. Add a strategy by contributing to ``NATS_AUTH_STRATEGIES``.
+``worker`` strategy accepts a worker session token and grants the allow-list of
+``contracts/permissions.py``, scoped to the session's version, durable and inbox prefix (all from
+the token's claims). Add a strategy by contributing to ``NATS_AUTH_STRATEGIES``.
 
 The answers are signed with the issuer key the server trusts: the embedded server's (created in
 its state directory), or ``plugins.nats_auth.issuer_seed_file`` for an external NATS configured
@@ -77,14 +78,18 @@ class WorkerStrategy:
         except InvalidToken as err:
             raise Refused(f"invalid worker session token: {err}") from err
         stream, durable, fvid = str(claims.get("st", "")), str(claims.get("du", "")), str(claims["fvid"])
-        if not stream or not durable:
+        inbox = str(claims.get("ib", ""))
+        if not stream or not durable or not inbox:
             raise Refused("the session is not one of the nats transport")
-        return Grant(
-            name=f"worker-{fvid}",
-            publish=permissions.worker_publish(stream, durable),
-            subscribe=permissions.worker_subscribe(fvid),
-            expires_in=self._ttl,
-        )
+        try:
+            return Grant(
+                name=f"worker-{fvid}",
+                publish=permissions.worker_publish(stream, durable),
+                subscribe=permissions.worker_subscribe(fvid, inbox),
+                expires_in=self._ttl,
+            )
+        except permissions.NotGrantable as err:
+            raise Refused(str(err)) from err
 
 
 @attrs.frozen(kw_only=True)

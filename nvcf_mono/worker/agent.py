@@ -31,7 +31,7 @@ from nvcf_mono.bus.api import Bus, Delivery
 from nvcf_mono.bus.holding import hold_until_ready
 from nvcf_mono.bus.nats import open_nats_bus
 from nvcf_mono.config.model import BusSettings
-from nvcf_mono.contracts import streams
+from nvcf_mono.contracts import streams, subjects
 from nvcf_mono.contracts.frames import Frame, FrameError, Request
 from nvcf_mono.metrics import Metrics
 from nvcf_mono.proto.gen.nvcf.worker.v1 import (
@@ -376,6 +376,7 @@ class Worker:
             metrics=Metrics(),
             log=log,
             token=session.nats_token,
+            inbox_prefix=session.nats_inbox_prefix,
         ) as bus:
             log.info("pulling requests from NATS (%s)", session.durable)
             stream = bus.stream(session.stream)
@@ -608,6 +609,7 @@ class Worker:
                     session_token=session.session_token,
                     request_id=request.request_id,
                     body_object=request.body_object or "",
+                    capability=subjects.response_capability(request.reply),
                 ),
                 end=True,
             )

@@ -1,7 +1,8 @@
 """The nats transport: the worker pulls its version's durable itself and answers over NATS.
 
-NVCF's own design. ConnectOnce hands the worker a NATS URL and a token the platform's auth
-callout turns into permissions scoped to the version (``contracts/permissions.py``). Requests come
+NVCF's own design. ConnectOnce hands the worker a NATS URL, an inbox prefix and a token the
+platform's auth callout turns into permissions scoped to the session and its version
+(``contracts/permissions.py``). Requests come
 straight from JetStream (never more than ``MAX_REQUEST_CONCURRENCY`` unsettled), response frames go
 to the node holding the client as bus requests (stop-and-wait, as the relay does on the grpc
 transport), and the WorkerService stream stays open as the control channel: readiness, drain,
@@ -18,8 +19,10 @@ import anyio
 
 from nvcf_mono.bus.api import Bus, Delivery
 from nvcf_mono.bus.errors import BusError, NoResponders, RequestTimeout
+from nvcf_mono.contracts import subjects
 from nvcf_mono.contracts.frames import Frame, Problem, Request
 from nvcf_mono.proto.serve_wire import WorkerEnvelope
+from nvcf_mono.structure import evolve
 
 log = logging.getLogger("nvcf_mono.worker.nats")
 OK = b"ok"
@@ -81,7 +84,9 @@ class Held:
                 return False
             else:
                 return reply.data == OK  # otherwise the client went away
-        await self._up(WorkerEnvelope(frame=blob))
+        # Up the gRPC stream, with the request's capability: the node keeps only frames that carry it.
+        capability = subjects.response_capability(self.request.reply)
+        await self._up(WorkerEnvelope(frame=evolve(frame, capability=capability).encode()))
         return True
 
     async def failed(self, reason: str) -> None:

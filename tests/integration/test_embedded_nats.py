@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import signal
 import subprocess
 import time
@@ -14,6 +16,7 @@ import pytest
 
 from nvcf_mono.bus.api import BucketSpec, StreamSpec
 from nvcf_mono.bus.embedded import find_nats_server
+from nvcf_mono.host import Host
 from nvcf_mono.testing.host import config_for_test, running_host
 
 pytestmark = pytest.mark.nats
@@ -107,3 +110,72 @@ async def test_an_orphaned_server_on_the_store_is_reaped_not_duplicated(tmp_path
     finally:
         if orphan in _pids_on(state.resolve()):
             os.kill(orphan, signal.SIGKILL)
+
+
+def _listening_ports(pid: int) -> set[int]:
+    """TCP ports process ``pid`` listens on: its socket inodes in the LISTEN state of /proc/net/tcp*."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target.removeprefix("socket:[").removesuffix("]"))
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _client_port(host: Host) -> int:
+    return int(host.endpoints.nats_url.rsplit(":", 1)[1])
+
+
+def _monitoring_lines(conf: Path) -> list[str]:
+    return [
+        line for line in conf.read_text().splitlines() if re.match(r"\s*(https?|http_port|https_port)\s*[:=]", line)
+    ]
+
+
+async def test_no_monitoring_endpoint_by_default_even_after_a_crash(tmp_path: Path) -> None:
+    """The monitoring port lists every user and subscription without a login: it is not opened."""
+    state = tmp_path / "state"
+    config = config_for_test(state, settings={"embedded_nats.restart_backoff": "0.05"})
+    async with running_host(config) as host:
+        assert host.embedded is not None
+        assert _monitoring_lines(host.embedded.config_path) == []
+        first = host.embedded.pid
+        assert first is not None
+        assert _listening_ports(first) == {_client_port(host)}  # the client port, nothing else
+
+        # Readiness without it, on the restart-after-crash path too.
+        os.kill(first, signal.SIGKILL)
+        with anyio.fail_after(20):
+            while host.embedded.pid in (None, first) or host.metrics.gauge("embedded_nats_up", "").value() != 1:
+                await anyio.sleep(0.02)
+        second = host.embedded.pid
+        assert second is not None
+        assert _listening_ports(second) == {_client_port(host)}
+        await host.bus.ensure_stream(StreamSpec(name="AFTER", subjects=("after.>",)))
+        with anyio.fail_after(10):
+            assert (await host.bus.stream("AFTER").publish("after.one", b"1")).seq == 1
+
+
+async def test_monitoring_when_asked_is_on_loopback_and_says_it_is_unauthenticated(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = config_for_test(tmp_path / "state", settings={"embedded_nats.monitor_port": "0"})
+    with caplog.at_level(logging.WARNING, logger="nvcf_mono"):
+        async with running_host(config) as host:
+            assert host.embedded is not None and host.embedded.pid is not None
+            (line,) = _monitoring_lines(host.embedded.config_path)
+            port = int(line.split(":")[-1].strip().strip('"'))
+            assert '"127.0.0.1:' in line
+            assert _listening_ports(host.embedded.pid) == {_client_port(host), port}
+            async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/varz") as resp:
+                assert resp.status == 200
+    assert any("no authentication" in r.getMessage() and str(port) in r.getMessage() for r in caplog.records)

@@ -202,7 +202,7 @@ class GrpcProxy:
             method="POST",
             path=path,
             headers=tuple(headers),
-            reply=invoker.router.reply_subject(request_id),
+            reply=invoker.router.reply_subject(request_id, fv.version_id),
             time_ms=now_ms,
             # Nobody waits for the answer after the window: a request not started by then is dropped.
             deadline_ms=now_ms + int(window * 1000),

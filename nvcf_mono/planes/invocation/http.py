@@ -250,7 +250,7 @@ class Invoker:
             method=method,
             path=path,
             headers=tuple((k, v) for k, v in headers.items() if k.lower() not in DROPPED),
-            reply=self.router.reply_subject(request_id),
+            reply=self.router.reply_subject(request_id, fv.version_id),
             time_ms=now_ms,
             deadline_ms=now_ms + int(self.config.queue_deadline * 1000),
             poll_seconds=poll,

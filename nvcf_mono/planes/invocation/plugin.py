@@ -29,7 +29,7 @@ from nvcf_mono.planes.invocation.load import LoadMeter
 from nvcf_mono.planes.invocation.metrics import InvocationMetrics
 from nvcf_mono.planes.invocation.ratelimit import RateLimiter
 from nvcf_mono.planes.invocation.relay import Relay
-from nvcf_mono.planes.invocation.responses import ResponseRouter
+from nvcf_mono.planes.invocation.responses import Capabilities, ResponseRouter
 from nvcf_mono.planes.invocation.results import ResultStore
 from nvcf_mono.planes.invocation.retired import RetiredQueues
 from nvcf_mono.planes.invocation.routing import RoutingTable
@@ -95,7 +95,8 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
         bus, log = ctx.bus, ctx.log
         region = ctx.settings.node.region
         routing = RoutingTable(bus, log)
-        router = ResponseRouter(bus, ctx.settings.node.id or "invocation", log)
+        capabilities = Capabilities.of_keyring(ctx.services.get(KEYRING))
+        router = ResponseRouter(bus, ctx.settings.node.id or "invocation", log, capabilities)
         dispatcher = Dispatcher(bus, self.config, region, log)
         results = ResultStore(bus, result_ttl=self.config.result_ttl, log=log)
         collector = Collector(router=router, results=results, dispatcher=dispatcher, log=log)
@@ -138,6 +139,7 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
                 dispatcher=dispatcher,
                 relay=relay,
                 results=results,
+                capabilities=capabilities,
                 nats_url=self.config.worker_nats_url or _without_credentials(ctx.endpoints.nats_url),
                 callout=ctx.services.find(NATS_AUTH),
             )

@@ -1,14 +1,19 @@
 """Response frames arriving at the node that holds the client, routed to the waiting request.
 
-Relays send each frame as a bus request to ``nvcf.resp.<inbox>.<requestId>`` and wait for the
-answer before sending the next (stop-and-wait: frames of a request stay in order, and a slow client
-slows the relay down all the way to the inference server). Answers: ``ok``, or ``gone`` when no
-request waits for the frame (the client left: stop). A relay on this node hands frames over
-directly, without the bus.
+Relays send each frame as a bus request to ``nvcf.resp.<inbox>.<requestId>.<capability>`` and wait
+for the answer before sending the next (stop-and-wait: frames of a request stay in order, and a
+slow client slows the relay down all the way to the inference server). Answers: ``ok``, or ``gone``
+when no request waits for the frame (the client left: stop) or the subject's capability is not the
+request's. A relay on this node hands frames over directly, without the bus.
+
+The capability is what makes a reply subject unforgeable: workers on the nats transport publish
+their frames themselves, and may publish to any response subject, so a frame counts only when its
+subject carries the token that came inside the request the worker was given.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import math
 import uuid
@@ -18,6 +23,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from nvcf_mono.auth.secret import Keyring, b64u
 from nvcf_mono.bus.api import Bus, Msg
 from nvcf_mono.contracts import subjects
 from nvcf_mono.contracts.frames import Frame, FrameError
@@ -30,13 +36,43 @@ class ResponseAborted(Exception):
     """The response cannot be completed (a gap, an attempt restarting after bytes were sent)."""
 
 
+def _same(expected: str, given: str) -> bool:
+    """Constant-time comparison that any string may reach (compare_digest refuses non-ASCII str)."""
+    return hmac.compare_digest(expected.encode(), given.encode(errors="replace"))
+
+
+@final
+class Capabilities:
+    """Per-request capabilities: a MAC of the version and request id under a key every node shares.
+
+    Any invocation node can check one (the node that stores an orphaned response is not the one
+    that issued it), and one request's capability says nothing about another's.
+    """
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    @classmethod
+    def of_keyring(cls, keyring: Keyring) -> Capabilities:
+        return cls(keyring.secret.derive("response-capabilities/v1"))
+
+    def of(self, function_version_id: str, request_id: str) -> str:
+        mac = hmac.digest(self._key, f"{function_version_id}/{request_id}".encode(), "sha256")
+        return b64u(mac[:16])  # 128 bits, one subject token (base64url has no '.', '*' or '>')
+
+    def holds(self, function_version_id: str, request_id: str, capability: str) -> bool:
+        """Whether ``capability`` is the one of this request."""
+        return bool(capability) and _same(self.of(function_version_id, request_id), capability)
+
+
 @final
 class Pending:
     """One request waiting for its response frames (bounded: a full queue holds the relay back)."""
 
-    def __init__(self, request_id: str, function_version_id: str, *, capacity: int = 16) -> None:
+    def __init__(self, request_id: str, function_version_id: str, capability: str, *, capacity: int = 16) -> None:
         self.request_id = request_id
         self.function_version_id = function_version_id
+        self.capability = capability
         send, recv = anyio.create_memory_object_stream[Frame](capacity)
         self._send: MemoryObjectSendStream[Frame] = send
         self._recv: MemoryObjectReceiveStream[Frame] = recv
@@ -75,22 +111,25 @@ class Pending:
 class ResponseRouter:
     """Receives frames for this node's requests."""
 
-    def __init__(self, bus: Bus, node: str, log: logging.Logger) -> None:
+    def __init__(self, bus: Bus, node: str, log: logging.Logger, capabilities: Capabilities) -> None:
         self._bus = bus
         self._log = log
+        self._capabilities = capabilities
         # A fresh inbox per process: a restarted node never receives its predecessor's frames.
         self.inbox = f"{node}-{uuid.uuid4().hex[:8]}"
         self.prefix = subjects.response_prefix(self.inbox) + "."
         self._pending: dict[str, Pending] = {}
 
-    def reply_subject(self, request_id: str) -> str:
-        return subjects.response_subject(self.inbox, request_id)
+    def reply_subject(self, request_id: str, function_version_id: str) -> str:
+        capability = self._capabilities.of(function_version_id, request_id)
+        return subjects.response_subject(self.inbox, request_id, capability)
 
     def is_local(self, reply_subject: str) -> bool:
         return reply_subject.startswith(self.prefix)
 
     def register(self, request_id: str, function_version_id: str) -> Pending:
-        pending = Pending(request_id, function_version_id)
+        capability = self._capabilities.of(function_version_id, request_id)
+        pending = Pending(request_id, function_version_id, capability)
         self._pending[request_id] = pending
         return pending
 
@@ -119,4 +158,11 @@ class ResponseRouter:
         except FrameError as err:
             self._log.warning("dropping a malformed response frame on %s: %s", msg.subject, err)
             return GONE
-        return OK if await self.deliver(frame) == "ok" else GONE
+        request_id, _, capability = msg.subject[len(self.prefix) :].partition(".")
+        pending = self._pending.get(frame.request_id)
+        if pending is None:
+            return GONE  # finished or never here (the usual case for a late frame)
+        if request_id != frame.request_id or not _same(pending.capability, capability):
+            self._log.warning("refusing a response frame for %s without its capability", frame.request_id)
+            return GONE
+        return OK if await pending.put(frame) == "ok" else GONE

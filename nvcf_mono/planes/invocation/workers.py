@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from typing import Any, final
 
 import anyio
@@ -36,6 +37,7 @@ from nvcf_mono.contracts.messages import SecretsFetch, SecretsReply
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
 from nvcf_mono.planes.invocation.relay import Relay
+from nvcf_mono.planes.invocation.responses import Capabilities
 from nvcf_mono.planes.invocation.results import ResultStore
 from nvcf_mono.planes.invocation.routing import RoutingTable
 from nvcf_mono.planes.invocation.task_calls import TaskCalls
@@ -97,13 +99,15 @@ class WorkerService:
         dispatcher: Dispatcher,
         relay: Relay,
         results: ResultStore,
+        capabilities: Capabilities,
         nats_url: str | None = None,
         callout: CalloutStatus | None = None,
     ) -> None:
         """What the service needs, known once the plugin runs (calls before that get UNAVAILABLE).
 
-        ``nats_url`` and ``callout`` make the nats transport possible: workers reach NATS there, and
-        this node answers their auth callouts.
+        ``capabilities`` checks that a worker was given the request it names (body fetches, orphaned
+        frames). ``nats_url`` and ``callout`` make the nats transport possible: workers reach NATS
+        there, and this node answers their auth callouts.
         """
         self._bus = bus
         self._keyring = keyring
@@ -111,6 +115,7 @@ class WorkerService:
         self._dispatcher = dispatcher
         self._relay = relay
         self._results = results
+        self._capabilities = capabilities
         self._nats_url = nats_url
         self._callout = callout
 
@@ -166,9 +171,12 @@ class WorkerService:
         transport = self._transport(list(req.transports))
         stream_name, durable = self._dispatcher.stream_name(fvid), self._dispatcher.durable(fvid)
         session_claims = {"fid": fid, "fvid": fvid, "nca": claims["nca"], "rid": claims["rid"], "iid": req.instance_id}
+        inbox = ""
         if transport == "nats":
-            # The nats transport's auth callout grants exactly this stream and durable.
-            session_claims.update({"tr": "nats", "st": stream_name, "du": durable})
+            # The nats transport's auth callout grants exactly this stream and durable, and
+            # subscriptions under this session's own inbox prefix only.
+            inbox = subjects.worker_inbox(uuid.uuid4().hex)
+            session_claims.update({"tr": "nats", "st": stream_name, "du": durable, "ib": inbox})
         token = self._signer.mint(SESSION, session_claims, ttl=ttl)
         await stream.send_message(
             ConnectResponse(
@@ -179,6 +187,7 @@ class WorkerService:
                 transport=transport,
                 nats_url=(self._nats_url or "") if transport == "nats" else "",
                 nats_token=envelope("APP", "worker", token) if transport == "nats" else "",
+                nats_inbox_prefix=inbox,
                 stream=stream_name,
                 durable=durable,
                 cancel_subject=subjects.cancel_subject(fvid),
@@ -206,7 +215,12 @@ class WorkerService:
     async def _fetch_body(self, stream: Stream[BodyRequest, BodyChunk]) -> None:
         req = await stream.recv_message()
         assert req is not None
-        self._verify(req.session_token, SESSION)
+        claims = self._verify(req.session_token, SESSION)
+        # Only a worker given the request (it has the capability of its reply subject) reads its body.
+        if req.body_object != buckets.request_body_object(req.request_id) or not self._capabilities.holds(
+            str(claims["fvid"]), req.request_id, req.capability
+        ):
+            raise GRPCError(Status.PERMISSION_DENIED, f"request {req.request_id} was not given to this worker")
         try:
             async with self._dispatcher.payloads.open(req.body_object) as reader:
                 async for chunk in reader:
@@ -453,7 +467,14 @@ class WorkerSession:
         held = self.in_flight.get(frame.request_id)
         if held is None:
             if self.transport == "nats":
-                await self._orphan(frame)
+                if self._svc._capabilities.holds(self.function_version_id, frame.request_id, frame.capability):
+                    await self._orphan(frame)
+                else:
+                    self._log.warning(
+                        "refusing a frame for %s from %s: a request it was not given",
+                        frame.request_id,
+                        self.instance_id,
+                    )
             return  # cancelled or already settled: drop
         held.frames += 1
         if held.orphan is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 import nats.errors
 import pytest
@@ -33,12 +34,18 @@ async def test_pexec_over_the_nats_transport(tmp_path: Path) -> None:
             assert reply.headers["NVCF-STATUS"] == "fulfilled"
 
 
-async def _connect(url: str, token: str, errors: list[str]) -> NatsClient:
+async def _connect(url: str, token: str, errors: list[str], **options: Any) -> NatsClient:
     async def on_error(err: Exception) -> None:
         errors.append(str(err))
 
     return await raw_client(
-        url, token=token, error_cb=on_error, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=5
+        url,
+        token=token,
+        error_cb=on_error,
+        allow_reconnect=False,
+        max_reconnect_attempts=0,
+        connect_timeout=5,
+        **options,
     )
 
 
@@ -58,13 +65,14 @@ async def test_worker_credentials_reach_only_their_version(tmp_path: Path) -> No
             "tr": "nats",
             "st": stream,
             "du": durable,
+            "ib": subjects.worker_inbox(uuid.uuid4().hex),
         }
         token = envelope("APP", "worker", signer.mint(permissions.WORKER_SESSION, claims, ttl=60))
         url = p.host.endpoints.nats_url.split("@")[-1]
         if not url.startswith("nats://"):
             url = "nats://" + url
         errors: list[str] = []
-        nc = await _connect(url, token, errors)
+        nc = await _connect(url, token, errors, inbox_prefix=claims["ib"])
         try:
             # Allowed: its own cancels and pulling from its own durable (no messages waiting: a timeout).
             await nc.subscribe(subjects.cancel_subject(vid))
@@ -86,8 +94,14 @@ async def test_worker_credentials_reach_only_their_version(tmp_path: Path) -> No
             assert any(subjects.cancel_subject(other) in e for e in errors), errors
         finally:
             await nc.close()
-        # A forged or foreign token gets no connection at all.
+        # A forged or foreign token gets no connection at all, nor a session claiming a wider scope.
         forged = envelope("APP", "worker", TokenSigner(b"k" * 32).mint(permissions.WORKER_SESSION, claims))
-        for bad in (forged, envelope("APP", "nobody", "x"), "not an envelope"):
+        wider = [
+            envelope("APP", "worker", signer.mint(permissions.WORKER_SESSION, {**claims, **change}, ttl=60))
+            for change in ({"ib": "_INBOX"}, {"ib": f"{subjects.WORKER_INBOX_ROOT}.*"}, {"du": ">"}, {"st": "a.b"})
+        ]
+        without_inbox = {k: v for k, v in claims.items() if k != "ib"}
+        old = envelope("APP", "worker", signer.mint(permissions.WORKER_SESSION, without_inbox, ttl=60))
+        for bad in (forged, envelope("APP", "nobody", "x"), "not an envelope", *wider, old):
             with pytest.raises(Exception, match=r"(?i)authorization"):
                 await _connect(url, bad, [])

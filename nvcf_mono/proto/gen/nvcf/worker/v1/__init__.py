@@ -60,6 +60,11 @@ class ConnectResponse(betterproto.Message):
     How often the worker reports its load (a WorkerStatus) on the Serve stream; 0: only on changes.
     """
 
+    nats_inbox_prefix: str = betterproto.string_field(15)
+    """
+    For the nats transport: the inbox prefix of this session, the only inboxes it may subscribe to.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class WorkerHello(betterproto.Message):
@@ -238,6 +243,10 @@ class BodyRequest(betterproto.Message):
     session_token: str = betterproto.string_field(1)
     request_id: str = betterproto.string_field(2)
     body_object: str = betterproto.string_field(3)
+    capability: str = betterproto.string_field(4)
+    """
+    The capability of the request's reply subject: proof that this worker was given the request.
+    """
 
 
 @dataclass(eq=False, repr=False)
