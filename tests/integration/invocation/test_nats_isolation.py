@@ -17,6 +17,7 @@ from pathlib import Path
 import anyio
 import nats.errors
 import pytest
+from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 from nats.aio.client import Client as NatsClient
@@ -41,7 +42,7 @@ from nvcf_mono.proto.serve_wire import NodeEnvelope, WorkerEnvelope
 from nvcf_mono.structure import evolve
 from nvcf_mono.testing.nats_server import raw_client
 from nvcf_mono.testing.platform import wait_for
-from nvcf_mono.worker.agent import SERVICE, closing_channel
+from nvcf_mono.worker.agent import SERVICE
 from tests.integration.control.test_sharing import account_key, add_account
 
 from .conftest import Platform, deployed, launching_agent, platform
@@ -58,7 +59,7 @@ async def connect_once(p: Platform, fid: str, vid: str, nca: str) -> ConnectResp
     signer = TokenSigner(p.host.services.get(KEYRING).token_key)
     token = mint_worker_token(signer, nca_id=nca, function_id=fid, function_version_id=vid, request_id="r")
     host, _, port = p.host.endpoints.grpc_address.rpartition(":")
-    async with closing_channel(host, int(port)) as channel:
+    async with Channel(host, int(port)) as channel:
         with anyio.fail_after(10):
             async with channel.request(
                 f"{SERVICE}/ConnectOnce", Cardinality.UNARY_UNARY, ConnectRequest, ConnectResponse
@@ -124,7 +125,7 @@ async def received(sub: Subscription) -> list[bytes]:
 
 async def fetch_body(p: Platform, session: ConnectResponse, request: Request, capability: str) -> bytes:
     host, _, port = p.host.endpoints.grpc_address.rpartition(":")
-    async with closing_channel(host, int(port)) as channel:
+    async with Channel(host, int(port)) as channel:
         with anyio.fail_after(10):
             async with channel.request(f"{SERVICE}/FetchBody", Cardinality.UNARY_STREAM, BodyRequest, BodyChunk) as s:
                 await s.send_message(
@@ -278,7 +279,7 @@ async def forged_orphans_are_not_kept(
     control = str(uuid.uuid4())
     host, _, port = p.host.endpoints.grpc_address.rpartition(":")
     async with (
-        closing_channel(host, int(port)) as channel,
+        Channel(host, int(port)) as channel,
         channel.request(f"{SERVICE}/Serve", Cardinality.STREAM_STREAM, WorkerEnvelope, NodeEnvelope) as s,
     ):
         hello = WorkerHello(session_token=mine.session_token, instance_id="hostile", max_concurrency=1)
