@@ -264,6 +264,8 @@ class Delivery(Protocol):
     num_delivered: int
     num_pending: int
     timestamp: datetime | None
+    #: Where its ack or nak goes (another connection may settle it: :meth:`Bus.give_back`).
+    ack_subject: str
 
     async def ack(self) -> None:
         """Done; never redeliver."""
@@ -518,6 +520,12 @@ class Bus(Protocol):
         task_status: TaskStatus[None],
     ) -> None:
         """Answer requests on ``subject`` until cancelled; a raising handler sends an error reply."""
+        ...
+
+    async def give_back(self, ack_subject: str) -> None:
+        """Hand a JetStream delivery held by another connection back for redelivery now (a nak by its reply
+        subject): what a worker that died held need not wait for its ack wait.
+        """
         ...
 
     async def flush(self, *, timeout: float | None = None) -> None:

@@ -473,8 +473,8 @@ def _json(payload: dict[str, Any]) -> bytes:
 class NatsDelivery:
     """One JetStream delivery; settling it frees its in-flight slot."""
 
-    __slots__ = ("_consumer", "_msg", "_settled", "consumer_seq", "data", "headers", "num_delivered",
-                 "num_pending", "stream_seq", "subject", "timestamp")  # fmt: skip
+    __slots__ = ("_consumer", "_msg", "_settled", "ack_subject", "consumer_seq", "data", "headers",
+                 "num_delivered", "num_pending", "stream_seq", "subject", "timestamp")  # fmt: skip
 
     def __init__(self, msg: NatsMsg, consumer: NatsConsumer) -> None:
         meta = msg.metadata
@@ -482,6 +482,7 @@ class NatsDelivery:
         self._consumer = consumer
         self._settled = False
         self.subject: str = msg.subject
+        self.ack_subject: str = msg.reply
         self.data: bytes = msg.data
         self.headers: Headers = msg.headers or {}
         self.stream_seq: int = meta.sequence.stream

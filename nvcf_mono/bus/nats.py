@@ -52,6 +52,8 @@ from nvcf_mono.config.model import BusSettings
 from nvcf_mono.metrics import Metrics
 
 _EVENT_BUFFER = 64
+#: JetStream's negative acknowledgement: redeliver now.
+NAK = b"-NAK"
 
 
 def _to_msg(msg: NatsMsg) -> Msg:
@@ -316,6 +318,10 @@ class NatsBus:
             async for msg in sub:
                 await slots.acquire()
                 tg.start_soon(answer, msg, name=f"bus:serve:{subject}")
+
+    async def give_back(self, ack_subject: str) -> None:
+        """A nak on another connection's delivery (JetStream acks are plain publishes to its reply subject)."""
+        await self.publish(ack_subject, NAK)
 
     async def flush(self, *, timeout: float | None = None) -> None:
         """Round trip to the server."""

@@ -41,6 +41,8 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     ConnectResponse,
     Drain,
     RequestFailed,
+    RequestHeld,
+    RequestReleased,
     SecretsRequest,
     SecretsResponse,
     WorkerHello,
@@ -49,6 +51,7 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
 )
 from nvcf_mono.proto.serve_wire import NodeEnvelope, WorkerEnvelope
 from nvcf_mono.queues import eagerly
+from nvcf_mono.settlement import Policy, Settlement
 from nvcf_mono.worker import endpoint
 from nvcf_mono.worker.assets import AssetDownloadError, download_assets
 from nvcf_mono.worker.config import WorkerConfig
@@ -63,7 +66,7 @@ from nvcf_mono.worker.inference import (
     problem_frame,
     request_headers,
 )
-from nvcf_mono.worker.nats_transport import Held
+from nvcf_mono.worker.nats_transport import WorkerSink
 from nvcf_mono.worker.progress import PROGRESS_FILE, ProgressMonitor, ProgressReports
 
 SERVICE = "/nvcf.worker.v1.WorkerService"
@@ -157,7 +160,7 @@ class Worker:
         self.progress = ProgressMonitor(config.progress_interval)
         self.janitor = Janitor()
         #: nats transport: requests pulled from JetStream and not settled yet.
-        self._held: dict[str, Held] = {}
+        self._held: dict[str, Settlement] = {}
         self._pull_watchers: list[anyio.CancelScope] = []
 
     def request_drain(self) -> None:
@@ -420,21 +423,40 @@ class Worker:
             requests.start_soon(delivery.term)
             return
         scope = self._cancels[request.request_id] = anyio.CancelScope()
-        held = Held(bus, delivery, request, up=up, max_deliver=session.max_deliver or 3, scope=scope)
+        policy = Policy(max_deliver=session.max_deliver or 3)
+        held = Settlement(delivery, request, policy=policy, sink=WorkerSink(bus, up))
         self._held[request.request_id] = held
-        late = bool(request.deadline_ms and request.deadline_ms < time.time() * 1000)
-        if late or streams.given_up(delivery.num_delivered, held.max_deliver):
-            self._cancels.pop(request.request_id, None)
-            self._held.pop(request.request_id, None)
-            if late:
-                requests.start_soon(held.expired)
-            else:
-                requests.start_soon(held.refuse, 500, streams.given_up_detail(delivery.num_delivered))
-            return
         self.state.in_flight += 1
         if self._idle.is_set():
             self._idle = anyio.Event()
-        requests.start_soon(self._handle, request, scope, held.attempt, link, held)
+        requests.start_soon(self._serve_pulled, held, scope, link, up)
+
+    async def _serve_pulled(
+        self, held: Settlement, scope: anyio.CancelScope, link: _Link, up: Callable[[WorkerEnvelope], Awaitable[None]]
+    ) -> None:
+        """A request this worker pulled itself: its node knows it holds it until it is settled."""
+        rid = held.request.request_id
+        await up(
+            WorkerEnvelope(
+                message=WorkerMessage(held=RequestHeld(request_id=rid, ack_subject=held.delivery.ack_subject))
+            )
+        )
+        try:
+            if await held.refused_on_arrival():
+                self._held.pop(rid, None)
+                self._cancels.pop(rid, None)
+                self._finished()
+            else:
+                await self._handle(held.request, scope, held.attempt, link, held)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                await up(WorkerEnvelope(message=WorkerMessage(released=RequestReleased(request_id=rid))))
+
+    def _finished(self) -> None:
+        self.state.in_flight -= 1
+        self.state.served += 1
+        if not self.state.in_flight:
+            self._idle.set()
 
     async def _stop_pulling_on_drain(self, pulling: anyio.CancelScope) -> None:
         with anyio.CancelScope() as own:
@@ -452,7 +474,7 @@ class Worker:
                 scope = self._cancels.get(request_id)
                 held = self._held.get(request_id)
                 if held is not None:
-                    await held.settle(ack=True)  # the client is gone: nobody wants it any more
+                    await held.cancelled()  # the client is gone: nobody wants it any more
                 if scope is not None:
                     scope.cancel()
 
@@ -465,7 +487,7 @@ class Worker:
     # ---- one request ------------------------------------------------------------------------------
 
     async def _handle(
-        self, request: Request, scope: anyio.CancelScope, attempt: int, link: _Link, held: Held | None = None
+        self, request: Request, scope: anyio.CancelScope, attempt: int, link: _Link, held: Settlement | None = None
     ) -> None:
         rid = request.request_id
         asset_dir = os.path.join(self.config.asset_dir, rid)
@@ -478,12 +500,9 @@ class Worker:
                 self._held.pop(rid, None)
                 if not held.settled:  # cancelled or interrupted: let another instance have it now
                     with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                        await held.settle(ack=False)
+                        await held.give_back()
             self._cancels.pop(rid, None)
-            self.state.in_flight -= 1
-            self.state.served += 1
-            if not self.state.in_flight:
-                self._idle.set()
+            self._finished()
             self.janitor.remove(output_dir)
             if request.asset_ids:
                 self.janitor.remove(asset_dir)
@@ -496,14 +515,16 @@ class Worker:
         *,
         asset_dir: str,
         output_dir: str,
-        held: Held | None = None,
+        held: Settlement | None = None,
     ) -> None:
         rid = request.request_id
         channel, session, out, http = link.channel, link.session, link.out, link.http
 
         async def answer(frame: Frame) -> None:
             if held is not None:
-                await held.answer(frame)  # nats transport: straight to the client's node
+                # nats transport: straight to the client's node; nobody wants the rest: stop serving it.
+                if not await held.relay(frame):
+                    self._cancels.get(rid, anyio.CancelScope()).cancel()
             else:
                 envelope = WorkerEnvelope(frame=frame.encode())
                 try:

@@ -33,7 +33,7 @@ from nvcf_mono.planes.invocation.responses import Capabilities, ResponseRouter
 from nvcf_mono.planes.invocation.results import ResultStore
 from nvcf_mono.planes.invocation.retired import RetiredQueues
 from nvcf_mono.planes.invocation.routing import RoutingTable
-from nvcf_mono.planes.invocation.settlement import Answers
+from nvcf_mono.planes.invocation.settlement import NodeSink
 from nvcf_mono.planes.invocation.workers import WorkerService
 from nvcf_mono.plugin import BasePlugin, PluginSpec, RunContext, SetupContext
 
@@ -122,11 +122,12 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
             dispatcher.on_queued = meter.queued
             await tg.start(meter.run)
             relay = Relay(bus, router, log)
+            sink = NodeSink(relay, results, dispatcher)
             retired = RetiredQueues(
                 bus,
                 routing=routing,
                 dispatcher=dispatcher,
-                answers=Answers(relay, results),
+                answers=sink,
                 interval=self.config.sweep_interval,
                 grace=self.config.retired_queue_grace,
                 log=log,
@@ -137,8 +138,7 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
                 keyring=ctx.services.get(KEYRING),
                 routing=routing,
                 dispatcher=dispatcher,
-                relay=relay,
-                results=results,
+                sink=sink,
                 capabilities=capabilities,
                 nats_url=self.config.worker_nats_url or _without_credentials(ctx.endpoints.nats_url),
                 callout=ctx.services.find(NATS_AUTH),

@@ -8,14 +8,13 @@ rest of the frames and stores the result, so a client that got a 202 still finds
 from __future__ import annotations
 
 import logging
-from typing import Literal, final
+from typing import final
 
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.errors import BusError, NoResponders, RequestTimeout
 from nvcf_mono.contracts.frames import Frame
 from nvcf_mono.planes.invocation.responses import OK, ResponseRouter
-
-Outcome = Literal["ok", "gone", "orphaned"]
+from nvcf_mono.settlement import Outcome
 
 
 @final

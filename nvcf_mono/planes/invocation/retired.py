@@ -24,7 +24,7 @@ from nvcf_mono.contracts import subjects
 from nvcf_mono.contracts.frames import FrameError, Request
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
 from nvcf_mono.planes.invocation.routing import RoutingTable
-from nvcf_mono.planes.invocation.settlement import Answers
+from nvcf_mono.planes.invocation.settlement import NodeSink
 
 #: How long one sweep waits for the next queued request of a retired version before it moves on.
 DRAIN_STEP = 0.5
@@ -42,7 +42,7 @@ class RetiredQueues:
         *,
         routing: RoutingTable,
         dispatcher: Dispatcher,
-        answers: Answers,
+        answers: NodeSink,
         interval: float,
         grace: float,
         log: logging.Logger,
@@ -145,7 +145,7 @@ class RetiredQueues:
             self._log.error("dropping a malformed request in %s: %s", delivery.subject, err)
             await delivery.term()
             return
-        await self._answers.problem(
+        await self._answers.answer(
             request,
             404,
             f"function version '{version_id}' was undeployed before this request ran; it was not run",

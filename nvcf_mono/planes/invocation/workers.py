@@ -18,7 +18,6 @@ import uuid
 from typing import Any, final
 
 import anyio
-import attrs
 from anyio.streams.memory import MemoryObjectSendStream
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
@@ -32,14 +31,13 @@ from nvcf_mono.bus.codec import TypedKV
 from nvcf_mono.bus.errors import BusError, NotFound
 from nvcf_mono.bus.holding import hold_until_ready
 from nvcf_mono.contracts import buckets, permissions, rpc, streams, subjects
-from nvcf_mono.contracts.frames import Frame, FrameError, Problem, Request
+from nvcf_mono.contracts.frames import Frame, FrameError, Request, problem_frame
 from nvcf_mono.contracts.messages import SecretsFetch, SecretsReply
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
-from nvcf_mono.planes.invocation.relay import Relay
 from nvcf_mono.planes.invocation.responses import Capabilities
-from nvcf_mono.planes.invocation.results import ResultStore
 from nvcf_mono.planes.invocation.routing import RoutingTable
+from nvcf_mono.planes.invocation.settlement import NodeSink
 from nvcf_mono.planes.invocation.task_calls import TaskCalls
 from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     AssetChunk,
@@ -62,22 +60,10 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
 )
 from nvcf_mono.proto.serve_wire import NodeEnvelope, WorkerEnvelope
 from nvcf_mono.queues import eagerly
+from nvcf_mono.settlement import BROKEN_OFF, Policy, Settlement
 
 SESSION = permissions.WORKER_SESSION
 SERVICE = "/nvcf.worker.v1.WorkerService"
-
-
-@attrs.define(eq=False)
-class InFlight:
-    """A request a worker holds."""
-
-    request: Request
-    delivery: Delivery
-    attempt: int
-    #: Frames relayed so far (0: the worker has not answered yet).
-    frames: int = 0
-    #: The receiving node is gone: keep the response here and store it.
-    orphan: list[Frame] | None = None
 
 
 @final
@@ -97,8 +83,7 @@ class WorkerService:
         keyring: Keyring,
         routing: RoutingTable,
         dispatcher: Dispatcher,
-        relay: Relay,
-        results: ResultStore,
+        sink: NodeSink,
         capabilities: Capabilities,
         nats_url: str | None = None,
         callout: CalloutStatus | None = None,
@@ -113,8 +98,8 @@ class WorkerService:
         self._keyring = keyring
         self._routing = routing
         self._dispatcher = dispatcher
-        self._relay = relay
-        self._results = results
+        self._sink = sink
+        self._policy = Policy(max_deliver=self._config.max_deliver)
         self._capabilities = capabilities
         self._nats_url = nats_url
         self._callout = callout
@@ -315,12 +300,15 @@ class WorkerSession:
         self.transport = transport
         #: nats transport: frames of requests whose node went away, kept here to be stored.
         self._orphans: dict[str, list[Frame]] = {}
+        #: nats transport: request id -> ack subject of what the worker pulled and holds itself.
+        self.held_remotely: dict[str, str] = {}
         self.function_id = function_id
         self.function_version_id = function_version_id
         self.instance_id = instance_id
         self.max_concurrency = max_concurrency
         self.id = f"{instance_id}:{id(self):x}"
-        self.in_flight: dict[str, InFlight] = {}
+        #: grpc transport: what this node delivered to the worker and has not settled.
+        self.in_flight: dict[str, Settlement] = {}
         self.ready = anyio.Event()
         self.ready.set()
         self.draining = False
@@ -388,20 +376,13 @@ class WorkerSession:
             await hold_until_ready(
                 lambda: self.ready, delivery, within=streams.PAUSED_HOLD, keepalive=self._svc._config.keepalive
             )
+        held = Settlement(delivery, request, policy=self._svc._policy, sink=self._svc._sink)
         if self.draining or not self.ready.is_set():
-            await delivery.nak()  # still paused, or going away: another instance takes it
+            await held.give_back()  # still paused, or going away: another instance takes it
             return
-        if streams.given_up(delivery.num_delivered, self._svc._config.max_deliver):
-            await delivery.term()
-            await self._answer_problem(request, 500, streams.given_up_detail(delivery.num_delivered))
+        if await held.refused_on_arrival():
             return
-        if request.deadline_ms and request.deadline_ms < time.time() * 1000:
-            await delivery.term()
-            await self._answer_problem(request, 504, "the request waited in the queue past its deadline")
-            return
-        self.in_flight[request.request_id] = InFlight(
-            request=request, delivery=delivery, attempt=delivery.num_delivered
-        )
+        self.in_flight[request.request_id] = held
         envelope = NodeEnvelope(request=delivery.data, attempt=delivery.num_delivered)
         try:
             out.send_nowait(envelope)  # the usual case: room in the buffer, no extra loop turn
@@ -412,10 +393,7 @@ class WorkerSession:
         while True:
             await anyio.sleep(self._svc._config.keepalive)
             for held in list(self.in_flight.values()):
-                try:
-                    await held.delivery.in_progress()
-                except BusError as err:
-                    self._log.debug("keepalive of %s failed: %s", held.request.request_id, err)
+                await held.keep_alive()
 
     async def _cancellations(self, out: MemoryObjectSendStream[NodeEnvelope]) -> None:
         async with self._svc._bus.subscribe(subjects.cancel_subject(self.function_version_id)) as sub:
@@ -423,10 +401,12 @@ class WorkerSession:
                 request_id = msg.data.decode(errors="replace")
                 held = self.in_flight.pop(request_id, None)
                 if held is not None:
-                    await out.send(
-                        _message(NodeMessage(cancel=Cancel(request_id=request_id, reason="cancelled by the client")))
-                    )
-                    await self._settle(held, ack=True)
+                    await self._stop(out, request_id, "cancelled by the client")
+                    await held.cancelled()
+
+    async def _stop(self, out: MemoryObjectSendStream[NodeEnvelope], request_id: str, reason: str) -> None:
+        """Tell the worker to stop serving a request."""
+        await out.send(_message(NodeMessage(cancel=Cancel(request_id=request_id, reason=reason))))
 
     # ---- frames up ----------------------------------------------------------------------------------
 
@@ -453,7 +433,11 @@ class WorkerSession:
             elif kind == "failed":
                 held = self.in_flight.pop(message.failed.request_id, None)
                 if held is not None:
-                    await self._failed(held, message.failed.reason)
+                    await held.failed(message.failed.reason)
+            elif kind == "held":
+                self.held_remotely[message.held.request_id] = message.held.ack_subject
+            elif kind == "released":
+                self.held_remotely.pop(message.released.request_id, None)
             elif kind == "drain":
                 self.draining = True
                 self.ready.set()  # wakes whatever waits for readiness; it sees the drain
@@ -476,91 +460,34 @@ class WorkerSession:
                         self.instance_id,
                     )
             return  # cancelled or already settled: drop
-        held.frames += 1
-        if held.orphan is not None:
-            held.orphan.append(frame)
-        else:
-            outcome = await self._svc._relay.send(held.request.reply, frame, blob)
-            if outcome == "gone":
-                self.in_flight.pop(frame.request_id, None)
-                await out.send(
-                    _message(NodeMessage(cancel=Cancel(request_id=frame.request_id, reason="the client went away")))
-                )
-                await self._settle(held, ack=True)
-                return
-            if outcome == "orphaned":
-                # Nobody holds the request any more (its node went away): keep the response here.
-                held.orphan = [frame] if frame.seq == 0 else None
-                if held.orphan is None:
-                    self.in_flight.pop(frame.request_id, None)
-                    await self._settle(held, ack=True)
-                    await self._svc._results.store_problem(
-                        frame.request_id, 502, "the invocation node holding this request went away mid-response"
-                    )
-                    return
-        if frame.last:
+        if not await held.relay(frame, blob):
             self.in_flight.pop(frame.request_id, None)
-            await self._settle(held, ack=True)
-            if held.orphan is not None:
-                await self._store_orphan(held.orphan)
+            await self._stop(out, frame.request_id, "the client went away")
+        elif frame.last:
+            self.in_flight.pop(frame.request_id, None)
 
     async def _orphan(self, frame: Frame) -> None:
-        """A nats-transport worker found nobody holding the request: keep its frames, store the result."""
+        """Frames a nats-transport worker could not hand to their node: kept, and stored at their end."""
         frames = self._orphans.setdefault(frame.request_id, [])
         frames.append(frame)
         if frame.last:
             del self._orphans[frame.request_id]
-            if frames[0].seq == 0:
-                await self._store_orphan(frames)
-            else:
-                await self._svc._results.store_problem(
-                    frame.request_id, 502, "the invocation node holding this request went away mid-response"
-                )
-
-    async def _store_orphan(self, frames: list[Frame]) -> None:
-        async def rest() -> Any:
-            for f in frames[1:]:
-                yield f
-
-        await self._svc._results.store_frames(frames[0], rest())
+            if frames[0].seq != 0:
+                frames = [problem_frame(frame.request_id, 502, BROKEN_OFF)]
+            await self._svc._sink.store(frames)
 
     # ---- endings ------------------------------------------------------------------------------------
 
-    async def _settle(self, held: InFlight, *, ack: bool) -> None:
-        try:
-            if ack:
-                await held.delivery.ack()
-            else:
-                await held.delivery.nak()
-        except BusError as err:
-            self._log.warning("could not settle %s: %s", held.request.request_id, err)
-
-    async def _failed(self, held: InFlight, reason: str) -> None:
-        """The request took the instance down with it: try another instance, up to max_deliver times."""
-        limit = self._svc._config.max_deliver
-        if held.attempt >= limit:
-            await held.delivery.term()
-            await self._answer_problem(
-                held.request, 500, f"the request failed on {held.attempt} deliveries (last: {reason}); not retried"
-            )
-        elif held.frames == 0:
-            await self._settle(held, ack=False)
-        else:
-            await held.delivery.term()
-            await self._answer_problem(held.request, 502, f"the instance failed mid-response: {reason}")
-
-    async def _answer_problem(self, request: Request, status: int, detail: str) -> None:
-        frame = Frame(request_id=request.request_id, seq=0, attempt=99, problem=Problem(status=status, detail=detail))
-        outcome = await self._svc._relay.send(request.reply, frame)
-        if outcome != "ok":
-            await self._svc._results.store_problem(request.request_id, status, detail)
-
     async def _release(self) -> None:
-        """The worker is gone: what it held goes to another instance (or ends, after max_deliver)."""
+        """The worker is gone: what it held goes to another instance at once (or ends, after max_deliver)."""
         held_all = list(self.in_flight.values())
         self.in_flight.clear()
         for held in held_all:
-            await self._failed(held, "the worker disconnected")
+            await held.failed("the worker disconnected")
+        remote, self.held_remotely = self.held_remotely, {}
+        for ack_subject in remote.values():
+            # Pulled by the worker itself (nats transport): handed back now, not after ack_wait.
+            await self._svc._bus.give_back(ack_subject)
 
 
 def _message(message: NodeMessage) -> NodeEnvelope:

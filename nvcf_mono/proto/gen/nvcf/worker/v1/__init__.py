@@ -90,6 +90,17 @@ class WorkerMessage(betterproto.Message):
     drain: "Drain" = betterproto.message_field(5, group="kind")
     """Stop sending requests; the worker finishes what it holds."""
 
+    held: "RequestHeld" = betterproto.message_field(6, group="kind")
+    """
+    nats transport: the worker pulled this request itself. Should the worker's stream end before
+     it is released, the node hands it back (nak) for another instance at once.
+    """
+
+    released: "RequestReleased" = betterproto.message_field(7, group="kind")
+    """
+    nats transport: the worker settled it (acked, handed back or ended): nothing to hand back.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class WorkerStatus(betterproto.Message):
@@ -108,6 +119,20 @@ class WorkerStatus(betterproto.Message):
 class RequestFailed(betterproto.Message):
     request_id: str = betterproto.string_field(1)
     reason: str = betterproto.string_field(2)
+
+
+@dataclass(eq=False, repr=False)
+class RequestHeld(betterproto.Message):
+    request_id: str = betterproto.string_field(1)
+    ack_subject: str = betterproto.string_field(2)
+    """
+    The JetStream delivery's reply subject (where an ack or nak of it goes).
+    """
+
+
+@dataclass(eq=False, repr=False)
+class RequestReleased(betterproto.Message):
+    request_id: str = betterproto.string_field(1)
 
 
 @dataclass(eq=False, repr=False)
