@@ -28,6 +28,7 @@ from nvcf_mono.contracts import env, states
 from nvcf_mono.contracts.agent import AgentInstance, AgentLog, AgentProcess
 from nvcf_mono.contracts.messages import CreationMessage
 from nvcf_mono.models.common import duration_seconds
+from nvcf_mono.planes.compute import workload
 from nvcf_mono.planes.compute.backends import BackendContext, LaunchSpec
 from nvcf_mono.planes.compute.backends.local import processes
 from nvcf_mono.planes.compute.backends.local.environment import (
@@ -150,7 +151,7 @@ class LocalBackend:
                 detail="this cluster runs instances as local processes (backend 'local'), which cannot install "
                 "Helm charts: deploy Helm functions to a cluster with the Kubernetes backend",
             )
-        return None
+        return workload.refusal(message)
 
     def _port(self) -> int:
         for _ in range(100):
