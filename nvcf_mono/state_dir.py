@@ -48,11 +48,12 @@ def lock_state_dir(path: Path) -> Iterator[Path]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def write_private(path: Path, data: bytes) -> None:
-    """Replace ``path`` atomically with ``data``, mode 0600 from the first byte."""
+def write_private(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+    """Replace ``path`` atomically with ``data``, mode 0600 (or ``mode``) from the first byte."""
     ensure_private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    os.fchmod(fd, mode)  # whatever the umask
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
