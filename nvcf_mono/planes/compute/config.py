@@ -216,6 +216,11 @@ class LocalSettings:
         "reused as late as the range allows.",
         check=in_range(3, 1 << 24),
     )
+    extra_gids: tuple[int, ...] = setting(
+        (),
+        doc="Instance users: further groups their processes belong to, e.g. the group owning /dev/nvidia* where "
+        "the driver does not let every user open the GPUs (NVreg_DeviceFileMode other than 0666).",
+    )
     grant_search: bool = setting(
         True,
         doc="Instance users: give their shared group search permission (x, never read) on the directories "

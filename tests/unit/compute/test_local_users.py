@@ -39,6 +39,9 @@ def test_each_instance_takes_two_uids_after_the_shared_group() -> None:
     assert r.slot_of_gid(5002) is None  # a worker's uid is no instance's group
     for outside in (5000, 4999, 5007, 0):
         assert r.slot_of_uid(outside) is None and r.slot_of_gid(outside) is None
+    # A GPU device group, where the driver does not let every user open the GPUs.
+    gpus = UidRange(first=5000, count=7, extra=(44,)).slot(0)
+    assert gpus.server.groups == gpus.worker.groups == (5000, 44)
 
 
 def test_the_range_must_fit_below_the_largest_uid() -> None:

@@ -71,6 +71,8 @@ class UidRange:
 
     first: int
     count: int
+    #: Further groups of every instance process (a GPU device group).
+    extra: tuple[int, ...] = ()
 
     @property
     def shared_gid(self) -> int:
@@ -82,7 +84,7 @@ class UidRange:
 
     def slot(self, index: int) -> Slot:
         server = self.first + 1 + 2 * index
-        groups = (self.shared_gid,)
+        groups = (self.shared_gid, *self.extra)
         return Slot(
             index=index,
             server=RunAs(uid=server, gid=server, groups=groups, umask=UMASK),
@@ -123,7 +125,7 @@ class InstanceUsers:
         self._worker_argv = tuple(worker_argv)
         self.euid, self.egid = os.geteuid(), os.getegid()
         self.isolated = settings.run_as == "instance-users" or (settings.run_as == "auto" and self.euid == 0)
-        self.range = UidRange(first=settings.first_uid, count=settings.uid_count)
+        self.range = UidRange(first=settings.first_uid, count=settings.uid_count, extra=settings.extra_gids)
         self._held: dict[int, str] = {}
         self._cursor = random.randrange(self.range.slots)
         self._reached: set[Path] = set()
