@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,11 +49,17 @@ def lock_state_dir(path: Path) -> Iterator[Path]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def write_private(path: Path, data: bytes) -> None:
-    """Replace ``path`` atomically with ``data``, mode 0600 from the first byte."""
+def write_private(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+    """Replace ``path`` atomically with ``data``, mode 0600 (or ``mode``) from the first byte.
+
+    The scratch file has a name nobody can guess and is created exclusively, never through a link:
+    an instance directory is shared with a function's processes, which could otherwise plant a
+    link where the writer (root, or the worker) is about to write.
+    """
     ensure_private_dir(path.parent)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(scratch)
+    os.fchmod(fd, mode)  # whatever the umask
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

@@ -18,6 +18,7 @@ from nvcf_mono.worker.health import serve_health
 from nvcf_mono.worker.task import TaskConfig, TaskWorker
 
 log = logging.getLogger("nvcf_mono.worker")
+SECRETS_MODE = 0o640
 
 
 class SidecarConfig(Protocol):
@@ -54,7 +55,9 @@ async def run_worker(worker: Sidecar, *, secrets: bool) -> None:
         log.info("health endpoints on port %d", port)
         if secrets and config.secrets_file:
             values = await fetch_secrets(config)
-            write_private(Path(config.secrets_file), json.dumps(values).encode())
+            # Group-readable: on a root platform the server runs as another user of the instance's own group
+            # (the instance directory keeps everyone else out).
+            write_private(Path(config.secrets_file), json.dumps(values).encode(), mode=SECRETS_MODE)
             log.info("wrote %d secrets to %s", len(values), config.secrets_file)
         await worker.run()
         tg.cancel_scope.cancel()

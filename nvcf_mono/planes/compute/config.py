@@ -12,6 +12,8 @@ from nvcf_mono.structure import ByteSize, Seconds, at_least, in_range, matches, 
 
 _NAME = matches(r"[A-Za-z0-9][A-Za-z0-9_-]*", "letters, digits, '-' or '_'")
 _GPU = matches(r"[A-Za-z0-9][A-Za-z0-9-]*", "letters, digits or '-' (H100, L40S, RTXPRO6000)")
+#: (uid_t)-1 means "no change" to the kernel: the largest uid a process may have is one less.
+MAX_UID = 2**32 - 2
 _CLUSTER_ID = matches(r"[A-Za-z0-9][A-Za-z0-9_-]*", "letters, digits, '-' or '_' (it is a NATS subject token)")
 
 
@@ -193,6 +195,43 @@ class LocalSettings:
         doc="Tasks: once the task's process ended, how long its worker may take to upload the last results.",
         check=positive,
     )
+    run_as: Literal["auto", "instance-users", "platform-user"] = setting(
+        "auto",
+        doc="Who runs instance processes. instance-users (needs root): each instance's server and worker run as "
+        "two users of their own from first_uid/uid_count, so a function cannot read the state directory, other "
+        "instances or its worker's token. platform-user: nvcf-mono's own user, which every function can then act "
+        "as (trusted functions only; a warning at start says so). auto: instance-users when nvcf-mono runs as "
+        "root, else platform-user.",
+    )
+    first_uid: int = setting(
+        1879048192,
+        doc="Instance users: the first uid (and gid) of their range; uids need no /etc/passwd entry. The first is "
+        "the group every instance process is in, then each instance takes two (the first also its group). The "
+        "default, 0x70000000, lies past systemd-nspawn's container range; keep the range free of real users.",
+        check=in_range(1000, 4_000_000_000),
+    )
+    uid_count: int = setting(
+        65536,
+        doc="Instance users: how many uids the range holds ((uid_count - 1) / 2 instances at once). A uid is "
+        "reused as late as the range allows.",
+        check=in_range(3, 1 << 24),
+    )
+    extra_gids: tuple[int, ...] = setting(
+        (),
+        doc="Instance users: further groups their processes belong to, e.g. the group owning /dev/nvidia* where "
+        "the driver does not let every user open the GPUs (NVreg_DeviceFileMode other than 0666).",
+    )
+    grant_search: bool = setting(
+        True,
+        doc="Instance users: give their shared group search permission (x, never read) on the directories "
+        "leading to this Python, its packages and the instance directories (a POSIX ACL entry, or o+x where "
+        "the filesystem has none), logging each change. false: arrange it yourself; a launch that cannot reach "
+        "them fails naming the directory.",
+    )
+
+    def __checks__(self) -> Iterator[tuple[str, str]]:
+        if self.first_uid + self.uid_count > MAX_UID:
+            yield "uid_count", f"first_uid + uid_count must not pass {MAX_UID} (the largest uid)"
 
 
 def stops_instances_on_shutdown(cluster: ClusterSettings, local: LocalSettings) -> bool:
@@ -269,8 +308,9 @@ class Image:
 
     command: tuple[str, ...] = setting(
         (),
-        doc="Command line of the image's server. {port}: the instance's port; {python}: this Python; "
-        "{instance_dir}: the instance's directory.",
+        doc="Command line of the image's server; the function's containerArgs follow it as written. {port}: the "
+        "instance's port; {python}: this Python; {instance_dir}: the instance's directory (filled here, in cwd and "
+        "in env, never in containerArgs).",
     )
     cwd: Path | None = setting(None, doc="Working directory. Default: the instance's directory.")
     env: Mapping[str, str] = setting(factory=dict, doc="Environment of the server (placeholders as in command).")

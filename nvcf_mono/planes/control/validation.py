@@ -9,8 +9,9 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
+from nvcf_mono.contracts import tenant_env
 from nvcf_mono.http.problem import ProblemError
-from nvcf_mono.models.common import NameValue
+from nvcf_mono.models.common import KeyValue, NameValue
 from nvcf_mono.models.function import CreateFunctionRequest, FunctionType, RateLimit, rate_check
 from nvcf_mono.reval.inputs import is_local_chart
 
@@ -104,6 +105,18 @@ def check_rate_limit(rate: RateLimit | None) -> None:
         raise bad(f"accounts {sorted(overlap)} are both exempted and given a per-account rate")
 
 
+def workload_problem(environment: tuple[KeyValue, ...] | None, args: str | None) -> str | None:
+    """What the platform's rule (``contracts/tenant_env.py``) refuses in a tenant's environment and arguments."""
+    return tenant_env.workload_problem(((kv.key, kv.value) for kv in environment or ()), args)
+
+
+def check_workload(environment: tuple[KeyValue, ...] | None, args: str | None) -> None:
+    """400 for an environment or arguments the platform's rule refuses."""
+    problem = workload_problem(environment, args)
+    if problem is not None:
+        raise bad(problem)
+
+
 def check_helm_artifact(chart: str, args: object, environment: object, allow_local_charts: bool) -> None:
     """A chart goes without container args and environment; its URL has NVCF's shape (or, in development,
     it is a local chart).
@@ -142,10 +155,6 @@ def check_create_function(req: CreateFunctionRequest, *, allow_local_charts: boo
         raise bad(f"inferencePort {req.inference_port} is reserved for the platform's worker; use another port")
     if req.health is not None and req.health.port in RESERVED_PORTS:
         raise bad(f"health port {req.health.port} is reserved for the platform's worker; use another port")
-    for env in req.container_environment or ():
-        if env.key.upper().startswith("NVCF_"):
-            raise bad(f"containerEnvironment {env.key!r}: names starting with 'NVCF_' are reserved for the platform")
-        if not env.key:
-            raise bad("containerEnvironment: a variable needs a name")
+    check_workload(req.container_environment, req.container_args)
     check_secrets(req.secrets)
     check_rate_limit(req.rate_limit)

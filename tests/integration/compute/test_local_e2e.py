@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
 from pathlib import Path
 
@@ -152,7 +153,7 @@ READS_SECRETS = [
 ]
 
 
-async def test_secrets_are_written_0600_before_the_server_starts(tmp_path: Path) -> None:
+async def test_secrets_are_written_for_the_instance_alone_before_the_server_starts(tmp_path: Path) -> None:
     async with compute_platform(tmp_path, **{"images.reads-secrets.command": json.dumps(READS_SECRETS)}) as p:
         body = function("secretive", containerImage="reads-secrets", secrets=[{"name": "token", "value": "s3cr3t"}])
         fid, _, d = await create(p.admin, body)
@@ -161,7 +162,14 @@ async def test_secrets_are_written_0600_before_the_server_starts(tmp_path: Path)
         (view,) = await running(p.bus, CLUSTER_A)
         assert view.instance.restarts == 0  # the server found its secrets at its first start
         secrets = Path(view.instance.directory or "") / "secrets.json"
-        assert stat.S_IMODE(secrets.stat().st_mode) == 0o600
+        # The worker writes it, the server reads it: the instance's group may, nobody else (and on a root platform
+        # the group is the instance's own, in a directory only the instance's users enter).
+        found = secrets.stat()
+        assert stat.S_IMODE(found.st_mode) == 0o640
+        if os.geteuid() == 0:
+            directory = secrets.parent.stat()
+            assert found.st_uid != 0 and found.st_gid == directory.st_gid != 0
+            assert stat.S_IMODE(directory.st_mode) == 0o1770 and directory.st_uid == 0
         assert json.loads(secrets.read_text()) == {"token": "s3cr3t"}
         assert "secrets: ['token']" in (secrets.parent / "inference.log").read_text()
         assert (await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "x"})).status == 200

@@ -24,6 +24,7 @@ from nvcf_mono.planes.control.catalog import check_autoscaling, check_spec
 from nvcf_mono.planes.control.charts import check_chart, helm_auth
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.service import find_version, new_deployment, set_status, undeploy
+from nvcf_mono.planes.control.validation import workload_problem
 from nvcf_mono.planes.control.views import deployment_view, function_view
 from nvcf_mono.structure import evolve
 
@@ -32,6 +33,17 @@ D = "/v2/nvcf/deployments/functions/{functionId}/versions/{versionId}"
 UPDATABLE = frozenset(
     {FunctionStatus.ACTIVE, FunctionStatus.DEPLOYING, FunctionStatus.DEGRADED, FunctionStatus.DEGRADING}
 )
+
+
+def check_stored_workload(fv: FunctionVersion) -> None:
+    """A version stored before the platform's environment rule (or around it) is refused when deployed."""
+    problem = workload_problem(fv.container_environment, fv.container_args)
+    if problem is not None:
+        raise ProblemError(
+            400,
+            f"Function '{fv.id}' version '{fv.version_id}' cannot be deployed: {problem}; "
+            "create a new version without it",
+        )
 
 
 def register(router: ApiRouter, ctl: Control) -> None:
@@ -75,6 +87,7 @@ def register(router: ApiRouter, ctl: Control) -> None:
             )
         if fv.status is FunctionStatus.ERROR:
             raise ProblemError(400, "Function version is in ERROR; remove its deployment first")
+        check_stored_workload(fv)
         clusters = store.clusters.values()
         specs = tuple(
             evolve(check_spec(clusters, fv.nca_id, spec, fv), gpu_specification_id=new_id()) for spec in specs_in

@@ -41,7 +41,7 @@ from nvcf_mono.planes.control.service import open_secrets, seal_secrets
 from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.planes.control.tasks.lifecycle import first_event, transition
 from nvcf_mono.planes.control.tasks.scheduler import purge_task, spec_of, stop_instance
-from nvcf_mono.planes.control.validation import check_helm_artifact, check_secrets
+from nvcf_mono.planes.control.validation import check_helm_artifact, check_secrets, check_workload
 from nvcf_mono.structure import evolve
 
 T = TypeVar("T")
@@ -51,8 +51,6 @@ MAX_SECRETS_BYTES = 512 * 1024
 #: GFN runs tasks for at most 8 hours and needs the limit stated (reference control-plane §2.3).
 GFN_BACKEND = "GFN"
 GFN_MAX_RUNTIME = 8 * 3600.0
-#: Variables the platform sets in a task's container (reference container contract).
-RESERVED_ENV_PREFIXES = ("NVCT_", "NVCF_")
 _ITEM_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 
@@ -107,17 +105,6 @@ def check_artifact(req: CreateTaskRequest, *, allow_local_charts: bool = False) 
         check_helm_artifact(req.helm_chart, req.container_args, req.container_environment, allow_local_charts)
     if req.container_image is not None and not req.container_image.strip():
         raise bad("'containerImage' must not be blank")
-
-
-def check_environment(req: CreateTaskRequest) -> None:
-    for env in req.container_environment or ():
-        if not env.key:
-            raise bad("containerEnvironment: a variable needs a name")
-        if env.key.upper().startswith(RESERVED_ENV_PREFIXES):
-            raise bad(
-                f"containerEnvironment {env.key!r}: names starting with "
-                f"{' or '.join(repr(p) for p in RESERVED_ENV_PREFIXES)} are reserved for the platform"
-            )
 
 
 def positive_seconds(name: str, value: str | None) -> float | None:
@@ -201,7 +188,7 @@ async def create_task(ctl: Control, principal: Principal, account: str, req: Cre
         raise ProblemError(403, "the API key may launch tasks only with the resource 'account-tasks:*'")
     refuse_artifacts(req)
     check_artifact(req, allow_local_charts=ctl.config.helm.allow_local_charts)
-    check_environment(req)
+    check_workload(req.container_environment, req.container_args)
     helm = req.helm_chart is not None
     spec = check_gpu_specification(ctl.store.clusters.values(), account, req.gpu_specification, helm=helm)
     if req.helm_chart is not None and ctl.config.helm.enabled:

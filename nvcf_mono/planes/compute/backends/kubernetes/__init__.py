@@ -32,6 +32,7 @@ from nvcf_mono.contracts.messages import CreationMessage
 from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.models.cluster import parse_instance_type
 from nvcf_mono.models.common import now_iso
+from nvcf_mono.planes.compute import workload
 from nvcf_mono.planes.compute.backends import BackendContext, LaunchSpec
 from nvcf_mono.planes.compute.backends.kubernetes import (
     discovery,
@@ -217,6 +218,9 @@ class KubernetesBackend:
                     "helm-python-sdk (pip install 'nvcf-mono[helm]')",
                 )
             return None
+        refused = workload.refusal(message)
+        if refused is not None:
+            return refused
         parsed = parse_instance_type(message.instance_type_name)
         if parsed is not None and parsed.nodes > 1:
             return LaunchFailure(

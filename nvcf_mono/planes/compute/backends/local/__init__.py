@@ -3,7 +3,8 @@
 Like a Pod with ``restartPolicy: Always``, a process that exits is started again after a backoff
 (the agent counts the exits and calls a loop a loop). Each process leads its own session, so a
 terminate reaches what it started, and instances outlive an agent killed with SIGKILL: the next
-agent takes them over by pid and start time. Each instance gets its own port, directory and logs.
+agent takes them over by pid and start time. Each instance gets its own port, directory and logs,
+and, when the agent runs as root, users of its own (``users.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from nvcf_mono.contracts import env, states
 from nvcf_mono.contracts.agent import AgentInstance, AgentLog, AgentProcess
 from nvcf_mono.contracts.messages import CreationMessage
 from nvcf_mono.models.common import duration_seconds
+from nvcf_mono.planes.compute import workload
 from nvcf_mono.planes.compute.backends import BackendContext, LaunchSpec, WorkerEndpoint
 from nvcf_mono.planes.compute.backends.local import processes
 from nvcf_mono.planes.compute.backends.local.environment import (
@@ -39,9 +41,12 @@ from nvcf_mono.planes.compute.backends.local.environment import (
 )
 from nvcf_mono.planes.compute.backends.local.images import LaunchError, resolve
 from nvcf_mono.planes.compute.backends.local.processes import Proc, exit_text, read_tail, spawn
+from nvcf_mono.planes.compute.backends.local.users import InstanceUsers, Slot, run_as
 from nvcf_mono.planes.compute.config import HealthSettings, Image, LocalSettings
 from nvcf_mono.planes.compute.gpus import Inventory
 from nvcf_mono.planes.compute.health import Completion, LaunchFailure, Observation
+from nvcf_mono.plugin import PluginConfigError
+from nvcf_mono.state_dir import write_private
 
 INFERENCE, WORKER = "inference", "worker"
 LOGS = {INFERENCE: "inference.log", WORKER: "worker.log"}
@@ -88,6 +93,8 @@ class LocalInstance:
     spawned: list[Proc] = attrs.field(factory=list)
     #: The WorkerService address last written to the worker's address file.
     address: str = ""
+    #: The users its processes run as (None: the platform's own).
+    slot: Slot | None = None
 
     @property
     def processes(self) -> tuple[AgentProcess, ...]:
@@ -116,6 +123,7 @@ class LocalBackend:
         local: LocalSettings,
         log: logging.Logger,
         endpoint: WorkerEndpoint | None = None,
+        state_dir: Path | None = None,
     ) -> None:
         self._endpoint = endpoint or WorkerEndpoint()
         self._catalog = dict(catalog)
@@ -124,7 +132,11 @@ class LocalBackend:
         self._health = health
         self._local = local
         self._log = log
-        self._worker_argv = local.worker_command or (sys.executable, "-m", "nvcf_mono", "worker")
+        # -P: the instance's directory (its cwd) is not searched for modules; -s: nor is a user site.
+        self._worker_argv = local.worker_command or (sys.executable, "-P", "-s", "-m", "nvcf_mono", "worker")
+        self._state_dir = state_dir
+        self._users = InstanceUsers(local, worker_argv=self._worker_argv, log=log)
+        self._users_lock = anyio.Lock()
         self._ports: set[int] = set()
         self._fixed: dict[int, str] = {}
         self._http: aiohttp.ClientSession | None = None
@@ -132,6 +144,7 @@ class LocalBackend:
         self._held: dict[str, LocalInstance] = {}
 
     async def __aenter__(self) -> LocalBackend:
+        self._users.announce(self._state_dir)
         self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
         return self
 
@@ -155,7 +168,7 @@ class LocalBackend:
                 detail="this cluster runs instances as local processes (backend 'local'), which cannot install "
                 "Helm charts: deploy Helm functions to a cluster with the Kubernetes backend",
             )
-        return None
+        return workload.refusal(message)
 
     def _port(self) -> int:
         for _ in range(100):
@@ -208,6 +221,8 @@ class LocalBackend:
             WORKER: worker_environment(self._base, contract, where),
         }
         self._write_address(inst, self._endpoint.address or contract.get(env.NVCF_FQDN_GRPC, ""))
+        if inst.slot is not None:
+            inst.envs[INFERENCE]["HOME"] = str(spec.directory)  # its own: the platform's is closed to it
         if message.task_details is not None:
             self._as_task(inst, spec)
 
@@ -228,16 +243,21 @@ class LocalBackend:
         for role in (INFERENCE, WORKER):
             inst.envs[role].update(task_env)
 
-    @staticmethod
-    def _directory(path: Path) -> None:
-        for sub in (path, path / "assets", path / "responses", path / "results"):
-            sub.mkdir(parents=True, exist_ok=True, mode=0o700)
+    async def _open(self, spec: LaunchSpec, inst: LocalInstance) -> None:
+        """The instance's users (instance users reach what they run) and its directory (raises LaunchError)."""
+        try:
+            async with self._users_lock:  # one probe, and one taker of users at a time
+                await anyio.to_thread.run_sync(self._users.ready, spec.directory.parent, self._base)
+                inst.slot = await anyio.to_thread.run_sync(self._users.take, inst.instance_id)
+            await anyio.to_thread.run_sync(self._users.make_directory, spec.directory, inst.slot)
+        except OSError as err:
+            raise LaunchError(states.CREATE_CONTAINER_ERROR, f"cannot prepare the instance's directory: {err}") from err
 
     async def start(self, spec: LaunchSpec) -> LocalInstance:
-        self._directory(spec.directory)
         inst = LocalInstance(instance_id=spec.instance_id, directory=spec.directory, port=None, health_port=None)
         self._held[inst.instance_id] = inst
         try:
+            await self._open(spec, inst)
             inst.port, inst.health_port = self._port(), self._port()
             self._prepare(spec, inst)
             await self._spawn(inst, WORKER, "starting the worker")
@@ -253,12 +273,14 @@ class LocalBackend:
         return inst
 
     async def adopt(self, spec: LaunchSpec, recorded: AgentInstance) -> LocalInstance:
-        self._directory(spec.directory)
         inst = LocalInstance(
             instance_id=spec.instance_id, directory=spec.directory, port=recorded.port, health_port=recorded.health_port
         )
         self._held[inst.instance_id] = inst
         try:
+            inst.slot = self._users.adopt(spec.directory, inst.instance_id)
+            if inst.slot is None:
+                self._users.make_directory(spec.directory, None)
             if inst.port is None or inst.health_port is None:
                 inst.port, inst.health_port = inst.port or self._port(), inst.health_port or self._port()
             self._ports.update({inst.port, inst.health_port})
@@ -269,7 +291,8 @@ class LocalBackend:
         now = time.time()
         for rec in recorded.processes:
             proc = Proc(role=rec.role, pid=rec.pid, ticks=rec.start_ticks, started_at=rec.started_at)
-            if proc.is_same() and processes.belongs_to(rec.pid, inst.instance_id):
+            users = inst.slot.uids if inst.slot is not None else frozenset[int]()
+            if proc.is_same() and processes.belongs_to(rec.pid, inst.instance_id, users):
                 inst.procs[rec.role] = proc
                 self._log.info("instance %s: took over %s (pid %d)", inst.instance_id, _TITLE[rec.role], rec.pid)
         missing = [role for role in (WORKER, INFERENCE) if role not in inst.procs]
@@ -288,6 +311,7 @@ class LocalBackend:
 
     async def _spawn(self, inst: LocalInstance, role: str, banner: str) -> None:
         argv = inst.argv[role]
+        user = run_as(inst.slot, role)
         try:
             proc = await anyio.to_thread.run_sync(
                 partial(
@@ -298,11 +322,21 @@ class LocalBackend:
                     cwd=inst.cwd[role],
                     log_path=inst.log_path(role),
                     banner=f"{banner}: {' '.join(argv)}",
+                    run_as=user,
                 )
             )
         except FileNotFoundError as err:
             cause = states.IMAGE_PULL_ISSUES if role == INFERENCE else states.CREATE_CONTAINER_ERROR
             raise LaunchError(cause, f"cannot start {_TITLE[role]}: {argv[0]!r} was not found ({err})") from err
+        except PermissionError as err:
+            who = f" as uid {user.uid}" if user is not None else ""
+            hint = (
+                ": instance users must be able to reach and run it (search permission on every directory "
+                "leading there, read and execute on the file)"
+                if user is not None
+                else ""
+            )
+            raise LaunchError(states.CREATE_CONTAINER_ERROR, f"cannot start {_TITLE[role]}{who}: {err}{hint}") from err
         except OSError as err:
             raise LaunchError(states.CREATE_CONTAINER_ERROR, f"cannot start {_TITLE[role]}: {err}") from err
         inst.procs[role] = proc
@@ -339,10 +373,8 @@ class LocalBackend:
         if not address or address == inst.address:
             return
         path = inst.directory / ADDRESS_FILE
-        try:
-            scratch = path.with_suffix(".tmp")
-            scratch.write_text(address)
-            os.replace(scratch, path)  # a worker never reads half an address
+        try:  # atomically (a worker never reads half an address), readable by the worker's user
+            write_private(path, address.encode(), mode=0o644)
         except OSError as err:
             self._log.warning("instance %s: cannot write %s: %s", inst.instance_id, path, err)
             return
@@ -516,6 +548,9 @@ class LocalBackend:
                 self._ports.discard(port)
         if inst.fixed_port is not None and self._fixed.get(inst.fixed_port) == inst.instance_id:
             del self._fixed[inst.fixed_port]
+        # Instance users: whatever still runs as them goes first, and the directory closes.
+        slot, inst.slot = inst.slot, None
+        await anyio.to_thread.run_sync(self._users.close, inst.directory, slot)
         # Logs stay for `instance logs`; secrets and per-request files do not.
         (inst.directory / "secrets.json").unlink(missing_ok=True)
         for sub in ("assets", "responses"):
@@ -550,7 +585,9 @@ class LocalBackend:
 
     async def sweep(self, cluster_id: str, root: Path, live: Sequence[AgentInstance]) -> list[str]:
         keep = {p.pid for i in live for p in i.processes}
-        found = await anyio.to_thread.run_sync(lambda: list(processes.cluster_processes(cluster_id, root)))
+        instances = root / "instances"
+        owners = await anyio.to_thread.run_sync(self._users.owners, instances)
+        found = await anyio.to_thread.run_sync(lambda: list(processes.cluster_processes(cluster_id, root, owners)))
         mine = os.getpgrp()
         # A recorded process keeps its whole group (a server's own workers); anything else goes.
         strays = {group: iid for pid, group, iid in found if pid not in keep and group not in keep and group != mine}
@@ -562,7 +599,11 @@ class LocalBackend:
                 await _until(lambda: all(processes.start_ticks(group) is None for group in strays), 0.05)
             for group in strays:
                 processes.kill_group(group, signal.SIGKILL)
-        return sorted(set(strays.values()))
+        # Instances no record holds: whatever still runs as their users goes, and their directories close.
+        closed = await anyio.to_thread.run_sync(
+            self._users.close_strays, instances, frozenset(i.instance_id for i in live)
+        )
+        return sorted(set(strays.values()) | set(closed))
 
 
 async def _until(done: Callable[[], bool], interval: float) -> None:
@@ -583,11 +624,18 @@ class LocalProvider:
     name = "local"
 
     def create(self, ctx: BackendContext) -> LocalBackend:
+        local = ctx.config.local
+        if local.run_as == "instance-users" and os.geteuid() != 0:
+            raise PluginConfigError(
+                "plugins.compute.local.run_as is instance-users, which needs nvcf-mono to run as root (it starts "
+                "instance processes as other users); run it as root, or set run_as: auto or platform-user"
+            )
         return LocalBackend(
             catalog=ctx.catalog,
             environ=ctx.environ,
             health=ctx.config.health,
-            local=ctx.config.local,
+            local=local,
             log=ctx.log,
             endpoint=ctx.endpoint,
+            state_dir=ctx.state_dir,
         )

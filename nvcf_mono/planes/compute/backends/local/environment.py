@@ -74,11 +74,13 @@ def worker_environment(base: Mapping[str, str], contract: Mapping[str, str], whe
 
 
 def container_environment(contract: Mapping[str, str]) -> dict[str, str]:
-    """``containerEnvironment`` from ``INFERENCE_CONTAINER_ENV`` (JSON ``[{key, value}]``)."""
-    try:
-        return workload.container_environment(contract)
-    except ValueError as err:
-        raise LaunchError(states.CREATE_CONTAINER_ERROR, str(err)) from err
+    """``containerEnvironment`` from ``INFERENCE_CONTAINER_ENV`` (JSON ``[{key, value}]``), refused whole when
+    the platform's rule refuses a variable (``contracts/tenant_env.py``; the API refuses it too).
+    """
+    problem = workload.refused(contract)
+    if problem is not None:
+        raise LaunchError(states.CREATE_CONTAINER_ERROR, problem)
+    return workload.container_environment(contract)
 
 
 def inference_environment(

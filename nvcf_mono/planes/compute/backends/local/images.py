@@ -2,8 +2,9 @@
 
 ``containerImage`` is looked up as given, then without its registry host, then by its last path
 component with and without the tag (``nvcr.io/acme/echo:1.2`` -> ``acme/echo:1.2`` -> ``echo:1.2`` ->
-``echo``). Placeholders ``{port}``, ``{python}`` and ``{instance_dir}`` are replaced in the command,
-the arguments and the environment.
+``echo``). Placeholders ``{port}``, ``{python}`` and ``{instance_dir}`` are replaced in the image's
+command, working directory and environment (the operator's), never in the tenant's ``containerArgs``,
+which follow the command as written (``contracts/tenant_env.py``).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def resolve(
     except ValueError as err:
         raise LaunchError(states.CREATE_CONTAINER_ERROR, str(err)) from err
     values = {"port": str(image.port or port), "python": python, "instance_dir": str(instance_dir)}
-    argv = tuple(_fill(part, values) for part in (*image.command, *args))
+    argv = (*(_fill(part, values) for part in image.command), *args)
     cwd = Path(_fill(str(image.cwd), values)).expanduser() if image.cwd is not None else instance_dir
     if not cwd.is_dir():
         raise LaunchError(

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import attrs
 
@@ -114,11 +116,42 @@ class Proc:
         return ticks is not None and self.ticks in (0, ticks)
 
 
+@attrs.frozen
+class RunAs:
+    """Another user to run a process as (the agent is root), and the umask it starts with."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    umask: int
+
+
+def open_log(path: Path) -> BinaryIO:
+    """The agent's own log file, for appending: never through a link an instance planted, never another's file."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise PermissionError(f"{path} is not the agent's own log file: refusing to write to it")
+    return os.fdopen(fd, "ab")
+
+
 def spawn(
-    role: str, *, argv: Sequence[str], environment: Mapping[str, str], cwd: Path, log_path: Path, banner: str
+    role: str,
+    *,
+    argv: Sequence[str],
+    environment: Mapping[str, str],
+    cwd: Path,
+    log_path: Path,
+    banner: str,
+    run_as: RunAs | None = None,
 ) -> Proc:
     """Start one process in a new session, output appended to ``log_path`` (blocking; raises OSError)."""
-    with log_path.open("ab") as out:
+    user: dict[str, Any] = {}
+    if run_as is not None:
+        # The working directory is entered before the user changes: it need not be reachable by path.
+        user = {"user": run_as.uid, "group": run_as.gid, "extra_groups": list(run_as.groups), "umask": run_as.umask}
+    with open_log(log_path) as out:
         out.write(f"--- {now_iso()} nvcf-mono: {banner}\n".encode())
         out.flush()
         popen = subprocess.Popen(
@@ -130,6 +163,7 @@ def spawn(
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            **user,
         )
     return Proc(role=role, pid=popen.pid, ticks=start_ticks(popen.pid) or 0, started_at=now_iso(), popen=popen)
 
@@ -149,30 +183,51 @@ def exit_text(role: str, proc: Proc) -> str:
     return f"{what} exited with code {code}"
 
 
-def belongs_to(pid: int, instance_id: str) -> bool:
-    """The process at ``pid`` was started for ``instance_id`` (its environment says so)."""
+def user_of(pid: int) -> int | None:
+    """The (effective) uid ``pid`` runs as; None when it is gone."""
+    try:
+        return (PROC / str(pid)).stat().st_uid
+    except OSError:
+        return None
+
+
+def belongs_to(pid: int, instance_id: str, users: Container[int] = frozenset()) -> bool:
+    """The process at ``pid`` was started for ``instance_id``: its environment says so, or, where the
+    environment cannot be read (another user's, without CAP_SYS_PTRACE), it runs as one of the instance's ``users``.
+    """
     found = environment_of(pid)
     if found is None:
+        if users:
+            return user_of(pid) in users
         return not have_proc()  # nothing to check against: trust pid + start time
     return found.get(env.INSTANCE_ID) == instance_id
 
 
-def cluster_processes(cluster_id: str, root: Path) -> Iterator[tuple[int, int, str]]:
-    """``(pid, process group, instance id)`` of this cluster's instance processes whose files are under ``root``."""
+def cluster_processes(
+    cluster_id: str, root: Path, owners: Mapping[int, str] | None = None
+) -> Iterator[tuple[int, int, str]]:
+    """``(pid, process group, instance id)`` of this cluster's instance processes whose files are under ``root``:
+    this user's, and those of the instance users in ``owners`` (uid -> instance id).
+    """
     # SECRETS_FILE says where an instance lives: another installation with the same cluster id is not touched.
     if not have_proc():
         return
     me = os.getuid()
+    owners = owners or {}
     for entry in PROC.iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if entry.stat().st_uid != me:
-                continue
+            uid = entry.stat().st_uid
         except OSError:
+            continue
+        if uid != me and uid not in owners:
             continue
         pid = int(entry.name)
         found = environment_of(pid)
+        if found is None and uid in owners:
+            # An instance user's process whose environment is closed to us: its uid names its instance.
+            found = {env.NVCF_CLUSTER_ID: cluster_id, env.SECRETS_FILE: str(root), env.INSTANCE_ID: owners[uid]}
         if found is None or found.get(env.NVCF_CLUSTER_ID) != cluster_id:
             continue
         if not Path(found.get(env.SECRETS_FILE, "/")).is_relative_to(root):
@@ -186,6 +241,42 @@ def cluster_processes(cluster_id: str, root: Path) -> Iterator[tuple[int, int, s
         yield pid, group, found.get(env.INSTANCE_ID, "")
 
 
+def users_running() -> set[int]:
+    """The uids of every process on this machine (so a new instance never shares one)."""
+    out: set[int] = set()
+    if not have_proc():
+        return out
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            try:
+                out.add(entry.stat().st_uid)
+            except OSError:
+                continue
+    return out
+
+
+def kill_users(uids: Container[int]) -> None:
+    """SIGKILL every process running as one of ``uids`` (an instance's, wherever it went: a daemon that left
+    its process group too).
+    """
+    if not have_proc():
+        return
+    for _ in range(5):  # again while something was found: a child forked during the pass
+        found = False
+        for entry in PROC.iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if entry.stat().st_uid not in uids or start_ticks(int(entry.name)) is None:
+                    continue
+                os.kill(int(entry.name), signal.SIGKILL)
+                found = True
+            except OSError:
+                continue
+        if not found:
+            return
+
+
 def kill_group(pid: int, signum: int) -> None:
     """Signal a process group, ignoring one that is gone."""
     try:
@@ -197,7 +288,8 @@ def kill_group(pid: int, signum: int) -> None:
 def read_tail(path: Path, limit: int) -> str:
     """The last ``limit`` bytes of a file, as text ("" if it does not exist)."""
     try:
-        with path.open("rb") as fh:
+        # Never through a link: an instance's directory is the instance's to write in.
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as fh:
             size = fh.seek(0, os.SEEK_END)
             fh.seek(max(size - limit, 0))
             data = fh.read()
