@@ -18,6 +18,7 @@ from multidict import CIMultiDict
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.http.api import ApiRouter, Call, Param, json_response
 from nvcf_mono.http.problem import ProblemError
+from nvcf_mono.models.common import int_range
 from nvcf_mono.planes.invocation.http import (
     PERCENT,
     POLL,
@@ -30,7 +31,7 @@ from nvcf_mono.planes.invocation.http import (
     nvcf_status,
 )
 from nvcf_mono.planes.invocation.metrics import Observation
-from nvcf_mono.structure import WireModel, wire
+from nvcf_mono.structure import WireModel, checked, wire
 
 ExecStatus = Literal["errored", "in-progress", "fulfilled"]
 #: Headers of the inner answer the wrapper keeps (the function's own stay inside the JSON).
@@ -42,7 +43,8 @@ class ExecRequestHeader(WireModel):
     """``requestHeader``: what pexec takes as headers."""
 
     input_asset_references: tuple[str, ...] = ()
-    poll_duration_seconds: int | None = None
+    #: NVCF-POLL-SECONDS of exec: 1 to 3600 (0 waits the least there is, as NVCF clamps it).
+    poll_duration_seconds: int | None = checked(default=None, check=int_range(0, 3600))
 
 
 @wire
@@ -161,7 +163,7 @@ def register(router: ApiRouter, invoker_of: Callable[[], Invoker]) -> None:
 
     poll_param = Param(
         name=POLL, location="header", description="Seconds to wait for the result before a 202 (1-3600).",
-        schema={"type": "integer"},
+        schema={"type": "integer", "minimum": 1, "maximum": 3600},
     )  # fmt: skip
     common: dict[str, Any] = {
         "tag": TAG,
