@@ -251,9 +251,11 @@ def build_document(
             }
         else:
             responses[str(op.status if op.status != 200 else 204)] = {"description": "Done; no content."}
-        codes = set(op.errors) | {400, 500}
+        codes = set(op.errors) | {400, 500, 503}  # 503: the plugin serving it is not running (yet)
         if op.auth == "required":
             codes |= {401, 403, 404}  # 404: a JWT whose client id no account knows
+        if op.body is not None or op.raw_body is not None:
+            codes.add(413)  # a body over http.max_request_body
         for code in sorted(codes):
             responses[str(code)] = _problem(_ERROR_TEXT.get(code, "Error."))
         if op.response is not None and op.passthrough:
