@@ -93,6 +93,10 @@ def test_no_secret_value_key_or_token_appears_in_any_log(tmp_path: Path) -> None
     try:
         endpoints = platform.wait_ready()
         hidden |= {name: value for name, value in endpoints["credentials"].items() if value}
+        user_info = endpoints["nats_url"].removeprefix("nats://").partition("@")
+        if user_info[1]:
+            hidden["NATS password"] = user_info[0].partition(":")[2]
+        hidden["platform secret"] = (state / "platform-secret").read_text().splitlines()[0].strip()
         admin, task_key = hidden["admin_token"], hidden["task_api_key"]
         api, invocation = endpoints["api_url"], endpoints["invocation_url"]
 
