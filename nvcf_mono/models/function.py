@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from nvcf_mono.models.common import (
@@ -110,11 +111,17 @@ class Health(WireModel):
     """The inference server's health check; every field is required when the object is given."""
 
     protocol: HealthProtocol
-    uri: str = checked(check=url_path)
+    #: The path the worker checks (HTTP), or the service name of grpc.health.v1 ("" for the whole server).
+    uri: str = checked(check=max_len(2048))
     port: int = checked(check=int_range(1, 65535))
     #: One check's time limit: up to ten minutes (a longer wait is a startup timeout, not a health check).
     timeout: str = checked(check=iso_duration_at_most("PT10M"))
     expected_status_code: int = checked(check=int_range(100, 599))
+
+    def __checks__(self) -> Iterator[tuple[str, str]]:
+        problem = url_path(self.uri) if self.protocol is HealthProtocol.HTTP else None
+        if problem is not None:
+            yield "uri", problem
 
 
 @wire
