@@ -18,7 +18,6 @@ from multidict import CIMultiDict
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.http.api import ApiRouter, Call, Param, json_response
 from nvcf_mono.http.problem import ProblemError
-from nvcf_mono.models.common import int_range
 from nvcf_mono.planes.invocation.http import (
     PERCENT,
     POLL,
@@ -31,11 +30,15 @@ from nvcf_mono.planes.invocation.http import (
     nvcf_status,
 )
 from nvcf_mono.planes.invocation.metrics import Observation
-from nvcf_mono.structure import WireModel, checked, wire
+from nvcf_mono.structure import WireModel, checked, described, wire
 
 ExecStatus = Literal["errored", "in-progress", "fulfilled"]
 #: Headers of the inner answer the wrapper keeps (the function's own stay inside the JSON).
 KEPT_HEADERS = (REQID, STATUS, PERCENT, WAIT_REASON, QUEUE_POSITION, "Server-Timing")
+
+
+def _not_negative(value: int | None) -> str | None:
+    return None if value is None or value >= 0 else "must be greater than or equal to 0"
 
 
 @wire
@@ -43,8 +46,9 @@ class ExecRequestHeader(WireModel):
     """``requestHeader``: what pexec takes as headers."""
 
     input_asset_references: tuple[str, ...] = ()
-    #: NVCF-POLL-SECONDS of exec: 1 to 3600 (0 waits the least there is, as NVCF clamps it).
-    poll_duration_seconds: int | None = checked(default=None, check=int_range(0, 3600))
+    #: NVCF-POLL-SECONDS of exec: up to 3600 (plugins.invocation.max_poll_seconds, checked with NVCF's text when
+    #: the request is handled); 0 waits the least there is, as NVCF clamps it; a negative number is no wait.
+    poll_duration_seconds: int | None = checked(default=None, check=described(_not_negative, minimum=0, maximum=3600))
 
 
 @wire

@@ -609,10 +609,9 @@ def register(router: ApiRouter, invoker_of: Callable[[], Invoker]) -> None:
         invoker = invoker_of()
 
         async def entry(obs: Observation) -> web.StreamResponse:
-            headers = call.request.headers
-            poll = invoker.poll_seconds(headers, streaming=wants_stream(headers))  # a bad header first, as NVCF
             fv = invoker.routing.resolve(call.principal, call.path("functionId"), version_id)
             obs.target(fv, call.principal.account)
+            headers = call.request.headers
             asset_ids = await invoker.input_assets(call.principal, headers.getall(ASSET_REFERENCES, ()))
             return await invoker.handle(
                 call.request,
@@ -622,7 +621,6 @@ def register(router: ApiRouter, invoker_of: Callable[[], Invoker]) -> None:
                 path=fv.inference_url or "/",
                 headers=headers,
                 asset_ids=asset_ids,
-                poll=poll,
             )
 
         return await invoker.observed(entry)
