@@ -219,8 +219,8 @@ def parse_body(tp: type[B], raw: Any) -> B:
 async def read_json(request: web.Request, *, optional: bool = False) -> Any:
     """The request's JSON body; 400 (with where it broke) when it is not JSON.
 
-    The text is decoded as the declared charset (UTF-8 when none is), and nesting deeper than the
-    parser's recursion limit is a malformed body, not a crash.
+    The text is decoded as the declared charset (UTF-8 when none is); nesting deeper than
+    :data:`MAX_JSON_DEPTH` (or than the parser can follow) is a malformed body, not a crash.
     """
     raw = await request.read()
     charset = request.charset or "utf-8"
