@@ -125,6 +125,27 @@ def checked(
 # ---- checks ---------------------------------------------------------------------------------------
 
 
+@attrs.frozen
+class Described:
+    """A check that also states, as JSON Schema keywords, what it accepts (the OpenAPI document shows them)."""
+
+    check: Check
+    schema: Mapping[str, Any]
+
+    def __call__(self, value: Any) -> str | None:
+        return self.check(value)
+
+
+def described(check: Check, **schema: Any) -> Check:
+    """``check``, documented by the JSON Schema keywords ``schema`` (``maxLength=256``, ``pattern=...``)."""
+    return Described(check, schema)
+
+
+def check_schema(check: Check | None) -> Mapping[str, Any]:
+    """The JSON Schema keywords a check documents ({} when it documents none)."""
+    return check.schema if isinstance(check, Described) else {}
+
+
 def in_range(lo: float, hi: float) -> Check:
     """Check that a number lies in ``[lo, hi]``."""
 
@@ -200,7 +221,10 @@ def parse_bytes(text: str) -> int:
     """Parse ``512``, ``64KiB``, ``8MiB``, ``1GB`` into a number of bytes."""
     m = _BYTES_RX.fullmatch(text)
     if m and m.group(2).lower() in _BYTE_UNITS:
-        return int(float(m.group(1)) * _BYTE_UNITS[m.group(2).lower()])
+        size = float(m.group(1)) * _BYTE_UNITS[m.group(2).lower()]
+        if not math.isfinite(size):
+            raise ValueError(f"expected a finite size, got {text[:64]!r}")
+        return int(size)
     raise ValueError(f"expected a size such as 512KiB, 64MiB or 1GB, got {text!r}")
 
 
@@ -381,6 +405,8 @@ def _with_unit(
             result = parse(str(value))
         except ValueError as err:
             return cur.fail(str(err))
+        if not math.isfinite(result):
+            return cur.fail(f"expected a finite {what}, got {str(value)[:64]!r}")
     else:
         return cur.fail(f"expected a {what} such as {example}, got {_describe(value)}")
     if result < 0:
@@ -432,8 +458,12 @@ def _sequence(tp: Any, origin: Any, value: Any, cur: _Cursor) -> Any:
         if len(value) != len(fixed):
             return cur.fail(f"expected {len(fixed)} items, got {len(value)}")
         pairs = enumerate(zip(fixed, value, strict=True))
-        return tuple(_structure(member, item, cur.child(str(i))) for i, (member, item) in pairs)
+        members = tuple(_structure(member, item, cur.child(str(i))) for i, (member, item) in pairs)
+        return INVALID if any(m is INVALID for m in members) else members
     items = [_structure(item_tp, item, cur.child(str(i))) for i, item in enumerate(value)]
+    if any(item is INVALID for item in items):
+        # A container with a failed item failed too: checks never see the sentinel.
+        return INVALID
     if origin in (frozenset, set):
         return frozenset(items)
     return tuple(items)
@@ -449,11 +479,16 @@ def _mapping(tp: Any, value: Any, cur: _Cursor) -> Any:
     if not isinstance(value, Mapping):
         return cur.fail(f"expected a mapping, got {_describe(value)}")
     result: dict[Any, Any] = {}
+    failed = False
     for k, v in value.items():
         child = cur.child(str(k))
         key = _structure(key_tp, Text(k) if isinstance(k, str) and key_tp is not str else k, child)
-        result[key] = _structure(value_tp, v, child)
-    return result
+        item = _structure(value_tp, v, child)
+        if key is INVALID or item is INVALID:
+            failed = True
+            continue
+        result[key] = item
+    return INVALID if failed else result
 
 
 @functools.cache

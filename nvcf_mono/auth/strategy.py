@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Protocol, final
 
@@ -27,6 +28,7 @@ AUTH_STRATEGIES: ExtensionPoint[AuthStrategy] = ExtensionPoint("nvcf_mono.auth.s
 AUTHENTICATOR: ServiceKey[Authenticator] = ServiceKey("nvcf_mono.auth.authenticator")
 
 MISSING_HEADER = "Header of type `authorization` was missing"
+_TOKEN_RX = re.compile(r"[!-~]+")
 
 
 def bearer_token(header: str | None) -> str:
@@ -37,6 +39,9 @@ def bearer_token(header: str | None) -> str:
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise AuthError(401, "expected 'Authorization: Bearer <token>'")
+    if not _TOKEN_RX.fullmatch(token):
+        # Keys, JWTs and the admin token are printable ASCII; anything else names no credential.
+        raise AuthError(401, "the credential is not recognised: a bearer token is printable ASCII")
     return token
 
 

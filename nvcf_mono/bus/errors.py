@@ -29,6 +29,14 @@ class NotFound(BusError):
     """A stream, consumer, bucket, key or object does not exist."""
 
 
+class InvalidKey(BusError, ValueError):
+    """A KV key or pattern NATS cannot store (an id with characters no stored id has)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
 class ConflictError(BusError):
     """A KV write lost a race: the key exists (create) or moved past the expected revision (update)."""
 

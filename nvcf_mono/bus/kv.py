@@ -16,7 +16,7 @@ from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue as NatsKV
 
 from nvcf_mono.bus.api import BucketSpec, Entry, KvOp
-from nvcf_mono.bus.errors import ConflictError, RequestTimeout
+from nvcf_mono.bus.errors import ConflictError, InvalidKey, RequestTimeout
 from nvcf_mono.bus.jetstream import translate
 
 _KV_OP = "KV-Operation"
@@ -30,9 +30,9 @@ _WATCH_INACTIVE = 30.0
 
 
 def check_key(key: str) -> str:
-    """Reject keys NATS cannot store."""
+    """Reject keys NATS cannot store (:class:`InvalidKey`, which the API edge answers as a bad request)."""
     if not _KEY_RX.fullmatch(key) or key.startswith(".") or key.endswith(".") or ".." in key:
-        raise ValueError(f"invalid KV key {key!r}: use letters, digits and -/_= joined by '.'")
+        raise InvalidKey(key, f"invalid KV key {key!r}: use letters, digits and -/_= joined by '.'")
     return key
 
 
@@ -265,7 +265,7 @@ class NatsKeyValue:
     async def watch(self, pattern: str = ">", *, include_history: bool = False) -> AsyncIterator[NatsWatch]:
         """Watch keys matching ``pattern``; the initial live values are loaded before this yields."""
         if not _PATTERN_RX.fullmatch(pattern):
-            raise ValueError(f"invalid KV key pattern {pattern!r}")
+            raise InvalidKey(pattern, f"invalid KV key pattern {pattern!r}")
         try:
             watcher = await self._watchable.watch(
                 pattern, include_history=include_history, inactive_threshold=_WATCH_INACTIVE

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from nvcf_mono.cli.common import add_config_options, load_or_fail, sources_from
@@ -76,15 +75,11 @@ def _serve(args: argparse.Namespace, ctx: CliContext, *, forced_role: str | None
         marker = read_marker(config.settings.state_dir / "plugins" / "control")
         if marker is None or marker.state == "removed":
             return []
-        try:
-            api_key = json.loads(endpoints_file.read_text())["credentials"].get("api_key")
-        except (OSError, ValueError, KeyError, AttributeError):
-            api_key = None
         when = "deployed" if marker.state == "deployed" else "being deployed; the log says when it is ACTIVE"
         head = f"Example function {EXAMPLE_NAME} {marker.function_id} ({when}); invoke it:"
         return [
             head,
-            *invoke_lines(marker.function_id, ep.invocation_url, api_key, config.settings.state_dir, endpoints_file),
+            *invoke_lines(marker.function_id, ep.invocation_url, config.settings.state_dir, endpoints_file),
         ]
 
     return ctx.run_host(host, banner)

@@ -53,19 +53,22 @@ def read_marker(plugin_state_dir: Path) -> Marker | None:
         return None
 
 
-def invoke_lines(
-    function_id: str, invocation_url: str, api_key: str | None, state_dir: Path, endpoints: Path
-) -> list[str]:
-    """Copy-paste commands that invoke the example: ``curl`` and ``nvcf-mono invoke``."""
+def invoke_lines(function_id: str, invocation_url: str, state_dir: Path, endpoints: Path) -> list[str]:
+    """Copy-paste commands that invoke the example: ``curl`` and ``nvcf-mono invoke``.
+
+    The key itself is never printed (the banner ends up in logs): the first line reads it from
+    ``endpoints.json`` into ``NVCF_API_KEY``, which the ``curl`` line uses.
+    """
     url = f"{invocation_url.rstrip('/')}/v2/nvcf/pexec/functions/{function_id}"
-    bearer = api_key or "$NVCF_API_KEY"
+    read_key = 'import json,sys; print(json.load(open(sys.argv[1]))["credentials"]["api_key"])'
+    export = f'export NVCF_API_KEY="$(python3 -c {shlex.quote(read_key)} {shlex.quote(str(endpoints))})"'
     curl = (
-        f"curl -s {url} -H {shlex.quote(f'Authorization: Bearer {bearer}')} "
+        f'curl -s {url} -H "Authorization: Bearer $NVCF_API_KEY" '
         f"-H 'Content-Type: application/json' -d {shlex.quote(SAMPLE_BODY)}"
     )
     state = "" if state_dir == Path(".nvcf-mono") else f" --state-dir {shlex.quote(str(state_dir))}"
-    lines = [f"  curl        {curl}"]
-    if api_key is None:
-        lines.append(f"              (NVCF_API_KEY: the api_key in {endpoints})")
-    lines.append(f"  CLI         nvcf-mono invoke {function_id}{state} -d {shlex.quote(SAMPLE_BODY)}")
-    return lines
+    return [
+        f"  key         {export}",
+        f"  curl        {curl}",
+        f"  CLI         nvcf-mono invoke {function_id}{state} -d {shlex.quote(SAMPLE_BODY)}",
+    ]

@@ -9,6 +9,7 @@ value (rendered as camelCase JSON with nulls omitted), ``None`` (204), or an aio
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, Literal, TypeVar, final
 
@@ -25,6 +26,33 @@ from nvcf_mono.structure import Issue, StructureError, camel_case, structure, un
 B = TypeVar("B")
 
 AuthMode = Literal["required", "none"]
+
+#: Every id in a path: runs of letters, digits, '-' and '_' joined by single dots, so any id composes into
+#: valid KV keys and subject tokens; anything else is a malformed id (400), never a lookup.
+ID_PATTERN = r"^[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*$"
+ID_MAX_LENGTH = 256
+#: Deepest nesting of arrays and objects a JSON body may have (values for Helm charts included).
+MAX_JSON_DEPTH = 64
+_ID_RX = re.compile(ID_PATTERN)
+
+
+def id_problem(name: str, value: str) -> str | None:
+    """Why ``value`` cannot be the path parameter ``name``, or None."""
+    if len(value) <= ID_MAX_LENGTH and _ID_RX.match(value):
+        return None
+    shown = value if len(value) <= 64 else value[:64] + "..."
+    return (
+        f"path parameter {name!r} is not a valid id, got {shown!r}: ids have at most {ID_MAX_LENGTH} letters, "
+        "digits, '-', '_' and single '.'"
+    )
+
+
+def check_path_ids(request: web.Request) -> None:
+    """400 for a path parameter no stored id can equal (space, '>', non-ASCII, '..', ...)."""
+    for name, value in request.match_info.items():
+        problem = id_problem(name, value)
+        if problem is not None:
+            raise ProblemError(400, problem)
 
 
 @final
@@ -189,16 +217,47 @@ def parse_body(tp: type[B], raw: Any) -> B:
 
 
 async def read_json(request: web.Request, *, optional: bool = False) -> Any:
-    """The request's JSON body; 400 (with where it broke) when it is not JSON."""
-    text = await request.text()
+    """The request's JSON body; 400 (with where it broke) when it is not JSON.
+
+    The text is decoded as the declared charset (UTF-8 when none is); nesting deeper than
+    :data:`MAX_JSON_DEPTH` (or than the parser can follow) is a malformed body, not a crash.
+    """
+    raw = await request.read()
+    charset = request.charset or "utf-8"
+    try:
+        text = raw.decode(charset)
+    except LookupError:
+        raise ProblemError(400, f"Malformed JSON request body: unknown charset {charset[:64]!r}") from None
+    except UnicodeDecodeError as err:
+        raise ProblemError(400, f"Malformed JSON request body: not valid {charset} text ({err.reason})") from None
     if not text.strip():
         if optional:
             return {}
         raise ProblemError(400, "Required request body is missing")
     try:
-        return json.loads(text)
+        doc = json.loads(text)
     except ValueError as err:
         raise ProblemError(400, f"Malformed JSON request body: {err}") from err
+    except RecursionError:
+        doc = None
+    else:
+        if _depth_within(doc, MAX_JSON_DEPTH):
+            return doc
+    raise ProblemError(400, f"Malformed JSON request body: nested deeper than {MAX_JSON_DEPTH} levels")
+
+
+def _depth_within(doc: Any, limit: int) -> bool:
+    """Whether arrays and objects nest at most ``limit`` deep (iterative: no recursion on hostile input)."""
+    pending: list[tuple[Any, int]] = [(doc, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return False
+        pending.extend((child, depth + 1) for child in children)
+    return True
 
 
 AccountCheck = Callable[[str], Awaitable[bool]]
@@ -281,10 +340,13 @@ class ApiRouter:
                 except AuthError as err:
                     raise ProblemError(err.status, err.detail) from err
                 account = principal.account
+                check_path_ids(request)
                 if twin:
                     account = request.match_info["ncaId"]
                     if self._account_exists is not None and not await self._account_exists(account):
                         raise ProblemError(404, f"account {account!r} not found")
+            else:
+                check_path_ids(request)
             body: Any = None
             if op.body is not None:
                 body = parse_body(op.body, await read_json(request, optional=op.body_optional))

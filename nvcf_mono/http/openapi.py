@@ -2,8 +2,9 @@
 
 Response schemas are closed (``additionalProperties: false``): a field the code returns but the
 document does not name fails the schema test. Request schemas are open, because NVCF ignores
-unknown request fields; enums there are matched case-insensitively, so they are documented, not
-enforced.
+unknown request fields, and as strict as the server otherwise: required fields, enums (the server
+also takes them in any case) and the bounds and patterns of each field's check, so a request the
+document calls valid is one the server accepts in shape. Path ids carry the pattern every id has.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import attrs
 
-from nvcf_mono.http.api import Operation
-from nvcf_mono.structure import BYTESIZE, DURATION, external_key, iter_fields
+from nvcf_mono.http.api import ID_MAX_LENGTH, ID_PATTERN, Operation
+from nvcf_mono.structure import BYTESIZE, CHECK, DURATION, check_schema, external_key, iter_fields
 
 PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -80,7 +81,10 @@ class SchemaBuilder:
         required = []
         for field, hint in iter_fields(tp):
             key_name = external_key(field)
-            schema["properties"][key_name] = self.schema(hint, closed=closed)
+            prop = self.schema(hint, closed=closed)
+            if not closed:
+                prop = constrain(prop, check_schema(field.metadata.get(CHECK)))
+            schema["properties"][key_name] = prop
             if field.default is attrs.NOTHING:
                 required.append(key_name)
         if required:
@@ -117,7 +121,7 @@ class SchemaBuilder:
             values = [m.value for m in tp]
             if closed:
                 return {"type": "string", "enum": values}
-            return {"type": "string", "description": "one of (case-insensitive): " + ", ".join(map(str, values))}
+            return {"type": "string", "enum": values, "description": "matched in any case"}
         if tp is bool:
             return {"type": "boolean"}
         if tp is int:
@@ -139,7 +143,25 @@ class SchemaBuilder:
         raise TypeError(f"no JSON schema for {tp!r}")
 
 
+def constrain(schema: dict[str, Any], keywords: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema`` with a check's keywords added (to the non-null member of a nullable one; ``items`` merged)."""
+    if not keywords:
+        return schema
+    if "anyOf" in schema:
+        members = [m if m.get("type") == "null" else constrain(m, keywords) for m in schema["anyOf"]]
+        return {**schema, "anyOf": members}
+    out = dict(schema)
+    for key, value in keywords.items():
+        if key == "items" and isinstance(out.get("items"), dict):
+            out["items"] = {**out["items"], **value}
+        else:
+            out[key] = value
+    return out
+
+
 _PATH_PARAM = re.compile(r"\{([^}/]+)\}")
+#: Every path id (see ``nvcf_mono.http.api.ID_PATTERN``; anything else is a 400).
+PATH_ID_SCHEMA = {"type": "string", "pattern": ID_PATTERN, "maxLength": ID_MAX_LENGTH}
 
 
 def path_template(path: str) -> str:
@@ -182,7 +204,7 @@ def build_document(
         else:
             entry["security"] = []
         params = [
-            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            {"name": name, "in": "path", "required": True, "schema": dict(PATH_ID_SCHEMA)}
             for name in (m.group(1).split(":", 1)[0] for m in _PATH_PARAM.finditer(op.path))
         ]
         params += [
@@ -229,9 +251,11 @@ def build_document(
             }
         else:
             responses[str(op.status if op.status != 200 else 204)] = {"description": "Done; no content."}
-        codes = set(op.errors) | {400, 500}
+        codes = set(op.errors) | {400, 500, 503}  # 503: the plugin serving it is not running (yet)
         if op.auth == "required":
             codes |= {401, 403, 404}  # 404: a JWT whose client id no account knows
+        if op.body is not None or op.raw_body is not None:
+            codes.add(413)  # a body over http.max_request_body
         for code in sorted(codes):
             responses[str(code)] = _problem(_ERROR_TEXT.get(code, "Error."))
         if op.response is not None and op.passthrough:

@@ -11,9 +11,10 @@ from typing import Any, final
 import anyio
 from aiohttp import web
 
-from nvcf_mono.bus.errors import BusError, BusUnavailable, RequestTimeout, StoreFull
+from nvcf_mono.bus.errors import BusError, BusUnavailable, InvalidKey, RequestTimeout, StoreFull
 from nvcf_mono.config.model import HttpSettings
 from nvcf_mono.errors import NvcfMonoError
+from nvcf_mono.http.bad_requests import ProblemAppRunner
 from nvcf_mono.http.problem import ProblemError, problem_response
 from nvcf_mono.lifecycle import InflightTracker
 from nvcf_mono.metrics import Metrics
@@ -107,7 +108,7 @@ class HttpServer:
                 raise HttpServerError(
                     f"plugin {route.owner!r}: cannot serve {route.method} {route.path}: {err}"
                 ) from err
-        self._runner: web.AppRunner | None = None
+        self._runner: ProblemAppRunner | None = None
         self._site: web.TCPSite | None = None
         self.port = 0
 
@@ -134,6 +135,14 @@ class HttpServer:
                     detail = f"request body exceeds the limit of {self._settings.max_request_body} bytes"
                 headers = {k: v for k, v in err.headers.items() if k.lower() in ("allow", "retry-after")}
                 response = problem_response(err.status, detail, instance=request.path, headers=headers)
+            except InvalidKey as err:
+                # An id from the request (a header, a body field) that no stored item can have.
+                self._log.debug("%s %s names an impossible key: %s", request.method, request.path, err)
+                response = problem_response(
+                    400,
+                    "the request names an id that is not valid: ids have letters, digits, '-', '_' and single '.'",
+                    instance=request.path,
+                )
             except (asyncio.CancelledError, anyio.get_cancelled_exc_class()):
                 status = 499  # the client went away
                 raise
@@ -161,7 +170,7 @@ class HttpServer:
         """Bind and serve; returns the bound port."""
         # A client that hangs up cancels its handler: an invocation must stop (and cancel its request)
         # when the caller is gone, not run on for nobody.
-        self._runner = web.AppRunner(
+        self._runner = ProblemAppRunner(
             self.app, access_log=None, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True
         )
         await self._runner.setup()

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import unquote
 
-from nvcf_mono.structure import WireModel, checked, parse_duration, wire
+from nvcf_mono.structure import WireModel, checked, described, parse_duration, wire
 
 NAME_PATTERN = r"^[a-z0-9A-Z][a-z0-9A-Z\-_]*$"
 _NAME_RX = re.compile(NAME_PATTERN)
@@ -53,11 +55,14 @@ def is_uuid(text: str) -> bool:
 Check = Callable[[Any], "str | None"]
 
 
-def name_check(value: str) -> str | None:
-    """NVCF's function and task name rule."""
+def _name_check(value: str) -> str | None:
     if not 1 <= len(value) <= 128:
         return "size must be between 1 and 128"
     return None if _NAME_RX.match(value) else f'must match "{NAME_PATTERN}"'
+
+
+#: NVCF's function and task name rule.
+name_check = described(_name_check, minLength=1, maxLength=128, pattern=NAME_PATTERN)
 
 
 def max_len(limit: int) -> Check:
@@ -66,7 +71,7 @@ def max_len(limit: int) -> Check:
     def check(value: str | None) -> str | None:
         return None if value is None or len(value) <= limit else f"size must be between 0 and {limit}"
 
-    return check
+    return described(check, maxLength=limit)
 
 
 def max_items(limit: int) -> Check:
@@ -75,7 +80,7 @@ def max_items(limit: int) -> Check:
     def check(value: tuple[Any, ...] | None) -> str | None:
         return None if value is None or len(value) <= limit else f"size must be between 0 and {limit}"
 
-    return check
+    return described(check, maxItems=limit)
 
 
 def int_range(lo: int, hi: int) -> Check:
@@ -88,20 +93,87 @@ def int_range(lo: int, hi: int) -> Check:
             return f"must be greater than or equal to {lo}"
         return None if value <= hi else f"must be less than or equal to {hi}"
 
-    return check
+    return described(check, minimum=lo, maximum=hi)
 
 
-def iso_duration(value: str | None) -> str | None:
-    """An ISO-8601 duration such as ``PT10S``."""
+_ISO_DURATION_SCHEMA = {"pattern": r"^[Pp]", "maxLength": 64}
+
+
+def _iso_duration(value: str | None) -> str | None:
     if value is None:
         return None
-    if not value.upper().startswith("P"):
-        return f"must be an ISO-8601 duration such as PT30S, got {value!r}"
+    if not value.upper().startswith("P") or len(value) > 64:
+        return f"must be an ISO-8601 duration such as PT30S, got {value[:64]!r}"
     try:
-        parse_duration(value)
+        seconds = parse_duration(value)
     except ValueError:
         return f"must be an ISO-8601 duration such as PT30S, got {value!r}"
+    if not math.isfinite(seconds):
+        return f"must be an ISO-8601 duration such as PT30S, got {value[:64]!r}"
     return None
+
+
+def iso_duration_at_most(limit: str) -> Check:
+    """An ISO-8601 duration of at most ``limit`` (itself ISO-8601): a field's sensible range, so a value such
+    as ``P999999999D`` is refused rather than overflowing a timer or a date.
+    """
+    most = parse_duration(limit)
+
+    def check(value: str | None) -> str | None:
+        problem = _iso_duration(value)
+        if problem is not None or value is None:
+            return problem
+        return None if parse_duration(value) <= most else f"must be at most {limit}, got {value!r}"
+
+    return described(check, **_ISO_DURATION_SCHEMA)
+
+
+# A container image reference: [registry[:port]/]path[:tag][@digest], the path in lowercase components
+# (the distribution grammar). File paths ('/x', './x', '../x') and URLs are not references.
+_HOST = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]{1,5})?"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_REFERENCE_PATTERN = (
+    rf"^(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+_IMAGE_RX = re.compile(IMAGE_REFERENCE_PATTERN)
+
+
+def _image_reference(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if len(value) <= 1024 and _IMAGE_RX.match(value):
+        return None
+    return (
+        "must be a container image reference such as nvcr.io/org/name:1.0 (lowercase repository path; not a file "
+        f"path or URL), got {value[:128]!r}"
+    )
+
+
+#: ``containerImage`` of functions and tasks.
+image_reference = described(_image_reference, maxLength=1024, pattern=IMAGE_REFERENCE_PATTERN)
+
+#: A path on the inference server: printable ASCII starting with a single '/'.
+URL_PATH_PATTERN = r"^/(?!/)[!-~]*$"
+_URL_PATH_RX = re.compile(URL_PATH_PATTERN)
+
+
+def _url_path(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if len(value) > 2048:
+        return "size must be between 0 and 2048"
+    if not _URL_PATH_RX.match(value) or "\\" in value:
+        return f"must be a path starting with '/' in printable ASCII (no spaces, no '\\'), got {value[:128]!r}"
+    path = value.split("?", 1)[0].split("#", 1)[0]
+    if any(segment in (".", "..") for segment in unquote(path).split("/")):
+        # The worker calls this path on the instance: it must not climb out of what the function serves.
+        return f"must not contain '.' or '..' segments, got {value[:128]!r}"
+    return None
+
+
+#: ``inferenceUrl`` and health URIs: the path the worker calls on the inference server.
+url_path = described(_url_path, maxLength=2048, pattern=URL_PATH_PATTERN)
 
 
 def duration_seconds(value: str) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from nvcf_mono.models.common import int_range, iso_duration, max_items, max_len
+from nvcf_mono.models.common import int_range, iso_duration_at_most, max_items, max_len
 from nvcf_mono.models.function import FunctionStatus
 from nvcf_mono.structure import WireModel, checked, wire
 
@@ -16,8 +16,8 @@ MAX_REQUEST_CONCURRENCY = 16384
 class Stickiness(WireModel):
     """Hold a scaling decision for ``size`` unless it is contradicted for ``threshold``."""
 
-    size: str = checked(check=iso_duration)
-    threshold: str = checked(check=iso_duration)
+    size: str = checked(check=iso_duration_at_most("PT1H"))
+    threshold: str = checked(check=iso_duration_at_most("PT1H"))
 
 
 @wire

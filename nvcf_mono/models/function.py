@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Iterator
 from typing import Any
 
-from nvcf_mono.models.common import KeyValue, NameValue, int_range, iso_duration, max_items, max_len, name_check
-from nvcf_mono.structure import WireModel, checked, wire
+from nvcf_mono.models.common import (
+    KeyValue,
+    NameValue,
+    image_reference,
+    int_range,
+    iso_duration_at_most,
+    max_items,
+    max_len,
+    name_check,
+    url_path,
+)
+from nvcf_mono.structure import WireModel, checked, described, wire
 
 
 class FunctionStatus(enum.Enum):
@@ -63,8 +74,7 @@ _TAG_RX = re.compile(r"[a-zA-Z0-9\-_:=]+")
 _RATE_RX = re.compile(r"^(?!.*-([SMHD]).*-\1)[1-9]\d*-[SMHD](,\s*[1-9]\d*-[SMHD])*$")
 
 
-def tags_check(tags: tuple[str, ...] | None) -> str | None:
-    """At most 64 tags of at most 128 characters from ``[a-zA-Z0-9-_:=]``."""
+def _tags_check(tags: tuple[str, ...] | None) -> str | None:
     if tags is None:
         return None
     if len(tags) > 64:
@@ -75,6 +85,10 @@ def tags_check(tags: tuple[str, ...] | None) -> str | None:
         if not _TAG_RX.fullmatch(tag):
             return f'tag {tag!r} must match "[a-zA-Z0-9\\-_:=]+"'
     return None
+
+
+#: At most 64 tags of at most 128 characters from ``[a-zA-Z0-9-_:=]``.
+tags_check = described(_tags_check, maxItems=64, items={"maxLength": 128, "pattern": r"^[a-zA-Z0-9\-_:=]+$"})
 
 
 def rate_check(value: str | None) -> str | None:
@@ -99,10 +113,17 @@ class Health(WireModel):
     """The inference server's health check; every field is required when the object is given."""
 
     protocol: HealthProtocol
+    #: The path the worker checks (HTTP), or the service name of grpc.health.v1 ("" for the whole server).
     uri: str = checked(check=max_len(2048))
     port: int = checked(check=int_range(1, 65535))
-    timeout: str = checked(check=iso_duration)
+    #: One check's time limit: up to ten minutes (a longer wait is a startup timeout, not a health check).
+    timeout: str = checked(check=iso_duration_at_most("PT10M"))
     expected_status_code: int = checked(check=int_range(100, 599))
+
+    def __checks__(self) -> Iterator[tuple[str, str]]:
+        problem = url_path(self.uri) if self.protocol is HealthProtocol.HTTP else None
+        if problem is not None:
+            yield "uri", problem
 
 
 @wire
@@ -190,15 +211,15 @@ class CreateFunctionRequest(WireModel):
     """Body of ``POST /v2/nvcf/functions`` and ``POST /v2/nvcf/functions/{fid}/versions``."""
 
     name: str = checked(check=name_check)
-    inference_url: str = checked(check=max_len(2048))
+    inference_url: str = checked(check=url_path)
     inference_port: int | None = checked(None, check=int_range(1, 65535))
-    container_image: str | None = checked(None, check=max_len(1024))
+    container_image: str | None = checked(None, check=image_reference)
     container_args: str | None = checked(None, check=max_len(8192))
     container_environment: tuple[KeyValue, ...] | None = checked(None, check=max_items(256))
     helm_chart: str | None = checked(None, check=max_len(1024))
     helm_chart_service_name: str | None = checked(None, check=max_len(253))
     health: Health | None = None
-    health_uri: str | None = checked(None, check=max_len(2048))
+    health_uri: str | None = checked(None, check=url_path)
     api_body_format: ApiBodyFormat | None = None
     function_type: FunctionType | None = None
     description: str | None = checked(None, check=max_len(256))

@@ -10,7 +10,15 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from nvcf_mono.models.common import KeyValue, NameValue, iso_duration, max_items, max_len, name_check
+from nvcf_mono.models.common import (
+    KeyValue,
+    NameValue,
+    image_reference,
+    iso_duration_at_most,
+    max_items,
+    max_len,
+    name_check,
+)
 from nvcf_mono.structure import WireModel, checked, wire
 
 
@@ -67,13 +75,14 @@ class CreateTaskRequest(WireModel):
 
     name: str = checked(check=name_check)
     gpu_specification: TaskGpuSpecification
-    container_image: str | None = checked(None, check=max_len(1024))
+    container_image: str | None = checked(None, check=image_reference)
     helm_chart: str | None = checked(None, check=max_len(1024))
     container_args: str | None = checked(None, check=max_len(8192))
     container_environment: tuple[KeyValue, ...] | None = checked(None, check=max_items(256))
-    max_runtime_duration: str | None = checked(None, check=iso_duration)
-    max_queued_duration: str | None = checked(None, check=iso_duration)
-    termination_grace_period_duration: str | None = checked(None, check=iso_duration)
+    # Bounded so a timer or a date never overflows: a month to run or to wait, a day to stop.
+    max_runtime_duration: str | None = checked(None, check=iso_duration_at_most("P30D"))
+    max_queued_duration: str | None = checked(None, check=iso_duration_at_most("P30D"))
+    termination_grace_period_duration: str | None = checked(None, check=iso_duration_at_most("P1D"))
     result_handling_strategy: ResultHandlingStrategy | None = None
     results_location: str | None = checked(None, check=max_len(1024))
     secrets: tuple[NameValue, ...] | None = None

@@ -162,3 +162,40 @@ def test_unstructure_round_trips_and_redacts_secrets() -> None:
     assert data["secret"] == "hunter2"
     assert structure(Outer, data) == value
     assert unstructure(value, redact=True)["secret"] == "<redacted>"
+
+
+@attrs.frozen(kw_only=True)
+class Checked:
+    names: tuple[str, ...] = setting(
+        (), doc="checked item by item", check=lambda v: None if all(len(n) < 5 for n in v) else "too long"
+    )
+    pairs: Mapping[str, tuple[int, int]] = setting(
+        factory=dict, doc="checked as a whole", check=lambda v: None if len(v) < 3 else "too many"
+    )
+    inner: tuple[Inner, ...] = setting(
+        (), doc="nested models", check=lambda v: None if all(i.port for i in v) else "no port"
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [
+        ({"names": [None]}, "names.0"),
+        ({"names": ["a", 1]}, "names.1"),
+        ({"pairs": {"a": [1, None]}}, "pairs.a.1"),
+        ({"pairs": {"a": None}}, "pairs.a"),
+        ({"inner": [None, {"port": "x"}]}, "inner.1.port"),
+    ],
+)
+def test_a_failed_item_fails_its_container_before_any_check_sees_it(data: dict[str, object], where: str) -> None:
+    # A check (or __checks__) iterating a list must never be handed the structurer's failure sentinel.
+    with pytest.raises(StructureError) as info:
+        structure(Checked, data)
+    assert where in [issue.path for issue in info.value.issues]
+
+
+def test_durations_and_sizes_too_large_to_be_numbers_are_refused() -> None:
+    with pytest.raises(StructureError, match="finite"):
+        structure(Outer, {"name": "x", "timeout": "9" * 400})
+    with pytest.raises(StructureError, match="finite"):
+        structure(Outer, {"name": "x", "size": "9" * 400 + "GiB"})

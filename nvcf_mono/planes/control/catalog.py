@@ -129,9 +129,7 @@ def check_autoscaling(config: AutoscalingConfiguration | None) -> None:
         raise _bad("autoscalingConfiguration.scaleDownDetails.factor must be between 0 and 1")
     for details in (up, down):
         if details is not None and details.stickiness is not None:
-            size = duration_seconds(details.stickiness.size)
-            if size > 3600:
-                raise _bad("autoscaling stickiness.size must be at most PT1H")
+            size = duration_seconds(details.stickiness.size)  # at most PT1H (the field's check)
             if duration_seconds(details.stickiness.threshold) >= size:
                 raise _bad("autoscaling stickiness.threshold must be less than stickiness.size")
 

@@ -149,8 +149,6 @@ def check_create_function(req: CreateFunctionRequest, *, allow_local_charts: boo
         raise bad("'helmChartServiceName' may only be specified with 'helmChart'")
     if req.container_image is not None and not req.container_image.strip():
         raise bad("'containerImage' must not be blank")
-    if not req.inference_url.startswith("/"):
-        raise bad(f"'inferenceUrl' must be a path starting with '/', got {req.inference_url!r}")
     if req.inference_port in RESERVED_PORTS:
         raise bad(f"inferencePort {req.inference_port} is reserved for the platform's worker; use another port")
     if req.health is not None and req.health.port in RESERVED_PORTS:

@@ -30,11 +30,15 @@ from nvcf_mono.planes.invocation.http import (
     nvcf_status,
 )
 from nvcf_mono.planes.invocation.metrics import Observation
-from nvcf_mono.structure import WireModel, wire
+from nvcf_mono.structure import WireModel, checked, described, wire
 
 ExecStatus = Literal["errored", "in-progress", "fulfilled"]
 #: Headers of the inner answer the wrapper keeps (the function's own stay inside the JSON).
 KEPT_HEADERS = (REQID, STATUS, PERCENT, WAIT_REASON, QUEUE_POSITION, "Server-Timing")
+
+
+def _not_negative(value: int | None) -> str | None:
+    return None if value is None or value >= 0 else "must be greater than or equal to 0"
 
 
 @wire
@@ -42,7 +46,9 @@ class ExecRequestHeader(WireModel):
     """``requestHeader``: what pexec takes as headers."""
 
     input_asset_references: tuple[str, ...] = ()
-    poll_duration_seconds: int | None = None
+    #: NVCF-POLL-SECONDS of exec: up to 3600 (plugins.invocation.max_poll_seconds, checked with NVCF's text when
+    #: the request is handled); 0 waits the least there is, as NVCF clamps it; a negative number is no wait.
+    poll_duration_seconds: int | None = checked(default=None, check=described(_not_negative, minimum=0, maximum=3600))
 
 
 @wire
@@ -161,7 +167,7 @@ def register(router: ApiRouter, invoker_of: Callable[[], Invoker]) -> None:
 
     poll_param = Param(
         name=POLL, location="header", description="Seconds to wait for the result before a 202 (1-3600).",
-        schema={"type": "integer"},
+        schema={"type": "integer", "minimum": 1, "maximum": 3600},
     )  # fmt: skip
     common: dict[str, Any] = {
         "tag": TAG,

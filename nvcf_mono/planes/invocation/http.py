@@ -121,10 +121,13 @@ class Invoker:
         try:
             value = int(raw.strip())
         except ValueError:
-            raise ProblemError(400, f"{POLL} must be a whole number of seconds, got {raw!r}") from None
+            raise ProblemError(400, f"{POLL} must be a whole number of seconds, got {raw[:64]!r}") from None
         if value > self.config.max_poll_seconds:
             raise ProblemError(400, f"{POLL} must be <= {self.config.max_poll_seconds}")
-        return max(value, 1)
+        if value < 0:
+            # NVCF reads the header as an unsigned number: a negative one is not a number of seconds.
+            raise ProblemError(400, f"{POLL} must be between 1 and {self.config.max_poll_seconds}, got {value}")
+        return max(value, 1)  # 0 waits the least there is, as NVCF clamps it
 
     async def read_body(self, request: web.Request, request_id: str) -> tuple[bytes, str | None, int]:
         """Small bodies inline; the rest streamed into the object store."""
@@ -472,6 +475,7 @@ class Invoker:
         self, request: web.Request, principal: Principal, request_id: str, *, buffered: bool = False
     ) -> web.StreamResponse:
         """A status poll: the result (once), 202 while the request runs, 404 when unknown or fetched."""
+        poll = self.poll_seconds(request.headers, streaming=False)
         record = await self.results.record(request_id)
         if record is None:
             taken = await self.results.take(request_id)
@@ -482,7 +486,6 @@ class Invoker:
             fv = self.routing.version(record.function_id, record.function_version_id)
             if fv is None or not self.routing.may_invoke(principal, fv):
                 raise ProblemError(404, _unknown(request_id))
-        poll = self.poll_seconds(request.headers, streaming=False)
         if not await self.results.wait(request_id, poll):
             return web.Response(status=202, headers=await self.wait_headers(request_id, record.function_version_id))
         taken = await self.results.take(request_id)
@@ -598,7 +601,7 @@ def register(router: ApiRouter, invoker_of: Callable[[], Invoker]) -> None:
     """Pexec and status (exec and Host routing live in their own module)."""
     poll_param = Param(
         name=POLL, location="header", description="Seconds to wait for the response before a 202 (1-3600).",
-        schema={"type": "integer"},
+        schema={"type": "integer", "minimum": 1, "maximum": 3600},
     )  # fmt: skip
 
     invoke_params = (

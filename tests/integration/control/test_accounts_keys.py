@@ -86,8 +86,10 @@ async def test_account_crud_validation_and_conflicts(tmp_path: Path) -> None:
         assert_problem(await p.admin.post("/v2/nvcf/accounts/team-b", {}), 400, "field=name", "must not be null")
         assert_problem(await p.admin.post("/v2/nvcf/accounts/team-b", {"name": "abc"}), 400, "between 4 and 36")
         assert_problem(await p.admin.post("/v2/nvcf/accounts/team-b", {"name": "x" * 37}), 400, "between 4 and 36")
-        for bad_id in ("bad.id", "bad%20id", "caf%C3%A9", "x" * 129):
+        for bad_id in ("bad.id", "x" * 129):  # ids of the path's shape, not of an account's
             assert_problem(await p.admin.post(f"/v2/nvcf/accounts/{bad_id}", {"name": "Team B"}), 400, "account id")
+        for bad_id in ("bad%20id", "caf%C3%A9"):  # no id has these characters
+            assert_problem(await p.admin.post(f"/v2/nvcf/accounts/{bad_id}", {"name": "Team B"}), 400, "ncaId")
         assert_problem(
             await p.admin.post("/v2/nvcf/accounts/team-b", {"name": "Team B", "maxTelemetriesAllowed": 26}),
             400,

@@ -93,14 +93,15 @@ async def _registered(p: Platform) -> bool:
     return (await p.admin.get(f"/v1/accounts/nvcf-default/clusters/{CLUSTER}")).status == 200
 
 
-def test_invoke_lines_name_the_key_or_endpoints_json() -> None:
-    lines = example.invoke_lines("f1", "http://h:1/", "nvapi-k", Path(".nvcf-mono"), Path(".nvcf-mono/endpoints.json"))
-    assert lines == [
-        "  curl        curl -s http://h:1/v2/nvcf/pexec/functions/f1 -H 'Authorization: Bearer nvapi-k' "
+def test_invoke_lines_read_the_key_from_endpoints_json_and_never_print_it() -> None:
+    lines = example.invoke_lines("f1", "http://h:1/", Path(".nvcf-mono"), Path(".nvcf-mono/endpoints.json"))
+    assert lines[0].startswith('  key         export NVCF_API_KEY="$(python3 -c ')
+    assert lines[0].endswith(' .nvcf-mono/endpoints.json)"')
+    assert lines[1:] == [
+        '  curl        curl -s http://h:1/v2/nvcf/pexec/functions/f1 -H "Authorization: Bearer $NVCF_API_KEY" '
         "-H 'Content-Type: application/json' -d '{\"message\":\"hello\"}'",
         '  CLI         nvcf-mono invoke f1 -d \'{"message":"hello"}\'',
     ]
-    other = example.invoke_lines("f1", "http://h:1", None, Path("/tmp/s"), Path("/tmp/s/endpoints.json"))
-    assert "Bearer $NVCF_API_KEY" in other[0]
-    assert other[1] == "              (NVCF_API_KEY: the api_key in /tmp/s/endpoints.json)"
+    other = example.invoke_lines("f1", "http://h:1", Path("/tmp/s"), Path("/tmp/s/endpoints.json"))
+    assert other[0].endswith(' /tmp/s/endpoints.json)"')
     assert other[2].endswith('nvcf-mono invoke f1 --state-dir /tmp/s -d \'{"message":"hello"}\'')

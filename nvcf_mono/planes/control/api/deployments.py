@@ -152,7 +152,7 @@ def register(router: ApiRouter, ctl: Control) -> None:
         deprecated=True,
     )
     async def update_deployment(call: Call[DeploymentRequest]) -> DeploymentResponse:
-        dep, _fv = await owned_deployment(call)
+        dep, fv = await owned_deployment(call)
         status = ctl.store.functions.get(buckets.version_key(dep.function_id, dep.function_version_id))
         if status is None or status.status not in UPDATABLE or dep.undeploying:
             raise ProblemError(400, "the deployment can only be updated while ACTIVE, DEPLOYING, DEGRADED or DEGRADING")
@@ -160,8 +160,11 @@ def register(router: ApiRouter, ctl: Control) -> None:
         if len(wanted) != len(dep.deployment_specifications):
             raise ProblemError(400, "the number of deployment specifications cannot change")
         by_id_ = {s.gpu_specification_id: s for s in dep.deployment_specifications}
+        clusters = ctl.store.clusters.values()
         updated: list[GpuSpec] = []
-        for index, new in enumerate(wanted):
+        for index, asked in enumerate(wanted):
+            # Checked as a deploy checks it: an unknown GPU or instance type is a 400, never ignored.
+            new = check_spec(clusters, fv.nca_id, asked, fv)
             old = (
                 by_id_.get(new.gpu_specification_id)
                 if new.gpu_specification_id
@@ -169,10 +172,16 @@ def register(router: ApiRouter, ctl: Control) -> None:
             )
             if old is None:
                 raise ProblemError(400, f"unknown gpuSpecificationId {new.gpu_specification_id!r}")
-            if (new.backend or None) != (old.backend or None) or tuple(new.clusters or ()) != tuple(old.clusters or ()):
+            if (asked.backend or None) != (old.backend or None) or tuple(asked.clusters or ()) != tuple(
+                old.clusters or ()
+            ):
                 raise ProblemError(400, "'backend' and 'clusters' must match the existing deployment")
-            if new.min_instances > new.max_instances:
-                raise ProblemError(400, "'minInstances' must be lesser than or equal to 'maxInstances'")
+            if (new.gpu, new.instance_type) != (old.gpu, old.instance_type):
+                raise ProblemError(
+                    400,
+                    f"'gpu' and 'instanceType' cannot change ({old.gpu} {old.instance_type} is deployed, got "
+                    f"{new.gpu} {new.instance_type}); undeploy and deploy again",
+                )
             updated.append(
                 evolve(
                     old,
