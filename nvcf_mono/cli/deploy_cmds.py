@@ -8,6 +8,7 @@ import time
 from typing import IO, Any
 
 from nvcf_mono.cli.client import ApiClient, add_api_options, connect, csv_list, positive_float, read_json_object
+from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.cli.output import emit_json, fields, table
 
@@ -32,7 +33,7 @@ def _path(fid: str, vid: str) -> str:
 
 def register(sub: Any) -> None:
     """Add ``deploy`` and its subcommands."""
-    deploy = sub.add_parser("deploy", help="deploy function versions on GPUs, rescale and remove them")
+    deploy = sub.add_parser("deploy", help=help_of("deploy"))
     cmds = deploy.add_subparsers(dest="deploy_command", metavar="SUBCOMMAND")
     deploy.set_defaults(func=lambda args, ctx: (deploy.print_help(ctx.stdout), 2)[1])
 

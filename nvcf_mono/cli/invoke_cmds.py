@@ -18,6 +18,7 @@ import attrs
 
 from nvcf_mono import __version__
 from nvcf_mono.cli.client import ApiClient, add_api_options, connect, positive_float
+from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.cli.output import emit_json
 
@@ -46,7 +47,7 @@ def register(sub: Any) -> None:
     """Add ``invoke``."""
     invoke = sub.add_parser(
         "invoke",
-        help="invoke a function and print its response",
+        help=help_of("invoke"),
         description="POST a body to a function through pexec and print the function's response body to stdout "
         "(bytes as they are). A 202 is followed by polling its status, with progress (wait reason, queue "
         "position, percent complete) on stderr. Exit 0 for a 2xx answer, 1 otherwise. With --json, stdout is "

@@ -22,6 +22,7 @@ from nvcf_mono.cli.client import (
     positive_float,
     read_json_object,
 )
+from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.cli.output import emit_json, fields, table
 
@@ -55,7 +56,7 @@ def _upper(text: str) -> str:
 
 def register(sub: Any) -> None:
     """Add ``task`` and its subcommands."""
-    task = sub.add_parser("task", help="launch GPU tasks that run to completion, follow and manage them")
+    task = sub.add_parser("task", help=help_of("task"))
     cmds = task.add_subparsers(dest="task_command", metavar="SUBCOMMAND")
     task.set_defaults(func=lambda args, ctx: (task.print_help(ctx.stdout), 2)[1])
     _register_create(cmds)
