@@ -1,4 +1,8 @@
-"""Entry point of ``nvcf-mono``: the only place that reads argv and the environment and owns signals."""
+"""Entry point of ``nvcf-mono``: the only place that reads argv and the environment and owns signals.
+
+Kept light: the host and the worker are imported by the runner that needs them, so a command that
+starts neither does not pay for them.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +11,17 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 
 from nvcf_mono.cli import main as cli_main
 from nvcf_mono.cli.context import CliContext
-from nvcf_mono.host import Host, HostFailed
-from nvcf_mono.plugin import Endpoints
-from nvcf_mono.worker.main import Sidecar
-from nvcf_mono.worker.main import run_worker as serve_worker
+
+if TYPE_CHECKING:
+    from nvcf_mono.host import Host
+    from nvcf_mono.plugin import Endpoints
+    from nvcf_mono.worker.main import Sidecar
 
 log = logging.getLogger("nvcf_mono")
 
@@ -56,6 +62,8 @@ async def _serve(host: Host, on_ready: Callable[[Endpoints], None]) -> None:
 
 def run_host(host: Host, on_ready: Callable[[Endpoints], None]) -> int:
     """Serve until signalled; 0 after a clean stop, 1 when something failed."""
+    from nvcf_mono.host import HostFailed
+
     try:
         anyio.run(_serve, host, on_ready, backend="asyncio")
     except HostFailed as err:
@@ -82,6 +90,7 @@ async def _watch_worker_signals(worker: Sidecar, scope: anyio.CancelScope) -> No
 
 def run_worker(worker: Sidecar, secrets: bool) -> int:
     """Serve until drained (first signal) or stopped (second); 1 when the worker could not run."""
+    from nvcf_mono.worker.main import run_worker as serve_worker
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:

@@ -50,9 +50,8 @@ from nvcf_mono.plugin import (
     SetupContext,
 )
 from nvcf_mono.services import ServiceRegistry
-from nvcf_mono.state_dir import lock_state_dir, write_private
+from nvcf_mono.state_dir import ENDPOINTS_FILE, lock_state_dir, write_private
 
-ENDPOINTS_FILE = "endpoints.json"
 ENDPOINTS_VERSION = 1
 CREDENTIAL_KEYS = ("admin_token", "api_key", "task_api_key")
 

@@ -12,6 +12,8 @@ from pathlib import Path
 from nvcf_mono.errors import NvcfMonoError
 
 LOCK_NAME = "host.lock"
+#: Written by a ready host: its URLs and credentials, read by the CLI (kept here so the CLI need not import the host).
+ENDPOINTS_FILE = "endpoints.json"
 
 
 class StateDirBusy(NvcfMonoError):

@@ -1,49 +1,76 @@
-"""The ``nvcf-mono`` command line. Each subcommand module registers itself in :data:`COMMAND_MODULES`."""
+"""The ``nvcf-mono`` command line. Commands are listed in :data:`~nvcf_mono.cli.commands.COMMANDS`.
+
+Only the module of the command being run is imported; the others appear in ``--help`` from the table
+alone. Everything argparse prints goes to the context's streams and its exits become return codes,
+so :func:`main` runs the same in-process (tests) as in the console script.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
-from collections.abc import Sequence
+import sys
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
 
 from nvcf_mono import __version__
+from nvcf_mono.cli.commands import COMMANDS
 from nvcf_mono.cli.context import CliContext, CliError
 
-#: Subcommand modules, in help order; each has ``register(subparsers)``. Planes add theirs here.
-COMMAND_MODULES = (
-    "nvcf_mono.cli.host_cmds",
-    "nvcf_mono.cli.config_cmds",
-    "nvcf_mono.cli.plugins_cmds",
-    "nvcf_mono.cli.function_cmds",
-    "nvcf_mono.cli.deploy_cmds",
-    "nvcf_mono.cli.task_cmds",
-    "nvcf_mono.cli.key_cmds",
-    "nvcf_mono.cli.cluster_cmds",
-    "nvcf_mono.cli.instance_cmds",
-    "nvcf_mono.cli.secret_cmds",
-    "nvcf_mono.cli.helm_cmds",
-    "nvcf_mono.cli.worker_cmds",
-    "nvcf_mono.cli.invoke_cmds",
-)
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
+#: Every command module, in help order.
+COMMAND_MODULES = tuple(dict.fromkeys(command.module for command in COMMANDS))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full parser."""
-    parser = argparse.ArgumentParser(
+def _parser_class(ctx: CliContext) -> type[argparse.ArgumentParser]:
+    """An ArgumentParser that prints to ``ctx``'s streams rather than the process's."""
+
+    class Parser(argparse.ArgumentParser):
+        def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+            if not message:
+                return
+            if file is None or file is sys.stderr:
+                file = ctx.stderr
+            elif file is sys.stdout:
+                file = ctx.stdout
+            file.write(message)
+
+    return Parser
+
+
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The command named on the command line (the top level has no option that takes a value)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def build_parser(ctx: CliContext, modules: Collection[str] = COMMAND_MODULES) -> argparse.ArgumentParser:
+    """The parser, with the commands of ``modules`` complete and the others only listed."""
+    parser = _parser_class(ctx)(
         prog="nvcf-mono",
         description="nvcf-mono: a serverless GPU function platform in the shape of NVIDIA Cloud Functions.",
     )
     parser.add_argument("--version", action="version", version=f"nvcf-mono {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    registered: set[str] = set()
+    for command in COMMANDS:
+        if command.module not in modules:
+            sub.add_parser(command.name, help=command.help, add_help=False)
+        elif command.module not in registered:
+            importlib.import_module(command.module).register(sub)
+            registered.add(command.module)
     return parser
 
 
 def main(argv: Sequence[str], ctx: CliContext) -> int:
     """Run one command; returns the exit code (2 for usage and configuration errors)."""
-    parser = build_parser()
-    args = parser.parse_args(list(argv))
+    name = chosen_command(argv)
+    parser = build_parser(ctx, {c.module for c in COMMANDS if c.name == name})
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as stop:  # --help and --version (0) or a usage error (2), already printed
+        return stop.code if isinstance(stop.code, int) else 2
     if not getattr(args, "func", None):
         parser.print_help(ctx.stdout)
         return 2

@@ -23,7 +23,7 @@ import attrs
 
 from nvcf_mono import __version__
 from nvcf_mono.cli.context import CliContext, CliError
-from nvcf_mono.host import ENDPOINTS_FILE
+from nvcf_mono.state_dir import ENDPOINTS_FILE
 
 DEFAULT_STATE_DIR = ".nvcf-mono"
 DEFAULT_TIMEOUT = 30.0

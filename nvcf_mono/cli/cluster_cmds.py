@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from nvcf_mono.cli.client import add_api_options, connect
+from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.cli.output import emit_json, fields, table
 
@@ -14,7 +15,7 @@ DEFAULT_ACCOUNT = "nvcf-default"
 
 def register(sub: Any) -> None:
     """Add ``cluster`` and its subcommands."""
-    cluster = sub.add_parser("cluster", help="list clusters and cluster groups")
+    cluster = sub.add_parser("cluster", help=help_of("cluster"))
     cmds = cluster.add_subparsers(dest="cluster_command", metavar="SUBCOMMAND")
     cluster.set_defaults(func=lambda args, ctx: (cluster.print_help(ctx.stdout), 2)[1])
 

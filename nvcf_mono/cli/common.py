@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nvcf_mono.cli.context import CliContext, CliError
-from nvcf_mono.config.load import ConfigError, ConfigSources, ResolvedConfig, load_config
+
+if TYPE_CHECKING:
+    from nvcf_mono.config.load import ConfigSources, ResolvedConfig
 
 
 def add_config_options(parser: argparse.ArgumentParser, *, role: bool = True) -> None:
@@ -41,6 +44,8 @@ def add_config_options(parser: argparse.ArgumentParser, *, role: bool = True) ->
 
 def sources_from(args: argparse.Namespace, ctx: CliContext, *, forced_role: str | None = None) -> ConfigSources:
     """The config layers named by the command line."""
+    from nvcf_mono.config.load import ConfigSources  # the loader and its plugin registry, only when used
+
     overrides: list[tuple[str, str, str]] = []
     if forced_role is not None:
         overrides.append(("role", forced_role, f"nvcf-mono {args.command}"))
@@ -60,6 +65,8 @@ def sources_from(args: argparse.Namespace, ctx: CliContext, *, forced_role: str 
 
 def load_or_fail(sources: ConfigSources) -> ResolvedConfig:
     """Resolve the configuration, turning problems into a CLI error (exit 2, one line each)."""
+    from nvcf_mono.config.load import ConfigError, load_config
+
     try:
         return load_config(sources)
     except ConfigError as err:

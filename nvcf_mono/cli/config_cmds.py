@@ -8,17 +8,15 @@ from typing import Any
 
 import yaml
 
+from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.common import add_config_options, load_or_fail, sources_from
 from nvcf_mono.cli.context import CliContext, CliError
-from nvcf_mono.config.load import gather
-from nvcf_mono.config.reference import render_reference
-from nvcf_mono.registry import discover
 from nvcf_mono.structure import Text
 
 
 def register(sub: Any) -> None:
     """Add ``config`` and its subcommands."""
-    config = sub.add_parser("config", help="show, check or document the configuration")
+    config = sub.add_parser("config", help=help_of("config"))
     cmds = config.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
     show = cmds.add_parser("show", help="print the configuration you set, or all of it with --resolved")
     add_config_options(show)
@@ -60,6 +58,8 @@ def _show(args: argparse.Namespace, ctx: CliContext) -> int:
     if args.resolved:
         _emit(load_or_fail(sources).to_data(redact=not args.show_secrets), args.json, ctx)
         return 0
+    from nvcf_mono.config.load import gather  # the loader brings every plugin's model: only when used
+
     raw, _, issues = gather(sources)
     if issues:
         raise CliError("\n".join(f"config: {issue}" for issue in issues))
@@ -77,6 +77,9 @@ def _check(args: argparse.Namespace, ctx: CliContext) -> int:
 
 
 def _reference(args: argparse.Namespace, ctx: CliContext) -> int:
+    from nvcf_mono.config.reference import render_reference
+    from nvcf_mono.registry import discover
+
     catalog, issues = discover()
     if issues:
         raise CliError("\n".join(f"config: {issue}" for issue in issues))

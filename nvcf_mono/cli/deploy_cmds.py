@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 import time
-from typing import IO, Any
+from typing import Any
 
 from nvcf_mono.cli.client import ApiClient, add_api_options, connect, csv_list, positive_float, read_json_object
+from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.cli.output import emit_json, fields, table
+from nvcf_mono.cli.progress import Progress
 
 DEPLOYMENTS = "/v2/nvcf/deployments"
 DEFAULT_WAIT = 900.0
@@ -32,7 +33,7 @@ def _path(fid: str, vid: str) -> str:
 
 def register(sub: Any) -> None:
     """Add ``deploy`` and its subcommands."""
-    deploy = sub.add_parser("deploy", help="deploy function versions on GPUs, rescale and remove them")
+    deploy = sub.add_parser("deploy", help=help_of("deploy"))
     cmds = deploy.add_subparsers(dest="deploy_command", metavar="SUBCOMMAND")
     deploy.set_defaults(func=lambda args, ctx: (deploy.print_help(ctx.stdout), 2)[1])
 
@@ -179,13 +180,13 @@ def _wait(client: ApiClient, ctx: CliContext, args: argparse.Namespace, path: st
     """Poll the deployment until ACTIVE or ERROR; the last response."""
     started = time.monotonic()
     deadline = started + args.timeout
-    progress = _Progress(ctx.stderr, started)
+    progress = Progress(ctx.stderr, started)
     try:
         while True:
             remaining = deadline - time.monotonic()
             doc = client.get(path, management=True, timeout=max(1.0, min(args.http_timeout, remaining)))
             dep = doc["deployment"]
-            progress.show(dep)
+            progress.show(_describe(dep))
             status = dep.get("functionStatus")
             if status in ("ACTIVE", "ERROR"):
                 return doc
@@ -228,33 +229,6 @@ def _describe(dep: dict[str, Any]) -> str:
                 text += f" (last: {p['lastFailure']})"
         parts.append(text)
     return f"{dep.get('functionStatus')}  " + "; ".join(parts)
-
-
-class _Progress:
-    """A live status line on a terminal; on anything else, one line per change."""
-
-    def __init__(self, stream: IO[str], started: float) -> None:
-        self.stream = stream
-        self.started = started
-        self.tty = stream.isatty()
-        self.last: str | None = None
-
-    def show(self, dep: dict[str, Any]) -> None:
-        line = _describe(dep)
-        elapsed = f"[{time.monotonic() - self.started:4.0f}s]"
-        if self.tty:
-            width = shutil.get_terminal_size((120, 24)).columns - 1
-            self.stream.write(f"\r\x1b[K{elapsed} {line}"[: width + 4])
-            self.stream.flush()
-        elif line != self.last:
-            print(f"{elapsed} {line}", file=self.stream, flush=True)
-        self.last = line
-
-    def close(self) -> None:
-        if self.tty and self.last is not None:
-            self.stream.write("\n")
-            self.stream.flush()
-        self.last = None
 
 
 def _health_lines(dep: dict[str, Any]) -> list[str]:

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from nvcf_mono.cli.client import ApiClient, add_api_options, connect, csv_list, key_value, read_json_object
+from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.cli.output import emit_json, fields, table
 
@@ -36,7 +37,7 @@ def _upper(text: str) -> str:
 
 def register(sub: Any) -> None:
     """Add ``function`` and its subcommands."""
-    function = sub.add_parser("function", help="create, list, read, update and delete functions")
+    function = sub.add_parser("function", help=help_of("function"))
     cmds = function.add_subparsers(dest="function_command", metavar="SUBCOMMAND")
     function.set_defaults(func=lambda args, ctx: (function.print_help(ctx.stdout), 2)[1])
 

@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import yaml
 
+from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.helm import (
     AUTO,
@@ -29,7 +30,7 @@ _INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
 
 def register(sub: Any) -> None:
     """Add ``helm`` and its subcommands."""
-    helm = sub.add_parser("helm", help="render Helm charts the way the platform does")
+    helm = sub.add_parser("helm", help=help_of("helm"))
     cmds = helm.add_subparsers(dest="helm_command", metavar="SUBCOMMAND", required=True)
     render = cmds.add_parser(
         "render",

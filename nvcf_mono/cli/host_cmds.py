@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.common import add_config_options, load_or_fail, sources_from
 from nvcf_mono.cli.context import CliContext, CliError
-from nvcf_mono.contracts.example import NAME as EXAMPLE_NAME
-from nvcf_mono.contracts.example import invoke_lines, read_marker
-from nvcf_mono.host import ENDPOINTS_FILE, Host, HostSetupError
-from nvcf_mono.log import configure_logging
-from nvcf_mono.plugin import Endpoints
+from nvcf_mono.state_dir import ENDPOINTS_FILE
+
+if TYPE_CHECKING:
+    from nvcf_mono.plugin import Endpoints
 
 
 def register(sub: Any) -> None:
     """Add the host commands."""
     up = sub.add_parser(
         "up",
-        help="start the all-in-one platform (embedded NATS, local compute)",
+        help=help_of("up"),
         description="Start the all-in-one platform: every plane in one process, on the embedded "
         "NATS unless bus.url is set. Ctrl-C (SIGTERM) drains and stops; a second one "
         "stops at once.",
@@ -27,7 +27,7 @@ def register(sub: Any) -> None:
     up.set_defaults(func=_up)
     run = sub.add_parser(
         "run",
-        help="run any role from config files",
+        help=help_of("run"),
         description="Run the role (and plugins) the configuration names.",
     )
     add_config_options(run)
@@ -43,6 +43,12 @@ def _run(args: argparse.Namespace, ctx: CliContext) -> int:
 
 
 def _serve(args: argparse.Namespace, ctx: CliContext, *, forced_role: str | None) -> int:
+    # The host brings the planes, the bus and the servers: imported only when one is started.
+    from nvcf_mono.contracts.example import NAME as EXAMPLE_NAME
+    from nvcf_mono.contracts.example import invoke_lines, read_marker
+    from nvcf_mono.host import Host, HostSetupError
+    from nvcf_mono.log import configure_logging
+
     config = load_or_fail(sources_from(args, ctx, forced_role=forced_role))
     configure_logging(config.settings.logging, stream=ctx.stderr)
     try:

@@ -8,6 +8,7 @@ import urllib.parse
 from typing import Any
 
 from nvcf_mono.cli.client import ApiClient, add_api_options, connect, positive_float
+from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.cli.output import emit_json, table
 
@@ -29,7 +30,7 @@ def non_negative(text: str) -> int:
 
 def register(sub: Any) -> None:
     """Add ``instance`` and its subcommands."""
-    instance = sub.add_parser("instance", help="list function instances and read their logs")
+    instance = sub.add_parser("instance", help=help_of("instance"))
     cmds = instance.add_subparsers(dest="instance_command", metavar="SUBCOMMAND")
     instance.set_defaults(func=lambda args, ctx: (instance.print_help(ctx.stdout), 2)[1])
 

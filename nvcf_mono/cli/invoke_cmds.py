@@ -12,14 +12,16 @@ import urllib.request
 from collections.abc import Mapping
 from email.message import Message
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import attrs
 
 from nvcf_mono import __version__
 from nvcf_mono.cli.client import ApiClient, add_api_options, connect, positive_float
+from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.cli.output import emit_json
+from nvcf_mono.cli.progress import Progress
 
 PEXEC = "/v2/nvcf/pexec"
 DEFAULT_WAIT = 3600.0
@@ -46,7 +48,7 @@ def register(sub: Any) -> None:
     """Add ``invoke``."""
     invoke = sub.add_parser(
         "invoke",
-        help="invoke a function and print its response",
+        help=help_of("invoke"),
         description="POST a body to a function through pexec and print the function's response body to stdout "
         "(bytes as they are). A 202 is followed by polling its status, with progress (wait reason, queue "
         "position, percent complete) on stderr. Exit 0 for a 2xx answer, 1 otherwise. With --json, stdout is "
@@ -148,23 +150,16 @@ def _open(
     return _Answer(resp.status, resp.headers, resp)
 
 
-class _Progress:
-    """One stderr line per 202: how long, why it waits, where it is."""
-
-    def __init__(self, out: IO[str]) -> None:
-        self._out = out
-        self._started = time.monotonic()
-
-    def show(self, request_id: str, headers: Message) -> None:
-        parts = [headers.get("NVCF-WAIT-REASON") or "in progress"]
-        position = headers.get("NVCF-QUEUE-POSITION")
-        if position:
-            parts.append(f"position {position} in the queue")
-        percent = headers.get("NVCF-PERCENT-COMPLETE")
-        if percent:
-            parts.append(f"{percent}% complete")
-        elapsed = time.monotonic() - self._started
-        print(f"request {request_id}: {', '.join(parts)} ({elapsed:.0f}s)", file=self._out, flush=True)
+def _waiting(headers: Message) -> str:
+    """What a 202 says about the request: why it waits, where it is in the queue, how far it got."""
+    parts = [headers.get("NVCF-WAIT-REASON") or "in progress"]
+    position = headers.get("NVCF-QUEUE-POSITION")
+    if position:
+        parts.append(f"position {position} in the queue")
+    percent = headers.get("NVCF-PERCENT-COMPLETE")
+    if percent:
+        parts.append(f"{percent}% complete")
+    return ", ".join(parts)
 
 
 def _write(ctx: CliContext, data: bytes, *, flush: bool) -> None:
@@ -205,7 +200,7 @@ def _invoke(args: argparse.Namespace, ctx: CliContext) -> int:
         path += f"/versions/{urllib.parse.quote(args.version_id, safe='')}"
     deadline = time.monotonic() + args.timeout
     answer = _open(client, "POST", path, body=body, headers=headers, timeout=timeout)
-    progress = _Progress(ctx.stderr)
+    progress = Progress(ctx.stderr)
     request_id = answer.headers.get("NVCF-REQID") or ""
     try:
         while answer.status == 202:
@@ -214,7 +209,7 @@ def _invoke(args: argparse.Namespace, ctx: CliContext) -> int:
             answer.close()
             if not request_id:
                 raise CliError("HTTP 202 without an NVCF-REQID header: the request cannot be followed", 1)
-            progress.show(request_id, answer.headers)
+            progress.show(f"request {request_id}: {_waiting(answer.headers)}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise CliError(
@@ -225,8 +220,10 @@ def _invoke(args: argparse.Namespace, ctx: CliContext) -> int:
             poll = {k: v for k, v in common.items() if k != "NVCF-POLL-SECONDS"}
             poll["NVCF-POLL-SECONDS"] = str(max(1, min(window, int(remaining))))
             answer = _open(client, "GET", f"{PEXEC}/status/{request_id}", body=None, headers=poll, timeout=timeout)
+        progress.close()
         return _finish(client, ctx, args, answer)
     except KeyboardInterrupt:
+        progress.close()
         if request_id:
             print(
                 f"stopped following request {request_id}; fetch its result with GET {PEXEC}/status/{request_id}",
@@ -234,6 +231,7 @@ def _invoke(args: argparse.Namespace, ctx: CliContext) -> int:
             )
         raise
     finally:
+        progress.close()
         answer.close()
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.cli.client import add_api_options, connect, csv_list
+from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.cli.output import emit_json, fields, table
 from nvcf_mono.models.api_key import FUNCTIONS_SERVICE_ID, TASKS_SERVICE_ID, Product, key_policy_document
@@ -60,7 +61,7 @@ def parse_duration(text: str) -> timedelta:
 
 def register(sub: Any) -> None:
     """Add ``api-key`` and its subcommands."""
-    keys = sub.add_parser("api-key", help="generate, list and revoke API keys")
+    keys = sub.add_parser("api-key", help=help_of("api-key"))
     cmds = keys.add_subparsers(dest="key_command", metavar="SUBCOMMAND")
     keys.set_defaults(func=lambda args, ctx: (keys.print_help(ctx.stdout), 2)[1])
 

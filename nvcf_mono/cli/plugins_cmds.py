@@ -6,13 +6,14 @@ import argparse
 import json
 from typing import Any
 
+from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.common import add_config_options, load_or_fail, sources_from
 from nvcf_mono.cli.context import CliContext
 
 
 def register(sub: Any) -> None:
     """Add ``plugins``."""
-    plugins = sub.add_parser("plugins", help="list installed plugins and whether the configuration enables them")
+    plugins = sub.add_parser("plugins", help=help_of("plugins"))
     add_config_options(plugins)
     plugins.add_argument("--json", action="store_true", help="JSON output")
     plugins.set_defaults(func=_list)

@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from nvcf_mono.auth.secret import PlatformSecret, SecretFileError
+from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 
 
 def register(sub: Any) -> None:
     """Add the secret commands."""
-    secret = sub.add_parser("secret", help="the platform secret shared by every node")
+    secret = sub.add_parser("secret", help=help_of("secret"))
     commands = secret.add_subparsers(dest="secret_command", metavar="COMMAND", required=True)
     gen = commands.add_parser(
         "generate",

@@ -22,8 +22,10 @@ from nvcf_mono.cli.client import (
     positive_float,
     read_json_object,
 )
+from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.cli.output import emit_json, fields, table
+from nvcf_mono.cli.progress import Progress
 
 TASKS = "/v1/nvct/tasks"
 TERMINAL = frozenset(
@@ -55,7 +57,7 @@ def _upper(text: str) -> str:
 
 def register(sub: Any) -> None:
     """Add ``task`` and its subcommands."""
-    task = sub.add_parser("task", help="launch GPU tasks that run to completion, follow and manage them")
+    task = sub.add_parser("task", help=help_of("task"))
     cmds = task.add_subparsers(dest="task_command", metavar="SUBCOMMAND")
     task.set_defaults(func=lambda args, ctx: (task.print_help(ctx.stdout), 2)[1])
     _register_create(cmds)
@@ -306,15 +308,13 @@ def _progress_line(task: dict[str, Any]) -> str:
 def _wait(client: ApiClient, ctx: CliContext, task_id: str, timeout: float) -> dict[str, Any]:
     """Poll the task until it finishes, printing each change of status or progress; the last answer."""
     started = time.monotonic()
-    last = None
+    progress = Progress(ctx.stderr, started)
     try:
         while True:
             doc: dict[str, Any] = _api(client, "GET", _task_path(task_id))
             task = doc["task"]
             line = _progress_line(task)
-            if line != last:
-                print(f"[{time.monotonic() - started:4.0f}s] {line}", file=ctx.stderr, flush=True)
-                last = line
+            progress.show(line)
             if task.get("status") in TERMINAL:
                 return doc
             remaining = started + timeout - time.monotonic()
@@ -327,8 +327,11 @@ def _wait(client: ApiClient, ctx: CliContext, task_id: str, timeout: float) -> d
                 )
             time.sleep(min(POLL_INTERVAL, remaining))
     except KeyboardInterrupt:
+        progress.close()
         print("stopped waiting; the task goes on", file=ctx.stderr)
         raise
+    finally:
+        progress.close()
 
 
 # ---- read ------------------------------------------------------------------------------------------

@@ -6,18 +6,15 @@ import argparse
 import logging
 from typing import Any
 
+from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
-from nvcf_mono.config.model import LoggingSettings
-from nvcf_mono.log import configure_logging
-from nvcf_mono.worker.config import WorkerConfigError
-from nvcf_mono.worker.main import build
 
 
 def register(sub: Any) -> None:
     """Add the worker command."""
     worker = sub.add_parser(
         "worker",
-        help="serve one instance's inference server (the sidecar; configured by the instance environment)",
+        help=help_of("worker"),
         description="Run beside an inference server: wait until it is healthy, connect to the invocation "
         "plane (NVCF_FQDN_GRPC) with the instance's worker token (NVCF_WORKER_TOKEN), and serve requests. "
         "Every setting comes from the instance environment contract (see nvcf_mono/contracts/README.md). "
@@ -28,6 +25,12 @@ def register(sub: Any) -> None:
 
 
 def _worker(args: argparse.Namespace, ctx: CliContext) -> int:
+    # The worker brings the bus, gRPC and HTTP clients: imported only when it runs.
+    from nvcf_mono.config.model import LoggingSettings
+    from nvcf_mono.log import configure_logging
+    from nvcf_mono.worker.config import WorkerConfigError
+    from nvcf_mono.worker.main import build
+
     configure_logging(LoggingSettings(level=args.log_level), stream=ctx.stderr)
     try:
         worker, secrets = build(dict(ctx.environ))

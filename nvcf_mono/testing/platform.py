@@ -18,7 +18,8 @@ import attrs
 
 from nvcf_mono.auth.secret import PlatformSecret
 from nvcf_mono.config.load import ResolvedConfig
-from nvcf_mono.host import ENDPOINTS_FILE, Host
+from nvcf_mono.host import Host
+from nvcf_mono.state_dir import ENDPOINTS_FILE
 from nvcf_mono.testing.host import config_for_test
 from nvcf_mono.testing.openapi import ResponseChecker
 

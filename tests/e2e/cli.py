@@ -1,7 +1,13 @@
-"""Run ``nvcf-mono`` as a child process, the way users do."""
+"""Run ``nvcf-mono``: in this process (``cli.main(argv, context)``), or as a child process the way users do.
+
+Commands that only print and exit run in-process: same parser, same code, same output and exit code,
+with the environment handed in explicitly. A child process is kept for what only a process shows:
+the console script itself, signals, a platform started with ``up``, output arriving through a pipe.
+"""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -10,8 +16,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from nvcf_mono.cli import main
+from nvcf_mono.cli.context import CliContext
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,16 +34,25 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run a short command to completion."""
-    return subprocess.run(
-        [sys.executable, "-m", "nvcf_mono", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env or cli_env(),
-        cwd=ROOT,
-    )
+def _no_host(*_: object) -> int:
+    raise AssertionError("a command run in-process must not start a host: start `up` as a child process")
+
+
+def run_cli_bytes(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    """Run a command to completion in this process; stdout as the bytes a pipe would carry."""
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)  # with a byte buffer, as sys.stdout has
+    err = io.StringIO()
+    ctx = CliContext(environ=dict(env or cli_env()), stdout=out, stderr=err, run_host=_no_host)
+    code = main(list(args), ctx)
+    out.flush()
+    return subprocess.CompletedProcess(["nvcf-mono", *args], code, raw.getvalue(), err.getvalue().encode())
+
+
+def run_cli(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a command to completion in this process (call it from a thread while a platform serves here)."""
+    done = run_cli_bytes(*args, env=env)
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
 
 
 def fast_flags(state_dir: Path) -> list[str]:

@@ -1,8 +1,13 @@
-"""The command line as users meet it: config errors, config show/check/reference, plugins."""
+"""The command line as users meet it: config errors, config show/check/reference, plugins.
+
+In-process (``cli.main``), but for the console script itself, run as users run it.
+"""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +16,30 @@ import yaml
 from nvcf_mono.registry import discover
 from tests.e2e.cli import ROOT, cli_env, run_cli
 
-pytestmark = pytest.mark.e2e
+
+@pytest.mark.e2e
+def test_the_console_script_reads_argv_and_the_environment(tmp_path: Path) -> None:
+    """The installed ``nvcf-mono`` script: its exit code, its stderr, the process environment reaching the config."""
+    script = Path(sys.executable).parent / "nvcf-mono"
+    env = cli_env(NVCF_MONO__HTTP__PORT="eighty")
+    result = subprocess.run(
+        [str(script), "run", "--state-dir", str(tmp_path / "s")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=ROOT,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "nvcf-mono: config: http.port: expected an integer, got 'eighty' (from env NVCF_MONO__HTTP__PORT)"
+    ]
+    assert result.stdout == ""
+    listed = subprocess.run(
+        [str(script), "--help"], capture_output=True, text=True, timeout=60, env=cli_env(), cwd=ROOT
+    )
+    assert listed.returncode == 0 and "invoke    invoke a function and print its response" in listed.stdout
+    assert not (tmp_path / "s").exists()
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,8 @@
-"""The API commands as users run them: ``nvcf-mono function|deploy|api-key|cluster`` against a live platform."""
+"""The API commands as users run them: ``nvcf-mono function|deploy|api-key|cluster`` against a live platform.
+
+The commands run in-process (``cli.main`` in a thread, the platform serving in this event loop); Ctrl-C,
+which only a process can receive, is sent to a child process.
+"""
 
 from __future__ import annotations
 
@@ -18,24 +22,24 @@ from tests.e2e.cli import ROOT, cli_env, run_cli
 from tests.function_charts import write_chart
 from tests.integration.control.conftest import CONTAINER_FUNCTION, Platform, agent, platform
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.nats  # each test's platform runs its own nats-server
 
 H100 = ["--gpu", "H100", "--instance-type", "ON-PREM.GPU.H100_1x"]
-# The developer's own settings must not leak into the child.
+# The developer's own settings must not leak into the command.
 _OURS = ("NVCF_API_URL", "NVCF_TOKEN", "NVCF_API_KEY", "NVCF_MONO_STATE_DIR")
 
 
 def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """The child's environment: no NVCF_* credentials of the caller, an empty default state dir."""
+    """The command's environment: no NVCF_* credentials of the caller, an empty default state dir."""
     env = {k: v for k, v in cli_env().items() if k not in _OURS}
     env["NVCF_MONO_STATE_DIR"] = str(tmp_path / "no-state")
     env.update(extra)
     return env
 
 
-async def cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run the CLI in a thread so the platform in this event loop keeps serving."""
-    return await anyio.to_thread.run_sync(lambda: run_cli(*args, env=env, timeout=timeout))
+async def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run the CLI in-process, in a thread so the platform in this event loop keeps serving."""
+    return await anyio.to_thread.run_sync(lambda: run_cli(*args, env=env))
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
@@ -348,6 +352,7 @@ async def test_deploy_timeout_exits_1_and_says_what_it_saw(tmp_path: Path) -> No
         assert f"nvcf-mono deploy remove {fid} {vid}" in slow.stderr
 
 
+@pytest.mark.e2e
 async def test_ctrl_c_stops_waiting_and_leaves_the_deployment(tmp_path: Path) -> None:
     env = env_for(tmp_path)
     async with platform(tmp_path) as p, agent(p.bus, behaviour="start"):

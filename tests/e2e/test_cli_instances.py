@@ -1,4 +1,8 @@
-"""``nvcf-mono cluster status`` and ``nvcf-mono instance list|logs`` run as users run them, against the real agent."""
+"""``nvcf-mono cluster status`` and ``nvcf-mono instance list|logs`` run as users run them, against the real agent.
+
+The commands run in-process; ``instance logs --follow``, whose lines must arrive through a pipe while it
+runs and which ends by itself, runs as a child process.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from tests.integration.compute.conftest import (
     wait_status,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.nats]  # a child process (--follow); the platform's nats-server
 
 #: The echo example, printing a numbered tick every 0.2 s (so a follower has something new to show).
 TICKING = ["{python}", "-c", "import runpy, sys, threading, time; print('hello-1'); print('hello-2', flush=True); "

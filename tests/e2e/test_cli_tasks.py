@@ -1,4 +1,7 @@
-"""``nvcf-mono task ...`` as users run it against a live platform (tasks stay QUEUED: no agent runs them)."""
+"""``nvcf-mono task ...`` as users run it against a live platform (tasks stay QUEUED: no agent runs them).
+
+The commands run in-process, in a thread beside the platform (see ``tests/e2e/cli.py``).
+"""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from nvcf_mono.testing.platform import credentials, wait_for
 from tests.e2e.test_cli_control import cli, env_for, flags, kv, ok
 from tests.integration.control.conftest import Platform, agent, platform
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.nats  # each test's platform runs its own nats-server
 
 H100 = ["--gpu", "H100", "--instance-type", "ON-PREM.GPU.H100_1x"]
 TASKS = "/v1/nvct/tasks"
@@ -232,6 +235,7 @@ async def test_create_from_a_file_errors_and_credentials(tmp_path: Path) -> None
         assert "NVCF_NVCT_API_KEY" in refused.stderr
 
 
+@pytest.mark.slow
 async def test_wait_follows_the_task_to_its_end(tmp_path: Path) -> None:
     env = task_env(tmp_path)
     async with platform(tmp_path) as p, agent(p.bus):

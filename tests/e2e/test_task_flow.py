@@ -1,4 +1,4 @@
-"""A task as a user runs one: `nvcf-mono up`, then the task commands against it (the example task image)."""
+"""A task as a user runs one: `nvcf-mono up` (a child process), then the task commands against it (in-process)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from tests.e2e.cli import Platform, cli_env, fast_flags, run_cli
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.nats, pytest.mark.slow]
 
 
 def test_create_wait_results_and_logs_of_the_example_task(tmp_path: Path) -> None:
@@ -28,8 +28,8 @@ def test_create_wait_results_and_logs_of_the_example_task(tmp_path: Path) -> Non
             time.sleep(0.2)
         created = run_cli(
             "task", "create", "--name", "squares", "--image", "task-example", "--args=--steps 3 --seconds 1.5",
-            "--gpu", "H100", "--instance-type", "ON-PREM.GPU.H100_1x", "--wait", "--json", *conn,
-            env=env, timeout=120,
+            "--gpu", "H100", "--instance-type", "ON-PREM.GPU.H100_1x", "--wait", "--timeout", "120", "--json", *conn,
+            env=env,
         )  # fmt: skip
         assert created.returncode == 0, created.stderr
         task = json.loads(created.stdout)["task"]
