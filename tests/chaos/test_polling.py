@@ -34,14 +34,17 @@ async def test_200_concurrent_waiters_are_answered_and_consumers_stay_flat(tmp_p
         todo: list[tuple[str, str]] = []  # (request id, token)
         rng = random.Random(7)
 
+        senders = anyio.Semaphore(64)  # callers at once; at a large scale, not every request in one burst
+
         async def submit(i: int) -> None:
             token = f"m{i}"
-            tally.sent += 1
-            reply = await p.key.post(
-                f"/v2/nvcf/pexec/functions/{fid}",
-                {"message": token, "delay": round(rng.uniform(1.5, 6.0), 2)},
-                headers={"NVCF-POLL-SECONDS": "1"},
-            )
+            async with senders:
+                tally.sent += 1
+                reply = await p.key.post(
+                    f"/v2/nvcf/pexec/functions/{fid}",
+                    {"message": token, "delay": round(rng.uniform(1.5, 6.0), 2)},
+                    headers={"NVCF-POLL-SECONDS": "1"},
+                )
             assert reply.status == 202, reply.body  # every request outlives its poll window
             tally.accepted.add(token)
             todo.append((reply.headers["NVCF-REQID"], token))

@@ -19,7 +19,7 @@ import anyio
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.codec import TypedKV
-from nvcf_mono.bus.errors import BusError, ConflictError, NotFound, StoreFull
+from nvcf_mono.bus.errors import BusError, BusUnavailable, ConflictError, NotFound, RequestTimeout, StoreFull
 from nvcf_mono.contracts import buckets
 from nvcf_mono.contracts.buckets import RequestRecord, StoredResult
 from nvcf_mono.contracts.frames import Frame, Headers
@@ -29,7 +29,7 @@ from nvcf_mono.planes.invocation.result_waits import ResultWaits
 from nvcf_mono.structure import evolve
 
 INLINE_RESULT = 512 * 1024
-#: Seconds a result waits for room in a full store before it is given up.
+#: Seconds a result waits for room in a full store (or for the bus to take it) before it is given up.
 STORE_FULL_PATIENCE = 60.0
 _NO_ROOM = (
     "the function answered, but its answer was too large to keep while the platform's store was full; "
@@ -110,16 +110,25 @@ class ResultStore:
             await self.records.put(request_id, evolve(record.value, state=DONE), ttl=self._ttl)
 
     async def _put(self, request_id: str, result: StoredResult) -> None:
-        """Write a result; a full store is waited out for a while (queued requests drain and free it)."""
+        """Write a result, waiting out for a while what passes.
+
+        A full store (queued requests drain and free it), a put that timed out under load or while
+        the bus reconnects. Writing it twice is harmless: the key holds one result.
+        """
         backoff = Backoff(0.5, 5.0)
+        last: BusError | None = None
         with anyio.move_on_after(STORE_FULL_PATIENCE):
             while True:
                 try:
                     await self.results.put(request_id, result, ttl=self._ttl)
                     return
-                except StoreFull:
+                except (StoreFull, RequestTimeout, BusUnavailable) as err:
+                    last = err
+                    self._log.info("the result of %s is not stored yet (%s); trying again", request_id, err)
                     await anyio.sleep(backoff.next())
-        raise StoreFull(f"no room for the result of {request_id} within {STORE_FULL_PATIENCE:g}s")
+        if isinstance(last, StoreFull):
+            raise StoreFull(f"no room for the result of {request_id} within {STORE_FULL_PATIENCE:g}s")
+        raise BusUnavailable(f"the result of {request_id} could not be stored within {STORE_FULL_PATIENCE:g}s: {last}")
 
     async def store_frames(self, first: Frame, rest: AsyncIterator[Frame]) -> None:
         """Store a response given as frames (first frame in hand): the result, or its problem."""
