@@ -14,7 +14,7 @@ DEV_STAMP     := $(VENV)/.installed-dev
 help:
 	@echo "make up         start the all-in-one platform (ARGS='--set http.port=9000' to pass flags)"
 	@echo "make test       lint, typecheck and the whole test suite"
-	@echo "make lint       ruff"
+	@echo "make lint       ruff, vulture (dead code)"
 	@echo "make typecheck  mypy --strict"
 	@echo "make proto      regenerate nvcf_mono/proto/gen from the .proto files"
 	@echo "make reference  regenerate config/reference.yaml"
@@ -40,6 +40,7 @@ test: $(DEV_STAMP) lint typecheck proto-check pytest
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check nvcf_mono tests bench examples
 	$(BIN)/ruff format --check nvcf_mono tests bench examples
+	$(BIN)/vulture
 
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy

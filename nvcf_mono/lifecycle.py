@@ -11,7 +11,7 @@ import anyio
 
 
 class PluginState(enum.Enum):
-    """Where a plugin stands; ``recoverable`` states may still reach RUNNING."""
+    """Where a plugin stands (PENDING, STARTING and RETRYING may still reach RUNNING)."""
 
     PENDING = "pending"
     STARTING = "starting"
@@ -20,10 +20,6 @@ class PluginState(enum.Enum):
     STOPPING = "stopping"
     STOPPED = "stopped"
     FAILED = "failed"
-
-    @property
-    def recoverable(self) -> bool:
-        return self in (PluginState.PENDING, PluginState.STARTING, PluginState.RETRYING)
 
 
 @final

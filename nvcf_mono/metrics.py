@@ -131,10 +131,6 @@ class Gauge(_Metric):
         key = self._key(labels)
         self._values[key] = self._values.get(key, 0.0) + amount
 
-    def dec(self, amount: float = 1.0, **labels: str) -> None:
-        """Subtract from the series named by ``labels``."""
-        self.inc(-amount, **labels)
-
     def remove(self, **labels: str) -> None:
         """Forget one series (e.g. a version that was undeployed)."""
         self._values.pop(self._key(labels), None)

@@ -81,10 +81,6 @@ class Resources:
             version_id is not None and (function_id, version_id) in self.functions
         )
 
-    def allows_some_version(self, function_id: str) -> bool:
-        """Is any version of this function named explicitly?"""
-        return any(fid == function_id for fid, _ in self.functions)
-
     def allows_task(self, task_id: str | None) -> bool:
         """May the key reach this task (None: tasks in general, e.g. launching one)?"""
         return self.account_tasks or (task_id is not None and task_id in self.tasks)

@@ -69,10 +69,3 @@ SUPER_ADMIN_SCOPES = frozenset(
 )
 #: Every scope this platform checks.
 ALL_SCOPES = ACCOUNT_ADMIN_SCOPES | TASK_KEY_SCOPES | SUPER_ADMIN_SCOPES
-
-API_KEY_PREFIX = "apikey:"
-
-
-def normalize(scope: str) -> str:
-    """A scope without the ``apikey:`` prefix API-key authorities carry."""
-    return scope.removeprefix(API_KEY_PREFIX)

@@ -54,10 +54,6 @@ class TokenSigner:
             raise InvalidToken("the token has expired")
         return claims
 
-    @staticmethod
-    def looks_like(token: str) -> bool:
-        return token.startswith(PREFIX)
-
     def _sign(self, payload: str) -> str:
         return b64u(hmac.digest(self._key, payload.encode(), "sha256"))
 

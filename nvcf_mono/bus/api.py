@@ -341,10 +341,6 @@ class Stream(Protocol):
         """The newest message on ``subject``."""
         ...
 
-    async def next_stored(self, seq: int, subject: str) -> StoredMsg | None:
-        """The first message on ``subject`` (a pattern) with a sequence of ``seq`` or later, or None."""
-        ...
-
     async def count_stored(self, first_seq: int, last_seq: int) -> int:
         """How many messages the stream still holds with a sequence in ``[first_seq, last_seq]``."""
         ...

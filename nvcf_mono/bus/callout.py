@@ -14,7 +14,6 @@ import base64
 import hashlib
 import json
 import time
-from collections.abc import Sequence
 from typing import Any, final
 
 import attrs
@@ -188,10 +187,6 @@ def open_envelope(token: str) -> tuple[str, str, str]:
         return str(doc["account"]), str(doc["pluginName"]), str(doc["payload"])
     except (ValueError, KeyError, TypeError) as err:
         raise CalloutError(f"the connect token is not an auth envelope: {err}") from err
-
-
-def subjects_of(grant: Grant) -> Sequence[str]:
-    return (*grant.publish, *grant.subscribe)
 
 
 @final

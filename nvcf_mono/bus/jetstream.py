@@ -367,26 +367,6 @@ class NatsStream:
             time=raw.time,
         )
 
-    async def next_stored(self, seq: int, subject: str) -> StoredMsg | None:
-        """The first message on ``subject`` (a pattern) with a sequence of ``seq`` or later, or None."""
-        try:
-            raw = await self._js.get_msg(self.name, seq=max(seq, 1), subject=subject, next=True)
-        except js_errors.NotFoundError:
-            return None
-        except js_errors.APIError as err:
-            if err.err_code in (10037, 10043) or err.code == 404:  # no message found
-                return None
-            raise translate(err, f"read {subject} from {self.name}") from err
-        except _NATS_ERRORS as err:
-            raise translate(err, f"read {subject} from {self.name}") from err
-        return StoredMsg(
-            subject=raw.subject or subject,
-            seq=raw.seq or 0,
-            data=raw.data or b"",
-            headers=dict(raw.headers or {}),
-            time=raw.time,
-        )
-
     async def count_stored(self, first_seq: int, last_seq: int) -> int:
         """Messages still held with a sequence in ``[first_seq, last_seq]`` (range minus interior deletes)."""
         if last_seq < first_seq:

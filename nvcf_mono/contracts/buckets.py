@@ -186,18 +186,9 @@ def version_key(function_id: str, version_id: str) -> str:
     return f"{function_id}.{version_id}"
 
 
-def function_pattern(function_id: str) -> str:
-    """Every version of one function."""
-    return f"{function_id}.*"
-
-
 def spec_key(function_version_id: str, spec_id: str) -> str:
     """``<fvid>.<gpuSpecificationId>`` (placements, autoscaler)."""
     return f"{function_version_id}.{spec_id}"
-
-
-def version_specs_pattern(function_version_id: str) -> str:
-    return f"{function_version_id}.*"
 
 
 def function_secrets_key(function_id: str, version_id: str) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -219,8 +218,3 @@ class Frame:
 def problem_frame(request_id: str, status: int, detail: str) -> Frame:
     """The platform's own answer to a request: one frame that ends it with a problem."""
     return Frame(request_id=request_id, seq=0, attempt=PLATFORM_ATTEMPT, problem=Problem(status=status, detail=detail))
-
-
-def headers_of(pairs: Sequence[tuple[str, str]]) -> Headers:
-    """A normalized header tuple."""
-    return tuple((str(k), str(v)) for k, v in pairs)

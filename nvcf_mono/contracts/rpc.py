@@ -18,7 +18,6 @@ from nvcf_mono.contracts.messages import MessageError, decode
 from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.structure import StructureError, structure, unstructure
 
-Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
 log = logging.getLogger("nvcf_mono.contracts.rpc")

@@ -146,10 +146,6 @@ def worker_inbox(session: str) -> str:
     return f"{WORKER_INBOX_ROOT}.{session}"
 
 
-#: Results of requests whose accepting node went away, stored by whichever node relays them.
-RESULTS_QUEUE = "nvcf-invocation"
-
-
 # ---- anyone -> a cluster agent (request/reply; the CLI's instance list and logs) -----------------
 
 AgentCall = Literal["cluster", "instances", "logs"]

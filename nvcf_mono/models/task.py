@@ -2,7 +2,7 @@
 
 Bucket ``nvcf_tasks`` holds one :class:`Task` per task (key: the task id); events and results have
 buckets of their own. Fields after ``instances`` are the platform's own bookkeeping and never leave
-the control plane (:func:`nvcf_mono.planes.control.tasks.views.task_view` drops them).
+the control plane (:func:`nvcf_mono.planes.control.tasks.views.task_dto` drops them).
 """
 
 from __future__ import annotations

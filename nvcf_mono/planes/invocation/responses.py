@@ -32,10 +32,6 @@ Verdict = Literal["ok", "gone"]
 OK, GONE = b"ok", b"gone"
 
 
-class ResponseAborted(Exception):
-    """The response cannot be completed (a gap, an attempt restarting after bytes were sent)."""
-
-
 def _same(expected: str, given: str) -> bool:
     """Constant-time comparison that any string may reach (compare_digest refuses non-ASCII str)."""
     return hmac.compare_digest(expected.encode(), given.encode(errors="replace"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import attrs
 
@@ -240,11 +240,3 @@ def _why_waiting(sites: Sequence[Site], waiting: int) -> str:
         return f"{waiting} instance(s) wait: no matching cluster is healthy ({names})"
     it = sites[0].instance_type.name
     return f"{waiting} instance(s) wait for capacity: no matching cluster has room for another {it}"
-
-
-def live_count(ledger: SpecPlacement | None) -> int:
-    return 0 if ledger is None else sum(1 for i in ledger.instances if i.phase in LIVE)
-
-
-def expire_after(now: datetime, seconds: float) -> str:
-    return iso(now + timedelta(seconds=seconds))

@@ -21,7 +21,7 @@ from nvcf_mono.models.task import (
     TaskResult,
     TaskStatus,
 )
-from nvcf_mono.structure import WireModel, unstructure, wire
+from nvcf_mono.structure import WireModel, wire
 
 
 @wire
@@ -78,12 +78,6 @@ def task_dto(task: Task, *, include_secrets: bool) -> TaskDto:
     if not include_secrets:
         shown["secrets"] = None
     return TaskDto(**shown)
-
-
-def task_view(task: Task, *, include_secrets: bool) -> dict[str, Any]:
-    """The ``TaskDto`` JSON: camelCase, null fields omitted."""
-    view: dict[str, Any] = unstructure(task_dto(task, include_secrets=include_secrets), omit_none=True)
-    return view
 
 
 @wire

@@ -29,10 +29,6 @@ class KubeError(NvcfMonoError):
         super().__init__(message)
         self.status = status
 
-    @property
-    def transient(self) -> bool:
-        return self.status in {0, 429} or self.status >= 500
-
 
 def _message(err: ApiException) -> str:
     try:

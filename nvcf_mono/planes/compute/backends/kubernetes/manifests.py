@@ -26,7 +26,6 @@ Manifest = dict[str, Any]
 ICMS_GROUP = "nvca.nvcf.nvidia.io"
 ICMS_VERSION = "v2beta1"
 ICMS_PLURAL = "icmsrequests"
-ICMS_FINALIZER = "nvca.finalizers.nvidia.io"
 
 #: Node label GPU nodes carry (``<PROVIDER>.GPU.<GPU>``); instance pods require it.
 INSTANCE_TYPE_LABEL = "nvca.nvcf.nvidia.io/instance-type"
