@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import socket
 import time
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ import attrs
 from aiohttp import web
 from anyio.abc import TaskGroup, TaskStatus
 
+from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import Bus, ConnectionState
 from nvcf_mono.bus.embedded import EmbeddedInfo, EmbeddedNats
 from nvcf_mono.bus.errors import BusError, BusUnavailable, RequestTimeout
@@ -416,7 +416,7 @@ class Host:
     async def _ensure_declared(self, bus: NatsBus) -> None:
         c = self.contributions
         deadline = time.monotonic() + self.settings.startup.timeout
-        delay = 0.1
+        backoff = Backoff(0.1, 2.0)
         while True:
             try:
                 for _, spec in c.streams.values():
@@ -428,16 +428,16 @@ class Host:
                 return
             except (BusUnavailable, RequestTimeout) as err:
                 # JetStream may still be recovering its store after a restart; anything else is fatal.
-                if time.monotonic() + delay > deadline:
+                pause = backoff.next()
+                if time.monotonic() + pause > deadline:
                     raise
                 log.info("JetStream not ready yet (%s); retrying", err)
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                await anyio.sleep(pause)
 
     async def _start_plugin(self, tg: TaskGroup, loaded: _Loaded, bus: Bus) -> None:
         startup = self.settings.startup
         deadline = time.monotonic() + startup.timeout
-        delay = startup.retry_initial
+        backoff = Backoff(startup.retry_initial, startup.retry_max)
         attempt = 0
         ctx: RunContext[Any] = RunContext(
             name=loaded.name,
@@ -464,11 +464,10 @@ class Host:
                 if remaining <= 0:
                     self._set_state(loaded, PluginState.FAILED, str(err))
                     raise PluginFailed(loaded.name, f"still not ready after {startup.timeout:g}s: {err}") from err
-                pause = min(delay, remaining) * random.uniform(0.8, 1.2)
+                pause = min(backoff.next(), remaining)
                 self._set_state(loaded, PluginState.RETRYING, str(err))
                 loaded.log.warning("not ready (%s); retrying in %.1fs (attempt %d)", err, pause, attempt)
                 await anyio.sleep(pause)
-                delay = min(delay * 2, startup.retry_max)
                 continue
             finally:
                 watch.cancel()

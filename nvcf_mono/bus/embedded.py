@@ -35,6 +35,7 @@ import nats.errors
 from anyio.abc import TaskStatus
 from nats.aio.client import Client as NatsClient
 
+from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.callout import Issuer
 from nvcf_mono.config.model import EmbeddedNatsSettings
 from nvcf_mono.errors import NvcfMonoError
@@ -337,7 +338,7 @@ class EmbeddedNats:
             callout_seed_file=self.callout_seed_file if s.auth_callout else None,
         )
         crashes: deque[float] = deque()
-        backoff = s.restart_backoff
+        backoff = Backoff(s.restart_backoff, 5.0)
         reported = False
         log_file = self.log_path.open("ab")
         # Shielded: cancelling the host does not take the server away from clients still draining;
@@ -365,7 +366,7 @@ class EmbeddedNats:
                             reported = True
                         else:
                             self._log.warning("embedded nats-server restarted (pid %d)", self._proc.pid)
-                        backoff = s.restart_backoff
+                        backoff.reset()
                         code = await self._proc.wait()
                         self._up.set(0)
                         self._log.error(
@@ -383,8 +384,7 @@ class EmbeddedNats:
                             f"giving up. Log: {self.log_path}"
                         )
                     self._restarts.inc()
-                    await anyio.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
+                    await anyio.sleep(backoff.next())
             finally:
                 with anyio.move_on_after(s.stop_timeout + 2, shield=True):
                     await self._terminate()

@@ -1,7 +1,9 @@
 """A local copy of a KV bucket, kept current by a watch: the read side of caches and reconcilers.
 
 The watch is restarted after the bus reconnects (nats-py's watch can go quiet for a while after a
-server restart), and the snapshot then replaces the copy, so nothing missed stays missed. Values
+server restart) and as soon as JetStream says the bucket's stream was deleted or made again (a
+watch on a deleted stream would only notice after missing heartbeats); the snapshot then replaces
+the copy, so nothing missed stays missed. Values
 that cannot be decoded are logged and skipped, never fatal.
 """
 
@@ -9,16 +11,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Generic, TypeVar, final
+from typing import Generic, TypeVar, cast, final
 
 import anyio
 from anyio.abc import TaskStatus
 
+from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import Bus, Entry, KeyValue
 from nvcf_mono.bus.codec import SchemaVersionError, Versioned, VersionedCodec
 from nvcf_mono.bus.errors import BusError
 
 T = TypeVar("T")
+
+#: JetStream's stream advisories: ``<prefix>.CREATED.<stream>``, ``<prefix>.DELETED.<stream>``, ...
+ADVISORY_PREFIX = "$JS.EVENT.ADVISORY.STREAM"
 
 
 @final
@@ -65,6 +71,8 @@ class KvMirror(Generic[T]):
         self.revision = 0
         #: Counts changes of the copy: an index built from it is current while this is unchanged.
         self.generation = 0
+        self._watching: anyio.CancelScope | None = None  # the running watch, cancelled to restart it
+        self._nudge: anyio.Event | None = None  # set when the bucket's stream is made again
 
     # ---- reading ----------------------------------------------------------------------------------
 
@@ -107,33 +115,68 @@ class KvMirror(Generic[T]):
 
     async def run(self, bus: Bus, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Keep the copy current until cancelled; ready once the first snapshot is loaded."""
-        delay = 0.1
-        while True:
-            try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._restart_on_reconnect, bus, tg.cancel_scope)
-                    async with self.kv.watch(self.pattern) as watch:
-                        self._replace(watch.initial)
-                        self.revision = max(self.revision, watch.revision)
-                        if not self.loaded.is_set():
-                            self.loaded.set()
-                            task_status.started()
-                        delay = 0.1
-                        async for entry in watch:
-                            self._apply(entry)
-            except BaseExceptionGroup as group:
-                # The task group wraps the watch's error: a bus failure restarts the watch, anything
-                # else is a bug and propagates.
-                if not all(isinstance(e, BusError) for e in _leaves(group)):
-                    raise
-                err = _leaves(group)[0]
-            except BusError as single:
-                err = single
-            else:
-                continue
-            self._log.warning("watch of %s/%s failed (%s); restarting", self.kv.bucket, self.pattern, err)
-            await anyio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+        backoff = Backoff(0.1, 5.0)
+        async with anyio.create_task_group() as outer:
+            await outer.start(self._follow_stream_events, bus)
+            while True:
+                err = await self._watch_once(bus, task_status)
+                if err is None:
+                    backoff.reset()  # restarted on purpose (a reconnect, the bucket made again): at once
+                    continue
+                pause = backoff.next()
+                self._log.warning("watch of %s/%s failed (%s); restarting", self.kv.bucket, self.pattern, err)
+                with anyio.move_on_after(pause):
+                    if self._nudge is not None:
+                        await self._nudge.wait()  # the bucket was made again: no need to wait out the pause
+
+    async def _watch_once(self, bus: Bus, task_status: TaskStatus[None]) -> BusError | None:
+        """Load the snapshot and follow changes until a restart is due; the bus error that ended it, if any."""
+        self._nudge = anyio.Event()
+        try:
+            async with anyio.create_task_group() as tg:
+                self._watching = tg.cancel_scope
+                tg.start_soon(self._restart_on_reconnect, bus, tg.cancel_scope)
+                async with self.kv.watch(self.pattern) as watch:
+                    self._replace(watch.initial)
+                    # The watch's revision is the truth: a bucket made again starts counting afresh.
+                    self.revision = watch.revision
+                    if not self.loaded.is_set():
+                        self.loaded.set()
+                        task_status.started()
+                    async for entry in watch:
+                        self._apply(entry)
+        except BaseExceptionGroup as group:
+            # The task group wraps the watch's error: a bus failure restarts the watch, anything
+            # else is a bug and propagates.
+            if not all(isinstance(e, BusError) for e in _leaves(group)):
+                raise
+            return cast(BusError, _leaves(group)[0])
+        except BusError as single:
+            return single
+        return None
+
+    async def _follow_stream_events(self, bus: Bus, *, task_status: TaskStatus[None]) -> None:
+        """Restart the watch as soon as the bucket's stream is deleted or made again.
+
+        A watch on a deleted stream does not fail at once (its consumer only misses heartbeats for a
+        while), so JetStream's advisories say it instead. Without them (no permission on the
+        advisory subjects) the watch still recovers, only later.
+        """
+        subject = f"{ADVISORY_PREFIX}.*.KV_{self.kv.bucket}"
+        task_status.started()
+        try:
+            async with bus.subscribe(subject, max_pending=64) as sub:
+                async for msg in sub:
+                    kind = msg.subject[len(ADVISORY_PREFIX) + 1 :].split(".", 1)[0]
+                    if kind in ("DELETED", "CREATED"):
+                        self._log.info("bucket %s was %s: reloading", self.kv.bucket, kind.lower())
+                        if self._nudge is not None:
+                            self._nudge.set()
+                        if self._watching is not None:
+                            self._watching.cancel()
+        except BusError as err:
+            # Without them a deleted bucket is still noticed, only later (by the watch's heartbeats).
+            self._log.warning("no stream advisories for bucket %s: %s", self.kv.bucket, err)
 
     async def _restart_on_reconnect(self, bus: Bus, scope: anyio.CancelScope) -> None:
         async with bus.events() as events:

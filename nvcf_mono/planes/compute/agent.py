@@ -20,6 +20,7 @@ from pathlib import Path
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import Bus, Delivery
 from nvcf_mono.bus.errors import BusError
 from nvcf_mono.contracts import states, streams, subjects
@@ -197,7 +198,7 @@ class ClusterAgent:
 
     async def _registration(self) -> None:
         cfg = self.config
-        pause = 0.2
+        backoff = Backoff(0.2, min(cfg.retry_backoff_max, cfg.heartbeat_interval))
         registered_mono = 0.0
         inventory_mono = time.monotonic()
         failing = False
@@ -222,13 +223,13 @@ class ClusterAgent:
                     self.log.error("the control plane asked this agent to self-destruct; ignoring it")
                 if failing:
                     self.log.info("the control plane answers again")
-                failing, pause = False, 0.2
+                failing = False
+                backoff.reset()
             except (RpcError, BusError) as err:
                 if not failing:
                     self.log.warning("cannot reach the control plane (%s); retrying", err)
                 failing = True
-                await anyio.sleep(pause)
-                pause = min(pause * 2, cfg.retry_backoff_max, cfg.heartbeat_interval)
+                await anyio.sleep(backoff.next())
                 continue
             with anyio.move_on_after(cfg.heartbeat_interval):
                 await self._beat_wanted.wait()

@@ -14,6 +14,7 @@ from anyio.abc import TaskStatus
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from nvcf_mono.backoff import Backoff
 from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.planes.compute.backends.kubernetes.manifests import ICMS_GROUP, ICMS_PLURAL, ICMS_VERSION
 from nvcf_mono.planes.compute.config import KubernetesSettings
@@ -322,7 +323,7 @@ class PodCache:
         task_status.started()
         kube = self._kube
         selector = ",".join(f"{k}={v}" for k, v in self._selector.items())
-        pause = 0.2
+        backoff = Backoff(0.2, 10.0)
         while True:
             try:
                 listing = await kube._call(kube.core.list_pod_for_all_namespaces, label_selector=selector)
@@ -339,14 +340,13 @@ class PodCache:
                 await self._watch(selector, version)
                 if anyio.current_time() - began < 1.0:
                     # A watch that ends at once (a server that does not stream): no tight relist loop.
-                    await anyio.sleep(pause)
-                    pause = min(pause * 2, 10.0)
+                    await anyio.sleep(backoff.next())
                 else:
-                    pause = 0.2
+                    backoff.reset()
             except KubeError as err:
+                pause = backoff.next()
                 kube.log.warning("watching the agent's pods failed (%s); again in %.1fs", err, pause)
                 await anyio.sleep(pause)
-                pause = min(pause * 2, 10.0)
 
     async def _watch(self, selector: str, version: str | None) -> None:
         kube = self._kube
