@@ -6,6 +6,7 @@ import importlib
 import inspect
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from graphlib import CycleError, TopologicalSorter
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -122,23 +123,17 @@ def discover(extra: Sequence[str] = (), *, skip: Collection[str] = ()) -> tuple[
 
 def start_order(specs: Mapping[str, PluginSpec]) -> tuple[list[str], list[Issue]]:
     """Topological order over ``requires`` and ``after`` (among the given plugins), ties by name."""
-    edges: dict[str, set[str]] = {name: set() for name in specs}
-    for name, spec in specs.items():
-        for dep in (*spec.requires, *spec.after):
-            if dep in specs:
-                edges[name].add(dep)
+    graph = TopologicalSorter({name: {d for d in (*s.requires, *s.after) if d in specs} for name, s in specs.items()})
     order: list[str] = []
-    done: set[str] = set()
-    remaining = dict(edges)
-    while remaining:
-        ready = sorted(n for n, deps in remaining.items() if deps <= done)
-        if not ready:
-            cycle = ", ".join(sorted(remaining))
-            return order, [Issue("plugins", f"dependency cycle among plugins: {cycle}")]
-        for name in ready:
-            order.append(name)
-            done.add(name)
-            del remaining[name]
+    try:
+        graph.prepare()
+    except CycleError as err:
+        cycle = ", ".join(sorted(set(err.args[1])))
+        return order, [Issue("plugins", f"dependency cycle among plugins: {cycle}")]
+    while graph.is_active():
+        ready = sorted(graph.get_ready())
+        order.extend(ready)
+        graph.done(*ready)
     return order, []
 
 
