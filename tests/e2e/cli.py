@@ -113,6 +113,14 @@ class Platform:
             time.sleep(0.05)
         raise AssertionError(f"not ready within {timeout}s:\n{self.stderr()}")
 
+    def wait_for_log(self, text: str, timeout: float = 30) -> None:
+        """Wait until the platform's log says ``text`` (a state it reached), not for a fixed time."""
+        deadline = time.monotonic() + timeout
+        while text not in self.stderr():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the log never said {text!r}:\n{self.stderr()[-3000:]}")
+            time.sleep(0.02)
+
     def signal(self, signum: int = signal.SIGTERM) -> None:
         self.proc.send_signal(signum)
 

@@ -132,9 +132,9 @@ def test_a_second_sigterm_stops_without_waiting_for_the_drain(tmp_path: Path) ->
         doc = platform.wait_ready()
         slow = threading.Thread(target=get, args=(doc["api_url"] + "/recorder/slow?seconds=120", 130), daemon=True)
         slow.start()
-        time.sleep(0.5)
+        platform.wait_for_log("recorder: a slow request began")
         platform.signal(signal.SIGTERM)
-        time.sleep(0.5)
+        platform.wait_for_log("SIGTERM received: draining")
         assert platform.proc.poll() is None, "the first signal should drain, not exit"
         started = time.monotonic()
         platform.signal(signal.SIGTERM)

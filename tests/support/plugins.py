@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -77,6 +78,7 @@ class Recorder(BasePlugin[Any]):
 
     async def slow(self, request: web.Request) -> web.Response:
         EVENTS.append("recorder:slow:begin")
+        logging.getLogger("tests.recorder").warning("recorder: a slow request began")  # what a test waits for
         await anyio.sleep(float(request.query.get("seconds", "1")))
         EVENTS.append("recorder:slow:end")
         return web.json_response({"slow": True})
