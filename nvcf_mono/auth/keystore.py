@@ -23,6 +23,7 @@ from nvcf_mono.auth.secret import Keyring
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.mirror import KvMirror
 from nvcf_mono.contracts import buckets
+from nvcf_mono.late import Late
 from nvcf_mono.models.api_key import ApiKeyRecord, Authorizations, KeyStatus
 from nvcf_mono.models.common import iso, new_id, parse_iso, utc_now
 from nvcf_mono.services import ServiceKey
@@ -33,9 +34,9 @@ class ApiKeyStore:
     """Create, list, revoke and verify API keys."""
 
     def __init__(self, *, log: logging.Logger | None = None) -> None:
-        self._keyring: Keyring | None = None
+        self._keyring: Late[Keyring] = Late("API keys")
         self._log = log or logging.getLogger("nvcf_mono.auth.keys")
-        self._mirror: KvMirror[ApiKeyRecord] | None = None
+        self._mirror: Late[KvMirror[ApiKeyRecord]] = Late("API keys")
         # Per-request verification is a dict hit: a key's hash (an HMAC) is computed once, and its
         # principal is reused while the mirror holds the very same record (a change makes a new one).
         self._digests: dict[bytes, str] = {}
@@ -43,26 +44,23 @@ class ApiKeyStore:
 
     def bind(self, keyring: Keyring) -> None:
         """The platform secret's keys (known once the auth plugin runs)."""
-        self._keyring = keyring
+        self._keyring.set(keyring)
         self._digests.clear()  # hashes made with other keys
         self._principals.clear()
 
     @property
     def keyring(self) -> Keyring:
-        if self._keyring is None:
-            raise AuthError(503, "API keys are not ready yet")
-        return self._keyring
+        return self._keyring.get()
 
     @property
     def mirror(self) -> KvMirror[ApiKeyRecord]:
-        if self._mirror is None:
-            raise AuthError(503, "API keys are not loaded yet")
-        return self._mirror
+        return self._mirror.get()
 
     async def run(self, bus: Bus, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Mirror the bucket until cancelled."""
-        self._mirror = KvMirror(bus.kv(buckets.API_KEYS.name), buckets.API_KEY, log=self._log)
-        await self._mirror.run(bus, task_status=task_status)
+        mirror = KvMirror(bus.kv(buckets.API_KEYS.name), buckets.API_KEY, log=self._log)
+        self._mirror.set(mirror)
+        await mirror.run(bus, task_status=task_status)
 
     # ---- verification ------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from grpclib.server import Server, Stream
 from nvcf_mono.config.model import GrpcSettings
 from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.grpc.raw import RawMessage, encode_status
+from nvcf_mono.late import NotReady
 from nvcf_mono.lifecycle import InflightTracker
 from nvcf_mono.metrics import Metrics
 
@@ -111,7 +112,10 @@ def _wrap(
         status = "OK"
         with inflight.track():
             try:
-                await func(stream)
+                try:
+                    await func(stream)
+                except NotReady as err:
+                    raise GRPCError(Status.UNAVAILABLE, str(err)) from err
             except GRPCError as err:
                 status = err.status.name
                 raise

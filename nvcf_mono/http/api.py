@@ -19,6 +19,7 @@ from aiohttp import web
 from nvcf_mono.auth.principal import AuthError, Principal
 from nvcf_mono.auth.strategy import Authenticator
 from nvcf_mono.http.problem import ProblemError
+from nvcf_mono.late import Late
 from nvcf_mono.plugin import SetupContext
 from nvcf_mono.services import ExtensionPoint
 from nvcf_mono.structure import Issue, StructureError, camel_case, structure, unstructure
@@ -263,14 +264,21 @@ def _depth_within(doc: Any, limit: int) -> bool:
 AccountCheck = Callable[[str], Awaitable[bool]]
 
 
+@attrs.frozen
+class Gatekeeper:
+    """Who may call the routes: the auth chain, and (control plane) whether an account exists."""
+
+    authenticator: Authenticator
+    account_exists: AccountCheck | None = None
+
+
 @final
 class ApiRouter:
-    """Operations of one plugin; install() in setup(), bind() in run()."""
+    """Operations of one plugin: install() in setup(); ``gatekeeper`` is set in run()."""
 
     def __init__(self, *, cross_account_prefixes: Mapping[str, str] | None = None) -> None:
         self._operations: list[Operation] = []
-        self._auth: Authenticator | None = None
-        self._account_exists: AccountCheck | None = None
+        self.gatekeeper: Late[Gatekeeper] = Late("authentication")
         # "/v2/nvcf/x" -> "/v2/nvcf/accounts/{ncaId}/x" (and the tasks API likewise) for cross-account twins.
         self._prefixes = dict(
             cross_account_prefixes
@@ -300,11 +308,6 @@ class ApiRouter:
             ctx.add_route(op.method, op.path, self._handler(op), name=None)
             ctx.extend(extension_point, op)
 
-    def bind(self, authenticator: Authenticator, *, account_exists: AccountCheck | None = None) -> None:
-        """Give the routes the auth chain (once the plugin runs)."""
-        self._auth = authenticator
-        self._account_exists = account_exists
-
     def _expand(self) -> Iterator[Operation]:
         for op in self._operations:
             yield op
@@ -331,10 +334,9 @@ class ApiRouter:
             principal: Principal | None = None
             account = ""
             if op.auth == "required":
-                if self._auth is None:
-                    raise ProblemError(503, "authentication is not ready yet", headers={"Retry-After": "1"})
+                gate = self.gatekeeper.get()
                 try:
-                    principal = await self._auth.authenticate(request.headers.get("Authorization"))
+                    principal = await gate.authenticator.authenticate(request.headers.get("Authorization"))
                     if op.scopes:
                         principal.require(*op.scopes)
                 except AuthError as err:
@@ -343,7 +345,7 @@ class ApiRouter:
                 check_path_ids(request)
                 if twin:
                     account = request.match_info["ncaId"]
-                    if self._account_exists is not None and not await self._account_exists(account):
+                    if gate.account_exists is not None and not await gate.account_exists(account):
                         raise ProblemError(404, f"account {account!r} not found")
             else:
                 check_path_ids(request)

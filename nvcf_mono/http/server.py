@@ -16,6 +16,7 @@ from nvcf_mono.config.model import HttpSettings
 from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.http.bad_requests import ProblemAppRunner
 from nvcf_mono.http.problem import ProblemError, problem_response
+from nvcf_mono.late import NotReady
 from nvcf_mono.lifecycle import InflightTracker
 from nvcf_mono.metrics import Metrics
 from nvcf_mono.plugin import Contributions, Route
@@ -135,6 +136,8 @@ class HttpServer:
                     detail = f"request body exceeds the limit of {self._settings.max_request_body} bytes"
                 headers = {k: v for k, v in err.headers.items() if k.lower() in ("allow", "retry-after")}
                 response = problem_response(err.status, detail, instance=request.path, headers=headers)
+            except NotReady as err:
+                response = problem_response(503, str(err), instance=request.path, headers={"Retry-After": "1"})
             except InvalidKey as err:
                 # An id from the request (a header, a body field) that no stored item can have.
                 self._log.debug("%s %s names an impossible key: %s", request.method, request.path, err)

@@ -1,4 +1,4 @@
-"""What the control plane's handlers share: config, store, keys, and the bus, bound when it runs."""
+"""What the control plane's handlers share: config, and the store, keys and bus once it runs."""
 
 from __future__ import annotations
 
@@ -14,57 +14,59 @@ from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.mirror import Signal
 from nvcf_mono.config.model import Settings
 from nvcf_mono.http.problem import ProblemError
+from nvcf_mono.late import Late
 from nvcf_mono.planes.control.config import ControlConfig
 from nvcf_mono.planes.control.store import ControlStore
 from nvcf_mono.plugin import Endpoints
 from nvcf_mono.reval.engine import ChartRendering, Validator
 
 
+@attrs.frozen
+class ControlParts:
+    """What the handlers need that exists only once the plugin runs."""
+
+    store: ControlStore
+    bus: Bus
+    keyring: Keyring
+    keys: ApiKeyStore | None
+    endpoints: Endpoints
+    #: Renders Helm charts (the ``helm`` plugin's); None where that plugin is not enabled.
+    charts: ChartRendering | None = None
+
+
 @final
 @attrs.define
 class Control:
-    """Late-bound dependencies of the API handlers (routes answer 503 until the plugin runs)."""
+    """What the API handlers share; ``parts`` is set when the plugin runs (routes answer 503 before)."""
 
     config: ControlConfig
     settings: Settings
     log: logging.Logger
     wake: Signal = attrs.field(factory=Signal)
-    _store: ControlStore | None = None
-    _bus: Bus | None = None
-    _keyring: Keyring | None = None
-    _keys: ApiKeyStore | None = None
-    _endpoints: Endpoints | None = None
-    #: Renders Helm charts (the ``helm`` plugin's); None where that plugin is not enabled.
-    charts: ChartRendering | None = None
-
-    def bind(
-        self, *, store: ControlStore, bus: Bus, keyring: Keyring, keys: ApiKeyStore | None, endpoints: Endpoints
-    ) -> None:
-        self._store, self._bus, self._keyring, self._keys, self._endpoints = store, bus, keyring, keys, endpoints
+    parts: Late[ControlParts] = attrs.field(factory=lambda: Late[ControlParts]("the control plane"))
 
     @property
     def store(self) -> ControlStore:
-        if self._store is None:
-            raise ProblemError(503, "the control plane is starting", headers={"Retry-After": "1"})
-        return self._store
+        return self.parts.get().store
 
     @property
     def bus(self) -> Bus:
-        if self._bus is None:
-            raise ProblemError(503, "the control plane is starting", headers={"Retry-After": "1"})
-        return self._bus
+        return self.parts.get().bus
 
     @property
     def keyring(self) -> Keyring:
-        if self._keyring is None:
-            raise ProblemError(503, "the control plane is starting", headers={"Retry-After": "1"})
-        return self._keyring
+        return self.parts.get().keyring
 
     @property
     def keys(self) -> ApiKeyStore:
-        if self._keys is None:
+        keys = self.parts.get().keys
+        if keys is None:
             raise ProblemError(503, "API keys are not enabled on this node (plugin auth_api_key)")
-        return self._keys
+        return keys
+
+    @property
+    def charts(self) -> ChartRendering | None:
+        return self.parts.get().charts
 
     @property
     def tokens(self) -> TokenSigner:
@@ -85,17 +87,13 @@ class Control:
     def api_url(self) -> str:
         if self.config.api_url:
             return self.config.api_url.rstrip("/")
-        if self._endpoints is None:
-            raise ProblemError(503, "the control plane is starting", headers={"Retry-After": "1"})
-        return self._endpoints.api_url.rstrip("/")
+        return self.parts.get().endpoints.api_url.rstrip("/")
 
     @property
     def worker_grpc_address(self) -> str:
         if self.config.worker_grpc_address:
             return self.config.worker_grpc_address
-        if self._endpoints is None:
-            raise ProblemError(503, "the control plane is starting", headers={"Retry-After": "1"})
-        return self._endpoints.grpc_address
+        return self.parts.get().endpoints.grpc_address
 
     def poke(self) -> None:
         """Ask the reconciler to look again now."""

@@ -17,13 +17,13 @@ from nvcf_mono.auth.strategy import AUTHENTICATOR
 from nvcf_mono.bus.codec import TypedKV
 from nvcf_mono.contracts import buckets, streams
 from nvcf_mono.helm import CHART_RENDERER
-from nvcf_mono.http.api import ApiRouter
+from nvcf_mono.http.api import ApiRouter, Gatekeeper
 from nvcf_mono.planes.control.api import ALL as API_MODULES
 from nvcf_mono.planes.control.autoscale.autoscaler import Autoscaler
 from nvcf_mono.planes.control.autoscale.observations import LoadBook
 from nvcf_mono.planes.control.bootstrap import bootstrap_keys, ensure_account
 from nvcf_mono.planes.control.config import ControlConfig
-from nvcf_mono.planes.control.context import Control
+from nvcf_mono.planes.control.context import Control, ControlParts
 from nvcf_mono.planes.control.example import ExampleFunction
 from nvcf_mono.planes.control.icms import Icms
 from nvcf_mono.planes.control.leader import LeaderLease
@@ -84,13 +84,21 @@ class ControlPlane(BasePlugin[ControlConfig]):
         keys = ctx.services.find(API_KEY_STORE)
         async with anyio.create_task_group() as tg:
             await tg.start(store.run, ctx.bus)
-            ctl.bind(store=store, bus=ctx.bus, keyring=ctx.services.get(KEYRING), keys=keys, endpoints=ctx.endpoints)
-            ctl.charts = ctx.services.find(CHART_RENDERER)
+            ctl.parts.set(
+                ControlParts(
+                    store=store,
+                    bus=ctx.bus,
+                    keyring=ctx.services.get(KEYRING),
+                    keys=keys,
+                    endpoints=ctx.endpoints,
+                    charts=ctx.services.find(CHART_RENDERER),
+                )
+            )
 
             async def account_exists(nca_id: str) -> bool:
                 return await store.accounts.fetch(nca_id) is not None
 
-            self.router.bind(ctx.services.get(AUTHENTICATOR), account_exists=account_exists)
+            self.router.gatekeeper.set(Gatekeeper(ctx.services.get(AUTHENTICATOR), account_exists=account_exists))
             await ensure_account(ctl, self.config.default_account, clients=("ncp",))
             bootstrap = self.config.bootstrap_keys
             if keys is not None and (ctx.settings.role == "all-in-one" if bootstrap is None else bootstrap):

@@ -45,6 +45,7 @@ from nvcf_mono.grpc.raw import (
     pairs_to_metadata,
 )
 from nvcf_mono.http.problem import ProblemError
+from nvcf_mono.late import Late
 from nvcf_mono.models.function import FunctionVersion
 from nvcf_mono.planes.invocation.http import Invoker
 from nvcf_mono.planes.invocation.responses import Pending
@@ -94,13 +95,8 @@ class _Ended(Exception):
 class GrpcProxy:
     """Servicer with no methods of its own and a handler for every unknown one."""
 
-    def __init__(self, log: logging.Logger) -> None:
+    def __init__(self, log: logging.Logger, *, invoker: Late[Invoker], authenticator: Late[Authenticator]) -> None:
         self._log = log
-        self._invoker: Invoker | None = None
-        self._auth: Authenticator | None = None
-
-    def bind(self, invoker: Invoker, authenticator: Authenticator) -> None:
-        """What calls need, known once the plugin runs."""
         self._invoker = invoker
         self._auth = authenticator
 
@@ -114,9 +110,7 @@ class GrpcProxy:
     # ---- one call ------------------------------------------------------------------------------------
 
     async def _call(self, path: str, stream: Stream[RawMessage, RawMessage]) -> None:
-        invoker, auth = self._invoker, self._auth
-        if invoker is None or auth is None:
-            raise GRPCError(Status.UNAVAILABLE, "the invocation plane is starting")
+        invoker, auth = self._invoker.get(), self._auth.get()
         # function-id first: a call without it is no function call at all (perhaps a mistyped method).
         function_id = _metadata(stream, FUNCTION_ID).strip()
         if not function_id:

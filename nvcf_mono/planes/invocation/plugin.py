@@ -16,8 +16,8 @@ from nvcf_mono.auth.secret import KEYRING
 from nvcf_mono.auth.strategy import AUTHENTICATOR, Authenticator
 from nvcf_mono.bus.callout import NATS_AUTH
 from nvcf_mono.contracts import buckets
-from nvcf_mono.http.api import ApiRouter
-from nvcf_mono.http.problem import ProblemError
+from nvcf_mono.http.api import ApiRouter, Gatekeeper
+from nvcf_mono.late import Late
 from nvcf_mono.planes.invocation import exec_api, host_routing, http
 from nvcf_mono.planes.invocation.collector import Collector
 from nvcf_mono.planes.invocation.config import InvocationConfig
@@ -34,7 +34,7 @@ from nvcf_mono.planes.invocation.results import ResultStore
 from nvcf_mono.planes.invocation.retired import RetiredQueues
 from nvcf_mono.planes.invocation.routing import RoutingTable
 from nvcf_mono.planes.invocation.settlement import NodeSink
-from nvcf_mono.planes.invocation.workers import WorkerService
+from nvcf_mono.planes.invocation.workers import WorkerDeps, WorkerService
 from nvcf_mono.plugin import BasePlugin, PluginSpec, RunContext, SetupContext
 
 BUCKETS = (
@@ -67,29 +67,19 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
             ctx.declare_bucket(bucket)
         ctx.declare_object_store(buckets.PAYLOADS)
         ctx.declare_object_store(buckets.TASK_RESULT_CONTENT)  # task workers upload results through this node
-        self._invoker: http.Invoker | None = None
+        self.invoker: Late[http.Invoker] = Late("the invocation plane")
         self.router = ApiRouter()
-        http.register(self.router, self._get_invoker)
-        exec_api.register(self.router, self._get_invoker)
+        http.register(self.router, self.invoker.get)
+        exec_api.register(self.router, self.invoker.get)
         self.router.install(ctx)
-        self._authenticator: Authenticator | None = None
-        ctx.add_middleware(host_routing.middleware(self._get_invoker, self._get_authenticator))
+        self.authenticator: Late[Authenticator] = Late("authentication")
+        ctx.add_middleware(host_routing.middleware(self.invoker.get, self.authenticator.get))
         self.metrics = InvocationMetrics(ctx.metrics)
         self.workers = WorkerService(self.config, ctx.log)
         ctx.add_servicer(self.workers)
         # Calls to gRPC functions: every method the host does not serve itself.
-        self.grpc_proxy = GrpcProxy(ctx.log)
+        self.grpc_proxy = GrpcProxy(ctx.log, invoker=self.invoker, authenticator=self.authenticator)
         ctx.add_servicer(self.grpc_proxy)
-
-    def _get_invoker(self) -> http.Invoker:
-        if self._invoker is None:
-            raise ProblemError(503, "the invocation plane is starting", headers={"Retry-After": "1"})
-        return self._invoker
-
-    def _get_authenticator(self) -> Authenticator:
-        if self._authenticator is None:
-            raise ProblemError(503, "the invocation plane is starting", headers={"Retry-After": "1"})
-        return self._authenticator
 
     async def run(self, ctx: RunContext[InvocationConfig], *, task_status: TaskStatus[None]) -> None:
         bus, log = ctx.bus, ctx.log
@@ -133,39 +123,42 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
                 log=log,
             )
             tg.start_soon(retired.run)
-            self.workers.bind(
-                bus=bus,
-                keyring=ctx.services.get(KEYRING),
-                routing=routing,
-                dispatcher=dispatcher,
-                sink=sink,
-                capabilities=capabilities,
-                nats_url=self.config.worker_nats_url or _without_credentials(ctx.endpoints.nats_url),
-                callout=ctx.services.find(NATS_AUTH),
+            self.workers.deps.set(
+                WorkerDeps(
+                    bus=bus,
+                    keyring=ctx.services.get(KEYRING),
+                    routing=routing,
+                    dispatcher=dispatcher,
+                    sink=sink,
+                    capabilities=capabilities,
+                    nats_url=self.config.worker_nats_url or _without_credentials(ctx.endpoints.nats_url),
+                    callout=ctx.services.find(NATS_AUTH),
+                )
             )
-            self._invoker = http.Invoker(
-                config=self.config,
-                routing=routing,
-                dispatcher=dispatcher,
-                router=router,
-                results=results,
-                adopt=collector.adopt,
-                limiter=limiter,
-                log=log,
-                assets=assets,
-                idempotency=Idempotency(
-                    bus,
-                    results,
-                    ttl=self.config.idempotency_ttl,
-                    record_ttl=self.config.queue_deadline + self.config.result_ttl,
-                    region=region,
+            self.invoker.set(
+                http.Invoker(
+                    config=self.config,
+                    routing=routing,
+                    dispatcher=dispatcher,
+                    router=router,
+                    results=results,
+                    adopt=collector.adopt,
+                    limiter=limiter,
                     log=log,
-                ),
-                metrics=self.metrics,
+                    assets=assets,
+                    idempotency=Idempotency(
+                        bus,
+                        results,
+                        ttl=self.config.idempotency_ttl,
+                        record_ttl=self.config.queue_deadline + self.config.result_ttl,
+                        region=region,
+                        log=log,
+                    ),
+                    metrics=self.metrics,
+                )
             )
-            self._authenticator = ctx.services.get(AUTHENTICATOR)
-            self.router.bind(ctx.services.get(AUTHENTICATOR))
-            self.grpc_proxy.bind(self._invoker, ctx.services.get(AUTHENTICATOR))
+            self.authenticator.set(ctx.services.get(AUTHENTICATOR))
+            self.router.gatekeeper.set(Gatekeeper(ctx.services.get(AUTHENTICATOR)))
             task_status.started()
             await ctx.wait_stopping()
             tg.cancel_scope.cancel()

@@ -18,6 +18,7 @@ import uuid
 from typing import Any, final
 
 import anyio
+import attrs
 from anyio.streams.memory import MemoryObjectSendStream
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
@@ -33,6 +34,7 @@ from nvcf_mono.bus.holding import hold_until_ready
 from nvcf_mono.contracts import buckets, permissions, rpc, streams, subjects
 from nvcf_mono.contracts.frames import Frame, FrameError, Request, problem_frame
 from nvcf_mono.contracts.messages import SecretsFetch, SecretsReply
+from nvcf_mono.late import Late
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
 from nvcf_mono.planes.invocation.responses import Capabilities
@@ -66,6 +68,25 @@ SESSION = permissions.WORKER_SESSION
 SERVICE = "/nvcf.worker.v1.WorkerService"
 
 
+@attrs.frozen
+class WorkerDeps:
+    """What the service needs from the running plugin.
+
+    ``capabilities`` checks that a worker was given the request it names (body fetches, orphaned
+    frames). ``nats_url`` and ``callout`` make the nats transport possible: workers reach NATS
+    there, and this node answers their auth callouts.
+    """
+
+    bus: Bus
+    keyring: Keyring
+    routing: RoutingTable
+    dispatcher: Dispatcher
+    sink: NodeSink
+    capabilities: Capabilities
+    nats_url: str | None = None
+    callout: CalloutStatus | None = None
+
+
 @final
 class WorkerService:
     """grpclib servicer; one instance per invocation node."""
@@ -74,40 +95,15 @@ class WorkerService:
         self._config = config
         self._log = log
         self.sessions: dict[str, WorkerSession] = {}
-        self._tasks = TaskCalls(self._verify, lambda: self._bus, log)
-
-    def bind(
-        self,
-        *,
-        bus: Bus,
-        keyring: Keyring,
-        routing: RoutingTable,
-        dispatcher: Dispatcher,
-        sink: NodeSink,
-        capabilities: Capabilities,
-        nats_url: str | None = None,
-        callout: CalloutStatus | None = None,
-    ) -> None:
-        """What the service needs, known once the plugin runs (calls before that get UNAVAILABLE).
-
-        ``capabilities`` checks that a worker was given the request it names (body fetches, orphaned
-        frames). ``nats_url`` and ``callout`` make the nats transport possible: workers reach NATS
-        there, and this node answers their auth callouts.
-        """
-        self._bus = bus
-        self._keyring = keyring
-        self._routing = routing
-        self._dispatcher = dispatcher
-        self._sink = sink
-        self._policy = Policy(max_deliver=self._config.max_deliver)
-        self._capabilities = capabilities
-        self._nats_url = nats_url
-        self._callout = callout
+        #: What calls need, set when the plugin runs (calls before that get UNAVAILABLE).
+        self.deps: Late[WorkerDeps] = Late("the invocation plane")
+        self._policy = Policy(max_deliver=config.max_deliver)
+        self._tasks = TaskCalls(self._verify, lambda: self.deps.get().bus, log)
 
     def _transport(self, offered: list[str]) -> str:
         """The configured transport when the worker offers it and it can work here, else grpc."""
-        wanted = self._config.transport
-        if wanted == "nats" and "nats" in offered and self._nats_url and self._callout and self._callout.available:
+        wanted, deps = self._config.transport, self.deps.get()
+        if wanted == "nats" and "nats" in offered and deps.nats_url and deps.callout and deps.callout.available:
             return "nats"
         return "grpc"
 
@@ -136,7 +132,7 @@ class WorkerService:
 
     @property
     def _signer(self) -> TokenSigner:
-        return TokenSigner(self._keyring.token_key)
+        return TokenSigner(self.deps.get().keyring.token_key)
 
     def _verify(self, token: str, kind: str) -> dict[str, Any]:
         try:
@@ -149,12 +145,12 @@ class WorkerService:
         assert req is not None
         claims = self._verify(req.worker_token, WORKER)
         fid, fvid = str(claims["fid"]), str(claims["fvid"])
-        if not self._routing.connectable(fid, fvid):
+        if not self.deps.get().routing.connectable(fid, fvid):
             raise GRPCError(Status.PERMISSION_DENIED, f"function version {fvid} is not deployed")
-        await self._dispatcher.ensure(fvid)
+        await self.deps.get().dispatcher.ensure(fvid)
         ttl = self._config.session_ttl
         transport = self._transport(list(req.transports))
-        stream_name, durable = self._dispatcher.stream_name(fvid), self._dispatcher.durable(fvid)
+        stream_name, durable = self.deps.get().dispatcher.stream_name(fvid), self.deps.get().dispatcher.durable(fvid)
         session_claims = {"fid": fid, "fvid": fvid, "nca": claims["nca"], "rid": claims["rid"], "iid": req.instance_id}
         inbox = ""
         if transport == "nats":
@@ -166,11 +162,11 @@ class WorkerService:
         await stream.send_message(
             ConnectResponse(
                 session_token=token,
-                region=self._dispatcher.region,
+                region=self.deps.get().dispatcher.region,
                 expires_ms=int((time.time() + ttl) * 1000),
                 max_concurrency=max(1, req.max_concurrency),
                 transport=transport,
-                nats_url=(self._nats_url or "") if transport == "nats" else "",
+                nats_url=(self.deps.get().nats_url or "") if transport == "nats" else "",
                 nats_token=envelope("APP", "worker", token) if transport == "nats" else "",
                 nats_inbox_prefix=inbox,
                 stream=stream_name,
@@ -188,7 +184,7 @@ class WorkerService:
         self._verify(req.worker_token, WORKER)
         try:
             reply = await rpc.call(
-                self._bus, subjects.SECRETS_FETCH, SecretsFetch(worker_token=req.worker_token), SecretsReply
+                self.deps.get().bus, subjects.SECRETS_FETCH, SecretsFetch(worker_token=req.worker_token), SecretsReply
             )
         except rpc.RpcError as err:
             status = Status.PERMISSION_DENIED if err.code in (401, 403) else Status.UNAVAILABLE
@@ -202,12 +198,12 @@ class WorkerService:
         assert req is not None
         claims = self._verify(req.session_token, SESSION)
         # Only a worker given the request (it has the capability of its reply subject) reads its body.
-        if req.body_object != buckets.request_body_object(req.request_id) or not self._capabilities.holds(
+        if req.body_object != buckets.request_body_object(req.request_id) or not self.deps.get().capabilities.holds(
             str(claims["fvid"]), req.request_id, req.capability
         ):
             raise GRPCError(Status.PERMISSION_DENIED, f"request {req.request_id} was not given to this worker")
         try:
-            async with self._dispatcher.payloads.open(req.body_object) as reader:
+            async with self.deps.get().dispatcher.payloads.open(req.body_object) as reader:
                 async for chunk in reader:
                     await stream.send_message(BodyChunk(data=chunk))
         except BusError as err:
@@ -237,15 +233,17 @@ class WorkerService:
             )
         missing = GRPCError(Status.NOT_FOUND, f"asset {req.asset_id} not found in account {request.nca_id}")
         try:
-            found = await TypedKV(self._bus.kv(buckets.ASSETS.name), buckets.ASSET).get(
+            found = await TypedKV(self.deps.get().bus.kv(buckets.ASSETS.name), buckets.ASSET).get(
                 buckets.account_item_key(request.nca_id, req.asset_id)
             )
             if found is None or found.value.uploaded_at is None:
                 raise missing
             content_type = found.value.content_type
-            async with self._bus.objects(buckets.ASSET_CONTENT.name).open(
-                buckets.asset_object(request.nca_id, req.asset_id)
-            ) as reader:
+            async with (
+                self.deps.get()
+                .bus.objects(buckets.ASSET_CONTENT.name)
+                .open(buckets.asset_object(request.nca_id, req.asset_id)) as reader
+            ):
                 size = reader.info.size
                 sent = False
                 async for chunk in reader:
@@ -350,9 +348,9 @@ class WorkerSession:
     # ---- requests down ------------------------------------------------------------------------------
 
     async def _pull(self, out: MemoryObjectSendStream[NodeEnvelope]) -> None:
-        svc = self._svc
-        stream = svc._bus.stream(svc._dispatcher.stream_name(self.function_version_id))
-        durable = svc._dispatcher.durable(self.function_version_id)
+        deps = self._svc.deps.get()
+        stream = deps.bus.stream(deps.dispatcher.stream_name(self.function_version_id))
+        durable = deps.dispatcher.durable(self.function_version_id)
         while True:
             await self.ready.wait()
             if self.draining:
@@ -376,7 +374,7 @@ class WorkerSession:
             await hold_until_ready(
                 lambda: self.ready, delivery, within=streams.PAUSED_HOLD, keepalive=self._svc._config.keepalive
             )
-        held = Settlement(delivery, request, policy=self._svc._policy, sink=self._svc._sink)
+        held = Settlement(delivery, request, policy=self._svc._policy, sink=self._svc.deps.get().sink)
         if self.draining or not self.ready.is_set():
             await held.give_back()  # still paused, or going away: another instance takes it
             return
@@ -396,7 +394,7 @@ class WorkerSession:
                 await held.keep_alive()
 
     async def _cancellations(self, out: MemoryObjectSendStream[NodeEnvelope]) -> None:
-        async with self._svc._bus.subscribe(subjects.cancel_subject(self.function_version_id)) as sub:
+        async with self._svc.deps.get().bus.subscribe(subjects.cancel_subject(self.function_version_id)) as sub:
             async for msg in sub:
                 request_id = msg.data.decode(errors="replace")
                 held = self.in_flight.pop(request_id, None)
@@ -451,7 +449,9 @@ class WorkerSession:
         held = self.in_flight.get(frame.request_id)
         if held is None:
             if self.transport == "nats":
-                if self._svc._capabilities.holds(self.function_version_id, frame.request_id, frame.capability):
+                if self._svc.deps.get().capabilities.holds(
+                    self.function_version_id, frame.request_id, frame.capability
+                ):
                     await self._orphan(frame)
                 else:
                     self._log.warning(
@@ -474,7 +474,7 @@ class WorkerSession:
             del self._orphans[frame.request_id]
             if frames[0].seq != 0:
                 frames = [problem_frame(frame.request_id, 502, BROKEN_OFF)]
-            await self._svc._sink.store(frames)
+            await self._svc.deps.get().sink.store(frames)
 
     # ---- endings ------------------------------------------------------------------------------------
 
@@ -487,7 +487,7 @@ class WorkerSession:
         remote, self.held_remotely = self.held_remotely, {}
         for ack_subject in remote.values():
             # Pulled by the worker itself (nats transport): handed back now, not after ack_wait.
-            await self._svc._bus.give_back(ack_subject)
+            await self._svc.deps.get().bus.give_back(ack_subject)
 
 
 def _message(message: NodeMessage) -> NodeEnvelope:
