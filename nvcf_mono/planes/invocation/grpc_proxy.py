@@ -19,10 +19,9 @@ import contextlib
 import json
 import logging
 import math
-import time
 import uuid
 from functools import partial
-from typing import Any, NoReturn, final
+from typing import NoReturn, final
 
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
@@ -48,6 +47,7 @@ from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late
 from nvcf_mono.models.function import FunctionVersion
 from nvcf_mono.planes.invocation.http import Invoker
+from nvcf_mono.planes.invocation.intake import new_request, stage
 from nvcf_mono.planes.invocation.responses import Pending
 
 FUNCTION_ID = "function-id"
@@ -177,34 +177,19 @@ class GrpcProxy:
         if stream.deadline is not None:
             # The worker gives the function what is left of the client's deadline.
             headers = [*headers, ("grpc-timeout", encode_timeout(window))]
-        body_object: str | None = None
-        size = len(body)
-        if size > invoker.config.inline_body_limit:
-
-            async def chunks() -> Any:
-                yield body
-
-            body_object, size = await invoker.dispatcher.put_body(request_id, chunks())
-            body = b""
-        now_ms = int(time.time() * 1000)
-        req = Request(
+        staged = await stage(invoker.dispatcher, invoker.config.inline_body_limit, request_id, body)
+        req = new_request(
+            principal,
+            fv,
             request_id=request_id,
-            nca_id=principal.account,  # the caller's account, as for HTTP
-            function_id=fv.id,
-            function_version_id=fv.version_id,
-            function_name=fv.name,
+            reply=invoker.router.reply_subject(request_id, fv.version_id),
             method="POST",
             path=path,
-            headers=tuple(headers),
-            reply=invoker.router.reply_subject(request_id, fv.version_id),
-            time_ms=now_ms,
+            headers=headers,
+            body=staged,
             # Nobody waits for the answer after the window: a request not started by then is dropped.
-            deadline_ms=now_ms + int(window * 1000),
+            window=window,
             poll_seconds=max(1, math.ceil(window)),
-            body=body,
-            body_object=body_object,
-            body_size=size,
-            client_subject=principal.subject,
             grpc=True,
         )
         pending = invoker.router.register(request_id, fv.version_id)
@@ -239,7 +224,7 @@ class GrpcProxy:
             if ended is None:
                 await cancel("the gRPC call ended early (the client went away)")
             invoker.router.forget(request_id)
-            await invoker.dispatcher.drop_body(body_object)
+            await invoker.dispatcher.drop_body(staged.object_name)
         if ended.status is not Status.OK:
             # Already sent to the client; raised so the call is counted with the function's status.
             raise GRPCError(ended.status, ended.message)

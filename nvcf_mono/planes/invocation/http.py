@@ -34,6 +34,7 @@ from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
 from nvcf_mono.planes.invocation.idempotency import IDEMPOTENCY_KEY, Idempotency
 from nvcf_mono.planes.invocation.input_assets import ASSET_REFERENCES, InputAssets, parse_references
+from nvcf_mono.planes.invocation.intake import Body, new_request, stage
 from nvcf_mono.planes.invocation.metrics import Entry, InvocationMetrics, Observation
 from nvcf_mono.planes.invocation.ratelimit import RateLimiter
 from nvcf_mono.planes.invocation.responses import Pending, ResponseRouter
@@ -129,7 +130,7 @@ class Invoker:
             raise ProblemError(400, f"{POLL} must be between 1 and {self.config.max_poll_seconds}, got {value}")
         return max(value, 1)  # 0 waits the least there is, as NVCF clamps it
 
-    async def read_body(self, request: web.Request, request_id: str) -> tuple[bytes, str | None, int]:
+    async def read_body(self, request: web.Request, request_id: str) -> Body:
         """Small bodies inline; the rest streamed into the object store."""
         maximum = self.config.max_request_body
         if request.content_length is not None and request.content_length > maximum:
@@ -141,7 +142,7 @@ class Invoker:
         while len(head) <= limit:
             chunk = await content.read(limit + 1 - len(head))
             if not chunk:
-                return bytes(head), None, len(head)
+                return Body(bytes(head), None, len(head))
             head.extend(chunk)
 
         async def rest() -> AsyncIterator[bytes]:
@@ -154,7 +155,7 @@ class Invoker:
                 yield chunk
 
         name, size = await self.dispatcher.put_body(request_id, rest())
-        return b"", name, size
+        return Body(b"", name, size)
 
     async def observed(self, entry: Entry) -> web.StreamResponse:
         """Run one invocation entry point, recorded in the metrics."""
@@ -236,31 +237,20 @@ class Invoker:
             poll = self.poll_seconds(headers, streaming=streaming)
         request_id = request_id or str(uuid.uuid4())
         if body is None:
-            body, body_object, size = await self.read_body(request, request_id)
-        elif len(body) > self.config.inline_body_limit:
-            body_object, size = await self.dispatcher.put_body(request_id, _once(body))
-            body = b""
+            staged = await self.read_body(request, request_id)
         else:
-            body_object, size = None, len(body)
-        now_ms = int(time.time() * 1000)
-        req = Request(
+            staged = await stage(self.dispatcher, self.config.inline_body_limit, request_id, body)
+        req = new_request(
+            principal,
+            fv,
             request_id=request_id,
-            # The caller's account (NVCF's ncaId), which differs from the owner's for a shared function.
-            nca_id=principal.account,
-            function_id=fv.id,
-            function_version_id=fv.version_id,
-            function_name=fv.name,
+            reply=self.router.reply_subject(request_id, fv.version_id),
             method=method,
             path=path,
-            headers=tuple((k, v) for k, v in headers.items() if k.lower() not in DROPPED),
-            reply=self.router.reply_subject(request_id, fv.version_id),
-            time_ms=now_ms,
-            deadline_ms=now_ms + int(self.config.queue_deadline * 1000),
+            headers=((k, v) for k, v in headers.items() if k.lower() not in DROPPED),
+            body=staged,
+            window=self.config.queue_deadline,
             poll_seconds=poll,
-            body=body,
-            body_object=body_object,
-            body_size=size,
-            client_subject=principal.subject,
             streaming=streaming,
             asset_ids=asset_ids,
         )
@@ -278,7 +268,7 @@ class Invoker:
         finally:
             if not pending.detached:
                 self.router.forget(request_id)
-                await self.dispatcher.drop_body(body_object)  # answered, failed or abandoned: done with it
+                await self.dispatcher.drop_body(staged.object_name)  # answered, failed or abandoned: done with it
 
     async def respond(
         self,
@@ -561,10 +551,6 @@ class Timing:
 _TOO_LARGE_TO_KEEP = (
     f"the response was delivered to the first caller; at over {KEEP_LIMIT} bytes it was too large to keep for retries"
 )
-
-
-async def _once(body: bytes) -> AsyncIterator[bytes]:
-    yield body
 
 
 def _too_large(maximum: int) -> str:
