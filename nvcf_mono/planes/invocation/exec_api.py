@@ -26,6 +26,7 @@ from nvcf_mono.planes.invocation.http import (
     STATUS,
     TAG,
     WAIT_REASON,
+    Invocation,
     Invoker,
     nvcf_status,
 )
@@ -153,13 +154,15 @@ def register(router: ApiRouter, invoker_of: Callable[[], Invoker]) -> None:
                 call.request,
                 call.principal,
                 fv,
-                method="POST",
-                path=fv.inference_url or "/",
-                headers=headers,
-                asset_ids=asset_ids,
-                poll=poll,
-                body=body,
-                buffered=True,
+                Invocation(
+                    method="POST",
+                    path=fv.inference_url or "/",
+                    headers=headers,
+                    asset_ids=asset_ids,
+                    poll=poll,
+                    body=body,
+                    buffered=True,
+                ),
             )
             return wrap(answer)
 

@@ -21,7 +21,7 @@ from nvcf_mono.auth import scopes as S
 from nvcf_mono.auth.principal import AuthError
 from nvcf_mono.auth.strategy import Authenticator
 from nvcf_mono.http.problem import ProblemError
-from nvcf_mono.planes.invocation.http import Invoker
+from nvcf_mono.planes.invocation.http import Invocation, Invoker
 from nvcf_mono.planes.invocation.metrics import Observation
 
 FUNCTION_ID = "function-id"
@@ -86,10 +86,12 @@ def middleware(invoker_of: Callable[[], Invoker], authenticator_of: Callable[[],
                 request,
                 principal,
                 fv,
-                method=request.method,
-                path=passthrough_path(request),
-                headers=headers,
-                poll=invoker.poll_seconds(headers, streaming=False),
+                Invocation(
+                    method=request.method,
+                    path=passthrough_path(request),
+                    headers=headers,
+                    poll=invoker.poll_seconds(headers, streaming=False),
+                ),
             )
 
         return await invoker.observed(entry)

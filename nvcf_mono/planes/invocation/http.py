@@ -84,6 +84,22 @@ class ResponseBroken(Exception):
     """The response cannot be completed; the connection is reset rather than a body truncated."""
 
 
+@attrs.frozen
+class Invocation:
+    """What an entry point asks to invoke: the call to make on the function, and how to answer."""
+
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    asset_ids: tuple[str, ...] = ()
+    #: Seconds to wait for the response head before a 202 (None: from the headers).
+    poll: int | None = None
+    #: The body when the entry point has it (exec's ``requestBody``); None: read from the request.
+    body: bytes | None = None
+    #: Answer with the whole response (exec wraps it), not streamed through.
+    buffered: bool = False
+
+
 @final
 class Invoker:
     """Everything pexec, exec and status share."""
@@ -173,36 +189,19 @@ class Invoker:
         return asset_ids
 
     async def handle(
-        self,
-        request: web.Request,
-        principal: Principal,
-        fv: FunctionVersion,
-        *,
-        method: str,
-        path: str,
-        headers: Mapping[str, str],
-        asset_ids: tuple[str, ...] = (),
-        poll: int | None = None,
-        body: bytes | None = None,
-        buffered: bool = False,
+        self, request: web.Request, principal: Principal, fv: FunctionVersion, inv: Invocation
     ) -> web.StreamResponse:
         """An invocation honouring ``Idempotency-Key``; without the header it is :meth:`invoke`."""
-        raw_key = headers.get(IDEMPOTENCY_KEY) if self.idempotency is not None else None
+        raw_key = inv.headers.get(IDEMPOTENCY_KEY) if self.idempotency is not None else None
         if raw_key is None or self.idempotency is None:
-            return await self.invoke(
-                request, principal, fv, method=method, path=path, headers=headers, asset_ids=asset_ids,
-                poll=poll, body=body, buffered=buffered,
-            )  # fmt: skip
-        if poll is None:
-            poll = self.poll_seconds(headers, streaming=wants_stream(headers))
+            return await self.invoke(request, principal, fv, inv)
+        if inv.poll is None:
+            inv = attrs.evolve(inv, poll=self.poll_seconds(inv.headers, streaming=wants_stream(inv.headers)))
         claim = await self.idempotency.claim(principal.account, fv, raw_key.strip())
         if not claim.owner:
-            return await self.replay(request, claim.request_id, poll=poll, buffered=buffered)
+            return await self.replay(request, claim.request_id, poll=inv.poll or 1, buffered=inv.buffered)
         try:
-            return await self.invoke(
-                request, principal, fv, method=method, path=path, headers=headers, asset_ids=asset_ids,
-                request_id=claim.request_id, poll=poll, body=body, buffered=buffered, keep=True,
-            )  # fmt: skip
+            return await self.invoke(request, principal, fv, inv, request_id=claim.request_id, keep=True)
         except BaseException:
             await self.idempotency.release(claim)  # it did not run: a retry may try again
             raise
@@ -212,18 +211,14 @@ class Invoker:
         request: web.Request,
         principal: Principal,
         fv: FunctionVersion,
+        inv: Invocation,
         *,
-        method: str,
-        path: str,
-        headers: Mapping[str, str],
-        asset_ids: tuple[str, ...] = (),
         request_id: str | None = None,
-        poll: int | None = None,
-        body: bytes | None = None,
-        buffered: bool = False,
         keep: bool = False,
     ) -> web.StreamResponse:
-        """Publish one request and answer it: streamed, or whole when ``buffered``; ``keep`` stores it too."""
+        """Publish one request and answer it: streamed, or whole when buffered; ``keep`` stores it too."""
+        method, path, headers, body, buffered = inv.method, inv.path, inv.headers, inv.body, inv.buffered
+        poll = inv.poll
         started = time.perf_counter()
         if fv.is_grpc:
             raise ProblemError(
@@ -252,7 +247,7 @@ class Invoker:
             window=self.config.queue_deadline,
             poll_seconds=poll,
             streaming=streaming,
-            asset_ids=asset_ids,
+            asset_ids=inv.asset_ids,
         )
         pending = self.router.register(request_id, fv.version_id)
         try:
@@ -614,10 +609,7 @@ def register(router: ApiRouter, invoker_of: Callable[[], Invoker]) -> None:
                 call.request,
                 call.principal,
                 fv,
-                method="POST",
-                path=fv.inference_url or "/",
-                headers=headers,
-                asset_ids=asset_ids,
+                Invocation(method="POST", path=fv.inference_url or "/", headers=headers, asset_ids=asset_ids),
             )
 
         return await invoker.observed(entry)
