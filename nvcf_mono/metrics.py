@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar, final
+from typing import Any, TypeVar, final
 
 import attrs
 
@@ -81,6 +81,22 @@ class _Metric:
             raise MetricError(f"{self.name} takes labels {self.label_names}, got {tuple(labels)}")
         return tuple(str(labels[n]) for n in self.label_names)
 
+    def _stored(self) -> dict[LabelValues, Any]:  # pragma: no cover - overridden
+        return {}
+
+    def forget(self, **labels: str) -> None:
+        """Drop every series whose labels include ``labels``: what a deleted object left behind.
+
+        Series are kept for what exists, not for everything that ever did.
+        """
+        unknown = set(labels) - set(self.label_names)
+        if unknown:
+            raise MetricError(f"{self.name} has no labels {sorted(unknown)}")
+        where = [(self.label_names.index(name), str(value)) for name, value in labels.items()]
+        stored = self._stored()
+        for key in [key for key in stored if all(key[i] == value for i, value in where)]:
+            del stored[key]
+
     def samples(self) -> Iterable[str]:  # pragma: no cover - overridden
         return ()
 
@@ -101,6 +117,9 @@ class Counter(_Metric):
         """Add ``amount`` (default 1) to the series named by ``labels``."""
         key = self._key(labels)
         self._values[key] = self._values.get(key, 0.0) + amount
+
+    def _stored(self) -> dict[LabelValues, float]:
+        return self._values
 
     def value(self, **labels: str) -> float:
         """Current value of one series (0 when never incremented)."""
@@ -131,9 +150,8 @@ class Gauge(_Metric):
         key = self._key(labels)
         self._values[key] = self._values.get(key, 0.0) + amount
 
-    def remove(self, **labels: str) -> None:
-        """Forget one series (e.g. a version that was undeployed)."""
-        self._values.pop(self._key(labels), None)
+    def _stored(self) -> dict[LabelValues, float]:
+        return self._values
 
     def value(self, **labels: str) -> float:
         """Current value of one series (0 when never set)."""
@@ -176,6 +194,9 @@ class Histogram(_Metric):
         series.counts[bisect.bisect_left(self.buckets, value)] += 1
         series.total += value
         series.count += 1
+
+    def _stored(self) -> dict[LabelValues, _HistogramSeries]:
+        return self._series
 
     def count(self, **labels: str) -> int:
         """Number of observations in one series."""
@@ -233,6 +254,12 @@ class Metrics:
         metric = kind(name=name, help=help, label_names=labels)
         self._metrics[name] = metric
         return metric
+
+    def forget(self, **labels: str) -> None:
+        """Drop, from every metric labelled with all of ``labels``, the series that carry them."""
+        for metric in self._metrics.values():
+            if set(labels) <= set(metric.label_names):
+                metric.forget(**labels)
 
     def render(self) -> str:
         """The Prometheus text exposition of every metric."""

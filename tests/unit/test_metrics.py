@@ -48,3 +48,26 @@ def test_an_unlabelled_counter_shows_zero_before_use() -> None:
     m = Metrics()
     m.counter("z_total", "Z.")
     assert "z_total 0\n" in m.render()
+
+
+def test_forget_drops_every_series_that_carries_the_labels() -> None:
+    m = Metrics()
+    calls = m.counter("calls_total", "Calls.", ["function_id", "version_id"])
+    latency = m.histogram("latency_seconds", "Latency.", ["function_id", "version_id"], buckets=(1.0,))
+    errors = m.counter("errors_total", "Errors.", ["code", "function_id"])
+    depth = m.gauge("depth", "Depth.", ["version_id"])
+    for fn, v in (("f", "v1"), ("f", "v2"), ("g", "v3")):
+        calls.inc(function_id=fn, version_id=v)
+        latency.observe(0.5, function_id=fn, version_id=v)
+        depth.set(1, version_id=v)
+    errors.inc(code="500", function_id="f")
+    errors.inc(code="500", function_id="g")
+
+    m.forget(version_id="v1")
+    assert "v1" not in m.render()
+    assert calls.value(function_id="f", version_id="v2") == 1 and depth.value(version_id="v2") == 1
+    m.forget(function_id="f")
+    assert '"f"' not in m.render()
+    assert errors.value(code="500", function_id="g") == 1 and latency.count(function_id="g", version_id="v3") == 1
+    with pytest.raises(MetricError, match="no labels"):
+        calls.forget(code="500")

@@ -3,7 +3,8 @@
 ``function_request_latency`` (histogram), ``function_request`` and ``app_invocation_error``
 (counters) are recorded around every invocation entry point (pexec, exec, Host routing);
 ``nvcf_worker_nats_queue_depth_and_inflight`` is a gauge per deployed version, refreshed by one
-task every few seconds so a scrape costs no bus call.
+task every few seconds so a scrape costs no bus call. The same task drops every series of a
+version, and of a function, once it is deleted: /metrics holds what exists, not its history.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ class InvocationMetrics:
     """Declared in the plugin's setup(); observe() wraps each invocation."""
 
     def __init__(self, registry: Metrics) -> None:
+        self._registry = registry
+        #: (function id, version id) of every version with series, until it is deleted.
+        self._recorded: set[tuple[str, str]] = set()
         self.latency = registry.histogram(
             "function_request_latency",
             "Time to serve an invocation (to the end of its response, or its 202), by function version.",
@@ -107,6 +111,7 @@ class InvocationMetrics:
 
     def _record(self, obs: Observation, status: int, seconds: float) -> None:
         if obs.function_id:
+            self._recorded.add((obs.function_id, obs.version_id))
             self.requests.inc(function_id=obs.function_id, function_version_id=obs.version_id, nca_id=obs.nca_id)
             self.latency.observe(seconds, function_id=obs.function_id, function_version_id=obs.version_id)
         if status >= 400:
@@ -122,7 +127,10 @@ class InvocationMetrics:
         interval: float = QUEUE_REFRESH,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Keep the queue-depth gauge current: every version's depth in one listing per interval."""
+        """Keep the queue-depth gauge current and drop the series of deleted versions and functions.
+
+        Every version's depth comes from one listing per interval.
+        """
         task_status.started()
         shown: set[tuple[str, str]] = set()
         while True:
@@ -141,6 +149,18 @@ class InvocationMetrics:
                             depths.get(fv.version_id, 0), function_id=fv.id, function_version_id=fv.version_id
                         )
                 for function_id, version_id in shown - live:
-                    self.queue_depth.remove(function_id=function_id, function_version_id=version_id)
+                    self.queue_depth.forget(function_id=function_id, function_version_id=version_id)
                 shown = live
+            self._forget_deleted(routing)
             await anyio.sleep(interval)
+
+    def _forget_deleted(self, routing: RoutingTable) -> None:
+        gone = {(f, v) for f, v in self._recorded if routing.version(f, v) is None}
+        if not gone:
+            return
+        self._recorded -= gone
+        functions_left = {fv.id for fv in routing.functions.values()}
+        for function_id, version_id in gone:
+            self._registry.forget(function_version_id=version_id)
+            if function_id not in functions_left:
+                self._registry.forget(function_id=function_id)

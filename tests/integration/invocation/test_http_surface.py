@@ -387,6 +387,16 @@ async def test_invocation_metrics_have_nvcf_names(tmp_path: Path) -> None:
 
         await wait_for(depth, timeout=15, what="the queue-depth gauge")
 
+        # A deleted function leaves no series behind: /metrics grows with what exists, not with history.
+        assert (await p.admin.delete(f"/v2/nvcf/functions/{fid}/versions/{vid}")).status == 204
+
+        async def forgotten() -> str | None:
+            text = await scrape()
+            return None if fid in text else text
+
+        text = await wait_for(forgotten, timeout=15, what="the deleted function's series to go")
+        assert 'app_invocation_error{http_status_code="404",function_id="unknown"} 1' in text
+
 
 def test_which_requests_host_routing_takes() -> None:
     fid, vid = str(uuid.uuid4()), str(uuid.uuid4())

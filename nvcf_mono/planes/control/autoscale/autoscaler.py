@@ -183,7 +183,7 @@ class Autoscaler:
             # Series of versions no longer scaled go: /metrics grows with what runs, not with history.
             labels = self._labelled.pop(fvid)
             for gauge in (self._desired, self._current, self._starting, self._utilization, self._queue):
-                gauge.remove(**labels)
+                gauge.forget(**labels)
 
     async def _version(self, fv: FunctionVersion, dep: Deployment) -> None:
         inputs = await self._inputs(fv, dep)
