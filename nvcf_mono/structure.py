@@ -331,40 +331,9 @@ def _structure(tp: Any, value: Any, cur: _Cursor) -> Any:
         return _attrs(tp, value, cur)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return _enum(tp, value, cur)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, Text) and str(value).strip().lower() in _BOOL_TEXT:
-            return _BOOL_TEXT[str(value).strip().lower()]
-        return cur.fail(f"expected true or false, got {_describe(value)}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, Text):
-            try:
-                return int(str(value).strip())
-            except ValueError:
-                pass
-        return cur.fail(f"expected an integer, got {_describe(value)}")
-    if tp is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            if isinstance(value, float) and not math.isfinite(value):
-                return cur.fail(f"expected a finite number, got {value!r}")
-            return float(value)
-        if isinstance(value, Text):
-            try:
-                return float(str(value).strip())
-            except ValueError:
-                pass
-        return cur.fail(f"expected a number, got {_describe(value)}")
-    if tp is str:
-        if isinstance(value, str):
-            return str(value)
-        return cur.fail(f"expected a string, got {_describe(value)}")
-    if tp is Path:
-        if isinstance(value, str) and value:
-            return Path(str(value)).expanduser()
-        return cur.fail(f"expected a path, got {_describe(value)}")
+    scalar = _SCALARS.get(tp) if isinstance(tp, type) else None
+    if scalar is not None:
+        return scalar(value, cur)
     if origin in (tuple, list, frozenset, set, Sequence):
         return _sequence(tp, origin, value, cur)
     if origin in (dict, Mapping) or tp in (dict, Mapping):
@@ -382,6 +351,54 @@ _BOOL_TEXT = {
     "off": False,
     "0": False,
 }
+
+
+def _bool(value: Any, cur: _Cursor) -> Any:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, Text) and str(value).strip().lower() in _BOOL_TEXT:
+        return _BOOL_TEXT[str(value).strip().lower()]
+    return cur.fail(f"expected true or false, got {_describe(value)}")
+
+
+def _int(value: Any, cur: _Cursor) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, Text):
+        try:
+            return int(str(value).strip())
+        except ValueError:
+            pass
+    return cur.fail(f"expected an integer, got {_describe(value)}")
+
+
+def _float(value: Any, cur: _Cursor) -> Any:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, float) and not math.isfinite(value):
+            return cur.fail(f"expected a finite number, got {value!r}")
+        return float(value)
+    if isinstance(value, Text):
+        try:
+            return float(str(value).strip())
+        except ValueError:
+            pass
+    return cur.fail(f"expected a number, got {_describe(value)}")
+
+
+def _str(value: Any, cur: _Cursor) -> Any:
+    if isinstance(value, str):
+        return str(value)
+    return cur.fail(f"expected a string, got {_describe(value)}")
+
+
+def _path(value: Any, cur: _Cursor) -> Any:
+    if isinstance(value, str) and value:
+        return Path(str(value)).expanduser()
+    return cur.fail(f"expected a path, got {_describe(value)}")
+
+
+#: Builders of the plain types, by type.
+_SCALARS: dict[type, Callable[[Any, _Cursor], Any]] = {bool: _bool, int: _int, float: _float, str: _str, Path: _path}
 
 
 def _type_name(tp: Any) -> str:

@@ -25,6 +25,7 @@ from nvcf_mono.services import ExtensionPoint
 from nvcf_mono.structure import Issue, StructureError, camel_case, structure, unstructure
 
 B = TypeVar("B")
+C = TypeVar("C")
 
 AuthMode = Literal["required", "none"]
 
@@ -259,6 +260,45 @@ def _depth_within(doc: Any, limit: int) -> bool:
             return False
         pending.extend((child, depth + 1) for child in children)
     return True
+
+
+#: A handler declared at module level: the plugin's context first, then the call.
+ContextHandler = Callable[[C, Call[Any]], Awaitable[Any]]
+
+
+@final
+class Routes(Generic[C]):
+    """Operations declared at module level, in the style of aiohttp's ``RouteTableDef``.
+
+    Handlers are plain functions ``handler(context, call)``; :meth:`bind` gives them the plugin's
+    context (made in ``setup()``) and adds them to its router.
+    """
+
+    def __init__(self) -> None:
+        self._declared: list[tuple[str, str, ContextHandler[C], dict[str, Any]]] = []
+
+    def route(self, method: str, path: str, **options: Any) -> Callable[[ContextHandler[C]], ContextHandler[C]]:
+        """Declare ``handler`` as the operation ``method path`` (options as :class:`Operation`'s)."""
+
+        def declare(handler: ContextHandler[C]) -> ContextHandler[C]:
+            self._declared.append((method, path, handler, options))
+            return handler
+
+        return declare
+
+    def bind(self, router: ApiRouter, context: C) -> None:
+        """Add every declared operation to ``router``, its handler given ``context``."""
+        for method, path, handler, options in self._declared:
+            router.add(Operation(method=method.upper(), path=path, handler=_given(handler, context), **options))
+
+
+def _given(handler: ContextHandler[C], context: C) -> Callable[[Call[Any]], Awaitable[Any]]:
+    async def call(request: Call[Any]) -> Any:
+        return await handler(context, request)
+
+    call.__name__ = handler.__name__  # the OpenAPI operation id
+    call.__doc__ = handler.__doc__
+    return call
 
 
 AccountCheck = Callable[[str], Awaitable[bool]]

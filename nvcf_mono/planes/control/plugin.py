@@ -75,7 +75,7 @@ class ControlPlane(BasePlugin[ControlConfig]):
         self.ctl = Control(config=self.config, settings=ctx.settings, log=ctx.log)
         self.router = ApiRouter()
         for module in API_MODULES:
-            module.register(self.router, self.ctl)
+            module.routes.bind(self.router, self.ctl)
         self.router.install(ctx)
 
     async def run(self, ctx: RunContext[ControlConfig], *, task_status: TaskStatus[None]) -> None:

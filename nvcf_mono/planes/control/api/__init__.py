@@ -1,4 +1,4 @@
-"""The control plane's HTTP API, one module per resource; each has ``register(router, ctl)``."""
+"""The control plane's HTTP API, one module per resource; each declares its ``routes`` at module level."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from nvcf_mono.auth import scopes as S
 from nvcf_mono.auth.secret import b64u
 from nvcf_mono.bus.errors import BusError, NotFound
 from nvcf_mono.contracts import buckets
-from nvcf_mono.http.api import ApiRouter, Call, Param
+from nvcf_mono.http.api import Call, Param, Routes
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.asset import (
     Asset,
@@ -37,6 +37,7 @@ from nvcf_mono.planes.control.context import Control
 from nvcf_mono.structure import evolve
 
 TAG = "assets"
+routes: Routes[Control] = Routes()
 LinkOp = Literal["upload", "download"]
 _CHUNK = 256 * 1024
 _KEY_LABEL = "asset-links/v1"
@@ -57,250 +58,256 @@ def _not_found(asset_id: str) -> ProblemError:
     return ProblemError(404, f"Asset '{asset_id}' not found")
 
 
-def register(router: ApiRouter, ctl: Control) -> None:
-    """Add the asset endpoints."""
-    keys: dict[str, bytes] = {}
+def signature(ctl: Control, op: LinkOp, asset_id: str, expires: int) -> str:
+    key = ctl.keyring.secret.derive(_KEY_LABEL)
+    return b64u(hmac.digest(key, f"nvcf-asset-link\n{op}\n{asset_id}\n{expires}".encode(), "sha256"))
 
-    def signature(op: LinkOp, asset_id: str, expires: int) -> str:
-        key = keys.get(_KEY_LABEL)
-        if key is None:
-            key = keys[_KEY_LABEL] = ctl.keyring.secret.derive(_KEY_LABEL)
-        return b64u(hmac.digest(key, f"nvcf-asset-link\n{op}\n{asset_id}\n{expires}".encode(), "sha256"))
 
-    def link(op: LinkOp, asset_id: str) -> str:
-        expires = int(time.time() + ctl.config.asset_link_ttl)
-        return (
-            f"{ctl.api_url}/v2/nvcf/assets/{asset_id}/{op}?expires={expires}"
-            f"&signature={signature(op, asset_id, expires)}"
+def link(ctl: Control, op: LinkOp, asset_id: str) -> str:
+    expires = int(time.time() + ctl.config.asset_link_ttl)
+    return (
+        f"{ctl.api_url}/v2/nvcf/assets/{asset_id}/{op}?expires={expires}"
+        f"&signature={signature(ctl, op, asset_id, expires)}"
+    )
+
+
+def check_link(ctl: Control, call: Call[None], op: LinkOp) -> str:
+    """The asset id of a valid, unexpired link; 403 otherwise (checked before any lookup)."""
+    asset_id = call.path("assetId")
+    raw_expires, sig = call.query("expires"), call.query("signature")
+    if not raw_expires or not sig:
+        raise ProblemError(403, f"the {op} link lacks its 'expires' and 'signature' parameters")
+    try:
+        expires = int(raw_expires)
+    except ValueError:
+        raise ProblemError(403, f"the {op} link's 'expires' is not a unix time: {raw_expires!r}") from None
+    if not hmac.compare_digest(sig.encode(), signature(ctl, op, asset_id, expires).encode()):
+        raise ProblemError(403, f"the {op} link's signature does not match (the link was altered or is not ours)")
+    if expires < time.time():
+        when = datetime.fromtimestamp(expires, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        raise ProblemError(403, f"the {op} link expired at {when}; ask for a new one")
+    if not is_uuid(asset_id):
+        raise _not_found(asset_id)
+    return asset_id
+
+
+async def find_any(ctl: Control, asset_id: str) -> Asset | None:
+    """An asset by id alone (links do not name the account; ids are unique)."""
+    for asset in ctl.store.assets.values():
+        if asset.asset_id == asset_id:
+            return asset
+    # Created through another node a moment ago: the mirror may not have it yet.
+    for key in await ctl.store.assets.kv.kv.keys(f"*.{asset_id}"):
+        found = await ctl.store.assets.fetch(key)
+        if found is not None:
+            return found
+    return None
+
+
+async def own(ctl: Control, call: Call[None]) -> Asset:
+    asset_id = call.path("assetId")
+    if not is_uuid(asset_id):
+        raise _not_found(asset_id)
+    asset = await ctl.store.assets.fetch(buckets.account_item_key(call.account, asset_id))
+    if asset is None:
+        raise _not_found(asset_id)
+    return asset
+
+
+@routes.route(
+    "POST",
+    "/v2/nvcf/assets",
+    summary="Create an asset; PUT its content to the returned uploadUrl (no bearer; same Content-Type).",
+    tag=TAG,
+    scopes=(S.INVOKE_FUNCTION,),
+    body=CreateAssetRequest,
+    response=CreatedAsset,
+    cross_account=True,
+)
+async def create_asset(ctl: Control, call: Call[CreateAssetRequest]) -> CreatedAsset:
+    asset = Asset(
+        asset_id=new_id(),
+        nca_id=call.account,
+        content_type=call.body.content_type.strip(),
+        description=call.body.description,
+        created_at=now_iso(),
+    )
+    await ctl.store.assets.create(buckets.account_item_key(asset.nca_id, asset.asset_id), asset)
+    return CreatedAsset(
+        asset_id=asset.asset_id,
+        upload_url=link(ctl, "upload", asset.asset_id),
+        content_type=asset.content_type,
+        description=asset.description,
+    )
+
+
+@routes.route(
+    "GET",
+    "/v2/nvcf/assets",
+    summary="List the account's assets.",
+    tag=TAG,
+    scopes=(S.INVOKE_FUNCTION,),
+    response=AssetListResponse,
+    cross_account=True,
+)
+async def list_assets(ctl: Control, call: Call[None]) -> AssetListResponse:
+    mine = [a for a in ctl.store.assets.values() if a.nca_id == call.account]
+    mine.sort(key=lambda a: (a.created_at, a.asset_id))
+    return AssetListResponse(assets=tuple(_view(a) for a in mine))
+
+
+@routes.route(
+    "GET",
+    "/v2/nvcf/assets/{assetId}",
+    summary="Read an asset's metadata.",
+    tag=TAG,
+    scopes=(S.INVOKE_FUNCTION,),
+    response=AssetResponse,
+    errors=(404,),
+    cross_account=True,
+)
+async def get_asset(ctl: Control, call: Call[None]) -> AssetResponse:
+    return AssetResponse(asset=_view(await own(ctl, call)))
+
+
+@routes.route(
+    "DELETE",
+    "/v2/nvcf/assets/{assetId}",
+    summary="Delete an asset and its content.",
+    tag=TAG,
+    scopes=(S.INVOKE_FUNCTION,),
+    errors=(404,),
+    cross_account=True,
+)
+async def delete_asset(ctl: Control, call: Call[None]) -> None:
+    asset = await own(ctl, call)
+    await ctl.bus.objects(buckets.ASSET_CONTENT.name).delete(buckets.asset_object(asset.nca_id, asset.asset_id))
+    await ctl.store.assets.mutate(buckets.account_item_key(asset.nca_id, asset.asset_id), lambda _: None)
+
+
+@routes.route(
+    "GET",
+    "/v2/nvcf/assets/{assetId}/content-redirect",
+    summary="A pre-signed link to download the asset's content (no bearer needed; expires).",
+    tag=TAG,
+    scopes=(S.INVOKE_FUNCTION,),
+    response=ContentRedirect,
+    errors=(404,),
+    cross_account=True,
+)
+async def get_asset_content_redirect(ctl: Control, call: Call[None]) -> ContentRedirect:
+    asset = await own(ctl, call)
+    return ContentRedirect(presigned_url=link(ctl, "download", asset.asset_id))
+
+
+LINK_PARAMS = (
+    Param(name="expires", description="Unix time the link expires.", required=True, schema={"type": "integer"}),
+    Param(name="signature", description="The link's signature.", required=True),
+)
+
+
+@routes.route(
+    "PUT",
+    "/v2/nvcf/assets/{assetId}/upload",
+    summary="Upload an asset's content through its pre-signed uploadUrl (replaces earlier content).",
+    description="Authorized by the link itself: send no bearer. The Content-Type must be the one the asset "
+    "was created with; the body is streamed to storage and may not exceed the platform's asset size limit.",
+    tag=TAG,
+    auth="none",
+    raw_body="*/*",
+    # 200 with an empty body, as S3 answers a pre-signed PUT.
+    raw_response="application/octet-stream",
+    params=LINK_PARAMS,
+    errors=(403, 404, 413, 503),
+)
+async def upload_asset_content(ctl: Control, call: Call[None]) -> web.StreamResponse:
+    asset_id = check_link(ctl, call, "upload")
+    asset = await find_any(ctl, asset_id)
+    if asset is None:
+        raise _not_found(asset_id)
+    sent_type = call.request.headers.get("Content-Type")
+    if sent_type is None or not same_content_type(sent_type, asset.content_type):
+        raise ProblemError(
+            400,
+            f"Content-Type must be {asset.content_type!r}, as the asset was created with; got {sent_type!r}",
         )
+    limit = ctl.config.max_asset_size
+    too_large = ProblemError(413, f"the asset exceeds the limit of {limit} bytes", headers={"Connection": "close"})
+    declared = call.request.content_length
+    if declared is not None and declared > limit:
+        raise too_large
 
-    def check_link(call: Call[None], op: LinkOp) -> str:
-        """The asset id of a valid, unexpired link; 403 otherwise (checked before any lookup)."""
-        asset_id = call.path("assetId")
-        raw_expires, sig = call.query("expires"), call.query("signature")
-        if not raw_expires or not sig:
-            raise ProblemError(403, f"the {op} link lacks its 'expires' and 'signature' parameters")
+    async def body() -> AsyncIterator[bytes]:
+        received = 0
         try:
-            expires = int(raw_expires)
-        except ValueError:
-            raise ProblemError(403, f"the {op} link's 'expires' is not a unix time: {raw_expires!r}") from None
-        if not hmac.compare_digest(sig.encode(), signature(op, asset_id, expires).encode()):
-            raise ProblemError(403, f"the {op} link's signature does not match (the link was altered or is not ours)")
-        if expires < time.time():
-            when = datetime.fromtimestamp(expires, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-            raise ProblemError(403, f"the {op} link expired at {when}; ask for a new one")
-        if not is_uuid(asset_id):
+            async for chunk in call.request.content.iter_chunked(_CHUNK):
+                received += len(chunk)
+                if received > limit:
+                    raise too_large
+                yield chunk
+        except (ClientPayloadError, HttpProcessingError, ConnectionError) as err:
+            raise ProblemError(400, f"the upload was cut short after {received} bytes: {err}") from err
+
+    name = buckets.asset_object(asset.nca_id, asset.asset_id)
+    objects = ctl.bus.objects(buckets.ASSET_CONTENT.name)
+    try:
+        # A failed put (too large, cut short) leaves any earlier content in place.
+        info = await objects.put(name, body(), metadata={"contentType": asset.content_type})
+    except BusError as err:
+        raise ProblemError(503, f"the asset could not be stored: {err}", headers={"Retry-After": "1"}) from err
+    uploaded = now_iso()
+
+    def record(current: Asset | None) -> Asset | None:
+        if current is None:
             raise _not_found(asset_id)
-        return asset_id
+        return evolve(current, size=info.size, uploaded_at=uploaded)
 
-    async def find_any(asset_id: str) -> Asset | None:
-        """An asset by id alone (links do not name the account; ids are unique)."""
-        for asset in ctl.store.assets.values():
-            if asset.asset_id == asset_id:
-                return asset
-        # Created through another node a moment ago: the mirror may not have it yet.
-        for key in await ctl.store.assets.kv.kv.keys(f"*.{asset_id}"):
-            found = await ctl.store.assets.fetch(key)
-            if found is not None:
-                return found
-        return None
+    try:
+        await ctl.store.assets.mutate(buckets.account_item_key(asset.nca_id, asset.asset_id), record)
+    except ProblemError:
+        await objects.delete(name)  # deleted while uploading: keep no orphan content
+        raise
+    return web.Response(status=200, content_type="application/octet-stream")
 
-    async def own(call: Call[None]) -> Asset:
-        asset_id = call.path("assetId")
-        if not is_uuid(asset_id):
-            raise _not_found(asset_id)
-        asset = await ctl.store.assets.fetch(buckets.account_item_key(call.account, asset_id))
-        if asset is None:
-            raise _not_found(asset_id)
-        return asset
 
-    @router.route(
-        "POST",
-        "/v2/nvcf/assets",
-        summary="Create an asset; PUT its content to the returned uploadUrl (no bearer; same Content-Type).",
-        tag=TAG,
-        scopes=(S.INVOKE_FUNCTION,),
-        body=CreateAssetRequest,
-        response=CreatedAsset,
-        cross_account=True,
-    )
-    async def create_asset(call: Call[CreateAssetRequest]) -> CreatedAsset:
-        asset = Asset(
-            asset_id=new_id(),
-            nca_id=call.account,
-            content_type=call.body.content_type.strip(),
-            description=call.body.description,
-            created_at=now_iso(),
-        )
-        await ctl.store.assets.create(buckets.account_item_key(asset.nca_id, asset.asset_id), asset)
-        return CreatedAsset(
-            asset_id=asset.asset_id,
-            upload_url=link("upload", asset.asset_id),
-            content_type=asset.content_type,
-            description=asset.description,
-        )
-
-    @router.route(
-        "GET",
-        "/v2/nvcf/assets",
-        summary="List the account's assets.",
-        tag=TAG,
-        scopes=(S.INVOKE_FUNCTION,),
-        response=AssetListResponse,
-        cross_account=True,
-    )
-    async def list_assets(call: Call[None]) -> AssetListResponse:
-        mine = [a for a in ctl.store.assets.values() if a.nca_id == call.account]
-        mine.sort(key=lambda a: (a.created_at, a.asset_id))
-        return AssetListResponse(assets=tuple(_view(a) for a in mine))
-
-    @router.route(
-        "GET",
-        "/v2/nvcf/assets/{assetId}",
-        summary="Read an asset's metadata.",
-        tag=TAG,
-        scopes=(S.INVOKE_FUNCTION,),
-        response=AssetResponse,
-        errors=(404,),
-        cross_account=True,
-    )
-    async def get_asset(call: Call[None]) -> AssetResponse:
-        return AssetResponse(asset=_view(await own(call)))
-
-    @router.route(
-        "DELETE",
-        "/v2/nvcf/assets/{assetId}",
-        summary="Delete an asset and its content.",
-        tag=TAG,
-        scopes=(S.INVOKE_FUNCTION,),
-        errors=(404,),
-        cross_account=True,
-    )
-    async def delete_asset(call: Call[None]) -> None:
-        asset = await own(call)
-        await ctl.bus.objects(buckets.ASSET_CONTENT.name).delete(buckets.asset_object(asset.nca_id, asset.asset_id))
-        await ctl.store.assets.mutate(buckets.account_item_key(asset.nca_id, asset.asset_id), lambda _: None)
-
-    @router.route(
-        "GET",
-        "/v2/nvcf/assets/{assetId}/content-redirect",
-        summary="A pre-signed link to download the asset's content (no bearer needed; expires).",
-        tag=TAG,
-        scopes=(S.INVOKE_FUNCTION,),
-        response=ContentRedirect,
-        errors=(404,),
-        cross_account=True,
-    )
-    async def get_asset_content_redirect(call: Call[None]) -> ContentRedirect:
-        asset = await own(call)
-        return ContentRedirect(presigned_url=link("download", asset.asset_id))
-
-    link_params = (
-        Param(name="expires", description="Unix time the link expires.", required=True, schema={"type": "integer"}),
-        Param(name="signature", description="The link's signature.", required=True),
-    )
-
-    @router.route(
-        "PUT",
-        "/v2/nvcf/assets/{assetId}/upload",
-        summary="Upload an asset's content through its pre-signed uploadUrl (replaces earlier content).",
-        description="Authorized by the link itself: send no bearer. The Content-Type must be the one the asset "
-        "was created with; the body is streamed to storage and may not exceed the platform's asset size limit.",
-        tag=TAG,
-        auth="none",
-        raw_body="*/*",
-        # 200 with an empty body, as S3 answers a pre-signed PUT.
-        raw_response="application/octet-stream",
-        params=link_params,
-        errors=(403, 404, 413, 503),
-    )
-    async def upload_asset_content(call: Call[None]) -> web.StreamResponse:
-        asset_id = check_link(call, "upload")
-        asset = await find_any(asset_id)
-        if asset is None:
-            raise _not_found(asset_id)
-        sent_type = call.request.headers.get("Content-Type")
-        if sent_type is None or not same_content_type(sent_type, asset.content_type):
-            raise ProblemError(
-                400,
-                f"Content-Type must be {asset.content_type!r}, as the asset was created with; got {sent_type!r}",
-            )
-        limit = ctl.config.max_asset_size
-        too_large = ProblemError(413, f"the asset exceeds the limit of {limit} bytes", headers={"Connection": "close"})
-        declared = call.request.content_length
-        if declared is not None and declared > limit:
-            raise too_large
-
-        async def body() -> AsyncIterator[bytes]:
-            received = 0
+@routes.route(
+    "GET",
+    "/v2/nvcf/assets/{assetId}/download",
+    summary="Download an asset's content through a pre-signed link from content-redirect.",
+    description="Authorized by the link itself: send no bearer. Answers with the asset's Content-Type.",
+    tag=TAG,
+    auth="none",
+    raw_response="*/*",
+    params=LINK_PARAMS,
+    errors=(403, 404, 503),
+)
+async def download_asset_content(ctl: Control, call: Call[None]) -> web.StreamResponse:
+    asset_id = check_link(ctl, call, "download")
+    asset = await find_any(ctl, asset_id)
+    if asset is None:
+        raise _not_found(asset_id)
+    objects = ctl.bus.objects(buckets.ASSET_CONTENT.name)
+    name = buckets.asset_object(asset.nca_id, asset.asset_id)
+    response = web.StreamResponse(status=200)
+    try:
+        async with objects.open(name) as reader:
+            response.headers["Content-Type"] = asset.content_type
+            response.content_length = reader.info.size
+            await response.prepare(call.request)
             try:
-                async for chunk in call.request.content.iter_chunked(_CHUNK):
-                    received += len(chunk)
-                    if received > limit:
-                        raise too_large
-                    yield chunk
-            except (ClientPayloadError, HttpProcessingError, ConnectionError) as err:
-                raise ProblemError(400, f"the upload was cut short after {received} bytes: {err}") from err
-
-        name = buckets.asset_object(asset.nca_id, asset.asset_id)
-        objects = ctl.bus.objects(buckets.ASSET_CONTENT.name)
-        try:
-            # A failed put (too large, cut short) leaves any earlier content in place.
-            info = await objects.put(name, body(), metadata={"contentType": asset.content_type})
-        except BusError as err:
-            raise ProblemError(503, f"the asset could not be stored: {err}", headers={"Retry-After": "1"}) from err
-        uploaded = now_iso()
-
-        def record(current: Asset | None) -> Asset | None:
-            if current is None:
-                raise _not_found(asset_id)
-            return evolve(current, size=info.size, uploaded_at=uploaded)
-
-        try:
-            await ctl.store.assets.mutate(buckets.account_item_key(asset.nca_id, asset.asset_id), record)
-        except ProblemError:
-            await objects.delete(name)  # deleted while uploading: keep no orphan content
-            raise
-        return web.Response(status=200, content_type="application/octet-stream")
-
-    @router.route(
-        "GET",
-        "/v2/nvcf/assets/{assetId}/download",
-        summary="Download an asset's content through a pre-signed link from content-redirect.",
-        description="Authorized by the link itself: send no bearer. Answers with the asset's Content-Type.",
-        tag=TAG,
-        auth="none",
-        raw_response="*/*",
-        params=link_params,
-        errors=(403, 404, 503),
-    )
-    async def download_asset_content(call: Call[None]) -> web.StreamResponse:
-        asset_id = check_link(call, "download")
-        asset = await find_any(asset_id)
-        if asset is None:
-            raise _not_found(asset_id)
-        objects = ctl.bus.objects(buckets.ASSET_CONTENT.name)
-        name = buckets.asset_object(asset.nca_id, asset.asset_id)
-        response = web.StreamResponse(status=200)
-        try:
-            async with objects.open(name) as reader:
-                response.headers["Content-Type"] = asset.content_type
-                response.content_length = reader.info.size
-                await response.prepare(call.request)
-                try:
-                    async for chunk in reader:
-                        await response.write(chunk)
-                except BusError as err:
-                    # Headers are out: the short body (under Content-Length) tells the client it failed.
-                    ctl.log.warning("download of asset %s broke off: %s", asset_id, err)
-                    if call.request.transport is not None:
-                        call.request.transport.close()
-                    return response
-                except ConnectionError:
-                    return response  # the client went away
-        except NotFound:
-            raise ProblemError(404, f"Asset '{asset_id}' has no content yet: upload it first") from None
-        except BusError as err:
-            raise ProblemError(503, f"the asset cannot be read now: {err}", headers={"Retry-After": "1"}) from err
-        await response.write_eof()
-        return response
+                async for chunk in reader:
+                    await response.write(chunk)
+            except BusError as err:
+                # Headers are out: the short body (under Content-Length) tells the client it failed.
+                ctl.log.warning("download of asset %s broke off: %s", asset_id, err)
+                if call.request.transport is not None:
+                    call.request.transport.close()
+                return response
+            except ConnectionError:
+                return response  # the client went away
+    except NotFound:
+        raise ProblemError(404, f"Asset '{asset_id}' has no content yet: upload it first") from None
+    except BusError as err:
+        raise ProblemError(503, f"the asset cannot be read now: {err}", headers={"Retry-After": "1"}) from err
+    await response.write_eof()
+    return response

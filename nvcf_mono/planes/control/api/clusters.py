@@ -14,7 +14,7 @@ from typing import Any
 
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.bus.errors import ConflictError
-from nvcf_mono.http.api import ApiRouter, Call, Param
+from nvcf_mono.http.api import Call, Param, Routes
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.cluster import (
     CloudProvider,
@@ -35,6 +35,7 @@ from nvcf_mono.structure import Check, WireModel, checked, evolve, wire
 
 TAG_GROUPS = "cluster groups"
 TAG_ICMS = "clusters (ICMS)"
+routes: Routes[Control] = Routes()
 CAPABILITIES = (
     "CachingSupport",
     "MiniServiceRestrictions",
@@ -378,391 +379,406 @@ def _gpus(specs: tuple[GpuSpecInput, ...]) -> tuple[ClusterGpu, ...]:
     return tuple(out)
 
 
-def register(router: ApiRouter, ctl: Control) -> None:
-    """Add the cluster endpoints."""
+def acting_account(call: Call[Any]) -> str:
+    """The path's account: the caller's own, or any for a super admin (404 otherwise, as for others' objects)."""
+    nca_id = call.account
+    if nca_id != call.principal.account and not call.principal.super_admin:
+        raise ProblemError(404, f"account {nca_id!r} not found")
+    return nca_id
 
-    def acting_account(call: Call[Any]) -> str:
-        """The path's account: the caller's own, or any for a super admin (404 otherwise, as for others' objects)."""
-        nca_id = call.account
-        if nca_id != call.principal.account and not call.principal.super_admin:
-            raise ProblemError(404, f"account {nca_id!r} not found")
-        return nca_id
 
-    def heartbeat(cluster_id: str) -> ClusterHeartbeat | None:
-        return ctl.store.health.get(cluster_id)
+def heartbeat(ctl: Control, cluster_id: str) -> ClusterHeartbeat | None:
+    return ctl.store.health.get(cluster_id)
 
-    def ready(clusters: Iterable[Cluster]) -> list[Cluster]:
-        ttl = ctl.config.cluster_heartbeat_ttl
-        return [c for c in clusters if placeable(c, heartbeat(c.cluster_id), ttl)]
 
-    # ---- cluster groups ----------------------------------------------------------------------------
+def ready(ctl: Control, clusters: Iterable[Cluster]) -> list[Cluster]:
+    ttl = ctl.config.cluster_heartbeat_ttl
+    return [c for c in clusters if placeable(c, heartbeat(ctl, c.cluster_id), ttl)]
 
-    @router.route(
-        "GET",
-        "/v2/nvcf/clusterGroups",
-        summary="Cluster groups (backends) the account may deploy on, with their GPUs and instance types.",
-        tag=TAG_GROUPS,
-        scopes=(S.LIST_CLUSTER_GROUPS,),
-        response=ClusterGroupsResponse,
-        cross_account=True,
-    )
-    async def list_cluster_groups(call: Call[None]) -> ClusterGroupsResponse:
-        return ClusterGroupsResponse(
-            cluster_groups=cluster_groups(visible_clusters(ctl.store.clusters.values(), call.account))
-        )
 
-    @router.route(
-        "GET",
-        "/v1/si/accounts/{ncaId}/clusterGroups",
-        account_from_path=True,
-        summary="Cluster groups an account may deploy on (ICMS).",
-        tag=TAG_ICMS,
-        scopes=(S.CLUSTER_LISTING, S.LIST_CLUSTER_GROUPS),
-        response=ClusterGroupsResponse,
-        params=(Param(name="instanceTypeUsage", description="DEFAULT or CONTAINER (both list every type)."),),
-        errors=(404,),
-    )
-    async def list_account_cluster_groups(call: Call[None]) -> ClusterGroupsResponse:
-        nca_id = acting_account(call)
-        usage = call.query("instanceTypeUsage")
-        if usage is not None and usage.upper() not in ("DEFAULT", "CONTAINER"):
-            raise ProblemError(400, f"instanceTypeUsage must be DEFAULT or CONTAINER, got {usage!r}")
-        return ClusterGroupsResponse(
-            cluster_groups=cluster_groups(visible_clusters(ctl.store.clusters.values(), nca_id))
-        )
+# ---- cluster groups ----------------------------------------------------------------------------
 
-    # ---- ICMS listings -----------------------------------------------------------------------------
 
-    filters = (
-        Param(name="gpus", description="Only these GPUs (comma-separated)."),
-        Param(name="backends", description="Only clusters of these cluster groups."),
-        Param(name="regions", description="Only clusters in these regions."),
-        Param(name="clusters", description="Only these clusters (names or ids)."),
-        Param(name="attributes", description="Only clusters with all of these attributes."),
-        Param(name="instanceType", description="Only these instance types."),
+@routes.route(
+    "GET",
+    "/v2/nvcf/clusterGroups",
+    summary="Cluster groups (backends) the account may deploy on, with their GPUs and instance types.",
+    tag=TAG_GROUPS,
+    scopes=(S.LIST_CLUSTER_GROUPS,),
+    response=ClusterGroupsResponse,
+    cross_account=True,
+)
+async def list_cluster_groups(ctl: Control, call: Call[None]) -> ClusterGroupsResponse:
+    return ClusterGroupsResponse(
+        cluster_groups=cluster_groups(visible_clusters(ctl.store.clusters.values(), call.account))
     )
 
-    def offered(call: Call[None]) -> list[tuple[Cluster, ClusterGpu, InstanceType]]:
-        """Every (ready cluster, GPU, instance type) visible to the account that passes the filters."""
-        nca_id = acting_account(call)
-        gpus, backends = _lowered(call.query_list("gpus")), _lowered(call.query_list("backends"))
-        regions, names = _lowered(call.query_list("regions")), _lowered(call.query_list("clusters"))
-        attributes = tuple(call.query_list("attributes"))
-        types = _lowered(call.query_list("instanceType"))
-        out = []
-        for cluster in ready(visible_clusters(ctl.store.clusters.values(), nca_id)):
-            if backends and cluster.cluster_group_name.lower() not in backends:
-                continue
-            if regions and cluster.region.lower() not in regions:
-                continue
-            if names and not ({cluster.cluster_name.lower(), cluster.cluster_id.lower()} & names):
-                continue
-            if attributes and not cluster.has_attributes(attributes):
-                continue
-            for gpu in cluster.gpus:
-                if gpus and gpu.name.lower() not in gpus:
-                    continue
-                for it in gpu.instance_types:
-                    if not types or it.name.lower() in types:
-                        out.append((cluster, gpu, it))
-        return out
 
-    @router.route(
-        "GET",
-        "/v1/si/accounts/{ncaId}/instanceTypes",
-        account_from_path=True,
-        summary="Instance types by GPU on the account's ready clusters: {<gpu>: [instance type, ...]}.",
-        tag=TAG_ICMS,
-        scopes=(S.INSTANCE_TYPES,),
-        response=dict[str, tuple[InstanceTypeDetails, ...]],
-        params=filters,
-        errors=(404,),
-    )
-    async def list_instance_types(call: Call[None]) -> dict[str, tuple[InstanceTypeDetails, ...]]:
-        merged: dict[str, dict[str, InstanceTypeDetails]] = {}
-        gpu_names: dict[str, str] = {}
-        for cluster, gpu, it in offered(call):
-            gpu_name = gpu_names.setdefault(gpu.name.upper(), gpu.name)
-            types = merged.setdefault(gpu_name, {})
-            seen = types.get(it.name.upper())
-            if seen is None:
-                seen = InstanceTypeDetails(
-                    name=it.name,
-                    value=it.value,
-                    description=describe(gpu_name, it),
-                    gpu_count=it.gpu_count,
-                    clusters=(),
-                    regions=(),
-                    attributes=(),
-                    cpu_cores=it.cpu_cores,
-                    system_memory=it.system_memory,
-                    gpu_memory=it.gpu_memory,
-                    cpu_arch=it.cpu_arch,
-                    os=it.os,
-                    driver_version=it.driver_version,
-                    storage=it.storage,
-                )
-            types[it.name.upper()] = evolve(
-                seen,
-                clusters=tuple(sorted({*seen.clusters, cluster.cluster_name})),
-                regions=tuple(sorted({*seen.regions, cluster.region})),
-                attributes=tuple(sorted({*seen.attributes, *cluster.attributes})),
+@routes.route(
+    "GET",
+    "/v1/si/accounts/{ncaId}/clusterGroups",
+    account_from_path=True,
+    summary="Cluster groups an account may deploy on (ICMS).",
+    tag=TAG_ICMS,
+    scopes=(S.CLUSTER_LISTING, S.LIST_CLUSTER_GROUPS),
+    response=ClusterGroupsResponse,
+    params=(Param(name="instanceTypeUsage", description="DEFAULT or CONTAINER (both list every type)."),),
+    errors=(404,),
+)
+async def list_account_cluster_groups(ctl: Control, call: Call[None]) -> ClusterGroupsResponse:
+    nca_id = acting_account(call)
+    usage = call.query("instanceTypeUsage")
+    if usage is not None and usage.upper() not in ("DEFAULT", "CONTAINER"):
+        raise ProblemError(400, f"instanceTypeUsage must be DEFAULT or CONTAINER, got {usage!r}")
+    return ClusterGroupsResponse(cluster_groups=cluster_groups(visible_clusters(ctl.store.clusters.values(), nca_id)))
+
+
+# ---- ICMS listings -----------------------------------------------------------------------------
+
+FILTERS = (
+    Param(name="gpus", description="Only these GPUs (comma-separated)."),
+    Param(name="backends", description="Only clusters of these cluster groups."),
+    Param(name="regions", description="Only clusters in these regions."),
+    Param(name="clusters", description="Only these clusters (names or ids)."),
+    Param(name="attributes", description="Only clusters with all of these attributes."),
+    Param(name="instanceType", description="Only these instance types."),
+)
+
+
+def offered(ctl: Control, call: Call[None]) -> list[tuple[Cluster, ClusterGpu, InstanceType]]:
+    """Every (ready cluster, GPU, instance type) visible to the account that passes the filters."""
+    nca_id = acting_account(call)
+    gpus, backends = _lowered(call.query_list("gpus")), _lowered(call.query_list("backends"))
+    regions, names = _lowered(call.query_list("regions")), _lowered(call.query_list("clusters"))
+    attributes = tuple(call.query_list("attributes"))
+    types = _lowered(call.query_list("instanceType"))
+    out = []
+    for cluster in ready(ctl, visible_clusters(ctl.store.clusters.values(), nca_id)):
+        if backends and cluster.cluster_group_name.lower() not in backends:
+            continue
+        if regions and cluster.region.lower() not in regions:
+            continue
+        if names and not ({cluster.cluster_name.lower(), cluster.cluster_id.lower()} & names):
+            continue
+        if attributes and not cluster.has_attributes(attributes):
+            continue
+        for gpu in cluster.gpus:
+            if gpus and gpu.name.lower() not in gpus:
+                continue
+            for it in gpu.instance_types:
+                if not types or it.name.lower() in types:
+                    out.append((cluster, gpu, it))
+    return out
+
+
+@routes.route(
+    "GET",
+    "/v1/si/accounts/{ncaId}/instanceTypes",
+    account_from_path=True,
+    summary="Instance types by GPU on the account's ready clusters: {<gpu>: [instance type, ...]}.",
+    tag=TAG_ICMS,
+    scopes=(S.INSTANCE_TYPES,),
+    response=dict[str, tuple[InstanceTypeDetails, ...]],
+    params=FILTERS,
+    errors=(404,),
+)
+async def list_instance_types(ctl: Control, call: Call[None]) -> dict[str, tuple[InstanceTypeDetails, ...]]:
+    merged: dict[str, dict[str, InstanceTypeDetails]] = {}
+    gpu_names: dict[str, str] = {}
+    for cluster, gpu, it in offered(ctl, call):
+        gpu_name = gpu_names.setdefault(gpu.name.upper(), gpu.name)
+        types = merged.setdefault(gpu_name, {})
+        seen = types.get(it.name.upper())
+        if seen is None:
+            seen = InstanceTypeDetails(
+                name=it.name,
+                value=it.value,
+                description=describe(gpu_name, it),
+                gpu_count=it.gpu_count,
+                clusters=(),
+                regions=(),
+                attributes=(),
+                cpu_cores=it.cpu_cores,
+                system_memory=it.system_memory,
+                gpu_memory=it.gpu_memory,
+                cpu_arch=it.cpu_arch,
+                os=it.os,
+                driver_version=it.driver_version,
+                storage=it.storage,
             )
-        return {
-            gpu: tuple(sorted(types.values(), key=lambda t: (t.gpu_count, t.name.lower())))
-            for gpu, types in sorted(merged.items())
-        }
-
-    @router.route(
-        "GET",
-        "/v1/si/accounts/{ncaId}/gpus",
-        account_from_path=True,
-        summary="GPU names on the account's ready clusters.",
-        tag=TAG_ICMS,
-        scopes=(S.GPU_LISTING, S.INSTANCE_TYPES),
-        response=GpuListing,
-        params=filters,
-        errors=(404,),
-    )
-    async def list_gpus(call: Call[None]) -> GpuListing:
-        names: dict[str, str] = {}
-        for _, gpu, _ in offered(call):
-            names.setdefault(gpu.name.upper(), gpu.name)
-        return GpuListing(gpus=tuple(sorted(names.values())))
-
-    @router.route(
-        "GET",
-        "/v1/si/accounts/{ncaId}/regions",
-        account_from_path=True,
-        summary="Regions of the account's ready clusters.",
-        tag=TAG_ICMS,
-        scopes=(S.REGIONS_LISTING, S.INSTANCE_TYPES),
-        response=RegionListing,
-        params=filters,
-        errors=(404,),
-    )
-    async def list_regions(call: Call[None]) -> RegionListing:
-        return RegionListing(regions=tuple(sorted({c.region.lower() for c, _, _ in offered(call)})))
-
-    @router.route(
-        "GET",
-        "/v1/si/accounts/{ncaId}/clusterNames",
-        account_from_path=True,
-        summary="Names of the account's ready clusters.",
-        tag=TAG_ICMS,
-        scopes=(S.CLUSTERS_LISTING, S.INSTANCE_TYPES),
-        response=ClusterNameListing,
-        params=filters,
-        errors=(404,),
-    )
-    async def list_cluster_names(call: Call[None]) -> ClusterNameListing:
-        return ClusterNameListing(cluster_names=tuple(sorted({c.cluster_name for c, _, _ in offered(call)})))
-
-    @router.route(
-        "GET",
-        "/v1/si/accounts/{ncaId}/attributes",
-        account_from_path=True,
-        summary="Attributes of the account's ready clusters.",
-        tag=TAG_ICMS,
-        scopes=(S.ATTRIBUTES_LISTING, S.INSTANCE_TYPES),
-        response=AttributeListing,
-        params=filters,
-        errors=(404,),
-    )
-    async def list_attributes(call: Call[None]) -> AttributeListing:
-        return AttributeListing(attributes=tuple(sorted({a for c, _, _ in offered(call) for a in c.attributes})))
-
-    # ---- ICMS cluster management -------------------------------------------------------------------
-
-    def view(cluster: Cluster) -> ClusterView:
-        beat = heartbeat(cluster.cluster_id)
-        healthy = is_healthy(beat, ctl.config.cluster_heartbeat_ttl)
-        return ClusterView(
-            cluster_id=cluster.cluster_id,
-            cluster_name=cluster.cluster_name,
-            cluster_group_name=cluster.cluster_group_name,
-            cluster_group_id=cluster.cluster_group_id,
-            nca_id=cluster.nca_id,
-            authorized_nca_ids=cluster.authorized_nca_ids,
-            cloud_provider=cluster.cloud_provider,
-            region=cluster.region,
-            capabilities=cluster.capabilities,
-            attributes=cluster.attributes,
-            gpus=cluster.gpus,
-            nvca_version=(beat.nvca_version if beat and beat.nvca_version else cluster.nvca_version),
-            cluster_source=cluster.source,
-            status="healthy" if healthy else "unhealthy",
-            registered_at=cluster.registered_at,
-            # The heartbeat record expires after the TTL; then the last registration is the last contact.
-            nvca_last_connected=beat.at if beat is not None else cluster.last_registered_at,
-            k8s_version=cluster.k8s_version,
-            gpu_usage=dict(beat.gpu_usage) if beat is not None and healthy else None,
+        types[it.name.upper()] = evolve(
+            seen,
+            clusters=tuple(sorted({*seen.clusters, cluster.cluster_name})),
+            regions=tuple(sorted({*seen.regions, cluster.region})),
+            attributes=tuple(sorted({*seen.attributes, *cluster.attributes})),
         )
+    return {
+        gpu: tuple(sorted(types.values(), key=lambda t: (t.gpu_count, t.name.lower())))
+        for gpu, types in sorted(merged.items())
+    }
 
-    async def owned(call: Call[Any]) -> Cluster:
-        nca_id = acting_account(call)
-        cluster_id = call.path("clusterId")
-        cluster = ctl.store.clusters.get(cluster_id)
-        if cluster is None and _CLUSTER_ID_RX.fullmatch(cluster_id):
-            cluster = await ctl.store.clusters.fetch(cluster_id)
-        if cluster is None or cluster.nca_id != nca_id:
-            raise ProblemError(404, f"Cluster '{cluster_id}' not found")
-        return cluster
 
-    @router.route(
-        "POST",
-        "/v1/accounts/{ncaId}/clusters",
-        account_from_path=True,
-        summary="Register a cluster; its agent then connects with the returned clusterId.",
-        tag=TAG_ICMS,
-        scopes=(S.CLUSTER_MANAGEMENT,),
-        body=RegisterClusterRequest,
-        response=RegisteredCluster,
-        errors=(404, 409),
+@routes.route(
+    "GET",
+    "/v1/si/accounts/{ncaId}/gpus",
+    account_from_path=True,
+    summary="GPU names on the account's ready clusters.",
+    tag=TAG_ICMS,
+    scopes=(S.GPU_LISTING, S.INSTANCE_TYPES),
+    response=GpuListing,
+    params=FILTERS,
+    errors=(404,),
+)
+async def list_gpus(ctl: Control, call: Call[None]) -> GpuListing:
+    names: dict[str, str] = {}
+    for _, gpu, _ in offered(ctl, call):
+        names.setdefault(gpu.name.upper(), gpu.name)
+    return GpuListing(gpus=tuple(sorted(names.values())))
+
+
+@routes.route(
+    "GET",
+    "/v1/si/accounts/{ncaId}/regions",
+    account_from_path=True,
+    summary="Regions of the account's ready clusters.",
+    tag=TAG_ICMS,
+    scopes=(S.REGIONS_LISTING, S.INSTANCE_TYPES),
+    response=RegionListing,
+    params=FILTERS,
+    errors=(404,),
+)
+async def list_regions(ctl: Control, call: Call[None]) -> RegionListing:
+    return RegionListing(regions=tuple(sorted({c.region.lower() for c, _, _ in offered(ctl, call)})))
+
+
+@routes.route(
+    "GET",
+    "/v1/si/accounts/{ncaId}/clusterNames",
+    account_from_path=True,
+    summary="Names of the account's ready clusters.",
+    tag=TAG_ICMS,
+    scopes=(S.CLUSTERS_LISTING, S.INSTANCE_TYPES),
+    response=ClusterNameListing,
+    params=FILTERS,
+    errors=(404,),
+)
+async def list_cluster_names(ctl: Control, call: Call[None]) -> ClusterNameListing:
+    return ClusterNameListing(cluster_names=tuple(sorted({c.cluster_name for c, _, _ in offered(ctl, call)})))
+
+
+@routes.route(
+    "GET",
+    "/v1/si/accounts/{ncaId}/attributes",
+    account_from_path=True,
+    summary="Attributes of the account's ready clusters.",
+    tag=TAG_ICMS,
+    scopes=(S.ATTRIBUTES_LISTING, S.INSTANCE_TYPES),
+    response=AttributeListing,
+    params=FILTERS,
+    errors=(404,),
+)
+async def list_attributes(ctl: Control, call: Call[None]) -> AttributeListing:
+    return AttributeListing(attributes=tuple(sorted({a for c, _, _ in offered(ctl, call) for a in c.attributes})))
+
+
+# ---- ICMS cluster management -------------------------------------------------------------------
+
+
+def view(ctl: Control, cluster: Cluster) -> ClusterView:
+    beat = heartbeat(ctl, cluster.cluster_id)
+    healthy = is_healthy(beat, ctl.config.cluster_heartbeat_ttl)
+    return ClusterView(
+        cluster_id=cluster.cluster_id,
+        cluster_name=cluster.cluster_name,
+        cluster_group_name=cluster.cluster_group_name,
+        cluster_group_id=cluster.cluster_group_id,
+        nca_id=cluster.nca_id,
+        authorized_nca_ids=cluster.authorized_nca_ids,
+        cloud_provider=cluster.cloud_provider,
+        region=cluster.region,
+        capabilities=cluster.capabilities,
+        attributes=cluster.attributes,
+        gpus=cluster.gpus,
+        nvca_version=(beat.nvca_version if beat and beat.nvca_version else cluster.nvca_version),
+        cluster_source=cluster.source,
+        status="healthy" if healthy else "unhealthy",
+        registered_at=cluster.registered_at,
+        # The heartbeat record expires after the TTL; then the last registration is the last contact.
+        nvca_last_connected=beat.at if beat is not None else cluster.last_registered_at,
+        k8s_version=cluster.k8s_version,
+        gpu_usage=dict(beat.gpu_usage) if beat is not None and healthy else None,
     )
-    async def register_cluster(call: Call[RegisterClusterRequest]) -> RegisteredCluster:
-        nca_id = acting_account(call)
-        req = call.body
-        if req.nca_id != nca_id:
-            raise ProblemError(400, f"'ncaId' ({req.nca_id}) must be the account in the path ({nca_id})")
-        if not req.nvca_version.strip():
-            raise ProblemError(400, "'nvcaVersion' must not be blank")
-        for other in ctl.store.clusters.values():
-            if other.nca_id == nca_id and other.cluster_name.lower() == req.cluster_name.lower():
-                raise ProblemError(
-                    409, f"account {nca_id!r} already has a cluster named {other.cluster_name!r} ({other.cluster_id})"
-                )
-        now = now_iso()
-        cluster = Cluster(
-            cluster_id=new_id(),
-            cluster_name=req.cluster_name,
-            cluster_group_name=req.cluster_group_name,
-            cluster_group_id=group_id(req.cluster_group_name),
-            nca_id=nca_id,
-            region=req.region,
-            cloud_provider=req.cloud_provider.value,
-            gpus=_gpus(req.gpus),
-            registered_at=now,
-            authorized_nca_ids=tuple(dict.fromkeys(req.authorized_nca_ids)),
-            attributes=tuple(dict.fromkeys(req.attributes)),
-            capabilities=_canonical_capabilities(req.capabilities),
-            nvca_version=req.nvca_version.strip(),
+
+
+async def owned(ctl: Control, call: Call[Any]) -> Cluster:
+    nca_id = acting_account(call)
+    cluster_id = call.path("clusterId")
+    cluster = ctl.store.clusters.get(cluster_id)
+    if cluster is None and _CLUSTER_ID_RX.fullmatch(cluster_id):
+        cluster = await ctl.store.clusters.fetch(cluster_id)
+    if cluster is None or cluster.nca_id != nca_id:
+        raise ProblemError(404, f"Cluster '{cluster_id}' not found")
+    return cluster
+
+
+@routes.route(
+    "POST",
+    "/v1/accounts/{ncaId}/clusters",
+    account_from_path=True,
+    summary="Register a cluster; its agent then connects with the returned clusterId.",
+    tag=TAG_ICMS,
+    scopes=(S.CLUSTER_MANAGEMENT,),
+    body=RegisterClusterRequest,
+    response=RegisteredCluster,
+    errors=(404, 409),
+)
+async def register_cluster(ctl: Control, call: Call[RegisterClusterRequest]) -> RegisteredCluster:
+    nca_id = acting_account(call)
+    req = call.body
+    if req.nca_id != nca_id:
+        raise ProblemError(400, f"'ncaId' ({req.nca_id}) must be the account in the path ({nca_id})")
+    if not req.nvca_version.strip():
+        raise ProblemError(400, "'nvcaVersion' must not be blank")
+    for other in ctl.store.clusters.values():
+        if other.nca_id == nca_id and other.cluster_name.lower() == req.cluster_name.lower():
+            raise ProblemError(
+                409, f"account {nca_id!r} already has a cluster named {other.cluster_name!r} ({other.cluster_id})"
+            )
+    now = now_iso()
+    cluster = Cluster(
+        cluster_id=new_id(),
+        cluster_name=req.cluster_name,
+        cluster_group_name=req.cluster_group_name,
+        cluster_group_id=group_id(req.cluster_group_name),
+        nca_id=nca_id,
+        region=req.region,
+        cloud_provider=req.cloud_provider.value,
+        gpus=_gpus(req.gpus),
+        registered_at=now,
+        authorized_nca_ids=tuple(dict.fromkeys(req.authorized_nca_ids)),
+        attributes=tuple(dict.fromkeys(req.attributes)),
+        capabilities=_canonical_capabilities(req.capabilities),
+        nvca_version=req.nvca_version.strip(),
+        source="api",
+    )
+    try:
+        await ctl.store.clusters.create(cluster.cluster_id, cluster)
+    except ConflictError as err:  # a fresh uuid: only a retried request could collide
+        raise ProblemError(409, f"cluster {cluster.cluster_id} already exists") from err
+    ctl.poke()
+    return RegisteredCluster(cluster_id=cluster.cluster_id, cluster_group_id=cluster.cluster_group_id)
+
+
+@routes.route(
+    "GET",
+    "/v1/accounts/{ncaId}/clusters",
+    account_from_path=True,
+    summary="The account's registered clusters, with health from their agents' heartbeats.",
+    tag=TAG_ICMS,
+    scopes=MANAGE_READ_SCOPES,
+    response=ClusterListResponse,
+    errors=(404,),
+)
+async def list_clusters(ctl: Control, call: Call[None]) -> ClusterListResponse:
+    nca_id = acting_account(call)
+    mine = sorted(
+        (c for c in ctl.store.clusters.values() if c.nca_id == nca_id),
+        key=lambda c: (c.cluster_name.lower(), c.cluster_id),
+    )
+    return ClusterListResponse(clusters=tuple(view(ctl, c) for c in mine))
+
+
+@routes.route(
+    "GET",
+    "/v1/accounts/{ncaId}/clusters/{clusterId}",
+    account_from_path=True,
+    summary="One registered cluster, with its health.",
+    tag=TAG_ICMS,
+    scopes=MANAGE_READ_SCOPES,
+    response=ClusterView,
+    errors=(404,),
+)
+async def get_cluster(ctl: Control, call: Call[None]) -> ClusterView:
+    return view(ctl, await owned(ctl, call))
+
+
+@routes.route(
+    "PUT",
+    "/v1/accounts/{ncaId}/clusters/{clusterId}",
+    account_from_path=True,
+    summary="Change a cluster's group, authorized accounts, attributes, capabilities or region.",
+    description="The settings then outlast the agent's registrations (which still update the inventory).",
+    tag=TAG_ICMS,
+    scopes=(S.CLUSTER_MANAGEMENT,),
+    body=UpdateClusterRequest,
+    response=ClusterView,
+    errors=(404,),
+)
+async def update_cluster(ctl: Control, call: Call[UpdateClusterRequest]) -> ClusterView:
+    req = call.body
+    if all(
+        v is None
+        for v in (req.cluster_group_name, req.authorized_nca_ids, req.attributes, req.capabilities, req.region)
+    ):
+        raise ProblemError(
+            400,
+            "At least one of 'clusterGroupName', 'authorizedNCAIds', 'attributes', 'capabilities' or 'region' "
+            "must be specified",
+        )
+    found = await owned(ctl, call)
+
+    def change(current: Cluster | None) -> Cluster | None:
+        if current is None or current.nca_id != found.nca_id:
+            raise ProblemError(404, f"Cluster '{found.cluster_id}' not found")
+        group = req.cluster_group_name or current.cluster_group_name
+        updated = evolve(
+            current,
+            cluster_group_name=group,
+            cluster_group_id=group_id(group),
+            authorized_nca_ids=tuple(dict.fromkeys(req.authorized_nca_ids))
+            if req.authorized_nca_ids is not None
+            else current.authorized_nca_ids,
+            attributes=tuple(dict.fromkeys(req.attributes)) if req.attributes is not None else current.attributes,
+            capabilities=_canonical_capabilities(req.capabilities)
+            if req.capabilities is not None
+            else current.capabilities,
+            region=req.region or current.region,
+            # Operator-managed from now on: the agent's next registration keeps these settings.
             source="api",
         )
-        try:
-            await ctl.store.clusters.create(cluster.cluster_id, cluster)
-        except ConflictError as err:  # a fresh uuid: only a retried request could collide
-            raise ProblemError(409, f"cluster {cluster.cluster_id} already exists") from err
-        ctl.poke()
-        return RegisteredCluster(cluster_id=cluster.cluster_id, cluster_group_id=cluster.cluster_group_id)
+        if updated == current:
+            raise Unchanged
+        return updated
 
-    @router.route(
-        "GET",
-        "/v1/accounts/{ncaId}/clusters",
-        account_from_path=True,
-        summary="The account's registered clusters, with health from their agents' heartbeats.",
-        tag=TAG_ICMS,
-        scopes=MANAGE_READ_SCOPES,
-        response=ClusterListResponse,
-        errors=(404,),
-    )
-    async def list_clusters(call: Call[None]) -> ClusterListResponse:
-        nca_id = acting_account(call)
-        mine = sorted(
-            (c for c in ctl.store.clusters.values() if c.nca_id == nca_id),
-            key=lambda c: (c.cluster_name.lower(), c.cluster_id),
+    updated = await ctl.store.clusters.mutate(found.cluster_id, change)
+    assert updated is not None
+    ctl.poke()
+    return view(ctl, updated)
+
+
+@routes.route(
+    "DELETE",
+    "/v1/accounts/{ncaId}/clusters/{clusterId}",
+    account_from_path=True,
+    summary="Deregister a cluster (refused while deployments have instances on it).",
+    tag=TAG_ICMS,
+    scopes=(S.CLUSTER_MANAGEMENT,),
+    errors=(404,),
+)
+async def delete_cluster(ctl: Control, call: Call[None]) -> None:
+    cluster = await owned(ctl, call)
+    live = [
+        inst
+        for ledger in ctl.store.placements.values()
+        for inst in ledger.instances
+        if inst.cluster_id == cluster.cluster_id and inst.phase in LIVE
+    ]
+    if live:
+        raise ProblemError(
+            400,
+            f"Cluster '{cluster.cluster_name}' still has {len(live)} instance(s) of deployments on it; "
+            "undeploy them (or change their specs) before deleting the cluster",
         )
-        return ClusterListResponse(clusters=tuple(view(c) for c in mine))
-
-    @router.route(
-        "GET",
-        "/v1/accounts/{ncaId}/clusters/{clusterId}",
-        account_from_path=True,
-        summary="One registered cluster, with its health.",
-        tag=TAG_ICMS,
-        scopes=MANAGE_READ_SCOPES,
-        response=ClusterView,
-        errors=(404,),
-    )
-    async def get_cluster(call: Call[None]) -> ClusterView:
-        return view(await owned(call))
-
-    @router.route(
-        "PUT",
-        "/v1/accounts/{ncaId}/clusters/{clusterId}",
-        account_from_path=True,
-        summary="Change a cluster's group, authorized accounts, attributes, capabilities or region.",
-        description="The settings then outlast the agent's registrations (which still update the inventory).",
-        tag=TAG_ICMS,
-        scopes=(S.CLUSTER_MANAGEMENT,),
-        body=UpdateClusterRequest,
-        response=ClusterView,
-        errors=(404,),
-    )
-    async def update_cluster(call: Call[UpdateClusterRequest]) -> ClusterView:
-        req = call.body
-        if all(
-            v is None
-            for v in (req.cluster_group_name, req.authorized_nca_ids, req.attributes, req.capabilities, req.region)
-        ):
-            raise ProblemError(
-                400,
-                "At least one of 'clusterGroupName', 'authorizedNCAIds', 'attributes', 'capabilities' or 'region' "
-                "must be specified",
-            )
-        found = await owned(call)
-
-        def change(current: Cluster | None) -> Cluster | None:
-            if current is None or current.nca_id != found.nca_id:
-                raise ProblemError(404, f"Cluster '{found.cluster_id}' not found")
-            group = req.cluster_group_name or current.cluster_group_name
-            updated = evolve(
-                current,
-                cluster_group_name=group,
-                cluster_group_id=group_id(group),
-                authorized_nca_ids=tuple(dict.fromkeys(req.authorized_nca_ids))
-                if req.authorized_nca_ids is not None
-                else current.authorized_nca_ids,
-                attributes=tuple(dict.fromkeys(req.attributes)) if req.attributes is not None else current.attributes,
-                capabilities=_canonical_capabilities(req.capabilities)
-                if req.capabilities is not None
-                else current.capabilities,
-                region=req.region or current.region,
-                # Operator-managed from now on: the agent's next registration keeps these settings.
-                source="api",
-            )
-            if updated == current:
-                raise Unchanged
-            return updated
-
-        updated = await ctl.store.clusters.mutate(found.cluster_id, change)
-        assert updated is not None
-        ctl.poke()
-        return view(updated)
-
-    @router.route(
-        "DELETE",
-        "/v1/accounts/{ncaId}/clusters/{clusterId}",
-        account_from_path=True,
-        summary="Deregister a cluster (refused while deployments have instances on it).",
-        tag=TAG_ICMS,
-        scopes=(S.CLUSTER_MANAGEMENT,),
-        errors=(404,),
-    )
-    async def delete_cluster(call: Call[None]) -> None:
-        cluster = await owned(call)
-        live = [
-            inst
-            for ledger in ctl.store.placements.values()
-            for inst in ledger.instances
-            if inst.cluster_id == cluster.cluster_id and inst.phase in LIVE
-        ]
-        if live:
-            raise ProblemError(
-                400,
-                f"Cluster '{cluster.cluster_name}' still has {len(live)} instance(s) of deployments on it; "
-                "undeploy them (or change their specs) before deleting the cluster",
-            )
-        await ctl.store.clusters.mutate(cluster.cluster_id, lambda _: None)
-        await ctl.store.health.mutate(cluster.cluster_id, lambda _: None)
-        ctl.poke()
+    await ctl.store.clusters.mutate(cluster.cluster_id, lambda _: None)
+    await ctl.store.health.mutate(cluster.cluster_id, lambda _: None)
+    ctl.poke()

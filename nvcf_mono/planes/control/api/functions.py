@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.contracts import buckets
-from nvcf_mono.http.api import ApiRouter, Call, Param
+from nvcf_mono.http.api import Call, ContextHandler, Param, Routes
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.common import new_id, now_iso
 from nvcf_mono.models.function import (
@@ -33,295 +35,302 @@ from nvcf_mono.planes.control.views import function_view
 from nvcf_mono.structure import evolve
 
 TAG = "functions"
+routes: Routes[Control] = Routes()
 VISIBILITIES = ("authorized", "private", "public")
 LIST_SCOPES = (S.LIST_FUNCTIONS, S.LIST_FUNCTIONS_DETAILS)
 
 
-def register(router: ApiRouter, ctl: Control) -> None:
-    """Add the function endpoints."""
-
-    async def new_version(call: Call[CreateFunctionRequest], function_id: str | None) -> FunctionResponse:
-        req = call.body
-        check_create_function(req, allow_local_charts=ctl.config.helm.allow_local_charts)
-        store = ctl.store
-        if req.helm_chart is not None and ctl.config.helm.enabled:
-            await check_chart(
-                ctl.validator,
-                chart=req.helm_chart,
-                service_name=req.helm_chart_service_name,
-                service_port=req.inference_port,
-                configuration=None,
-                auth=helm_auth(store, ctl.keyring, call.account, req.helm_chart),
-                what=f"helmChart {req.helm_chart!r}",
-            )
-        account = await store.accounts.fetch(call.account)
-        if account is None:
-            raise ProblemError(404, f"account {call.account!r} not found")
-        if function_id is None:
-            owned = {fv.id for fv in store.functions.values() if fv.nca_id == call.account}
-            if len(owned) >= account.max_functions_allowed:
-                raise ProblemError(
-                    400,
-                    "Reached or exceeded the max limit for the number of functions allowed: "
-                    f"{account.max_functions_allowed}",
-                )
-            function_id = new_id()
-        else:
-            siblings = [fv for fv in store.versions_of(function_id) if fv.nca_id == call.account]
-            if not siblings:
-                raise not_found(function_id)
-        version_id = new_id()
-        key = buckets.version_key(function_id, version_id)
-        secrets = check_secrets(req.secrets)
-        if secrets:
-            await store.secrets.put(
-                buckets.function_secrets_key(function_id, version_id),
-                seal_secrets(ctl, buckets.function_secrets_key(function_id, version_id), secrets),
-            )
-        fv = FunctionVersion(
-            id=function_id,
-            nca_id=call.account,
-            version_id=version_id,
-            name=req.name,
-            status=FunctionStatus.INACTIVE,
-            created_at=now_iso(),
-            inference_url=req.inference_url,
-            inference_port=req.inference_port,
-            container_image=req.container_image,
-            container_args=req.container_args,
-            container_environment=req.container_environment,
-            helm_chart=req.helm_chart,
-            helm_chart_service_name=req.helm_chart_service_name,
-            health=req.health,
-            health_uri=req.health_uri,
-            api_body_format=req.api_body_format or ApiBodyFormat.CUSTOM,
-            function_type=req.function_type or FunctionType.DEFAULT,
-            description=req.description if req.description is not None else req.name,
-            tags=req.tags,
-            secrets=tuple(sorted(secrets)) if secrets else None,
-            rate_limit=req.rate_limit,
+async def new_version(ctl: Control, call: Call[CreateFunctionRequest], function_id: str | None) -> FunctionResponse:
+    req = call.body
+    check_create_function(req, allow_local_charts=ctl.config.helm.allow_local_charts)
+    store = ctl.store
+    if req.helm_chart is not None and ctl.config.helm.enabled:
+        await check_chart(
+            ctl.validator,
+            chart=req.helm_chart,
+            service_name=req.helm_chart_service_name,
+            service_port=req.inference_port,
+            configuration=None,
+            auth=helm_auth(store, ctl.keyring, call.account, req.helm_chart),
+            what=f"helmChart {req.helm_chart!r}",
         )
-        await store.functions.create(key, fv)
-        return FunctionResponse(function=function_view(store, fv, owner=True, details=True, include_secrets=True))
-
-    @router.route(
-        "POST",
-        "/v2/nvcf/functions",
-        summary="Register a function (its first version); status INACTIVE.",
-        tag=TAG,
-        scopes=(S.REGISTER_FUNCTION,),
-        body=CreateFunctionRequest,
-        response=FunctionResponse,
-        errors=(404,),
-        cross_account=True,
-    )
-    async def create_function(call: Call[CreateFunctionRequest]) -> FunctionResponse:
-        return await new_version(call, None)
-
-    @router.route(
-        "POST",
-        "/v2/nvcf/functions/{functionId}/versions",
-        summary="Register a new version of a function.",
-        tag=TAG,
-        scopes=(S.REGISTER_FUNCTION,),
-        body=CreateFunctionRequest,
-        response=FunctionResponse,
-        errors=(404,),
-        cross_account=True,
-    )
-    async def create_function_version(call: Call[CreateFunctionRequest]) -> FunctionResponse:
-        return await new_version(call, call.path("functionId"))
-
-    def visible(call: Call[None]) -> list[FunctionVersion]:
-        wanted = call.query_list("visibility") or ["authorized", "private"]
-        unknown = [v for v in wanted if v.lower() not in VISIBILITIES]
-        if unknown:
-            raise ProblemError(400, f"unknown visibility {unknown[0]!r}: use authorized, private or public")
-        lowered = {v.lower() for v in wanted}
-        out = []
-        for fv in ctl.store.functions.values():
-            rel = relation(ctl.store, call.principal, call.account, fv)
-            if (rel == "owner" and "private" in lowered) or (rel == "shared" and "authorized" in lowered):
-                out.append(fv)
-        return sorted(out, key=lambda fv: (fv.created_at, fv.version_id))
-
-    visibility = Param(
-        name="visibility",
-        description="Comma-separated: private (own), authorized (shared with you), public. "
-        "Default: private,authorized.",
-    )
-
-    @router.route(
-        "GET",
-        "/v2/nvcf/functions",
-        summary="List every function version the caller can see.",
-        tag=TAG,
-        scopes=LIST_SCOPES,
-        response=FunctionListResponse,
-        params=(visibility,),
-        cross_account=True,
-    )
-    async def list_functions(call: Call[None]) -> FunctionListResponse:
-        details = call.principal.has(S.LIST_FUNCTIONS_DETAILS)
-        return FunctionListResponse(
-            functions=tuple(
-                function_view(ctl.store, fv, owner=fv.nca_id == call.account, details=details, include_secrets=False)
-                for fv in visible(call)
+    account = await store.accounts.fetch(call.account)
+    if account is None:
+        raise ProblemError(404, f"account {call.account!r} not found")
+    if function_id is None:
+        owned = {fv.id for fv in store.functions.values() if fv.nca_id == call.account}
+        if len(owned) >= account.max_functions_allowed:
+            raise ProblemError(
+                400,
+                "Reached or exceeded the max limit for the number of functions allowed: "
+                f"{account.max_functions_allowed}",
             )
-        )
-
-    @router.route(
-        "GET",
-        "/v2/nvcf/functions/ids",
-        summary="List the ids of the functions the caller can see.",
-        tag=TAG,
-        scopes=LIST_SCOPES,
-        response=FunctionIdsResponse,
-        params=(visibility,),
-        cross_account=True,
-    )
-    async def list_function_ids(call: Call[None]) -> FunctionIdsResponse:
-        return FunctionIdsResponse(function_ids=tuple(dict.fromkeys(fv.id for fv in visible(call))))
-
-    @router.route(
-        "GET",
-        "/v2/nvcf/functions/{functionId}/versions",
-        summary="List the versions of a function.",
-        tag=TAG,
-        scopes=LIST_SCOPES,
-        response=FunctionListResponse,
-        errors=(404,),
-        cross_account=True,
-    )
-    async def list_function_versions(call: Call[None]) -> FunctionListResponse:
-        function_id = call.path("functionId")
-        versions = ctl.store.versions_of(function_id)
-        details = call.principal.has(S.LIST_FUNCTIONS_DETAILS)
-        shown = []
-        for fv in versions:
-            rel = relation(ctl.store, call.principal, call.account, fv)
-            if rel is not None:
-                shown.append(function_view(ctl.store, fv, owner=rel == "owner", details=details, include_secrets=False))
-        if not shown:
-            if any(restricted_out(call.principal, call.account, fv) for fv in versions):
-                raise ProblemError(403, "the API key does not grant access to any version of this function")
+        function_id = new_id()
+    else:
+        siblings = [fv for fv in store.versions_of(function_id) if fv.nca_id == call.account]
+        if not siblings:
             raise not_found(function_id)
-        return FunctionListResponse(functions=tuple(shown))
-
-    @router.route(
-        "GET",
-        "/v2/nvcf/functions/{functionId}/versions/{versionId}",
-        summary="Read a function version (instances and secret names need list_functions_details).",
-        tag=TAG,
-        scopes=LIST_SCOPES,
-        response=FunctionResponse,
-        params=(Param(name="includeSecrets", description="Include secret names.", schema={"type": "boolean"}),),
-        errors=(404,),
-        cross_account=True,
+    version_id = new_id()
+    key = buckets.version_key(function_id, version_id)
+    secrets = check_secrets(req.secrets)
+    if secrets:
+        await store.secrets.put(
+            buckets.function_secrets_key(function_id, version_id),
+            seal_secrets(ctl, buckets.function_secrets_key(function_id, version_id), secrets),
+        )
+    fv = FunctionVersion(
+        id=function_id,
+        nca_id=call.account,
+        version_id=version_id,
+        name=req.name,
+        status=FunctionStatus.INACTIVE,
+        created_at=now_iso(),
+        inference_url=req.inference_url,
+        inference_port=req.inference_port,
+        container_image=req.container_image,
+        container_args=req.container_args,
+        container_environment=req.container_environment,
+        helm_chart=req.helm_chart,
+        helm_chart_service_name=req.helm_chart_service_name,
+        health=req.health,
+        health_uri=req.health_uri,
+        api_body_format=req.api_body_format or ApiBodyFormat.CUSTOM,
+        function_type=req.function_type or FunctionType.DEFAULT,
+        description=req.description if req.description is not None else req.name,
+        tags=req.tags,
+        secrets=tuple(sorted(secrets)) if secrets else None,
+        rate_limit=req.rate_limit,
     )
-    async def get_function_version(call: Call[None]) -> FunctionResponse:
-        fv, rel = await find_version(ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"))
-        details = call.principal.has(S.LIST_FUNCTIONS_DETAILS) or (
-            call.cross_account and call.principal.has("admin:list_functions_details")
+    await store.functions.create(key, fv)
+    return FunctionResponse(function=function_view(store, fv, owner=True, details=True, include_secrets=True))
+
+
+@routes.route(
+    "POST",
+    "/v2/nvcf/functions",
+    summary="Register a function (its first version); status INACTIVE.",
+    tag=TAG,
+    scopes=(S.REGISTER_FUNCTION,),
+    body=CreateFunctionRequest,
+    response=FunctionResponse,
+    errors=(404,),
+    cross_account=True,
+)
+async def create_function(ctl: Control, call: Call[CreateFunctionRequest]) -> FunctionResponse:
+    return await new_version(ctl, call, None)
+
+
+@routes.route(
+    "POST",
+    "/v2/nvcf/functions/{functionId}/versions",
+    summary="Register a new version of a function.",
+    tag=TAG,
+    scopes=(S.REGISTER_FUNCTION,),
+    body=CreateFunctionRequest,
+    response=FunctionResponse,
+    errors=(404,),
+    cross_account=True,
+)
+async def create_function_version(ctl: Control, call: Call[CreateFunctionRequest]) -> FunctionResponse:
+    return await new_version(ctl, call, call.path("functionId"))
+
+
+def visible(ctl: Control, call: Call[None]) -> list[FunctionVersion]:
+    wanted = call.query_list("visibility") or ["authorized", "private"]
+    unknown = [v for v in wanted if v.lower() not in VISIBILITIES]
+    if unknown:
+        raise ProblemError(400, f"unknown visibility {unknown[0]!r}: use authorized, private or public")
+    lowered = {v.lower() for v in wanted}
+    out = []
+    for fv in ctl.store.functions.values():
+        rel = relation(ctl.store, call.principal, call.account, fv)
+        if (rel == "owner" and "private" in lowered) or (rel == "shared" and "authorized" in lowered):
+            out.append(fv)
+    return sorted(out, key=lambda fv: (fv.created_at, fv.version_id))
+
+
+VISIBILITY = Param(
+    name="visibility",
+    description="Comma-separated: private (own), authorized (shared with you), public. Default: private,authorized.",
+)
+
+
+@routes.route(
+    "GET",
+    "/v2/nvcf/functions",
+    summary="List every function version the caller can see.",
+    tag=TAG,
+    scopes=LIST_SCOPES,
+    response=FunctionListResponse,
+    params=(VISIBILITY,),
+    cross_account=True,
+)
+async def list_functions(ctl: Control, call: Call[None]) -> FunctionListResponse:
+    details = call.principal.has(S.LIST_FUNCTIONS_DETAILS)
+    return FunctionListResponse(
+        functions=tuple(
+            function_view(ctl.store, fv, owner=fv.nca_id == call.account, details=details, include_secrets=False)
+            for fv in visible(ctl, call)
         )
-        view = function_view(
-            ctl.store, fv, owner=rel == "owner", details=details, include_secrets=call.query_bool("includeSecrets")
-        )
-        return FunctionResponse(function=view)
-
-    async def update_function(call: Call[UpdateFunctionRequest]) -> FunctionResponse:
-        req = call.body
-        refuse_unsupported((("modelUpdates", req.model_updates), ("llmInvocationConfig", req.llm_invocation_config)))
-        if req.tags is None and req.rate_limit is None and req.description is None:
-            raise ProblemError(400, "At least one of 'tags', 'rateLimit' or 'description' must be specified")
-        check_rate_limit(req.rate_limit)
-        fv, _ = await find_version(
-            ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"), owner_only=True
-        )
-
-        def change(current: FunctionVersion | None) -> FunctionVersion | None:
-            if current is None:
-                raise not_found(fv.id, fv.version_id)
-            return evolve(
-                current,
-                tags=req.tags if req.tags is not None else current.tags,
-                rate_limit=req.rate_limit if req.rate_limit is not None else current.rate_limit,
-                description=req.description if req.description is not None else current.description,
-            )
-
-        updated = await ctl.store.functions.mutate(buckets.version_key(fv.id, fv.version_id), change)
-        assert updated is not None
-        return FunctionResponse(
-            function=function_view(ctl.store, updated, owner=True, details=True, include_secrets=False)
-        )
-
-    for path, deprecated in (
-        ("/v2/nvcf/functions/{functionId}/versions/{versionId}", False),
-        ("/v2/nvcf/metadata/functions/{functionId}/versions/{versionId}", True),
-    ):
-        router.route(
-            "PUT",
-            path,
-            summary="Update a version's metadata: tags, rate limit (replaced whole), description.",
-            tag=TAG,
-            scopes=(S.UPDATE_FUNCTION,),
-            body=UpdateFunctionRequest,
-            response=FunctionResponse,
-            errors=(404,),
-            cross_account=True,
-            deprecated=deprecated,
-        )(update_function if not deprecated else _alias(update_function, "update_function_metadata"))
-
-    @router.route(
-        "DELETE",
-        "/v2/nvcf/functions/{functionId}/versions/{versionId}",
-        summary="Delete a version, with its deployment (instances stop at once) and secrets.",
-        tag=TAG,
-        scopes=(S.DELETE_FUNCTION,),
-        errors=(404,),
-        cross_account=True,
     )
-    async def delete_function_version(call: Call[None]) -> None:
-        fv, _ = await find_version(
-            ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"), owner_only=True
-        )
-        store = ctl.store
-        if store.deployments.get(buckets.version_key(fv.id, fv.version_id)) is not None:
-            await undeploy(ctl, fv, graceful=False)
-        await store.secrets.mutate(buckets.function_secrets_key(fv.id, fv.version_id), lambda _: None)
-        await store.authorizations.mutate(f"{fv.id}.{fv.version_id}", lambda _: None)
-        await store.functions.delete(buckets.version_key(fv.id, fv.version_id))
-        if not store.versions_of(fv.id):
-            await store.authorizations.mutate(fv.id, lambda _: None)
-        ctl.poke()
 
-    @router.route(
-        "DELETE",
-        "/v2/nvcf/ratelimit/functions/{functionId}/versions/{versionId}",
-        summary="Remove a version's rate limit.",
-        tag=TAG,
-        scopes=(S.UPDATE_FUNCTION,),
-        errors=(404,),
-        cross_account=True,
+
+@routes.route(
+    "GET",
+    "/v2/nvcf/functions/ids",
+    summary="List the ids of the functions the caller can see.",
+    tag=TAG,
+    scopes=LIST_SCOPES,
+    response=FunctionIdsResponse,
+    params=(VISIBILITY,),
+    cross_account=True,
+)
+async def list_function_ids(ctl: Control, call: Call[None]) -> FunctionIdsResponse:
+    return FunctionIdsResponse(function_ids=tuple(dict.fromkeys(fv.id for fv in visible(ctl, call))))
+
+
+@routes.route(
+    "GET",
+    "/v2/nvcf/functions/{functionId}/versions",
+    summary="List the versions of a function.",
+    tag=TAG,
+    scopes=LIST_SCOPES,
+    response=FunctionListResponse,
+    errors=(404,),
+    cross_account=True,
+)
+async def list_function_versions(ctl: Control, call: Call[None]) -> FunctionListResponse:
+    function_id = call.path("functionId")
+    versions = ctl.store.versions_of(function_id)
+    details = call.principal.has(S.LIST_FUNCTIONS_DETAILS)
+    shown = []
+    for fv in versions:
+        rel = relation(ctl.store, call.principal, call.account, fv)
+        if rel is not None:
+            shown.append(function_view(ctl.store, fv, owner=rel == "owner", details=details, include_secrets=False))
+    if not shown:
+        if any(restricted_out(call.principal, call.account, fv) for fv in versions):
+            raise ProblemError(403, "the API key does not grant access to any version of this function")
+        raise not_found(function_id)
+    return FunctionListResponse(functions=tuple(shown))
+
+
+@routes.route(
+    "GET",
+    "/v2/nvcf/functions/{functionId}/versions/{versionId}",
+    summary="Read a function version (instances and secret names need list_functions_details).",
+    tag=TAG,
+    scopes=LIST_SCOPES,
+    response=FunctionResponse,
+    params=(Param(name="includeSecrets", description="Include secret names.", schema={"type": "boolean"}),),
+    errors=(404,),
+    cross_account=True,
+)
+async def get_function_version(ctl: Control, call: Call[None]) -> FunctionResponse:
+    fv, rel = await find_version(ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"))
+    details = call.principal.has(S.LIST_FUNCTIONS_DETAILS) or (
+        call.cross_account and call.principal.has("admin:list_functions_details")
     )
-    async def delete_rate_limit(call: Call[None]) -> None:
-        fv, _ = await find_version(
-            ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"), owner_only=True
+    view = function_view(
+        ctl.store, fv, owner=rel == "owner", details=details, include_secrets=call.query_bool("includeSecrets")
+    )
+    return FunctionResponse(function=view)
+
+
+async def update_function(ctl: Control, call: Call[UpdateFunctionRequest]) -> FunctionResponse:
+    req = call.body
+    refuse_unsupported((("modelUpdates", req.model_updates), ("llmInvocationConfig", req.llm_invocation_config)))
+    if req.tags is None and req.rate_limit is None and req.description is None:
+        raise ProblemError(400, "At least one of 'tags', 'rateLimit' or 'description' must be specified")
+    check_rate_limit(req.rate_limit)
+    fv, _ = await find_version(
+        ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"), owner_only=True
+    )
+
+    def change(current: FunctionVersion | None) -> FunctionVersion | None:
+        if current is None:
+            raise not_found(fv.id, fv.version_id)
+        return evolve(
+            current,
+            tags=req.tags if req.tags is not None else current.tags,
+            rate_limit=req.rate_limit if req.rate_limit is not None else current.rate_limit,
+            description=req.description if req.description is not None else current.description,
         )
 
-        def change(current: FunctionVersion | None) -> FunctionVersion | None:
-            if current is None or current.rate_limit is None:
-                raise Unchanged
-            return evolve(current, rate_limit=None)
-
-        await ctl.store.functions.mutate(buckets.version_key(fv.id, fv.version_id), change)
+    updated = await ctl.store.functions.mutate(buckets.version_key(fv.id, fv.version_id), change)
+    assert updated is not None
+    return FunctionResponse(function=function_view(ctl.store, updated, owner=True, details=True, include_secrets=False))
 
 
-def _alias(handler: object, name: str) -> object:
+def _alias(handler: ContextHandler[Control], name: str) -> ContextHandler[Control]:
     """The same handler under another operation id (a deprecated path of one endpoint)."""
 
-    async def alias(call: Call[UpdateFunctionRequest]) -> FunctionResponse:
-        return await handler(call)  # type: ignore[operator, no-any-return]
+    async def alias(ctl: Control, call: Call[Any]) -> Any:
+        return await handler(ctl, call)
 
     alias.__name__ = name
     return alias
+
+
+for path, deprecated in (
+    ("/v2/nvcf/functions/{functionId}/versions/{versionId}", False),
+    ("/v2/nvcf/metadata/functions/{functionId}/versions/{versionId}", True),
+):
+    routes.route(
+        "PUT",
+        path,
+        summary="Update a version's metadata: tags, rate limit (replaced whole), description.",
+        tag=TAG,
+        scopes=(S.UPDATE_FUNCTION,),
+        body=UpdateFunctionRequest,
+        response=FunctionResponse,
+        errors=(404,),
+        cross_account=True,
+        deprecated=deprecated,
+    )(update_function if not deprecated else _alias(update_function, "update_function_metadata"))
+
+
+@routes.route(
+    "DELETE",
+    "/v2/nvcf/functions/{functionId}/versions/{versionId}",
+    summary="Delete a version, with its deployment (instances stop at once) and secrets.",
+    tag=TAG,
+    scopes=(S.DELETE_FUNCTION,),
+    errors=(404,),
+    cross_account=True,
+)
+async def delete_function_version(ctl: Control, call: Call[None]) -> None:
+    fv, _ = await find_version(
+        ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"), owner_only=True
+    )
+    store = ctl.store
+    if store.deployments.get(buckets.version_key(fv.id, fv.version_id)) is not None:
+        await undeploy(ctl, fv, graceful=False)
+    await store.secrets.mutate(buckets.function_secrets_key(fv.id, fv.version_id), lambda _: None)
+    await store.authorizations.mutate(f"{fv.id}.{fv.version_id}", lambda _: None)
+    await store.functions.delete(buckets.version_key(fv.id, fv.version_id))
+    if not store.versions_of(fv.id):
+        await store.authorizations.mutate(fv.id, lambda _: None)
+    ctl.poke()
+
+
+@routes.route(
+    "DELETE",
+    "/v2/nvcf/ratelimit/functions/{functionId}/versions/{versionId}",
+    summary="Remove a version's rate limit.",
+    tag=TAG,
+    scopes=(S.UPDATE_FUNCTION,),
+    errors=(404,),
+    cross_account=True,
+)
+async def delete_rate_limit(ctl: Control, call: Call[None]) -> None:
+    fv, _ = await find_version(
+        ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"), owner_only=True
+    )
+
+    def change(current: FunctionVersion | None) -> FunctionVersion | None:
+        if current is None or current.rate_limit is None:
+            raise Unchanged
+        return evolve(current, rate_limit=None)
+
+    await ctl.store.functions.mutate(buckets.version_key(fv.id, fv.version_id), change)

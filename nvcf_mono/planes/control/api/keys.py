@@ -13,7 +13,7 @@ from typing import Any
 from nvcf_mono.auth.keystore import effective_status
 from nvcf_mono.auth.principal import Principal, Resources
 from nvcf_mono.auth.scopes import ALL_SCOPES
-from nvcf_mono.http.api import ApiRouter, Call, Param
+from nvcf_mono.http.api import Call, Param, Routes
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.account import account_id_problem
 from nvcf_mono.models.api_key import (
@@ -32,6 +32,7 @@ from nvcf_mono.planes.control.access import shared_with
 from nvcf_mono.planes.control.context import Control
 
 TAG = "api-keys"
+routes: Routes[Control] = Routes()
 DESCRIPTION_PATTERN = r"^[a-zA-Z0-9\s_-]{1,64}$"
 _DESCRIPTION_RX = re.compile(r"[a-zA-Z0-9\s_-]{1,64}")
 #: What NVCF's CLI asks for when no expiry is given.
@@ -68,223 +69,230 @@ def resource_problem(resource: KeyResource) -> str | None:
     return None if ok else f"a resource of type {resource.type!r} takes the id {expected}, got {resource.id!r}"
 
 
-def register(router: ApiRouter, ctl: Control) -> None:
-    """Add the API key endpoints."""
+def manager(call: Call[Any]) -> Principal:
+    principal = call.principal
+    if principal.kind not in MANAGERS:
+        raise ProblemError(
+            403,
+            "API keys are managed with an admin credential (a JWT or the admin token); "
+            "an API key cannot create, list, read or revoke keys",
+        )
+    return principal
 
-    def manager(call: Call[Any]) -> Principal:
-        principal = call.principal
-        if principal.kind not in MANAGERS:
-            raise ProblemError(
-                403,
-                "API keys are managed with an admin credential (a JWT or the admin token); "
-                "an API key cannot create, list, read or revoke keys",
-            )
-        return principal
 
-    async def target_account(principal: Principal, requested: str | None) -> str:
-        """The account acted for: the caller's own, or (super admins only) another existing one."""
-        nca_id = principal.account if requested is None else requested
-        if nca_id != principal.account:
-            if not principal.super_admin:
-                raise ProblemError(403, "Only a super admin may manage the API keys of another account")
-            problem = account_id_problem(nca_id)
+async def target_account(ctl: Control, principal: Principal, requested: str | None) -> str:
+    """The account acted for: the caller's own, or (super admins only) another existing one."""
+    nca_id = principal.account if requested is None else requested
+    if nca_id != principal.account:
+        if not principal.super_admin:
+            raise ProblemError(403, "Only a super admin may manage the API keys of another account")
+        problem = account_id_problem(nca_id)
+        if problem:
+            raise ProblemError(400, f"Invalid nca_id {nca_id!r}: {problem}")
+    if await ctl.store.accounts.fetch(nca_id) is None:
+        raise ProblemError(404, f"Account '{nca_id}' not found")
+    return nca_id
+
+
+def visible(ctl: Control, principal: Principal, key_id: str) -> ApiKeyRecord:
+    record = ctl.keys.find(key_id)
+    if record is None or (record.nca_id != principal.account and not principal.super_admin):
+        raise ProblemError(404, f"Key '{key_id}' not found")
+    return record
+
+
+def dto(record: ApiKeyRecord, *, value: str | None = None, details: bool) -> KeyDto:
+    return KeyDto(
+        id=record.id,
+        status=effective_status(record),
+        owner_type=record.owner_type,
+        owner_id=record.owner_id,
+        issuer_service_id=record.issuer_service_id,
+        audience_service_ids=record.audience_service_ids,
+        description=record.description,
+        created_at=record.created_at,
+        expires_at=record.expires_at,
+        masked_key=record.masked,
+        nca_id=record.nca_id,
+        value=value,
+        authorizations=record.authorizations if details else None,
+    )
+
+
+def expiry(ctl: Control, raw: str | None) -> datetime:
+    now = utc_now()
+    if raw is None:
+        return now + DEFAULT_LIFETIME
+    try:
+        when = parse_iso(raw)
+    except ValueError:
+        raise ProblemError(
+            400, f"'expires_at' must be an ISO-8601 timestamp such as 2030-01-31T12:00:00Z, got {raw!r}"
+        ) from None
+    if when <= now:
+        raise ProblemError(400, f"'expires_at' must be in the future, got {raw!r} (now is {iso(now)})")
+    longest = ctl.config.max_key_lifetime
+    if when > now + timedelta(seconds=longest):
+        raise ProblemError(
+            400,
+            f"'expires_at' must be at most {_span(longest)} from now "
+            f"(at or before {iso(now + timedelta(seconds=longest))}), got {raw!r}",
+        )
+    return when
+
+
+def normalized(authorizations: Authorizations) -> Authorizations:
+    """Policies with their audiences filled in; 400 for empty or malformed ones."""
+    if not authorizations.policies:
+        raise ProblemError(400, "'authorizations.policies' must contain at least one policy with scopes")
+    policies = []
+    for index, policy in enumerate(authorizations.policies):
+        where = f"authorizations.policies[{index}]"
+        if not policy.scopes:
+            raise ProblemError(400, f"'{where}.scopes' must name at least one scope")
+        for resource in policy.resources:
+            problem = resource_problem(resource)
             if problem:
-                raise ProblemError(400, f"Invalid nca_id {nca_id!r}: {problem}")
-        if await ctl.store.accounts.fetch(nca_id) is None:
-            raise ProblemError(404, f"Account '{nca_id}' not found")
-        return nca_id
-
-    def visible(principal: Principal, key_id: str) -> ApiKeyRecord:
-        record = ctl.keys.find(key_id)
-        if record is None or (record.nca_id != principal.account and not principal.super_admin):
-            raise ProblemError(404, f"Key '{key_id}' not found")
-        return record
-
-    def dto(record: ApiKeyRecord, *, value: str | None = None, details: bool) -> KeyDto:
-        return KeyDto(
-            id=record.id,
-            status=effective_status(record),
-            owner_type=record.owner_type,
-            owner_id=record.owner_id,
-            issuer_service_id=record.issuer_service_id,
-            audience_service_ids=record.audience_service_ids,
-            description=record.description,
-            created_at=record.created_at,
-            expires_at=record.expires_at,
-            masked_key=record.masked,
-            nca_id=record.nca_id,
-            value=value,
-            authorizations=record.authorizations if details else None,
-        )
-
-    def expiry(raw: str | None) -> datetime:
-        now = utc_now()
-        if raw is None:
-            return now + DEFAULT_LIFETIME
-        try:
-            when = parse_iso(raw)
-        except ValueError:
-            raise ProblemError(
-                400, f"'expires_at' must be an ISO-8601 timestamp such as 2030-01-31T12:00:00Z, got {raw!r}"
-            ) from None
-        if when <= now:
-            raise ProblemError(400, f"'expires_at' must be in the future, got {raw!r} (now is {iso(now)})")
-        longest = ctl.config.max_key_lifetime
-        if when > now + timedelta(seconds=longest):
+                raise ProblemError(400, f"'{where}.resources': {problem}")
+        service = SERVICE_IDS[policy.product]
+        if policy.aud is not None and policy.aud != service:
             raise ProblemError(
                 400,
-                f"'expires_at' must be at most {_span(longest)} from now "
-                f"(at or before {iso(now + timedelta(seconds=longest))}), got {raw!r}",
+                f"'{where}.aud' must be {service!r}, the service of product {policy.product.value!r}, "
+                f"got {policy.aud!r}",
             )
-        return when
-
-    def normalized(authorizations: Authorizations) -> Authorizations:
-        """Policies with their audiences filled in; 400 for empty or malformed ones."""
-        if not authorizations.policies:
-            raise ProblemError(400, "'authorizations.policies' must contain at least one policy with scopes")
-        policies = []
-        for index, policy in enumerate(authorizations.policies):
-            where = f"authorizations.policies[{index}]"
-            if not policy.scopes:
-                raise ProblemError(400, f"'{where}.scopes' must name at least one scope")
-            for resource in policy.resources:
-                problem = resource_problem(resource)
-                if problem:
-                    raise ProblemError(400, f"'{where}.resources': {problem}")
-            service = SERVICE_IDS[policy.product]
-            if policy.aud is not None and policy.aud != service:
-                raise ProblemError(
-                    400,
-                    f"'{where}.aud' must be {service!r}, the service of product {policy.product.value!r}, "
-                    f"got {policy.aud!r}",
-                )
-            auds = policy.auds if policy.auds is not None else (service,)
-            unknown = sorted(set(auds) - KNOWN_SERVICES)
-            if not auds or unknown:
-                raise ProblemError(
-                    400, f"'{where}.auds' must list service ids among {sorted(KNOWN_SERVICES)}, got {list(auds)}"
-                )
-            policies.append(
-                Policy(
-                    scopes=tuple(dict.fromkeys(policy.scopes)),
-                    resources=tuple(dict.fromkeys(policy.resources)),
-                    product=policy.product,
-                    aud=service,
-                    auds=tuple(dict.fromkeys(auds)),
-                )
+        auds = policy.auds if policy.auds is not None else (service,)
+        unknown = sorted(set(auds) - KNOWN_SERVICES)
+        if not auds or unknown:
+            raise ProblemError(
+                400, f"'{where}.auds' must list service ids among {sorted(KNOWN_SERVICES)}, got {list(auds)}"
             )
-        return Authorizations(policies=tuple(policies))
+        policies.append(
+            Policy(
+                scopes=tuple(dict.fromkeys(policy.scopes)),
+                resources=tuple(dict.fromkeys(policy.resources)),
+                product=policy.product,
+                aud=service,
+                auds=tuple(dict.fromkeys(auds)),
+            )
+        )
+    return Authorizations(policies=tuple(policies))
 
-    def reachable(nca_id: str, function_id: str, version_id: str) -> bool:
-        """Is the function (version, or any version for ``*``) the account's own or shared with it?"""
-        return any(
-            fv.nca_id == nca_id or shared_with(ctl.store, fv.id, fv.version_id, nca_id)
-            for fv in ctl.store.versions_of(function_id)
-            if version_id in ("*", fv.version_id)
+
+def reachable(ctl: Control, nca_id: str, function_id: str, version_id: str) -> bool:
+    """Is the function (version, or any version for ``*``) the account's own or shared with it?"""
+    return any(
+        fv.nca_id == nca_id or shared_with(ctl.store, fv.id, fv.version_id, nca_id)
+        for fv in ctl.store.versions_of(function_id)
+        if version_id in ("*", fv.version_id)
+    )
+
+
+def check_grantable(ctl: Control, principal: Principal, nca_id: str, authorizations: Authorizations) -> None:
+    """400 for unknown scopes; 403 for scopes or resources the caller cannot give."""
+    requested = list(dict.fromkeys(s for p in authorizations.policies for s in p.scopes))
+    unknown = [s for s in requested if s not in ALL_SCOPES]
+    if unknown:
+        hint = " (name scopes without the 'apikey:' prefix)" if any(s.startswith("apikey:") for s in unknown) else ""
+        raise ProblemError(400, f"Unknown scopes: {', '.join(unknown)}{hint}")
+    missing = [s for s in requested if not principal.has(s)]
+    if missing:
+        raise ProblemError(403, f"Cannot grant scopes the caller does not hold: {', '.join(missing)}")
+    uncovered = []
+    for resource in dict.fromkeys(r for p in authorizations.policies for r in p.resources):
+        wanted = Resources.from_entries([{"type": resource.type, "id": resource.id}])
+        # None: the caller reaches the whole account, which still excludes other accounts' functions.
+        held = principal.resources is None or principal.resources.covers(wanted)
+        if resource.type == "function":
+            function_id, version_id = resource.id.split("/")
+            held = held and reachable(ctl, nca_id, function_id, version_id)
+        if not held:
+            uncovered.append(_resource_text(resource))
+    if uncovered:
+        raise ProblemError(
+            403,
+            f"Cannot grant resources the caller does not reach in account '{nca_id}': {', '.join(uncovered)}",
         )
 
-    def check_grantable(principal: Principal, nca_id: str, authorizations: Authorizations) -> None:
-        """400 for unknown scopes; 403 for scopes or resources the caller cannot give."""
-        requested = list(dict.fromkeys(s for p in authorizations.policies for s in p.scopes))
-        unknown = [s for s in requested if s not in ALL_SCOPES]
-        if unknown:
-            hint = (
-                " (name scopes without the 'apikey:' prefix)" if any(s.startswith("apikey:") for s in unknown) else ""
-            )
-            raise ProblemError(400, f"Unknown scopes: {', '.join(unknown)}{hint}")
-        missing = [s for s in requested if not principal.has(s)]
-        if missing:
-            raise ProblemError(403, f"Cannot grant scopes the caller does not hold: {', '.join(missing)}")
-        uncovered = []
-        for resource in dict.fromkeys(r for p in authorizations.policies for r in p.resources):
-            wanted = Resources.from_entries([{"type": resource.type, "id": resource.id}])
-            # None: the caller reaches the whole account, which still excludes other accounts' functions.
-            held = principal.resources is None or principal.resources.covers(wanted)
-            if resource.type == "function":
-                function_id, version_id = resource.id.split("/")
-                held = held and reachable(nca_id, function_id, version_id)
-            if not held:
-                uncovered.append(_resource_text(resource))
-        if uncovered:
-            raise ProblemError(
-                403,
-                f"Cannot grant resources the caller does not reach in account '{nca_id}': {', '.join(uncovered)}",
-            )
 
-    def audiences(requested: tuple[str, ...] | None, authorizations: Authorizations) -> tuple[str, ...]:
-        if requested is None:
-            return tuple(dict.fromkeys(a for p in authorizations.policies for a in p.auds or ()))
-        unknown = sorted(set(requested) - KNOWN_SERVICES)
-        if not requested or unknown:
-            raise ProblemError(
-                400,
-                f"'audience_service_ids' must list service ids among {sorted(KNOWN_SERVICES)}, got {list(requested)}",
-            )
-        return tuple(dict.fromkeys(requested))
-
-    @router.route(
-        "POST",
-        "/v1/keys",
-        summary="Create an API key (its value is shown only in this response); never more than the caller holds.",
-        tag=TAG,
-        body=CreateKeyRequest,
-        response=KeyDto,
-        errors=(404,),
-    )
-    async def create_key(call: Call[CreateKeyRequest]) -> KeyDto:
-        principal = manager(call)
-        req = call.body
-        nca_id = await target_account(principal, req.nca_id)
-        if not _DESCRIPTION_RX.fullmatch(req.description):
-            raise ProblemError(400, f"'description' must match {DESCRIPTION_PATTERN}, got {req.description!r}")
-        expires_at = expiry(req.expires_at)
-        authorizations = normalized(req.authorizations)
-        audience_ids = audiences(req.audience_service_ids, authorizations)
-        check_grantable(principal, nca_id, authorizations)
-        record, value = await ctl.keys.create(
-            nca_id=nca_id,
-            owner_id=principal.subject,
-            description=req.description,
-            authorizations=authorizations,
-            expires_at=expires_at,
-            issuer_service_id=SERVICE_IDS[authorizations.policies[0].product],
-            audience_service_ids=audience_ids,
+def audiences(requested: tuple[str, ...] | None, authorizations: Authorizations) -> tuple[str, ...]:
+    if requested is None:
+        return tuple(dict.fromkeys(a for p in authorizations.policies for a in p.auds or ()))
+    unknown = sorted(set(requested) - KNOWN_SERVICES)
+    if not requested or unknown:
+        raise ProblemError(
+            400,
+            f"'audience_service_ids' must list service ids among {sorted(KNOWN_SERVICES)}, got {list(requested)}",
         )
-        return dto(record, value=value, details=True)
+    return tuple(dict.fromkeys(requested))
 
-    @router.route(
-        "GET",
-        "/v1/keys",
-        summary="List the account's API keys (without values or authorizations).",
-        tag=TAG,
-        response=KeyListResponse,
-        params=(Param(name="nca_id", description="Another account's keys (super admin only)."),),
-        errors=(404,),
-    )
-    async def list_keys(call: Call[None]) -> KeyListResponse:
-        principal = manager(call)
-        nca_id = await target_account(principal, call.query("nca_id") or None)
-        return KeyListResponse(keys=tuple(dto(r, details=False) for r in ctl.keys.list(nca_id=nca_id)))
 
-    @router.route(
-        "GET",
-        "/v1/keys/{keyId}",
-        summary="Read an API key with its authorizations (never its value).",
-        tag=TAG,
-        response=KeyDto,
-        errors=(404,),
+@routes.route(
+    "POST",
+    "/v1/keys",
+    summary="Create an API key (its value is shown only in this response); never more than the caller holds.",
+    tag=TAG,
+    body=CreateKeyRequest,
+    response=KeyDto,
+    errors=(404,),
+)
+async def create_key(ctl: Control, call: Call[CreateKeyRequest]) -> KeyDto:
+    principal = manager(call)
+    req = call.body
+    nca_id = await target_account(ctl, principal, req.nca_id)
+    if not _DESCRIPTION_RX.fullmatch(req.description):
+        raise ProblemError(400, f"'description' must match {DESCRIPTION_PATTERN}, got {req.description!r}")
+    expires_at = expiry(ctl, req.expires_at)
+    authorizations = normalized(req.authorizations)
+    audience_ids = audiences(req.audience_service_ids, authorizations)
+    check_grantable(ctl, principal, nca_id, authorizations)
+    record, value = await ctl.keys.create(
+        nca_id=nca_id,
+        owner_id=principal.subject,
+        description=req.description,
+        authorizations=authorizations,
+        expires_at=expires_at,
+        issuer_service_id=SERVICE_IDS[authorizations.policies[0].product],
+        audience_service_ids=audience_ids,
     )
-    async def get_key(call: Call[None]) -> KeyDto:
-        return dto(visible(manager(call), call.path("keyId")), details=True)
+    return dto(record, value=value, details=True)
 
-    @router.route(
-        "DELETE",
-        "/v1/keys/{keyId}",
-        summary="Revoke an API key: it stops working at once.",
-        tag=TAG,
-        errors=(404,),
-    )
-    async def delete_key(call: Call[None]) -> None:
-        record = visible(manager(call), call.path("keyId"))
-        if not await ctl.keys.revoke(record.id):
-            raise ProblemError(404, f"Key '{record.id}' not found")
+
+@routes.route(
+    "GET",
+    "/v1/keys",
+    summary="List the account's API keys (without values or authorizations).",
+    tag=TAG,
+    response=KeyListResponse,
+    params=(Param(name="nca_id", description="Another account's keys (super admin only)."),),
+    errors=(404,),
+)
+async def list_keys(ctl: Control, call: Call[None]) -> KeyListResponse:
+    principal = manager(call)
+    nca_id = await target_account(ctl, principal, call.query("nca_id") or None)
+    return KeyListResponse(keys=tuple(dto(r, details=False) for r in ctl.keys.list(nca_id=nca_id)))
+
+
+@routes.route(
+    "GET",
+    "/v1/keys/{keyId}",
+    summary="Read an API key with its authorizations (never its value).",
+    tag=TAG,
+    response=KeyDto,
+    errors=(404,),
+)
+async def get_key(ctl: Control, call: Call[None]) -> KeyDto:
+    return dto(visible(ctl, manager(call), call.path("keyId")), details=True)
+
+
+@routes.route(
+    "DELETE",
+    "/v1/keys/{keyId}",
+    summary="Revoke an API key: it stops working at once.",
+    tag=TAG,
+    errors=(404,),
+)
+async def delete_key(ctl: Control, call: Call[None]) -> None:
+    record = visible(ctl, manager(call), call.path("keyId"))
+    if not await ctl.keys.revoke(record.id):
+        raise ProblemError(404, f"Key '{record.id}' not found")

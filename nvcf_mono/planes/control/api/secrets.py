@@ -6,7 +6,7 @@ import json
 
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.contracts import buckets
-from nvcf_mono.http.api import ApiRouter, Call
+from nvcf_mono.http.api import Call, Routes
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.function import FunctionStatus, FunctionVersion
 from nvcf_mono.models.secret import SealedSecrets, SecretsRequest
@@ -17,63 +17,61 @@ from nvcf_mono.planes.control.validation import check_secrets
 from nvcf_mono.structure import evolve
 
 TAG = "secrets"
+routes: Routes[Control] = Routes()
 #: All of a version's secrets together, as JSON: kept well under the bus's message size limit.
 MAX_TOTAL_BYTES = 512 * 1024
 
 
-def register(router: ApiRouter, ctl: Control) -> None:
-    """Add the secrets endpoint."""
-
-    @router.route(
-        "PUT",
-        "/v2/nvcf/secrets/functions/{functionId}/versions/{versionId}",
-        summary="Add or replace secrets of a function version (merged over the existing ones); 204.",
-        tag=TAG,
-        scopes=(S.UPDATE_SECRETS,),
-        body=SecretsRequest,
-        errors=(404,),
-        cross_account=True,
-        description="A version without secrets may get its first ones only while INACTIVE. "
-        "Values are never returned by any endpoint; instances fetch them with their worker token.",
+@routes.route(
+    "PUT",
+    "/v2/nvcf/secrets/functions/{functionId}/versions/{versionId}",
+    summary="Add or replace secrets of a function version (merged over the existing ones); 204.",
+    tag=TAG,
+    scopes=(S.UPDATE_SECRETS,),
+    body=SecretsRequest,
+    errors=(404,),
+    cross_account=True,
+    description="A version without secrets may get its first ones only while INACTIVE. "
+    "Values are never returned by any endpoint; instances fetch them with their worker token.",
+)
+async def update_function_secrets(ctl: Control, call: Call[SecretsRequest]) -> None:
+    if not call.body.secrets:
+        raise ProblemError(400, "secrets must name at least one secret")
+    given = check_secrets(call.body.secrets)
+    fv, _ = await find_version(
+        ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"), owner_only=True
     )
-    async def update_function_secrets(call: Call[SecretsRequest]) -> None:
-        if not call.body.secrets:
-            raise ProblemError(400, "secrets must name at least one secret")
-        given = check_secrets(call.body.secrets)
-        fv, _ = await find_version(
-            ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"), owner_only=True
-        )
-        key = buckets.function_secrets_key(fv.id, fv.version_id)
+    key = buckets.function_secrets_key(fv.id, fv.version_id)
 
-        def merge(current: SealedSecrets | None) -> SealedSecrets:
-            if current is None and fv.status is not FunctionStatus.INACTIVE:
-                # Running instances fetched their secrets at start; a first set would reach only some.
-                raise ProblemError(
-                    400,
-                    f"Function '{fv.id}' version '{fv.version_id}' has no secrets and is {fv.status.value}: "
-                    "secrets can be added to a version without any only while it is INACTIVE "
-                    "(undeploy it first, or create a new version with the secrets)",
-                )
-            values = {} if current is None else open_secrets(ctl, key, current)
-            values.update(given)
-            if len(json.dumps(values, separators=(",", ":")).encode()) > MAX_TOTAL_BYTES:
-                raise ProblemError(
-                    400,
-                    f"the version's secrets together would exceed {MAX_TOTAL_BYTES // 1024} KiB; "
-                    "use fewer or smaller secrets",
-                )
-            return seal_secrets(ctl, key, values)
+    def merge(current: SealedSecrets | None) -> SealedSecrets:
+        if current is None and fv.status is not FunctionStatus.INACTIVE:
+            # Running instances fetched their secrets at start; a first set would reach only some.
+            raise ProblemError(
+                400,
+                f"Function '{fv.id}' version '{fv.version_id}' has no secrets and is {fv.status.value}: "
+                "secrets can be added to a version without any only while it is INACTIVE "
+                "(undeploy it first, or create a new version with the secrets)",
+            )
+        values = {} if current is None else open_secrets(ctl, key, current)
+        values.update(given)
+        if len(json.dumps(values, separators=(",", ":")).encode()) > MAX_TOTAL_BYTES:
+            raise ProblemError(
+                400,
+                f"the version's secrets together would exceed {MAX_TOTAL_BYTES // 1024} KiB; "
+                "use fewer or smaller secrets",
+            )
+        return seal_secrets(ctl, key, values)
 
-        sealed = await ctl.store.secrets.mutate(key, merge)
-        assert sealed is not None
-        names = sealed.names
+    sealed = await ctl.store.secrets.mutate(key, merge)
+    assert sealed is not None
+    names = sealed.names
 
-        def rename(current: FunctionVersion | None) -> FunctionVersion | None:
-            if current is None or current.secrets == names:
-                raise Unchanged
-            return evolve(current, secrets=names)
+    def rename(current: FunctionVersion | None) -> FunctionVersion | None:
+        if current is None or current.secrets == names:
+            raise Unchanged
+        return evolve(current, secrets=names)
 
-        if await ctl.store.functions.mutate(buckets.version_key(fv.id, fv.version_id), rename) is None:
-            # Deleted meanwhile: its secrets must not outlive it.
-            await ctl.store.secrets.mutate(key, lambda _: None)
-            raise not_found(fv.id, fv.version_id)
+    if await ctl.store.functions.mutate(buckets.version_key(fv.id, fv.version_id), rename) is None:
+        # Deleted meanwhile: its secrets must not outlive it.
+        await ctl.store.secrets.mutate(key, lambda _: None)
+        raise not_found(fv.id, fv.version_id)
