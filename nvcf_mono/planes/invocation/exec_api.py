@@ -9,15 +9,16 @@ of a 200), with the function's HTTP status (302 becomes 200). Failures of the pl
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from aiohttp import web
 from multidict import CIMultiDict
 
 from nvcf_mono.auth import scopes as S
-from nvcf_mono.http.api import ApiRouter, Call, Param, json_response
+from nvcf_mono.http.api import Call, Param, Routes, json_response
 from nvcf_mono.http.problem import ProblemError
+from nvcf_mono.late import Late
 from nvcf_mono.planes.invocation.http import (
     PERCENT,
     POLL,
@@ -35,6 +36,8 @@ from nvcf_mono.structure import WireModel, checked, described, wire
 
 ExecStatus = Literal["errored", "in-progress", "fulfilled"]
 #: Headers of the inner answer the wrapper keeps (the function's own stay inside the JSON).
+#: exec and its status poll.
+routes: Routes[Late[Invoker]] = Routes()
 KEPT_HEADERS = (REQID, STATUS, PERCENT, WAIT_REASON, QUEUE_POSITION, "Server-Timing")
 
 
@@ -126,91 +129,93 @@ def wrap(answer: web.StreamResponse) -> web.Response:
     return response
 
 
-def register(router: ApiRouter, invoker_of: Callable[[], Invoker]) -> None:
-    """``exec`` and its status poll."""
+async def execute(late: Late[Invoker], call: Call[ExecRequest], version_id: str | None) -> web.StreamResponse:
+    invoker = late.get()
 
-    async def execute(call: Call[ExecRequest], version_id: str | None) -> web.StreamResponse:
-        invoker = invoker_of()
-
-        async def entry(obs: Observation) -> web.StreamResponse:
-            fv = await invoker.routing.resolve_current(call.principal, call.path("functionId"), version_id)
-            obs.target(fv, call.principal.account)
-            header = call.body.request_header or ExecRequestHeader()
-            poll = None
-            if header.poll_duration_seconds is not None:
-                if header.poll_duration_seconds > invoker.config.max_poll_seconds:
-                    raise ProblemError(
-                        400, f"requestHeader.pollDurationSeconds must be <= {invoker.config.max_poll_seconds}"
-                    )
-                poll = max(header.poll_duration_seconds, 1)
-            asset_ids = await invoker.input_assets(
-                call.principal, header.input_asset_references, source="requestHeader.inputAssetReferences"
-            )
-            headers = CIMultiDict(call.request.headers)
-            headers.popall("Content-Length", None)
-            headers["Content-Type"] = "application/json"
-            body = json.dumps(call.body.request_body, separators=(",", ":")).encode()
-            answer = await invoker.handle(
-                call.request,
-                call.principal,
-                fv,
-                Invocation(
-                    method="POST",
-                    path=fv.inference_url or "/",
-                    headers=headers,
-                    asset_ids=asset_ids,
-                    poll=poll,
-                    body=body,
-                    buffered=True,
-                ),
-            )
-            return wrap(answer)
-
-        return await invoker.observed(entry)
-
-    poll_param = Param(
-        name=POLL, location="header", description="Seconds to wait for the result before a 202 (1-3600).",
-        schema={"type": "integer", "minimum": 1, "maximum": 3600},
-    )  # fmt: skip
-    common: dict[str, Any] = {
-        "tag": TAG,
-        "scopes": (S.INVOKE_FUNCTION,),
-        "body": ExecRequest,
-        "response": ExecResponse,
-        "passthrough": True,
-        "errors": (404, 429),
-    }
-
-    @router.route(
-        "POST",
-        "/v2/nvcf/exec/functions/{functionId}",
-        summary="Invoke any ACTIVE version of a function with a JSON body; the answer is wrapped in JSON.",
-        **common,
-    )
-    async def exec_function(call: Call[ExecRequest]) -> web.StreamResponse:
-        return await execute(call, None)
-
-    @router.route(
-        "POST",
-        "/v2/nvcf/exec/functions/{functionId}/versions/{versionId}",
-        summary="Invoke one version of a function with a JSON body; the answer is wrapped in JSON.",
-        **common,
-    )
-    async def exec_function_version(call: Call[ExecRequest]) -> web.StreamResponse:
-        return await execute(call, call.path("versionId"))
-
-    @router.route(
-        "GET",
-        "/v2/nvcf/exec/status/{requestId}",
-        summary="Poll an exec request that answered 202: its wrapped result (once), 202 while it runs.",
-        tag=TAG,
-        scopes=(S.INVOKE_FUNCTION,),
-        response=ExecResponse,
-        passthrough=True,
-        params=(poll_param,),
-        errors=(404,),
-    )
-    async def get_exec_request_status(call: Call[None]) -> web.StreamResponse:
-        invoker = invoker_of()
-        answer = await invoker.poll(call.request, call.principal, call.path("requestId"), buffered=True)
+    async def entry(obs: Observation) -> web.StreamResponse:
+        fv = await invoker.routing.resolve_current(call.principal, call.path("functionId"), version_id)
+        obs.target(fv, call.principal.account)
+        header = call.body.request_header or ExecRequestHeader()
+        poll = None
+        if header.poll_duration_seconds is not None:
+            if header.poll_duration_seconds > invoker.config.max_poll_seconds:
+                raise ProblemError(
+                    400, f"requestHeader.pollDurationSeconds must be <= {invoker.config.max_poll_seconds}"
+                )
+            poll = max(header.poll_duration_seconds, 1)
+        asset_ids = await invoker.input_assets(
+            call.principal, header.input_asset_references, source="requestHeader.inputAssetReferences"
+        )
+        headers = CIMultiDict(call.request.headers)
+        headers.popall("Content-Length", None)
+        headers["Content-Type"] = "application/json"
+        body = json.dumps(call.body.request_body, separators=(",", ":")).encode()
+        answer = await invoker.handle(
+            call.request,
+            call.principal,
+            fv,
+            Invocation(
+                method="POST",
+                path=fv.inference_url or "/",
+                headers=headers,
+                asset_ids=asset_ids,
+                poll=poll,
+                body=body,
+                buffered=True,
+            ),
+        )
         return wrap(answer)
+
+    return await invoker.observed(entry)
+
+
+POLL_PARAM = Param(
+    name=POLL, location="header", description="Seconds to wait for the result before a 202 (1-3600).",
+    schema={"type": "integer", "minimum": 1, "maximum": 3600},
+)  # fmt: skip
+#: What exec's two invoking operations share.
+EXEC_OPTIONS: Mapping[str, Any] = {
+    "tag": TAG,
+    "scopes": (S.INVOKE_FUNCTION,),
+    "body": ExecRequest,
+    "response": ExecResponse,
+    "passthrough": True,
+    "errors": (404, 429),
+}
+
+
+@routes.route(
+    "POST",
+    "/v2/nvcf/exec/functions/{functionId}",
+    summary="Invoke any ACTIVE version of a function with a JSON body; the answer is wrapped in JSON.",
+    **EXEC_OPTIONS,
+)
+async def exec_function(late: Late[Invoker], call: Call[ExecRequest]) -> web.StreamResponse:
+    return await execute(late, call, None)
+
+
+@routes.route(
+    "POST",
+    "/v2/nvcf/exec/functions/{functionId}/versions/{versionId}",
+    summary="Invoke one version of a function with a JSON body; the answer is wrapped in JSON.",
+    **EXEC_OPTIONS,
+)
+async def exec_function_version(late: Late[Invoker], call: Call[ExecRequest]) -> web.StreamResponse:
+    return await execute(late, call, call.path("versionId"))
+
+
+@routes.route(
+    "GET",
+    "/v2/nvcf/exec/status/{requestId}",
+    summary="Poll an exec request that answered 202: its wrapped result (once), 202 while it runs.",
+    tag=TAG,
+    scopes=(S.INVOKE_FUNCTION,),
+    response=ExecResponse,
+    passthrough=True,
+    params=(POLL_PARAM,),
+    errors=(404,),
+)
+async def get_exec_request_status(late: Late[Invoker], call: Call[None]) -> web.StreamResponse:
+    invoker = late.get()
+    answer = await invoker.poll(call.request, call.principal, call.path("requestId"), buffered=True)
+    return wrap(answer)

@@ -26,8 +26,9 @@ from nvcf_mono.auth.principal import Principal
 from nvcf_mono.bus.errors import BusError
 from nvcf_mono.contracts.buckets import RequestRecord, StoredResult
 from nvcf_mono.contracts.frames import Frame, Request
-from nvcf_mono.http.api import ApiRouter, Call, Param
+from nvcf_mono.http.api import Call, Param, Routes
 from nvcf_mono.http.problem import PROBLEM_CONTENT_TYPE, ProblemError, problem_body
+from nvcf_mono.late import Late
 from nvcf_mono.models.common import now_iso
 from nvcf_mono.models.function import FunctionVersion
 from nvcf_mono.planes.invocation.config import InvocationConfig
@@ -43,6 +44,8 @@ from nvcf_mono.planes.invocation.routing import RoutingTable
 from nvcf_mono.planes.invocation.wait_reason import wait_reason
 
 TAG = "invocation"
+#: Pexec and its status poll (exec and Host routing live in their own modules).
+routes: Routes[Late[Invoker]] = Routes()
 REQID = "NVCF-REQID"
 STATUS = "NVCF-STATUS"
 PERCENT = "NVCF-PERCENT-COMPLETE"
@@ -578,88 +581,85 @@ HOST_ROUTING_DOC = (
 )
 
 
-def register(router: ApiRouter, invoker_of: Callable[[], Invoker]) -> None:
-    """Pexec and status (exec and Host routing live in their own module)."""
-    poll_param = Param(
-        name=POLL, location="header", description="Seconds to wait for the response before a 202 (1-3600).",
-        schema={"type": "integer", "minimum": 1, "maximum": 3600},
-    )  # fmt: skip
+POLL_PARAM = Param(
+    name=POLL, location="header", description="Seconds to wait for the response before a 202 (1-3600).",
+    schema={"type": "integer", "minimum": 1, "maximum": 3600},
+)  # fmt: skip
 
-    invoke_params = (
-        poll_param,
-        Param(
-            name=ASSET_REFERENCES, location="header",
-            description="Comma-separated ids of uploaded assets the function downloads (repeatable).",
-        ),
-        Param(
-            name=IDEMPOTENCY_KEY, location="header",
-            description="A retry with the same key answers for the same request instead of invoking again.",
-        ),
-    )  # fmt: skip
-
-    async def pexec(call: Call[None], version_id: str | None) -> web.StreamResponse:
-        invoker = invoker_of()
-
-        async def entry(obs: Observation) -> web.StreamResponse:
-            fv = await invoker.routing.resolve_current(call.principal, call.path("functionId"), version_id)
-            obs.target(fv, call.principal.account)
-            headers = call.request.headers
-            asset_ids = await invoker.input_assets(call.principal, headers.getall(ASSET_REFERENCES, ()))
-            return await invoker.handle(
-                call.request,
-                call.principal,
-                fv,
-                Invocation(method="POST", path=fv.inference_url or "/", headers=headers, asset_ids=asset_ids),
-            )
-
-        return await invoker.observed(entry)
-
-    @router.route(
-        "POST",
-        "/v2/nvcf/pexec/functions/{functionId}",
-        summary="Invoke any ACTIVE version of a function; the body and status pass through.",
-        description=HOST_ROUTING_DOC,
-        tag=TAG,
-        scopes=(S.INVOKE_FUNCTION,),
-        raw_body="*/*",
-        raw_response="*/*",
-        passthrough=True,
-        params=invoke_params,
-        errors=(404, 413, 429),
-    )
-    async def invoke_function(call: Call[None]) -> web.StreamResponse:
-        return await pexec(call, None)
-
-    @router.route(
-        "POST",
-        "/v2/nvcf/pexec/functions/{functionId}/versions/{versionId}",
-        summary="Invoke one version of a function; the body and status pass through.",
-        tag=TAG,
-        scopes=(S.INVOKE_FUNCTION,),
-        raw_body="*/*",
-        raw_response="*/*",
-        passthrough=True,
-        params=invoke_params,
-        errors=(404, 413, 429),
-    )
-    async def invoke_function_version(call: Call[None]) -> web.StreamResponse:
-        return await pexec(call, call.path("versionId"))
-
-    @router.route(
-        "GET",
-        "/v2/nvcf/pexec/status/{requestId}",
-        summary="Poll a request that answered 202: its result (once), 202 while it runs, 404 when unknown.",
-        tag=TAG,
-        scopes=(S.INVOKE_FUNCTION,),
-        raw_response="*/*",
-        passthrough=True,
-        params=(poll_param,),
-        errors=(404,),
-    )
-    async def get_request_status(call: Call[None]) -> web.StreamResponse:
-        return await status_poll(invoker_of(), call)
+INVOKE_PARAMS = (
+    POLL_PARAM,
+    Param(
+        name=ASSET_REFERENCES, location="header",
+        description="Comma-separated ids of uploaded assets the function downloads (repeatable).",
+    ),
+    Param(
+        name=IDEMPOTENCY_KEY, location="header",
+        description="A retry with the same key answers for the same request instead of invoking again.",
+    ),
+)  # fmt: skip
 
 
-async def status_poll(invoker: Invoker, call: Call[None]) -> web.StreamResponse:
-    """``GET /v2/nvcf/pexec/status/{requestId}``."""
-    return await invoker.poll(call.request, call.principal, call.path("requestId"))
+async def pexec(late: Late[Invoker], call: Call[None], version_id: str | None) -> web.StreamResponse:
+    invoker = late.get()
+
+    async def entry(obs: Observation) -> web.StreamResponse:
+        fv = await invoker.routing.resolve_current(call.principal, call.path("functionId"), version_id)
+        obs.target(fv, call.principal.account)
+        headers = call.request.headers
+        asset_ids = await invoker.input_assets(call.principal, headers.getall(ASSET_REFERENCES, ()))
+        return await invoker.handle(
+            call.request,
+            call.principal,
+            fv,
+            Invocation(method="POST", path=fv.inference_url or "/", headers=headers, asset_ids=asset_ids),
+        )
+
+    return await invoker.observed(entry)
+
+
+@routes.route(
+    "POST",
+    "/v2/nvcf/pexec/functions/{functionId}",
+    summary="Invoke any ACTIVE version of a function; the body and status pass through.",
+    description=HOST_ROUTING_DOC,
+    tag=TAG,
+    scopes=(S.INVOKE_FUNCTION,),
+    raw_body="*/*",
+    raw_response="*/*",
+    passthrough=True,
+    params=INVOKE_PARAMS,
+    errors=(404, 413, 429),
+)
+async def invoke_function(late: Late[Invoker], call: Call[None]) -> web.StreamResponse:
+    return await pexec(late, call, None)
+
+
+@routes.route(
+    "POST",
+    "/v2/nvcf/pexec/functions/{functionId}/versions/{versionId}",
+    summary="Invoke one version of a function; the body and status pass through.",
+    tag=TAG,
+    scopes=(S.INVOKE_FUNCTION,),
+    raw_body="*/*",
+    raw_response="*/*",
+    passthrough=True,
+    params=INVOKE_PARAMS,
+    errors=(404, 413, 429),
+)
+async def invoke_function_version(late: Late[Invoker], call: Call[None]) -> web.StreamResponse:
+    return await pexec(late, call, call.path("versionId"))
+
+
+@routes.route(
+    "GET",
+    "/v2/nvcf/pexec/status/{requestId}",
+    summary="Poll a request that answered 202: its result (once), 202 while it runs, 404 when unknown.",
+    tag=TAG,
+    scopes=(S.INVOKE_FUNCTION,),
+    raw_response="*/*",
+    passthrough=True,
+    params=(POLL_PARAM,),
+    errors=(404,),
+)
+async def get_request_status(late: Late[Invoker], call: Call[None]) -> web.StreamResponse:
+    return await late.get().poll(call.request, call.principal, call.path("requestId"))

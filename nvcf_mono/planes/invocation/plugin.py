@@ -69,8 +69,8 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
         ctx.declare_object_store(buckets.TASK_RESULT_CONTENT)  # task workers upload results through this node
         self.invoker: Late[http.Invoker] = Late("the invocation plane")
         self.router = ApiRouter()
-        http.register(self.router, self.invoker.get)
-        exec_api.register(self.router, self.invoker.get)
+        http.routes.bind(self.router, self.invoker)
+        exec_api.routes.bind(self.router, self.invoker)
         self.router.install(ctx)
         self.authenticator: Late[Authenticator] = Late("authentication")
         ctx.add_middleware(host_routing.middleware(self.invoker.get, self.authenticator.get))
