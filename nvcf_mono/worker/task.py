@@ -32,9 +32,10 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     TaskResultAck,
     TaskResultChunk,
 )
+from nvcf_mono.structure import at_least, in_range
 from nvcf_mono.worker import endpoint
 from nvcf_mono.worker.agent import SERVICE, WorkerState
-from nvcf_mono.worker.config import WorkerConfigError
+from nvcf_mono.worker.config import contract, from_contract, host_port
 
 log = logging.getLogger("nvcf_mono.worker.task")
 
@@ -49,51 +50,22 @@ _TERMINAL = {"COMPLETED", "ERRORED", "CANCELED", "EXCEEDED_MAX_RUNTIME_DURATION"
 class TaskConfig:
     """The task sidecar's settings, from the task contract (``contracts/env.py``)."""
 
-    task_id: str
-    worker_token: str
-    grpc_address: str
-    instance_id: str
-    progress_file: str
-    results_dir: str
-    heartbeat_interval: float = 30.0
-    own_health_port: int = 0
-    secrets_file: str | None = None
-    secrets_present: bool = False
-    grpc_address_file: str | None = None
+    task_id: str = contract(env.NVCT_TASK_ID)
+    worker_token: str = contract(env.NVCF_WORKER_TOKEN)
+    grpc_address: str = contract(env.NVCF_FQDN_GRPC, check=host_port)
+    instance_id: str = contract(env.INSTANCE_ID, "")
+    progress_file: str = contract(env.NVCT_PROGRESS_FILE_PATH)
+    results_dir: str = contract(env.NVCT_RESULTS_DIR)
+    heartbeat_interval: float = contract(env.NVCT_HEARTBEAT_INTERVAL, 30.0, at_least(0.1))
+    own_health_port: int = contract(env.HEALTH_PORT, 0, in_range(0, 65535))
+    secrets_file: str | None = contract(env.SECRETS_FILE, None)
+    secrets_present: bool = contract(env.FUNCTION_SECRETS_PRESENT, False)
+    grpc_address_file: str | None = contract(env.NVCF_FQDN_GRPC_FILE, None)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> TaskConfig:
-        missing = [
-            name
-            for name in (
-                env.NVCT_TASK_ID,
-                env.NVCF_WORKER_TOKEN,
-                env.NVCF_FQDN_GRPC,
-                env.NVCT_PROGRESS_FILE_PATH,
-                env.NVCT_RESULTS_DIR,
-            )
-            if not environ.get(name, "").strip()
-        ]
-        if missing:
-            raise WorkerConfigError("\n".join(f"{name} is not set" for name in missing))
-        try:
-            interval = float(environ.get(env.NVCT_HEARTBEAT_INTERVAL, "") or 30.0)
-            health_port = int(environ.get(env.HEALTH_PORT, "") or 0)
-        except ValueError as err:
-            raise WorkerConfigError(f"{env.NVCT_HEARTBEAT_INTERVAL} or {env.HEALTH_PORT}: {err}") from err
-        return cls(
-            task_id=environ[env.NVCT_TASK_ID].strip(),
-            worker_token=environ[env.NVCF_WORKER_TOKEN].strip(),
-            grpc_address=environ[env.NVCF_FQDN_GRPC].strip(),
-            instance_id=environ.get(env.INSTANCE_ID, "").strip(),
-            progress_file=environ[env.NVCT_PROGRESS_FILE_PATH].strip(),
-            results_dir=environ[env.NVCT_RESULTS_DIR].strip(),
-            heartbeat_interval=max(interval, 0.1),
-            own_health_port=health_port,
-            secrets_file=environ.get(env.SECRETS_FILE, "").strip() or None,
-            secrets_present=environ.get(env.FUNCTION_SECRETS_PRESENT, "").strip().lower() == "true",
-            grpc_address_file=environ.get(env.NVCF_FQDN_GRPC_FILE, "").strip() or None,
-        )
+        """Read the task contract; every problem in one error, one line each."""
+        return from_contract(cls, environ)
 
 
 @attrs.frozen

@@ -140,25 +140,25 @@ def test_every_problem_is_listed_at_once() -> None:
         WorkerConfig.from_env(environ)
     lines = str(caught.value).splitlines()
     expected = [
-        "NVCF_WORKER_TOKEN is not set",
-        "FUNCTION_ID is not set",
-        "FUNCTION_VERSION_ID is not set",
-        "NVCF_FQDN_GRPC must be host:port, got 'no-port'",
-        "INFERENCE_PORT must be a whole number, got 'eighty'",
-        "INFERENCE_HEALTH_PORT must be between 1 and 65535, got '70000'",
-        "INFERENCE_PROTOCOL must be one of http, grpc, got 'websocket'",
-        "INFERENCE_HEALTH_PROTOCOL must be one of http, grpc, got 'tcp'",
-        "INFERENCE_HEALTH_EXPECTED_RESPONSE_CODE must be between 100 and 599, got '42'",
-        "INFERENCE_HEALTH_TIMEOUT must be greater than 0, got '0'",
-        "MAX_REQUEST_CONCURRENCY must be between 1 and 16384, got '16385'",
-        "HEALTH_PORT must be between 0 and 65535, got '-1'",
-        "INFERENCE_READY_TIMEOUT must be a number, got 'soon'",
-        "WORKER_HEALTH_INTERVAL must be greater than 0, got '-2'",
-        "FUNCTION_TYPE must be one of DEFAULT, STREAMING, LLM, got 'BATCH'",
-        "FUNCTION_SECRETS_PRESENT must be true or false, got 'maybe'",
-        "INFERENCE_URL must be a path starting with '/', got 'echo'",
-        "BASE_ASSET_DIR must be a path starting with '/', got 'relative/assets'",
-        "BASE_RESPONSE_DIR must be a path starting with '/', got 'relative/responses'",
+        "NVCF_WORKER_TOKEN: is required",
+        "FUNCTION_ID: is required",
+        "FUNCTION_VERSION_ID: is required",
+        "NVCF_FQDN_GRPC: must be host:port, got 'no-port'",
+        "INFERENCE_PORT: expected an integer, got 'eighty'",
+        "INFERENCE_HEALTH_PORT: must be between 1 and 65535, got 70000",
+        "INFERENCE_PROTOCOL: expected one of 'http', 'grpc', got 'websocket'",
+        "INFERENCE_HEALTH_PROTOCOL: expected one of 'http', 'grpc', got 'tcp'",
+        "INFERENCE_HEALTH_EXPECTED_RESPONSE_CODE: must be between 100 and 599, got 42",
+        "INFERENCE_HEALTH_TIMEOUT: must be greater than 0, got 0.0",
+        "MAX_REQUEST_CONCURRENCY: must be between 1 and 16384, got 16385",
+        "HEALTH_PORT: must be between 0 and 65535, got -1",
+        "INFERENCE_READY_TIMEOUT: expected a number, got 'soon'",
+        "WORKER_HEALTH_INTERVAL: must be greater than 0, got -2.0",
+        "FUNCTION_TYPE: expected one of 'DEFAULT', 'STREAMING', 'LLM', got 'BATCH'",
+        "FUNCTION_SECRETS_PRESENT: expected true or false, got 'maybe'",
+        "INFERENCE_URL: must be a path starting with '/', got 'echo'",
+        "BASE_ASSET_DIR: must be a path starting with '/', got 'relative/assets'",
+        "BASE_RESPONSE_DIR: must be a path starting with '/', got 'relative/responses'",
     ]
     assert sorted(lines) == sorted(expected)
 
@@ -166,7 +166,7 @@ def test_every_problem_is_listed_at_once() -> None:
 def test_blank_values_count_as_unset() -> None:
     config = WorkerConfig.from_env({**BASE, env.INFERENCE_PORT: " ", env.MAX_REQUEST_CONCURRENCY: ""})
     assert (config.inference_port, config.max_concurrency) == (8000, 1)
-    with pytest.raises(WorkerConfigError, match="NVCF_WORKER_TOKEN is not set"):
+    with pytest.raises(WorkerConfigError, match="NVCF_WORKER_TOKEN: is required"):
         WorkerConfig.from_env({**BASE, env.NVCF_WORKER_TOKEN: "  "})
 
 

@@ -65,3 +65,14 @@ def test_results_are_listed_with_relative_names(tmp_path: Path) -> None:
     (tmp_path / "sub" / "b.bin").write_bytes(b"22")
     found = _scan(str(tmp_path))
     assert {name: size for name, (size, _) in found.items()} == {"a.txt": 1, "sub/b.bin": 2}
+
+
+def test_bad_task_values_are_each_named() -> None:
+    environ = {**BASE, env.NVCT_HEARTBEAT_INTERVAL: "0.01", env.HEALTH_PORT: "port", env.NVCF_FQDN_GRPC: "nowhere"}
+    with pytest.raises(WorkerConfigError) as caught:
+        TaskConfig.from_env(environ)
+    assert sorted(str(caught.value).splitlines()) == [
+        "HEALTH_PORT: expected an integer, got 'port'",
+        "NVCF_FQDN_GRPC: must be host:port, got 'nowhere'",
+        "NVCT_HEARTBEAT_INTERVAL: must be at least 0.1, got 0.01",
+    ]
