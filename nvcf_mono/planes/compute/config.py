@@ -221,6 +221,12 @@ class LocalSettings:
         doc="Instance users: further groups their processes belong to, e.g. the group owning /dev/nvidia* where "
         "the driver does not let every user open the GPUs (NVreg_DeviceFileMode other than 0666).",
     )
+    lease_dir: Path = setting(
+        Path("/run/nvcf-mono/instance-users"),
+        doc="Instance users: where each nvcf-mono on this host claims the uids it gives an instance (a lock file "
+        "per uid, released with the process that held it), so two agents or platforms on one host never give "
+        "the same users to two instances. Every nvcf-mono of the host must name the same directory.",
+    )
     grant_search: bool = setting(
         True,
         doc="Instance users: give their shared group search permission (x, never read) on the directories "

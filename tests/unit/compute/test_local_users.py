@@ -219,3 +219,36 @@ def test_a_new_instance_never_takes_users_a_process_still_runs_as(tmp_path: Path
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_two_agents_on_one_host_never_give_the_same_users_to_two_instances(tmp_path: Path) -> None:
+    """Both see no process run as any uid; the host-wide claims keep them apart (and go with their holder)."""
+    settings = LocalSettings(run_as="instance-users", first_uid=3_000_000_200, uid_count=5, lease_dir=tmp_path)
+    one, two = (InstanceUsers(settings, worker_argv=(), log=logging.getLogger()) for _ in range(2))
+    taken = one.take("a")
+    assert taken is not None
+    for _ in range(3):  # whatever its cursor, the other agent never takes the claimed users
+        other = two.take("b")
+        assert other is not None and other.uids.isdisjoint(taken.uids)
+        two.give_back(other)
+    both = two.take("c")
+    with pytest.raises(LaunchError, match="every user"):
+        two.take("d")
+    one.give_back(taken)
+    assert two.take("e") == taken
+    assert both is not None
+
+
+@root_only
+def test_an_instance_whose_users_another_agent_claimed_is_not_adopted(tmp_path: Path) -> None:
+    settings = LocalSettings(first_uid=3_000_000_300, uid_count=5, lease_dir=tmp_path / "leases")
+    one, two = (InstanceUsers(settings, worker_argv=(), log=logging.getLogger()) for _ in range(2))
+    taken = one.take("a")
+    assert taken is not None
+    directory = tmp_path / "a"
+    directory.mkdir()
+    os.chown(directory, 0, taken.gid)
+    with pytest.raises(LaunchError, match="claimed by another nvcf-mono on this host"):
+        two.adopt(directory, "a")
+    one.give_back(taken)
+    assert two.adopt(directory, "a") == taken

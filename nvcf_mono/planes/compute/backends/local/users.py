@@ -21,6 +21,8 @@ backend warns once at start: a function process can then read everything the pla
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib
 import logging
 import os
@@ -116,6 +118,40 @@ def runtime_paths(worker_argv: Sequence[str]) -> list[Path]:
     return [p for p in dict.fromkeys(found) if p.exists()]
 
 
+@attrs.frozen
+class Leases:
+    """Host-wide claims on uids: one lock file per uid, locked while an instance of this process has it.
+
+    Seeing no process run as a uid is not enough: two nvcf-mono processes on one host (two agents, two
+    platforms) could pick the same free uids at once. The lock is the kernel's, so a claim ends with the
+    process that held it, even on ``kill -9``; instances it left running are still protected by their
+    processes until they are adopted again.
+    """
+
+    directory: Path
+
+    def claim(self, uids: frozenset[int]) -> list[int] | None:
+        """The locked files of ``uids`` (give them to :meth:`release`), or None when another process holds one."""
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        held: list[int] = []
+        for uid in sorted(uids):
+            fd = os.open(self.directory / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                self.release(held)
+                return None
+            held.append(fd)
+        return held
+
+    @staticmethod
+    def release(held: list[int]) -> None:
+        for fd in held:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 class InstanceUsers:
     """Takes and gives back the users of instances, and prepares their directories."""
 
@@ -127,6 +163,8 @@ class InstanceUsers:
         self.isolated = settings.run_as == "instance-users" or (settings.run_as == "auto" and self.euid == 0)
         self.range = UidRange(first=settings.first_uid, count=settings.uid_count, extra=settings.extra_gids)
         self._held: dict[int, str] = {}
+        self._leases = Leases(settings.lease_dir)
+        self._claims: dict[int, list[int]] = {}
         self._cursor = random.randrange(self.range.slots)
         self._reached: set[Path] = set()
         self._probed = False
@@ -246,6 +284,9 @@ class InstanceUsers:
             slot = self.range.slot(index)
             if index in self._held or slot.uids & busy:
                 continue
+            claim = self._claim(slot)
+            if claim is None:
+                continue  # another nvcf-mono of this host is giving them to an instance right now
             self._cursor = index + 1  # the next instance takes the next users: a uid is reused as late as possible
             self._held[index] = instance_id
             return slot
@@ -276,12 +317,32 @@ class InstanceUsers:
                 "it was started as users of its own, and instances now run as the platform's user: it is replaced",
             )
         if slot is not None:
+            if slot.index not in self._held and self._claim(slot) is None:
+                raise LaunchError(
+                    states.CREATE_CONTAINER_ERROR,
+                    f"its users (uids {sorted(slot.uids)}) are claimed by another nvcf-mono on this host "
+                    f"({self._leases.directory}): two agents share this state directory or this uid range",
+                )
             self._held[slot.index] = instance_id
         return slot
+
+    def _claim(self, slot: Slot) -> list[int] | None:
+        try:
+            claim = self._leases.claim(slot.uids)
+        except OSError as err:
+            raise LaunchError(
+                states.CREATE_CONTAINER_ERROR,
+                f"cannot claim instance users in {self._leases.directory} "
+                f"(plugins.compute.local.lease_dir): {err.strerror or err}",
+            ) from err
+        if claim is not None:
+            self._claims[slot.index] = claim
+        return claim
 
     def give_back(self, slot: Slot | None) -> None:
         if slot is not None:
             self._held.pop(slot.index, None)
+            self._leases.release(self._claims.pop(slot.index, []))
 
     def open_directories(self, instances_root: Path) -> dict[str, Slot]:
         """``instance id -> users`` of the open instance directories under ``instances_root`` (their group is an
@@ -340,10 +401,18 @@ class InstanceUsers:
         """Close the open directories of instances no record holds (found after a restart)."""
         closed = []
         for instance_id, slot in sorted(self.open_directories(instances_root).items()):
-            if instance_id not in keep:
-                processes.kill_users(slot.uids)
-                close_directory(instances_root / instance_id, self.euid, self.egid)
-                closed.append(instance_id)
+            if instance_id in keep:
+                continue
+            if slot.index not in self._held:
+                try:
+                    claim = self._leases.claim(slot.uids)
+                except OSError:
+                    claim = []  # no claims can be made here, so nobody else holds them through it
+                if claim is not None:  # else another nvcf-mono gave them to an instance of its own since
+                    processes.kill_users(slot.uids)
+                    self._leases.release(claim)
+            close_directory(instances_root / instance_id, self.euid, self.egid)
+            closed.append(instance_id)
         return closed
 
 
