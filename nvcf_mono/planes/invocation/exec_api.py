@@ -19,25 +19,23 @@ from nvcf_mono.auth import scopes as S
 from nvcf_mono.http.api import Call, Param, Routes, json_response
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late
-from nvcf_mono.planes.invocation.http import (
+from nvcf_mono.planes.invocation.answers import (
     PERCENT,
     POLL,
     QUEUE_POSITION,
     REQID,
     STATUS,
-    TAG,
     WAIT_REASON,
-    Invocation,
-    Invoker,
     nvcf_status,
 )
+from nvcf_mono.planes.invocation.http import TAG, Invocation, Invoker
 from nvcf_mono.planes.invocation.metrics import Observation
 from nvcf_mono.structure import WireModel, checked, described, wire
 
 ExecStatus = Literal["errored", "in-progress", "fulfilled"]
-#: Headers of the inner answer the wrapper keeps (the function's own stay inside the JSON).
 #: exec and its status poll.
 routes: Routes[Late[Invoker]] = Routes()
+#: Headers of the inner answer the wrapper keeps (the function's own stay inside the JSON).
 KEPT_HEADERS = (REQID, STATUS, PERCENT, WAIT_REASON, QUEUE_POSITION, "Server-Timing")
 
 
@@ -217,5 +215,5 @@ async def exec_function_version(late: Late[Invoker], call: Call[ExecRequest]) ->
 )
 async def get_exec_request_status(late: Late[Invoker], call: Call[None]) -> web.StreamResponse:
     invoker = late.get()
-    answer = await invoker.poll(call.request, call.principal, call.path("requestId"), buffered=True)
+    answer = await invoker.waiting.poll(call.request, call.principal, call.path("requestId"), buffered=True)
     return wrap(answer)

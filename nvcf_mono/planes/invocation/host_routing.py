@@ -22,6 +22,7 @@ from nvcf_mono.auth.principal import AuthError
 from nvcf_mono.auth.strategy import Authenticator
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.planes.invocation.http import Invocation, Invoker
+from nvcf_mono.planes.invocation.intake import poll_seconds
 from nvcf_mono.planes.invocation.metrics import Observation
 
 FUNCTION_ID = "function-id"
@@ -90,7 +91,7 @@ def middleware(invoker_of: Callable[[], Invoker], authenticator_of: Callable[[],
                     method=request.method,
                     path=passthrough_path(request),
                     headers=headers,
-                    poll=invoker.poll_seconds(headers, streaming=False),
+                    poll=poll_seconds(invoker.config, headers, streaming=False),
                 ),
             )
 

@@ -8,13 +8,17 @@ function), the reply subject of this node, and the deadline past which nobody wa
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 
 import attrs
+from aiohttp import web
 
 from nvcf_mono.auth.principal import Principal
 from nvcf_mono.contracts.frames import Request
+from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.function import FunctionVersion
+from nvcf_mono.planes.invocation.answers import POLL
+from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
 
 
@@ -77,4 +81,56 @@ def new_request(
         streaming=streaming,
         grpc=grpc,
         asset_ids=asset_ids,
+    )
+
+
+def poll_seconds(config: InvocationConfig, headers: Mapping[str, str], *, streaming: bool) -> int:
+    """Seconds the caller waits for the response head before a 202 (``NVCF-POLL-SECONDS``)."""
+    raw = headers.get(POLL)
+    if raw is None or raw.strip() == "":
+        return config.streaming_poll_seconds if streaming else config.default_poll_seconds
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ProblemError(400, f"{POLL} must be a whole number of seconds, got {raw[:64]!r}") from None
+    if value > config.max_poll_seconds:
+        raise ProblemError(400, f"{POLL} must be <= {config.max_poll_seconds}")
+    if value < 0:
+        # NVCF reads the header as an unsigned number: a negative one is not a number of seconds.
+        raise ProblemError(400, f"{POLL} must be between 1 and {config.max_poll_seconds}, got {value}")
+    return max(value, 1)  # 0 waits the least there is, as NVCF clamps it
+
+
+async def read_body(config: InvocationConfig, dispatcher: Dispatcher, request: web.Request, request_id: str) -> Body:
+    """Small bodies inline; the rest streamed into the object store."""
+    maximum = config.max_request_body
+    if request.content_length is not None and request.content_length > maximum:
+        # Refused before a byte is read or stored.
+        raise ProblemError(413, _too_large(maximum))
+    limit = config.inline_body_limit
+    head = bytearray()
+    content = request.content
+    while len(head) <= limit:
+        chunk = await content.read(limit + 1 - len(head))
+        if not chunk:
+            return Body(bytes(head), None, len(head))
+        head.extend(chunk)
+
+    async def rest() -> AsyncIterator[bytes]:
+        size = len(head)
+        yield bytes(head)
+        async for chunk in content.iter_chunked(1024 * 1024):
+            size += len(chunk)
+            if size > maximum:  # a body without Content-Length: what was stored of it is removed
+                raise ProblemError(413, _too_large(maximum))
+            yield chunk
+
+    name, size = await dispatcher.put_body(request_id, rest())
+    return Body(b"", name, size)
+
+
+def _too_large(maximum: int) -> str:
+    return (
+        f"the request body exceeds the invocation limit of {maximum} bytes (plugins.invocation.max_request_body); "
+        "hand larger inputs to the function as assets (NVCF-INPUT-ASSET-REFERENCES)"
     )

@@ -1,0 +1,248 @@
+"""What the caller of an invocation gets back: NVCF's headers, problem answers, and the function's
+response, streamed through as it arrives or collected whole, and kept for an idempotent request's retries.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import final
+
+import anyio
+from aiohttp import web
+from multidict import CIMultiDict
+
+from nvcf_mono.bus.errors import BusError
+from nvcf_mono.contracts.buckets import StoredResult
+from nvcf_mono.contracts.frames import Frame
+from nvcf_mono.http.problem import PROBLEM_CONTENT_TYPE, ProblemError, problem_body
+from nvcf_mono.planes.invocation.responses import Pending
+from nvcf_mono.planes.invocation.results import ResultStore
+
+REQID = "NVCF-REQID"
+STATUS = "NVCF-STATUS"
+PERCENT = "NVCF-PERCENT-COMPLETE"
+POLL = "NVCF-POLL-SECONDS"
+WAIT_REASON = "NVCF-WAIT-REASON"
+QUEUE_POSITION = "NVCF-QUEUE-POSITION"
+#: Never forwarded to the function (hop-by-hop, or the caller's credential).
+DROPPED = frozenset(
+    h.lower()
+    for h in (
+        "Authorization", "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+        "Proxy-Authorization", "TE", "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length",
+        "NVCF-POLL-SECONDS",
+    )
+)  # fmt: skip
+#: Response headers the node sets itself.
+OWN_RESPONSE = frozenset(
+    {"content-length", "transfer-encoding", "connection", "keep-alive", "nvcf-reqid", "nvcf-status"}
+)
+#: Largest response collected whole instead of streamed (exec's JSON wrapper).
+BUFFER_LIMIT = 32 * 1024 * 1024
+#: Largest response of an idempotent request kept for its retries.
+KEEP_LIMIT = 8 * 1024 * 1024
+
+
+def wants_stream(headers: Mapping[str, str]) -> bool:
+    """The client accepts exactly ``text/event-stream`` (a longer default wait; no transforms)."""
+    return headers.get("Accept", "").strip() == "text/event-stream"
+
+
+def nvcf_status(status: int) -> str:
+    """``in-progress`` (202), ``fulfilled`` (other 2xx/3xx), ``errored``."""
+    if status == 202:
+        return "in-progress"
+    return "fulfilled" if 200 <= status < 400 else "errored"
+
+
+def problem(status: int, detail: str, request_id: str, *, instance: str | None = None) -> web.Response:
+    """A problem+json answer carrying the request id."""
+    return web.Response(
+        status=status,
+        body=json.dumps(problem_body(status, detail, instance=instance)).encode(),
+        content_type=PROBLEM_CONTENT_TYPE,
+        headers={REQID: request_id, STATUS: nvcf_status(status)},
+    )
+
+
+def unknown_request(request_id: str) -> str:
+    return f"request '{request_id}' not found (unknown, or its result was already fetched)"
+
+
+_TOO_LARGE_TO_KEEP = (
+    f"the response was delivered to the first caller; at over {KEEP_LIMIT} bytes it was too large to keep for retries"
+)
+
+
+class ResponseBroken(Exception):
+    """The response cannot be completed; the connection is reset rather than a body truncated."""
+
+
+@final
+class ReplyWriter:
+    """Writes a function's response to its caller, and keeps it for retries when asked."""
+
+    def __init__(self, *, results: ResultStore, frame_timeout: float, log: logging.Logger) -> None:
+        self.results = results
+        #: How long a response may go silent between two of its frames.
+        self._frame_timeout = frame_timeout
+        self.log = log
+
+    async def stream(
+        self,
+        request: web.Request,
+        pending: Pending,
+        first: Frame,
+        *,
+        extra: Mapping[str, str],
+        buffered: bool = False,
+        keep: bool = False,
+    ) -> web.StreamResponse:
+        status = first.status or 200
+        headers = CIMultiDict((k, v) for k, v in first.headers if k.lower() not in OWN_RESPONSE)
+        headers[REQID] = first.request_id
+        headers[STATUS] = nvcf_status(status)
+        headers.update(extra)
+        length = next((v for k, v in first.headers if k.lower() == "content-length"), None)
+        if first.last and first.problem is None:
+            if keep:
+                await self.keep(first, first.body)
+            return web.Response(status=status, headers=headers, body=first.body)
+        if buffered:
+            return await self._collect(request, pending, first, status, headers, keep=keep)
+        response = web.StreamResponse(status=status, headers=headers)
+        if length is not None and length.isdigit():
+            response.content_length = int(length)
+        await response.prepare(request)
+        kept: list[bytes] | None = [] if keep else None
+        kept_size = 0
+        try:
+            async for chunk in self._chunks(pending, first):
+                await response.write(chunk)
+                if kept is not None:
+                    kept_size += len(chunk)
+                    kept.append(chunk)
+                    if kept_size > KEEP_LIMIT:
+                        kept = None
+                        await self.keep_problem(first.request_id, 409, _TOO_LARGE_TO_KEEP)
+        except ResponseBroken as err:
+            self.log.warning("aborting the response to %s: %s", first.request_id, err)
+            if keep:
+                await self.keep_problem(first.request_id, 502, str(err))
+            transport = request.transport
+            if transport is not None:
+                transport.abort()  # a reset, never a silently truncated body
+            return response
+        await response.write_eof()
+        if kept is not None:
+            await self.keep(first, b"".join(kept))
+        return response
+
+    async def _chunks(self, pending: Pending, first: Frame) -> AsyncIterator[bytes]:
+        """The body pieces of a response; ResponseBroken on a gap, a problem, a short body or silence."""
+        written = 0
+        frame = first
+        expected = first.seq
+        while True:
+            if frame.seq != expected or frame.attempt != first.attempt:
+                raise ResponseBroken(f"frame {frame.seq} (attempt {frame.attempt}) where {expected} was due")
+            if frame.problem is not None:
+                raise ResponseBroken(f"the response broke off: {frame.problem.detail}")
+            if frame.body:
+                written += len(frame.body)
+                yield frame.body
+            if frame.end:
+                if frame.total_length is not None and frame.total_length != written:
+                    raise ResponseBroken(f"{written} bytes arrived of {frame.total_length}")
+                return
+            expected += 1
+            try:
+                frame = await pending.next(timeout=self._frame_timeout)
+            except TimeoutError:
+                raise ResponseBroken("the response stopped arriving") from None
+
+    async def _collect(
+        self,
+        request: web.Request,
+        pending: Pending,
+        first: Frame,
+        status: int,
+        headers: CIMultiDict[str],
+        *,
+        keep: bool,
+    ) -> web.Response:
+        """The whole response in memory (bounded), for callers that rewrap it."""
+        parts: list[bytes] = []
+        size = 0
+        try:
+            async for chunk in self._chunks(pending, first):
+                size += len(chunk)
+                if size > BUFFER_LIMIT:
+                    if keep:
+                        await self.keep_problem(first.request_id, 409, _TOO_LARGE_TO_KEEP)
+                    return problem(
+                        500,
+                        f"the function's response exceeds {BUFFER_LIMIT} bytes, too large to wrap; use pexec",
+                        first.request_id,
+                        instance=request.path,
+                    )
+                parts.append(chunk)
+        except ResponseBroken as err:
+            self.log.warning("the response to %s broke off: %s", first.request_id, err)
+            if keep:
+                await self.keep_problem(first.request_id, 502, str(err))
+            return problem(502, str(err), first.request_id, instance=request.path)
+        body = b"".join(parts)
+        if keep:
+            await self.keep(first, body)
+        return web.Response(status=status, headers=headers, body=body)
+
+    async def keep(self, first: Frame, body: bytes) -> None:
+        """Store an idempotent request's response for its retries (a failure only costs the retries)."""
+        if len(body) > KEEP_LIMIT:
+            await self.keep_problem(first.request_id, 409, _TOO_LARGE_TO_KEEP)
+            return
+        with anyio.move_on_after(10, shield=True):
+            try:
+                await self.results.store(first.request_id, first.status or 200, first.headers, body)
+            except BusError as err:
+                self.log.warning("could not keep the response of %s for retries: %s", first.request_id, err)
+
+    async def keep_problem(self, request_id: str, status: int, detail: str) -> None:
+        with anyio.move_on_after(10, shield=True):
+            try:
+                await self.results.store_problem(request_id, status, detail)
+            except BusError as err:
+                self.log.warning("could not keep the outcome of %s for retries: %s", request_id, err)
+
+    async def render_result(
+        self,
+        request: web.Request,
+        result: StoredResult,
+        body: bytes | AsyncIterator[bytes],
+        *,
+        buffered: bool = False,
+    ) -> web.StreamResponse:
+        """A stored result as the response: headers and status as kept, the body inline or streamed."""
+        headers = CIMultiDict((k, v) for k, v in result.headers if k.lower() not in OWN_RESPONSE)
+        headers[REQID] = result.request_id
+        headers[STATUS] = nvcf_status(result.status)
+        if result.percent is not None:
+            headers[PERCENT] = str(result.percent)
+        if not isinstance(body, bytes) and buffered:
+            if result.body_size > BUFFER_LIMIT:
+                raise ProblemError(
+                    500, f"the result ({result.body_size} bytes) is too large to wrap; poll it through pexec"
+                )
+            body = b"".join([chunk async for chunk in body])
+        if isinstance(body, bytes):
+            return web.Response(status=result.status, headers=headers, body=body)
+        response = web.StreamResponse(status=result.status, headers=headers)
+        response.content_length = result.body_size
+        await response.prepare(request)
+        async for chunk in body:
+            await response.write(chunk)
+        await response.write_eof()
+        return response
