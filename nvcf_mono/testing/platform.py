@@ -165,3 +165,22 @@ async def wait_for(probe: Any, *, timeout: float = 15.0, interval: float = 0.05,
                 await anyio.sleep(interval)
     except TimeoutError:
         raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})") from None
+
+
+async def deployment(api: Api, path: str) -> dict[str, Any]:
+    """The deployment at ``path`` (``/v2/nvcf/deployments/functions/<id>/versions/<id>``)."""
+    reply = await api.get(path)
+    assert reply.status == 200, reply.body
+    found: dict[str, Any] = reply.json["deployment"]
+    return found
+
+
+async def wait_status(api: Api, path: str, status: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The deployment at ``path`` once its function has ``status``."""
+
+    async def probe() -> dict[str, Any] | None:
+        dep = await deployment(api, path)
+        return dep if dep["functionStatus"] == status else None
+
+    found: dict[str, Any] = await wait_for(probe, timeout=timeout, what=f"function status {status}")
+    return found

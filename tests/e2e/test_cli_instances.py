@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from nvcf_mono.testing.platform import credentials
+from nvcf_mono.testing.platform import credentials, wait_status
 from tests.e2e.cli import ROOT
 from tests.e2e.test_cli_control import cli, env_for, kv, ok
 from tests.integration.compute.conftest import (
@@ -29,7 +29,6 @@ from tests.integration.compute.conftest import (
     pids,
     running,
     spec,
-    wait_status,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nats]  # a child process (--follow); the platform's nats-server

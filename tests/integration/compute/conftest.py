@@ -94,20 +94,6 @@ async def deploy(api: Api, d: str, *specs: dict) -> dict:
     return reply.json["deployment"]
 
 
-async def deployment(api: Api, d: str) -> dict:
-    reply = await api.get(d)
-    assert reply.status == 200, reply.body
-    return reply.json["deployment"]
-
-
-async def wait_status(api: Api, d: str, status: str, timeout: float = 30.0) -> dict:
-    async def probe() -> dict | None:
-        dep = await deployment(api, d)
-        return dep if dep["functionStatus"] == status else None
-
-    return await wait_for(probe, timeout=timeout, what=f"function status {status}")
-
-
 async def instances(bus: Bus, cluster_id: str, *, finished: bool = False) -> list[AgentInstanceView]:
     """What a cluster's agent holds (its query subject)."""
     reply = await rpc.call(

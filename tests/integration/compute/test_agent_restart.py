@@ -23,7 +23,7 @@ from nvcf_mono.config.model import BusSettings
 from nvcf_mono.metrics import Metrics
 from nvcf_mono.testing.nats_server import NatsServer
 from nvcf_mono.testing.platform import FAST as CONTROL_FAST
-from nvcf_mono.testing.platform import Api, wait_for
+from nvcf_mono.testing.platform import Api, wait_for, wait_status
 from tests.e2e.cli import Platform, cli_env
 
 from .conftest import (
@@ -41,7 +41,6 @@ from .conftest import (
     pids,
     running,
     spec,
-    wait_status,
 )
 
 

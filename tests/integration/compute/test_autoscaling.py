@@ -16,21 +16,9 @@ from typing import Any
 
 import anyio
 
-from nvcf_mono.testing.platform import Api, wait_for
+from nvcf_mono.testing.platform import Api, deployment, wait_for, wait_status
 
-from .conftest import (
-    Platform,
-    all_gone,
-    cluster,
-    cluster_pids,
-    compute_platform,
-    create,
-    deploy,
-    deployment,
-    function,
-    spec,
-    wait_status,
-)
+from .conftest import Platform, all_gone, cluster, cluster_pids, compute_platform, create, deploy, function, spec
 
 AUTOSCALE: dict[str, str] = {
     "plugins.control.autoscaler.interval": "0.3",

@@ -13,9 +13,9 @@ from nvcf_mono.planes.compute.backends import COMPUTE_BACKENDS, BackendContext, 
 from nvcf_mono.planes.compute.backends.local import LocalBackend, LocalInstance
 from nvcf_mono.plugin import BasePlugin, PluginSpec, RunContext, SetupContext
 from nvcf_mono.testing.host import running_host
-from nvcf_mono.testing.platform import platform_config
+from nvcf_mono.testing.platform import platform_config, wait_status
 
-from .conftest import CLUSTER_A, FAST, cluster, compute_platform, create, deploy, running, spec, wait_status
+from .conftest import CLUSTER_A, FAST, cluster, compute_platform, create, deploy, running, spec
 
 STARTED: list[str] = []
 

@@ -9,7 +9,7 @@ from nvcf_mono.bus.codec import TypedKV
 from nvcf_mono.contracts import buckets, subjects
 from nvcf_mono.contracts.messages import encode
 from nvcf_mono.structure import evolve
-from nvcf_mono.testing.platform import wait_for
+from nvcf_mono.testing.platform import deployment, wait_for, wait_status
 
 from .conftest import (
     CLUSTER_A,
@@ -19,13 +19,11 @@ from .conftest import (
     compute_platform,
     create,
     deploy,
-    deployment,
     function,
     instances,
     pids,
     running,
     spec,
-    wait_status,
 )
 
 

@@ -9,7 +9,7 @@ import aiohttp
 
 from nvcf_mono.contracts import rpc, subjects
 from nvcf_mono.contracts.agent import AgentLogs, AgentQuery
-from nvcf_mono.testing.platform import wait_for
+from nvcf_mono.testing.platform import deployment, wait_for, wait_status
 
 from .conftest import (
     CLUSTER_A,
@@ -18,13 +18,11 @@ from .conftest import (
     compute_platform,
     create,
     deploy,
-    deployment,
     function,
     instances,
     pids,
     running,
     spec,
-    wait_status,
 )
 
 IMAGES = {

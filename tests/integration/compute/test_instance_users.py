@@ -15,21 +15,9 @@ from pathlib import Path
 import pytest
 
 from nvcf_mono.plugins.auth import SECRET_FILE
-from nvcf_mono.testing.platform import wait_for
+from nvcf_mono.testing.platform import wait_for, wait_status
 
-from .conftest import (
-    CLUSTER_A,
-    alive,
-    all_gone,
-    compute_platform,
-    create,
-    deploy,
-    function,
-    pids,
-    running,
-    spec,
-    wait_status,
-)
+from .conftest import CLUSTER_A, alive, all_gone, compute_platform, create, deploy, function, pids, running, spec
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="instances run as users of their own only when the platform runs as root"

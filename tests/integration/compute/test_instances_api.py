@@ -9,21 +9,9 @@ from typing import Any
 import anyio
 
 from nvcf_mono.contracts import subjects
-from nvcf_mono.testing.platform import Api, wait_for
+from nvcf_mono.testing.platform import Api, wait_for, wait_status
 
-from .conftest import (
-    CLUSTER_A,
-    all_gone,
-    cluster_pids,
-    compute_platform,
-    create,
-    deploy,
-    function,
-    pids,
-    running,
-    spec,
-    wait_status,
-)
+from .conftest import CLUSTER_A, all_gone, cluster_pids, compute_platform, create, deploy, function, pids, running, spec
 
 CLUSTERS = "/v1/accounts/nvcf-default/clusters"
 #: The echo example, after three lines on stdout (so its log has known content).

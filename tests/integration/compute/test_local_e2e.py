@@ -9,7 +9,7 @@ from pathlib import Path
 
 from nvcf_mono.contracts import rpc, subjects
 from nvcf_mono.contracts.agent import AgentCluster, AgentQuery
-from nvcf_mono.testing.platform import wait_for
+from nvcf_mono.testing.platform import deployment, wait_for, wait_status
 
 from .conftest import (
     CLUSTER_A,
@@ -20,14 +20,12 @@ from .conftest import (
     compute_platform,
     create,
     deploy,
-    deployment,
     environ_of,
     function,
     instances,
     pids,
     running,
     spec,
-    wait_status,
 )
 
 CLUSTERS = "/v1/accounts/nvcf-default/clusters"

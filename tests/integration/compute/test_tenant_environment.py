@@ -20,21 +20,9 @@ from nvcf_mono.bus.codec import TypedKV
 from nvcf_mono.contracts import buckets
 from nvcf_mono.models.common import KeyValue
 from nvcf_mono.structure import evolve
-from nvcf_mono.testing.platform import Api, wait_for
+from nvcf_mono.testing.platform import Api, deployment, wait_for, wait_status
 
-from .conftest import (
-    CLUSTER_A,
-    Platform,
-    cluster_pids,
-    compute_platform,
-    create,
-    deploy,
-    deployment,
-    environ_of,
-    function,
-    spec,
-    wait_status,
-)
+from .conftest import CLUSTER_A, Platform, cluster_pids, compute_platform, create, deploy, environ_of, function, spec
 
 
 def browser_attack(marker: Path) -> list[dict[str, str]]:

@@ -13,7 +13,7 @@ import anyio
 
 from nvcf_mono.contracts import states, subjects
 from nvcf_mono.contracts.messages import CreationMessage
-from nvcf_mono.testing.platform import Api, wait_for
+from nvcf_mono.testing.platform import Api, deployment, wait_for, wait_status
 from nvcf_mono.testing.scripted_agent import gpu_inventory
 
 from .conftest import CONTAINER_FUNCTION, agent, platform
@@ -39,27 +39,13 @@ async def new_function(api: Api, name: str = "echo") -> tuple[str, str, str]:
     return fn["id"], fn["versionId"], f"/v2/nvcf/deployments/functions/{fn['id']}/versions/{fn['versionId']}"
 
 
-async def status_of(api: Api, d: str) -> dict:
-    reply = await api.get(d)
-    assert reply.status == 200, reply.body
-    return reply.json["deployment"]
-
-
-async def wait_status(api: Api, d: str, status: str, timeout: float = 15.0) -> dict:
-    async def probe() -> dict | None:
-        dep = await status_of(api, d)
-        return dep if dep["functionStatus"] == status else None
-
-    return await wait_for(probe, timeout=timeout, what=f"status {status}")
-
-
 async def test_min_zero_is_active_at_once_and_places_nothing(tmp_path: Path) -> None:
     async with platform(tmp_path) as p, agent(p.bus) as fake:
         _, _, d = await new_function(p.admin)
         reply = await p.admin.post(d, {"deploymentSpecifications": [spec(0, 2)]})
         assert reply.status == 200
         assert reply.json["deployment"]["functionStatus"] == "ACTIVE"
-        placement = (await status_of(p.admin, d))["deploymentSpecifications"][0]["placement"]
+        placement = (await deployment(p.admin, d))["deploymentSpecifications"][0]["placement"]
         assert placement["desiredInstances"] == 0 and placement["placedInstances"] == 0
         assert fake.creations == []
 
@@ -129,7 +115,7 @@ async def test_every_instance_failing_puts_the_version_in_error_until_undeployed
         assert {h["gpu"] for h in dep["healthInfo"]} == {"H100"} and dep["healthInfo"][0]["icmsRequestId"]
         again = await p.admin.post(d, {"deploymentSpecifications": [spec(1, 1)]})
         assert again.status == 400 and "already deployed" in again.detail
-        assert (await status_of(p.admin, d))["functionStatus"] == "ERROR"  # sticky
+        assert (await deployment(p.admin, d))["functionStatus"] == "ERROR"  # sticky
         removed = await p.admin.delete(d)
         assert removed.status == 200 and removed.json["function"]["status"] == "INACTIVE"
         fn = await p.admin.get(f"/v2/nvcf/functions/{fid}/versions/{vid}")
@@ -184,12 +170,12 @@ async def test_capacity_limits_placement_and_frees_on_undeploy(tmp_path: Path) -
         await p.admin.post(d, {"deploymentSpecifications": [spec(6, 6, H100_2X)]})
 
         async def four_running() -> dict | None:
-            placement = (await status_of(p.admin, d))["deploymentSpecifications"][0]["placement"]
+            placement = (await deployment(p.admin, d))["deploymentSpecifications"][0]["placement"]
             return placement if placement["runningInstances"] == 4 and placement["waitingInstances"] == 2 else None
 
         placement = await wait_for(four_running, what="4 placed, 2 waiting")
         assert "capacity" in placement["waitingReason"]
-        assert (await status_of(p.admin, d))["functionStatus"] == "DEPLOYING"
+        assert (await deployment(p.admin, d))["functionStatus"] == "DEPLOYING"
         assert len(fake.creations) == 2 + 4
         await p.admin.delete(other)
         dep = await wait_status(p.admin, d, "ACTIVE")
@@ -213,7 +199,7 @@ async def test_scaling_down_terminates_the_surplus(tmp_path: Path) -> None:
             return len(fake.live()) == 1 and len(fake.terminations) == 2
 
         await wait_for(one_left, what="scale down to 1")
-        assert (await status_of(p.admin, d))["functionStatus"] == "ACTIVE"
+        assert (await deployment(p.admin, d))["functionStatus"] == "ACTIVE"
 
 
 async def test_graceful_undeploy_waits_for_the_queue_to_drain(tmp_path: Path) -> None:

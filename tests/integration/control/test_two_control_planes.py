@@ -16,11 +16,11 @@ from nvcf_mono.host import Host
 from nvcf_mono.metrics import Metrics
 from nvcf_mono.testing.host import running_host
 from nvcf_mono.testing.nats_server import NatsServer
-from nvcf_mono.testing.platform import Api, credentials, platform_config, wait_for
+from nvcf_mono.testing.platform import Api, credentials, platform_config, wait_for, wait_status
 from nvcf_mono.testing.scripted_agent import gpu_inventory
 
 from .conftest import CONTAINER_FUNCTION, agent
-from .test_lifecycle import spec, wait_status
+from .test_lifecycle import spec
 
 
 @asynccontextmanager

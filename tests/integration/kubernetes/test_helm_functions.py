@@ -14,9 +14,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from nvcf_mono.testing.platform import wait_for
+from nvcf_mono.testing.platform import wait_for, wait_status
 from tests.function_charts import INFERENCE, SERVICE, SIDECAR, VALUES, WORKLOAD_CONFIG, write_chart
-from tests.integration.compute.conftest import compute_platform, create, deploy, instances, running, spec, wait_status
+from tests.integration.compute.conftest import compute_platform, create, deploy, instances, running, spec
 from tests.integration.kubernetes.conftest import (
     Cluster,
     emulated_cluster,

@@ -13,17 +13,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from nvcf_mono.testing.platform import wait_for
-from tests.integration.compute.conftest import (
-    compute_platform,
-    create,
-    deploy,
-    function,
-    instances,
-    running,
-    spec,
-    wait_status,
-)
+from nvcf_mono.testing.platform import wait_for, wait_status
+from tests.integration.compute.conftest import compute_platform, create, deploy, function, instances, running, spec
 from tests.integration.kubernetes.conftest import (
     emulated_cluster,
     ended,
