@@ -216,6 +216,10 @@ class Host:
     def plugin_state(self, name: str) -> PluginState:
         return self._by_name[name].state
 
+    def plugin(self, name: str) -> Plugin:
+        """The instance of plugin ``name``, for tests and tools that look inside it (KeyError when not loaded)."""
+        return self._by_name[name].instance
+
     def is_running(self, name: str) -> bool:
         loaded = self._by_name.get(name)
         return loaded is not None and loaded.state is PluginState.RUNNING

@@ -394,11 +394,14 @@ async def test_a_worker_killed_mid_request_leaves_the_request_to_another(tmp_pat
 
             tg.start_soon(call)
 
+            # The node must know the worker holds it (grpc: it handed it over; nats: the worker said so):
+            # a worker killed in the moment between pulling and saying so leaves it to the ack wait.
+            workers = p.host.plugin("invocation").workers
+
             async def holder() -> Launched | None:
-                for one in launched:
-                    _, doc = await worker_health(p.key.session, one)
-                    if doc.get("inFlight"):
-                        return one
+                for session in list(workers.sessions.values()):
+                    if session.in_flight or session.held_remotely:
+                        return fake.launcher.running[session.instance_id.removeprefix("0-sr-")]
                 return None
 
             victim = await wait_for(holder, timeout=10, what="the worker holding the request")
