@@ -31,6 +31,7 @@ async def _reaches(api: Api, d: str, status: str) -> None:
     await wait_for(there, timeout=30, what=f"status {status}")
 
 
+@pytest.mark.slow
 async def test_a_degraded_or_deploying_version_queues_requests_and_says_why(tmp_path: Path) -> None:
     started = 0
 
@@ -69,6 +70,7 @@ async def test_a_degraded_or_deploying_version_queues_requests_and_says_why(tmp_
         assert pinned.status == 202, pinned.body
 
 
+@pytest.mark.slow
 async def test_a_version_in_error_answers_503_with_the_reason(tmp_path: Path) -> None:
     async with platform(tmp_path) as p, agent(p.bus, behaviour="fail"):
         created = await p.admin.post("/v2/nvcf/functions", ECHO_FUNCTION)

@@ -53,6 +53,7 @@ async def _post_big(api: Api, path: str, doc: dict[str, object], headers: dict[s
             return Reply(status=resp.status, headers=dict(resp.headers), body=await resp.read())
 
 
+@pytest.mark.slow
 async def test_an_oversized_body_is_refused_before_it_is_stored(tmp_path: Path) -> None:
     async with (
         platform(tmp_path, **{"plugins.invocation.max_request_body": "2MiB"}) as p,
@@ -88,6 +89,7 @@ async def test_an_oversized_body_is_refused_before_it_is_stored(tmp_path: Path) 
         await wait_for(emptied, timeout=10, what="the request body to be deleted")
 
 
+@pytest.mark.slow
 async def test_a_full_store_answers_503_and_loses_nothing_it_accepted(tmp_path: Path) -> None:
     tally = Tally("full-store")
     settings = {

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
+
 from nvcf_mono.auth.secret import PlatformSecret
 from nvcf_mono.bus.embedded import free_port
 from nvcf_mono.testing.nats_server import NatsServer
@@ -88,6 +90,7 @@ def leader(api_url: str) -> bool:
     return status == 200 and "\nnvcf_control_leader 1" in body.decode()
 
 
+@pytest.mark.slow
 def test_a_new_leader_keeps_scaling_after_the_old_one_is_killed(tmp_path: Path) -> None:
     nats = NatsServer().start()
     secret = tmp_path / "secret"

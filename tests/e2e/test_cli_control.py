@@ -205,6 +205,7 @@ async def test_function_create_and_update_from_files_with_env_credentials(tmp_pa
         )
 
 
+@pytest.mark.slow
 async def test_deploy_waits_for_active_then_rescales_and_removes(tmp_path: Path) -> None:
     env = env_for(tmp_path)
     async with platform(tmp_path) as p, agent(p.bus) as fake:
@@ -314,6 +315,7 @@ async def test_deploy_waits_for_active_then_rescales_and_removes(tmp_path: Path)
         assert quick["deployment"]["functionStatus"] == "DEPLOYING"
 
 
+@pytest.mark.slow
 async def test_failing_deployment_exits_1_with_the_error(tmp_path: Path) -> None:
     async with platform(tmp_path) as p, agent(p.bus, behaviour="fail-permanent"):
         # Credentials from the state directory named in the environment.
@@ -337,6 +339,7 @@ async def test_failing_deployment_exits_1_with_the_error(tmp_path: Path) -> None
         assert (await p.admin.get(f"/v2/nvcf/functions/{fid}/versions/{vid}")).json["function"]["status"] == "INACTIVE"
 
 
+@pytest.mark.slow
 async def test_deploy_timeout_exits_1_and_says_what_it_saw(tmp_path: Path) -> None:
     env = env_for(tmp_path)
     async with platform(tmp_path) as p, agent(p.bus, behaviour="start"):

@@ -56,6 +56,7 @@ def follow_until(proc: subprocess.Popen[str], pattern: str, timeout: float) -> l
     raise AssertionError(f"no line matching {pattern!r} within {timeout}s:\n{''.join(seen)}")
 
 
+@pytest.mark.slow
 async def test_cluster_status_and_instance_commands(tmp_path: Path) -> None:
     env = env_for(tmp_path)
     async with compute_platform(tmp_path, None, **{"images.ticking.command": json.dumps(TICKING)}) as p:

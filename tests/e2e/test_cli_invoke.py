@@ -49,6 +49,7 @@ def ok(result: subprocess.CompletedProcess[bytes]) -> bytes:
     return result.stdout
 
 
+@pytest.mark.slow
 async def test_invoke_prints_the_answer_follows_202s_and_streams(tmp_path: Path) -> None:
     env = env_for(tmp_path)
     async with platform(tmp_path) as p, launching_agent(p, tmp_path / "instances"):
@@ -100,6 +101,7 @@ async def test_invoke_prints_the_answer_follows_202s_and_streams(tmp_path: Path)
         assert [json.loads(line[6:])["index"] for line in lines] == [0, 1, 2]
 
 
+@pytest.mark.slow
 async def test_invoke_exits_1_with_the_problem_detail(tmp_path: Path) -> None:
     env = env_for(tmp_path)
     async with platform(tmp_path) as p:

@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 import anyio
 import anyio.to_thread
+import pytest
 
 from nvcf_mono.auth.secret import PlatformSecret
 from nvcf_mono.bus.embedded import free_port
@@ -61,6 +62,7 @@ def _node(
     return Platform(args, state, env=cli_env())
 
 
+@pytest.mark.slow
 async def test_queued_requests_survive_a_killed_platform(tmp_path: Path) -> None:
     nats = NatsServer().start()
     secret = tmp_path / "platform-secret"

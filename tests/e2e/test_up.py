@@ -66,6 +66,7 @@ anyio.run(main)
     return out[0].encode(), out[1].encode()
 
 
+@pytest.mark.slow
 def test_up_serves_writes_endpoints_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     state = tmp_path / "state"
     platform = Platform(["up", *fast_flags(state)], state)
@@ -88,6 +89,7 @@ def test_up_serves_writes_endpoints_and_stops_cleanly_on_sigterm(tmp_path: Path)
         platform.stop()
 
 
+@pytest.mark.slow
 def test_after_sigkill_a_restart_reuses_the_store_without_a_second_server(tmp_path: Path) -> None:
     state = tmp_path / "state"
     first = Platform(["up", *fast_flags(state)], state)
@@ -115,6 +117,7 @@ def test_after_sigkill_a_restart_reuses_the_store_without_a_second_server(tmp_pa
         second.stop()
 
 
+@pytest.mark.slow
 def test_a_second_sigterm_stops_without_waiting_for_the_drain(tmp_path: Path) -> None:
     state = tmp_path / "state"
     args = [
@@ -146,6 +149,7 @@ def test_a_second_sigterm_stops_without_waiting_for_the_drain(tmp_path: Path) ->
         platform.stop()
 
 
+@pytest.mark.slow
 def test_make_up_starts_the_platform(tmp_path: Path) -> None:
     """The README's first command, through the Makefile, against this test run's virtualenv."""
     venv = Path(os.sys.prefix)
@@ -167,6 +171,7 @@ def test_make_up_starts_the_platform(tmp_path: Path) -> None:
         platform.stop()
 
 
+@pytest.mark.slow
 def test_up_in_a_fresh_directory_serves_its_example_function(tmp_path: Path) -> None:
     """As a newcomer runs it: a relative state directory, the example deployed, invoked as the banner says."""
     platform = Platform(["up", *fast_flags(Path(".nvcf-mono"))], Path(".nvcf-mono"), cwd=tmp_path)

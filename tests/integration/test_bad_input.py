@@ -48,6 +48,7 @@ async def function_count(api: Api) -> int:
     return len((await api.get(FUNCTIONS)).json["functions"])
 
 
+@pytest.mark.slow
 async def test_path_ids_no_item_can_have_are_a_400_on_every_kind_of_route(tmp_path: Path) -> None:
     async with platform(tmp_path) as p:
         bad_ids = ("b c", "é", ">", "*", "../..", "a..b", ".a", "x" * 300)
@@ -136,6 +137,7 @@ async def test_values_the_server_must_refuse_rather_than_keep(tmp_path: Path) ->
             problem(await p.task_key.post("/v1/nvct/tasks", {**task, **change}), 400, fragment)
 
 
+@pytest.mark.slow
 async def test_poll_seconds_outside_1_to_3600_are_a_400(tmp_path: Path) -> None:
     async with platform(tmp_path) as p, agent(p.bus):
         fid, _ = await deployed(p.admin)  # ACTIVE on a scripted agent that starts nothing: nobody answers

@@ -37,6 +37,7 @@ def _pids_on(store: Path) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 async def test_state_survives_a_restart_of_the_host(tmp_path: Path) -> None:
     state = tmp_path / "state"
     async with running_host(config_for_test(state)) as host:
@@ -54,6 +55,7 @@ async def test_state_survives_a_restart_of_the_host(tmp_path: Path) -> None:
         assert entry is not None and entry.value == b"42"
 
 
+@pytest.mark.slow
 async def test_a_crashed_server_is_restarted_and_clients_reconnect(tmp_path: Path) -> None:
     config = config_for_test(tmp_path / "state", settings={"embedded_nats.restart_backoff": "0.05"})
     async with running_host(config) as host:
@@ -87,6 +89,7 @@ async def test_a_crashed_server_is_restarted_and_clients_reconnect(tmp_path: Pat
         assert host.ready
 
 
+@pytest.mark.slow
 async def test_an_orphaned_server_on_the_store_is_reaped_not_duplicated(tmp_path: Path) -> None:
     state = tmp_path / "state"
     async with running_host(config_for_test(state)):
@@ -141,6 +144,7 @@ def _monitoring_lines(conf: Path) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 async def test_no_monitoring_endpoint_by_default_even_after_a_crash(tmp_path: Path) -> None:
     """The monitoring port lists every user and subscription without a login: it is not opened."""
     state = tmp_path / "state"

@@ -118,6 +118,7 @@ async def test_racing_updates_let_exactly_one_writer_win(nats_server: NatsServer
         assert sorted(outcomes) == ["lost"] * 19 + ["won"]
 
 
+@pytest.mark.slow
 async def test_keys_with_a_pattern(nats_server: NatsServer, unique: Callable[[str], str]) -> None:
     async with connect(nats_server.url) as bus:
         kv = await bus.ensure_bucket(BucketSpec(name=unique("keys")))

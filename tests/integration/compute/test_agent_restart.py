@@ -16,6 +16,7 @@ from pathlib import Path
 
 import aiohttp
 import anyio.to_thread
+import pytest
 
 from nvcf_mono.bus.embedded import free_port
 from nvcf_mono.bus.nats import open_nats_bus
@@ -61,6 +62,7 @@ def _child(nats: NatsServer, state: Path, grpc_port: int) -> Platform:
     return Platform(args, state, env=cli_env())
 
 
+@pytest.mark.slow
 async def test_a_killed_agent_takes_its_instances_over(tmp_path: Path) -> None:
     nats = NatsServer().start()
     state = tmp_path / "state"
@@ -179,6 +181,7 @@ async def _ended(proc: subprocess.Popen[bytes] | None) -> bool:
     return proc is not None and proc.poll() is not None
 
 
+@pytest.mark.slow
 async def test_instances_left_running_at_shutdown_are_taken_over_at_the_next_start(tmp_path: Path) -> None:
     # The same gRPC port for both hosts: the instances' workers dial it again once the first host is gone.
     grpc = {"grpc.port": str(free_port("127.0.0.1"))}

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 from nvcf_mono.testing.platform import Api, deployment, wait_for, wait_status
 
@@ -71,6 +72,7 @@ async def invoke(api: Api, fid: str, body: dict[str, Any], **headers: str) -> An
     return await api.post(f"/v2/nvcf/pexec/functions/{fid}", body, headers=headers)
 
 
+@pytest.mark.slow
 async def test_a_version_at_zero_wakes_on_a_request_goes_back_to_zero_and_wakes_again(tmp_path: Path) -> None:
     async with scaling_platform(tmp_path) as (p, cluster_id):
         fid, _, d = await create(p.admin, function())
@@ -110,6 +112,7 @@ async def test_a_version_at_zero_wakes_on_a_request_goes_back_to_zero_and_wakes_
         assert first_cold < 30
 
 
+@pytest.mark.slow
 async def test_200_concurrent_requests_at_zero_all_succeed(tmp_path: Path) -> None:
     async with scaling_platform(tmp_path) as (p, _cluster_id):
         fid, _, d = await create(p.admin, function())
@@ -129,6 +132,7 @@ async def test_200_concurrent_requests_at_zero_all_succeed(tmp_path: Path) -> No
         ][:5]
 
 
+@pytest.mark.slow
 async def test_sustained_load_grows_to_max_and_quiet_brings_it_back_to_min(tmp_path: Path) -> None:
     async with scaling_platform(tmp_path) as (p, _cluster_id):
         fid, _, d = await create(p.admin, function())
@@ -158,6 +162,7 @@ async def test_sustained_load_grows_to_max_and_quiet_brings_it_back_to_min(tmp_p
         assert placement(await deployment(p.admin, d))["runningInstances"] == 1
 
 
+@pytest.mark.slow
 async def test_wait_reasons_say_why_a_request_waits(tmp_path: Path) -> None:
     async with scaling_platform(tmp_path, gpus=1) as (p, _):
         # cold_starting: the version is at zero and its instance takes longer than the poll window.
@@ -211,6 +216,7 @@ async def reason_becomes(api: Api, fid: str, reason: str) -> None:
     await wait_for(probe, timeout=30, what=f"wait reason {reason} (seen {seen})")
 
 
+@pytest.mark.slow
 async def test_scaling_down_removes_the_idle_instance_and_lets_the_busy_one_finish(tmp_path: Path) -> None:
     async with scaling_platform(tmp_path) as (p, _):
         fid, _, d = await create(p.admin, function())

@@ -58,6 +58,7 @@ class CountingPlugin(BasePlugin[None]):
 PLUGIN = f"{__name__}:CountingPlugin"
 
 
+@pytest.mark.slow
 async def test_a_cluster_runs_on_the_backend_a_plugin_contributes(tmp_path: Path) -> None:
     STARTED.clear()
     clusters = [cluster("local", CLUSTER_A, backend="counting")]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
+
 from nvcf_mono.bus.codec import TypedKV
 from nvcf_mono.contracts import buckets, subjects
 from nvcf_mono.contracts.messages import encode
@@ -27,6 +29,7 @@ from .conftest import (
 )
 
 
+@pytest.mark.slow
 async def test_a_deployment_waits_for_capacity_and_takes_what_an_undeploy_frees(tmp_path: Path) -> None:
     # 3 nodes x 4 H100; another function holds two _2x instances, so 8 GPUs are free for the big one.
     async with compute_platform(tmp_path, [cluster("local", CLUSTER_A, "H100", count=4, nodes=3)]) as p:
@@ -60,6 +63,7 @@ async def _none_left() -> bool:
     return cluster_pids(CLUSTER_A) == []
 
 
+@pytest.mark.slow
 async def test_a_redelivered_creation_message_starts_nothing(tmp_path: Path) -> None:
     async with compute_platform(tmp_path) as p:
         fid, _, d = await create(p.admin, function())
@@ -90,6 +94,7 @@ async def test_a_redelivered_creation_message_starts_nothing(tmp_path: Path) -> 
         await all_gone(pids([view]))
 
 
+@pytest.mark.slow
 async def test_a_message_that_does_not_fit_waits_and_one_not_wanted_is_dropped(tmp_path: Path) -> None:
     async with compute_platform(tmp_path) as p:
         _, _, d = await create(p.admin, function())

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from nvcf_mono.contracts import rpc, subjects
 from nvcf_mono.contracts.agent import AgentLogs, AgentQuery
@@ -50,6 +51,7 @@ async def test_a_command_that_does_not_exist_is_an_error_within_seconds(tmp_path
         assert cluster_pids(CLUSTER_A) == []
 
 
+@pytest.mark.slow
 async def test_a_crash_loop_fails_the_instance_and_it_is_placed_again(tmp_path: Path) -> None:
     settings = {**IMAGES, "plugins.control.reconcile.deploy_failure_limit": "5"}
     async with compute_platform(tmp_path, **settings) as p:
@@ -77,6 +79,7 @@ async def test_a_crash_loop_fails_the_instance_and_it_is_placed_again(tmp_path: 
         await p.admin.delete(d)
 
 
+@pytest.mark.slow
 async def test_a_crash_is_restarted_in_place_and_counted(tmp_path: Path) -> None:
     async with compute_platform(tmp_path) as p:
         fid, _, d = await create(p.admin, function())
@@ -106,6 +109,7 @@ async def test_a_crash_is_restarted_in_place_and_counted(tmp_path: Path) -> None
         await all_gone(pids([after]))
 
 
+@pytest.mark.slow
 async def test_never_ready_and_no_longer_ready_become_degraded_worker(tmp_path: Path) -> None:
     settings = {
         **IMAGES,

@@ -30,6 +30,7 @@ def uid_of(pid: int) -> int:
     return Path(f"/proc/{pid}").stat().st_uid
 
 
+@pytest.mark.slow
 async def test_a_function_reads_its_own_secrets_and_nothing_of_the_platform_or_other_instances(
     tmp_path: Path,
 ) -> None:
@@ -94,6 +95,7 @@ async def test_a_function_reads_its_own_secrets_and_nothing_of_the_platform_or_o
         assert not (mine / "secrets.json").exists()
 
 
+@pytest.mark.slow
 async def test_as_the_platforms_user_a_function_reads_the_platforms_secrets_and_the_start_says_so(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -128,6 +130,7 @@ PLANTER = (
 )
 
 
+@pytest.mark.slow
 async def test_a_task_cannot_have_its_worker_upload_the_platforms_files_through_links(tmp_path: Path) -> None:
     """Its worker reads what the task leaves in its results directory, but as a user of the task's own."""
     settings = {"images.planter.command": json.dumps(["{python}", "-c", PLANTER])}

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 from nvcf_mono.contracts import subjects
 from nvcf_mono.testing.platform import Api, wait_for, wait_status
@@ -37,6 +38,7 @@ def log_text(doc: dict[str, Any], name: str) -> str:
     return str(next(log for log in doc["logs"] if log["name"] == name)["text"])
 
 
+@pytest.mark.slow
 async def test_instances_logs_and_cluster_status_of_a_running_function(tmp_path: Path) -> None:
     async with compute_platform(tmp_path, None, **IMAGES) as p:
         fid, vid, d = await create(p.admin, function("chatty", containerImage="chatty"))
@@ -147,6 +149,7 @@ async def test_a_failed_instance_is_listed_as_errored_with_its_cause(tmp_path: P
         assert doc["instanceState"] == "image-pull-issues", doc
 
 
+@pytest.mark.slow
 async def test_a_cluster_whose_agent_does_not_answer_is_a_clear_503_or_504(tmp_path: Path) -> None:
     async with compute_platform(tmp_path) as p:
         registration = {

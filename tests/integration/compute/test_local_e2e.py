@@ -7,6 +7,8 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
+
 from nvcf_mono.contracts import rpc, subjects
 from nvcf_mono.contracts.agent import AgentCluster, AgentQuery
 from nvcf_mono.testing.platform import deployment, wait_for, wait_status
@@ -31,6 +33,7 @@ from .conftest import (
 CLUSTERS = "/v1/accounts/nvcf-default/clusters"
 
 
+@pytest.mark.slow
 async def test_deploy_invoke_undeploy_leaves_no_process(tmp_path: Path) -> None:
     async with compute_platform(tmp_path) as p:
         fid, vid, d = await create(p.admin, function(containerEnvironment=[{"key": "GREETING", "value": "hi"}]))
@@ -93,6 +96,7 @@ async def test_deploy_invoke_undeploy_leaves_no_process(tmp_path: Path) -> None:
         await wait_for(registered_again, what="the cluster registered again")
 
 
+@pytest.mark.slow
 async def test_two_clusters_of_different_gpus_and_the_spec_picks_one(tmp_path: Path) -> None:
     clusters = [cluster("alpha", CLUSTER_A, "H100", 8), cluster("beta", CLUSTER_B, "L40S", 4)]
     # The Helm function below never gets to render its (made-up) chart: the control plane does not fetch it.
@@ -151,6 +155,7 @@ READS_SECRETS = [
 ]
 
 
+@pytest.mark.slow
 async def test_secrets_are_written_for_the_instance_alone_before_the_server_starts(tmp_path: Path) -> None:
     async with compute_platform(tmp_path, **{"images.reads-secrets.command": json.dumps(READS_SECRETS)}) as p:
         body = function("secretive", containerImage="reads-secrets", secrets=[{"name": "token", "value": "s3cr3t"}])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from nvcf_mono.bus.codec import TypedKV
 from nvcf_mono.contracts import buckets
 from nvcf_mono.models.placement import SpecPlacement
@@ -13,6 +15,7 @@ from nvcf_mono.testing.platform import wait_for
 from .conftest import CLUSTER_A, all_gone, compute_platform, create, deploy, function, instances, pids, running, spec
 
 
+@pytest.mark.slow
 async def test_an_instance_the_control_plane_forgot_is_stopped_and_replaced(tmp_path: Path) -> None:
     settings = {"plugins.compute.status_interval": "60", "plugins.compute.sync_grace": "0.5"}
     async with compute_platform(tmp_path, **settings) as p:

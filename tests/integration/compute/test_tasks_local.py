@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 from nvcf_mono.testing.platform import Api, wait_for
 
@@ -84,6 +85,7 @@ async def events(api: Api, task_id: str) -> list[str]:
     return [e["message"] for e in reply.json["events"]]
 
 
+@pytest.mark.slow
 async def test_a_task_reports_progress_and_results_and_completes(tmp_path: Path) -> None:
     async with task_platform(tmp_path) as (p, cluster_id):
         task_id = await launch(p.admin, task_body("steps", "--steps 10,50,100 --results 2 --pause 0.6"))
@@ -121,6 +123,7 @@ async def test_a_task_reports_progress_and_results_and_completes(tmp_path: Path)
         await all_gone(cluster_pids(cluster_id))
 
 
+@pytest.mark.slow
 async def test_a_crash_is_errored_with_the_end_of_its_log(tmp_path: Path) -> None:
     async with task_platform(tmp_path) as (p, _):
         task_id = await launch(p.admin, task_body("crash", "--steps 10 --pause 1.5 --exit 3"))
@@ -134,6 +137,7 @@ async def test_a_crash_is_errored_with_the_end_of_its_log(tmp_path: Path) -> Non
         )
 
 
+@pytest.mark.slow
 async def test_max_runtime_stops_the_task_after_its_grace_period(tmp_path: Path) -> None:
     async with task_platform(tmp_path) as (p, cluster_id):
         body = task_body(
@@ -148,6 +152,7 @@ async def test_max_runtime_stops_the_task_after_its_grace_period(tmp_path: Path)
         await all_gone(cluster_pids(cluster_id))
 
 
+@pytest.mark.slow
 async def test_cancel_while_running_stops_the_process(tmp_path: Path) -> None:
     async with task_platform(tmp_path) as (p, cluster_id):
         task_id = await launch(p.admin, task_body("long", "--steps 5 --sleep 60"))
@@ -166,6 +171,7 @@ async def test_cancel_while_running_stops_the_process(tmp_path: Path) -> None:
         assert again.status == 400
 
 
+@pytest.mark.slow
 async def test_no_capacity_past_max_queued_duration(tmp_path: Path) -> None:
     async with task_platform(tmp_path, gpus=1) as (p, _):
         holder = await launch(p.admin, task_body("holder", "--sleep 30"))
@@ -180,6 +186,7 @@ async def test_no_capacity_past_max_queued_duration(tmp_path: Path) -> None:
         assert (await p.admin.post(f"/v1/nvct/tasks/{holder}/cancel")).status == 200
 
 
+@pytest.mark.slow
 async def test_a_silent_worker_is_errored_after_the_heartbeat_timeout(tmp_path: Path) -> None:
     async with task_platform(tmp_path, **{"plugins.control.tasks.heartbeat_timeout": "2"}) as (p, cluster_id):
         task_id = await launch(p.admin, task_body("quiet", "--steps 5 --sleep 60"))
@@ -207,6 +214,7 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
+@pytest.mark.slow
 async def test_the_example_task_runs_to_completion(tmp_path: Path) -> None:
     async with task_platform(tmp_path) as (p, _):
         body = {**task_body("example", "--steps 2 --seconds 0.6"), "containerImage": "task-example"}
@@ -217,6 +225,7 @@ async def test_the_example_task_runs_to_completion(tmp_path: Path) -> None:
         assert json.loads(content.body) == {"squares": [1, 4]}
 
 
+@pytest.mark.slow
 async def test_secrets_reach_the_task_and_none_keeps_only_names(tmp_path: Path) -> None:
     async with task_platform(tmp_path) as (p, _):
         secrets = [{"name": "NGC_API_KEY", "value": "s3cr3t"}, {"name": "DB", "value": {"user": "u"}}]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 from nvcf_mono.bus.codec import TypedKV
 from nvcf_mono.contracts import buckets
@@ -101,6 +102,7 @@ def test_the_attack_runs_a_command_where_nothing_refuses_it(tmp_path: Path) -> N
     assert marker.exists()
 
 
+@pytest.mark.slow
 async def test_a_second_account_cannot_run_code_on_the_host_through_a_function_or_a_task(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     async with compute_platform(tmp_path) as p:
@@ -123,6 +125,7 @@ async def test_a_second_account_cannot_run_code_on_the_host_through_a_function_o
         assert not marker.exists() and attacked(CLUSTER_A) == []
 
 
+@pytest.mark.slow
 async def test_a_version_stored_before_the_rule_is_refused_at_deploy_and_by_the_agent(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     async with compute_platform(tmp_path) as p:

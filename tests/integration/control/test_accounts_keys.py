@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import jwt
+import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from nvcf_mono.contracts import buckets
@@ -319,6 +320,7 @@ async def test_key_create_list_get_revoke(tmp_path: Path) -> None:
         assert created["id"] not in {k["id"] for k in (await p.admin.get("/v1/keys")).json["keys"]}
 
 
+@pytest.mark.slow
 async def test_expired_key_is_refused(tmp_path: Path) -> None:
     async with platform(tmp_path) as p:
         created = await mint(p, key_body(["list_functions"], expires_at=iso_in(2)))

@@ -6,6 +6,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from nvcf_mono.auth.keystore import API_KEY_STORE
 from nvcf_mono.contracts import buckets
 from nvcf_mono.models.account import Account
@@ -126,6 +128,7 @@ async def test_an_agents_cluster_shows_in_groups_listings_and_the_cluster_list(t
         assert (await p.anonymous.get(f"{SI}/gpus")).status == 401
 
 
+@pytest.mark.slow
 async def test_a_stopped_agents_cluster_turns_unhealthy_after_the_heartbeat_ttl(tmp_path: Path) -> None:
     async with platform(tmp_path, **{"plugins.control.cluster_heartbeat_ttl": "1"}) as p:
         async with agent(p.bus) as fake:

@@ -6,6 +6,8 @@ import json
 import uuid
 from pathlib import Path
 
+import pytest
+
 from nvcf_mono.contracts import example
 from nvcf_mono.planes.compute.config import BUILTIN_IMAGES
 from nvcf_mono.testing.platform import wait_for
@@ -42,6 +44,7 @@ def marker(tmp_path: Path) -> example.Marker | None:
     return example.read_marker(tmp_path / "state" / "plugins" / "control")
 
 
+@pytest.mark.slow
 async def test_the_example_is_deployed_once_and_a_deleted_one_stays_deleted(tmp_path: Path) -> None:
     async with platform(tmp_path, **SETTINGS) as p:
         fn = await active_example(p)
@@ -77,6 +80,7 @@ async def test_the_example_is_deployed_once_and_a_deleted_one_stays_deleted(tmp_
         assert await examples(p) == []
 
 
+@pytest.mark.slow
 async def test_no_example_when_turned_off_and_it_waits_for_a_cluster(tmp_path: Path) -> None:
     async with platform(tmp_path, **{**SETTINGS, "plugins.control.example_function": "false"}) as p:
         await wait_for(lambda: _registered(p), timeout=30, what="the cluster registered")

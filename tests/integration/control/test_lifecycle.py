@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 from nvcf_mono.contracts import states, subjects
 from nvcf_mono.contracts.messages import CreationMessage
@@ -76,6 +77,7 @@ async def test_deploying_becomes_active_and_creation_messages_carry_the_contract
         assert stored.messages == 0  # work queue: taken by the agent's durable
 
 
+@pytest.mark.slow
 async def test_a_failure_below_min_is_replaced_and_a_lost_instance_degrades(tmp_path: Path) -> None:
     first = True
 
@@ -104,6 +106,7 @@ async def _count(fake: Any, n: int) -> bool:
     return len(fake.creations) >= n
 
 
+@pytest.mark.slow
 async def test_every_instance_failing_puts_the_version_in_error_until_undeployed(tmp_path: Path) -> None:
     async with platform(tmp_path) as p, agent(p.bus, behaviour="fail") as fake:
         fid, vid, d = await new_function(p.admin)
@@ -202,6 +205,7 @@ async def test_scaling_down_terminates_the_surplus(tmp_path: Path) -> None:
         assert (await deployment(p.admin, d))["functionStatus"] == "ACTIVE"
 
 
+@pytest.mark.slow
 async def test_graceful_undeploy_waits_for_the_queue_to_drain(tmp_path: Path) -> None:
     from nvcf_mono.contracts import streams as stream_specs
 

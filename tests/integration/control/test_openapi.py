@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from openapi_spec_validator import validate
 
 from nvcf_mono.http.openapi import path_template
@@ -11,6 +12,7 @@ from nvcf_mono.http.openapi import path_template
 from .conftest import CONTAINER_FUNCTION, platform
 
 
+@pytest.mark.slow
 async def test_the_document_is_valid_and_covers_every_route(tmp_path: Path) -> None:
     async with platform(tmp_path) as p:
         reply = await p.anonymous.get("/v3/openapi")

@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import attrs
+import pytest
 
 from nvcf_mono.auth.keystore import API_KEY_STORE
 from nvcf_mono.auth.scopes import TASK_KEY_SCOPES
@@ -214,6 +215,7 @@ async def test_launch_validation(tmp_path: Path) -> None:
             assert (await p.admin.get(TASKS)).json["tasks"] == []
 
 
+@pytest.mark.slow
 async def test_pages_return_every_task_once_in_creation_order(tmp_path: Path) -> None:
     async with platform(tmp_path) as p, agent(p.bus):
         created: list[str] = []

@@ -90,6 +90,7 @@ async def deadline_exceeded(coro: Any) -> None:
     raise AssertionError("the call succeeded")
 
 
+@pytest.mark.slow
 async def test_unary_and_server_streaming_calls_through_the_proxy(tmp_path: Path) -> None:
     async with platform(tmp_path) as p, launching_agent(p, tmp_path / "instances"), grpc_channel(p) as channel:
         fid, vid = await deployed(p.admin, GRPC_FUNCTION)
@@ -145,6 +146,7 @@ async def test_unary_and_server_streaming_calls_through_the_proxy(tmp_path: Path
         assert "gRPC function" in http.detail
 
 
+@pytest.mark.slow
 async def test_the_clients_deadline_bounds_the_call_and_cancels_it_in_the_function(tmp_path: Path) -> None:
     async with platform(tmp_path) as p, launching_agent(p, tmp_path / "instances"), grpc_channel(p) as channel:
         fid, _ = await deployed(p.admin, GRPC_FUNCTION, concurrency=1)
@@ -166,6 +168,7 @@ async def test_the_clients_deadline_bounds_the_call_and_cancels_it_in_the_functi
             assert (await stub.echo(EchoRequest(message="next"), metadata=md)).message == "next"
 
 
+@pytest.mark.slow
 async def test_proxy_errors_map_to_grpc_statuses(tmp_path: Path) -> None:
     settings = {"plugins.invocation.default_poll_seconds": "1"}
     async with platform(tmp_path, **settings) as p, agent(p.bus), grpc_channel(p) as channel:

@@ -51,6 +51,7 @@ async def until_done(api: Api, path: str) -> Reply:
     return result
 
 
+@pytest.mark.slow
 async def test_exec_wraps_the_functions_answer_and_refuses_bad_input(tmp_path: Path) -> None:
     async with platform(tmp_path) as p, launching_agent(p, tmp_path / "instances"):
         fid, vid = await deployed(p.admin, MIRROR)
@@ -139,6 +140,7 @@ async def test_exec_wraps_the_functions_answer_and_refuses_bad_input(tmp_path: P
         assert (await p.key.get(f"/v2/nvcf/exec/status/{uuid.uuid4()}")).status == 404
 
 
+@pytest.mark.slow
 async def test_host_routing_passes_method_path_query_and_body_through(tmp_path: Path) -> None:
     async with platform(tmp_path) as p, launching_agent(p, tmp_path / "instances"):
         fid, vid = await deployed(p.admin, MIRROR)
@@ -224,6 +226,7 @@ async def upload_asset(p: Platform, content: bytes = b"input", *, upload: bool =
     return str(created.json["assetId"])
 
 
+@pytest.mark.slow
 async def test_input_asset_references_are_checked_and_travel_with_the_request(tmp_path: Path) -> None:
     # A scripted agent whose instances never serve: requests stay queued, where their asset ids can be read.
     async with platform(tmp_path) as p, agent(p.bus):
@@ -278,6 +281,7 @@ async def test_input_asset_references_are_checked_and_travel_with_the_request(tm
         await wait_for(refused_now, timeout=10, what="the deleted asset to be refused")
 
 
+@pytest.mark.slow
 async def test_idempotency_key_names_one_request(tmp_path: Path) -> None:
     async with platform(tmp_path) as p, launching_agent(p, tmp_path / "instances"):
         fid, _ = await deployed(p.admin, MIRROR)
@@ -354,6 +358,7 @@ async def _finished(pending: Any) -> Reply | None:
     return None if reply.status == 202 else reply
 
 
+@pytest.mark.slow
 async def test_invocation_metrics_have_nvcf_names(tmp_path: Path) -> None:
     async with platform(tmp_path) as p, launching_agent(p, tmp_path / "instances"):
         fid, vid = await deployed(p.admin, ECHO_FUNCTION)

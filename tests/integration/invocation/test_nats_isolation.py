@@ -140,6 +140,7 @@ async def fetch_body(p: Platform, session: ConnectResponse, request: Request, ca
                 return b"".join([chunk.data async for chunk in s])
 
 
+@pytest.mark.slow
 async def test_a_worker_reaches_nothing_of_another_functions_requests(tmp_path: Path) -> None:
     async with platform(tmp_path, **NATS) as p, launching_agent(p, tmp_path / "instances"):
         await add_account(p, ACCOUNT_B)
@@ -303,6 +304,7 @@ async def forged_orphans_are_not_kept(
         await s.end()
 
 
+@pytest.mark.slow
 async def test_a_response_whose_node_went_away_is_kept_with_its_capability_only(tmp_path: Path) -> None:
     """A real worker answers requests whose node is gone: the frames go up its gRPC stream."""
     async with platform(tmp_path, **NATS) as p, launching_agent(p, tmp_path / "instances"):

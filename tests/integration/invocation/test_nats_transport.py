@@ -24,6 +24,7 @@ from .conftest import deployed, launching_agent, platform
 NATS = {"plugins.invocation.transport": "nats"}
 
 
+@pytest.mark.slow
 async def test_pexec_over_the_nats_transport(tmp_path: Path) -> None:
     async with platform(tmp_path, **NATS) as p, launching_agent(p, tmp_path / "instances"):
         fid, _ = await deployed(p.admin)
@@ -49,6 +50,7 @@ async def _connect(url: str, token: str, errors: list[str], **options: Any) -> N
     )
 
 
+@pytest.mark.slow
 async def test_worker_credentials_reach_only_their_version(tmp_path: Path) -> None:
     """The auth callout grants a session token its version's durable and cancels, and nothing else."""
     async with platform(tmp_path, **NATS) as p, launching_agent(p, tmp_path / "instances"):

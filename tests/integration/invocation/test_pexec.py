@@ -3,9 +3,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from .conftest import deployed, launching_agent, platform
 
 
+@pytest.mark.slow
 async def test_pexec_passes_status_headers_and_body_through(tmp_path: Path) -> None:
     async with platform(tmp_path) as p, launching_agent(p, tmp_path / "instances"):
         fid, vid = await deployed(p.admin)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 from nvcf_mono.auth.secret import PlatformSecret
 from nvcf_mono.contracts import buckets
@@ -105,6 +106,7 @@ def check_refusals(replies: list[Reply]) -> None:
             assert reply.json["message"] == "hi"
 
 
+@pytest.mark.slow
 async def test_two_invocation_nodes_share_the_rate(tmp_path: Path) -> None:
     async with (
         two_invocation_nodes(tmp_path) as (p, b, key_b),
@@ -179,6 +181,7 @@ async def test_two_invocation_nodes_share_the_rate(tmp_path: Path) -> None:
         assert metric(b, "nvcf_invocation_rate_limit_fail_open_total") == 0
 
 
+@pytest.mark.slow
 async def test_a_version_without_rate_limit_is_never_refused(tmp_path: Path) -> None:
     async with platform(tmp_path) as p, launching_agent(p, tmp_path / "instances"):
         fid, vid = await deployed(p.admin, concurrency=16)

@@ -83,6 +83,7 @@ async def upload_asset(p: Platform, content: bytes) -> str:
     return str(created.json["assetId"])
 
 
+@pytest.mark.slow
 async def test_input_assets_are_in_the_asset_dir_for_the_call_and_gone_after(tmp_path: Path) -> None:
     workdir = tmp_path / "instances"
     async with platform(tmp_path) as p, launching_agent(p, workdir):
@@ -113,6 +114,7 @@ async def test_input_assets_are_in_the_asset_dir_for_the_call_and_gone_after(tmp
         await wait_for(cleaned_up, timeout=10, what="the request's asset directory to be removed")
 
 
+@pytest.mark.slow
 async def test_a_failed_asset_download_is_the_workers_500_problem(tmp_path: Path) -> None:
     workdir = tmp_path / "instances"
     async with platform(tmp_path) as p, launching_agent(p, workdir):
@@ -148,6 +150,7 @@ async def test_a_failed_asset_download_is_the_workers_500_problem(tmp_path: Path
 
 
 @BOTH_TRANSPORTS
+@pytest.mark.slow
 async def test_progress_reports_answer_202_with_the_percentage_until_the_result(tmp_path: Path, transport: str) -> None:
     workdir = tmp_path / "instances"
     async with platform(tmp_path, **{TRANSPORT: transport}) as p, launching_agent(p, workdir):
@@ -183,6 +186,7 @@ async def test_progress_reports_answer_202_with_the_percentage_until_the_result(
 
 
 @BOTH_TRANSPORTS
+@pytest.mark.slow
 async def test_server_sent_events_reach_the_client_as_they_are_written(tmp_path: Path, transport: str) -> None:
     async with platform(tmp_path, **{TRANSPORT: transport}) as p, launching_agent(p, tmp_path / "instances"):
         fid, _ = await deployed(p.admin)
@@ -209,6 +213,7 @@ async def test_server_sent_events_reach_the_client_as_they_are_written(tmp_path:
 
 
 @BOTH_TRANSPORTS
+@pytest.mark.slow
 async def test_20_mib_request_and_response_round_trip(tmp_path: Path, transport: str) -> None:
     size = 20 * MiB
     async with platform(tmp_path, **{TRANSPORT: transport}) as p, launching_agent(p, tmp_path / "instances"):
@@ -240,6 +245,7 @@ async def test_20_mib_request_and_response_round_trip(tmp_path: Path, transport:
 
 
 @BOTH_TRANSPORTS
+@pytest.mark.slow
 async def test_a_client_that_hangs_up_stops_the_call_to_the_inference_server(tmp_path: Path, transport: str) -> None:
     async with platform(tmp_path, **{TRANSPORT: transport}) as p, launching_agent(p, tmp_path / "instances") as fake:
         fid, _ = await deployed(p.admin)
@@ -283,6 +289,7 @@ async def test_a_client_that_hangs_up_stops_the_call_to_the_inference_server(tmp
 
 
 @BOTH_TRANSPORTS
+@pytest.mark.slow
 async def test_an_unhealthy_inference_server_pauses_the_worker_and_requests_wait(
     tmp_path: Path, transport: str
 ) -> None:
@@ -342,6 +349,7 @@ async def restarting_agent(p: Platform, workdir: Path) -> AsyncIterator[Scripted
 
 
 @BOTH_TRANSPORTS
+@pytest.mark.slow
 async def test_a_request_that_kills_the_inference_server_fails_after_3_deliveries(
     tmp_path: Path, transport: str
 ) -> None:
@@ -371,6 +379,7 @@ async def test_a_request_that_kills_the_inference_server_fails_after_3_deliverie
 
 
 @BOTH_TRANSPORTS
+@pytest.mark.slow
 async def test_a_worker_killed_mid_request_leaves_the_request_to_another(tmp_path: Path, transport: str) -> None:
     """SIGKILL the worker holding a request: another instance serves it at once, as the node sees the
     session end and hands back what the worker held (the nats transport's worker pulled it itself and

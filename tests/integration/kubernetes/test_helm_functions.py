@@ -14,6 +14,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from nvcf_mono.testing.platform import wait_for, wait_status
 from tests.function_charts import INFERENCE, SERVICE, SIDECAR, VALUES, WORKLOAD_CONFIG, write_chart
 from tests.integration.compute.conftest import compute_platform, create, deploy, instances, running, spec
@@ -96,6 +98,7 @@ async def start_sample(
     return ns, worker, d
 
 
+@pytest.mark.slow
 async def test_the_sample_installs_as_a_miniservice_and_only_the_worker_decides_with_the_flag(tmp_path: Path) -> None:
     chart = write_chart(
         tmp_path / "chart",
@@ -162,6 +165,7 @@ async def test_the_sample_installs_as_a_miniservice_and_only_the_worker_decides_
             assert still.instance.state == "running" and still.instance.instance_id == worker
 
 
+@pytest.mark.slow
 async def test_without_the_flag_a_failing_object_fails_the_instance_and_the_install_goes(tmp_path: Path) -> None:
     chart = write_chart(tmp_path / "chart", templates={"i.yaml": INFERENCE, "s.yaml": SERVICE, "m.yaml": SIDECAR})
     async with emulated_cluster(tmp_path) as kc:
@@ -225,6 +229,7 @@ spec:
 """
 
 
+@pytest.mark.slow
 async def test_a_helm_task_gets_the_task_values_and_completes_with_its_job(tmp_path: Path) -> None:
     chart = write_chart(tmp_path / "chart", name="train", templates={"job.yaml": TRAIN_JOB}, values={"epochs": 1})
     async with emulated_cluster(tmp_path) as kc:

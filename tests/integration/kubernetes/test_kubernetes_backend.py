@@ -13,6 +13,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from nvcf_mono.testing.platform import wait_for, wait_status
 from tests.integration.compute.conftest import compute_platform, create, deploy, function, instances, running, spec
 from tests.integration.kubernetes.conftest import (
@@ -35,6 +37,7 @@ PODS = "v1/pods"
 REQUESTS = "nvca.nvcf.nvidia.io/v2beta1/icmsrequests"
 
 
+@pytest.mark.slow
 async def test_gpu_nodes_register_instance_types_and_a_gpu_change_registers_again(tmp_path: Path) -> None:
     async with emulated_cluster(tmp_path) as kc:
         await gpu_nodes(kc)
@@ -157,6 +160,7 @@ async def test_an_image_that_cannot_be_pulled_fails_the_instance_and_its_pod_is_
             await wait_for(deleted, timeout=10, what="the failed pod deleted")
 
 
+@pytest.mark.slow
 async def test_a_pod_that_does_not_fit_is_no_capacity_and_a_vanished_pod_is_not_found(tmp_path: Path) -> None:
     async with emulated_cluster(tmp_path) as kc:
         await gpu_nodes(kc)
@@ -211,6 +215,7 @@ async def test_the_accounts_registry_credential_becomes_the_pods_pull_secret(tmp
             assert secret not in json.dumps([pod, request])
 
 
+@pytest.mark.slow
 async def test_a_task_runs_once_in_a_pod_with_its_worker_as_a_sidecar_and_completes_with_its_exit_code(
     tmp_path: Path,
 ) -> None:
@@ -258,6 +263,7 @@ async def test_a_task_runs_once_in_a_pod_with_its_worker_as_a_sidecar_and_comple
             await wait_for(task_errored, timeout=15, what="the task ERRORED")
 
 
+@pytest.mark.slow
 async def test_pods_outlive_an_agent_restart_and_the_next_agent_takes_them_over(tmp_path: Path) -> None:
     async with emulated_cluster(tmp_path) as kc:
         await gpu_nodes(kc)

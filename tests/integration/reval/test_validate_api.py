@@ -138,6 +138,7 @@ async def test_the_reference_verdicts_and_texts(tmp_path: Path) -> None:
             assert (reply.json["valid"], reply.json["validationErrors"]) == (valid, errors), name
 
 
+@pytest.mark.slow
 async def test_security_context_rules_warn_unless_enforced(tmp_path: Path) -> None:
     chart = write_chart(tmp_path, templates={"i.yaml": PRIVILEGED, "s.yaml": SERVICE})
     message = 'containers["server"].securityContext.privileged must not be true'

@@ -326,6 +326,7 @@ async def test_sync_check_is_exact_across_nodes() -> None:
 
 
 @pytest.mark.parametrize("seed", range(12))
+@pytest.mark.slow
 async def test_shared_counts_stay_within_the_documented_bound(seed: int) -> None:
     rng = random.Random(seed)
     n, limit = rng.choice([2, 3, 4, 6]), rng.choice([4, 10, 25, 100])
