@@ -22,7 +22,7 @@ from nvcf_mono.contracts.messages import Action, CreationMessage, LaunchSpecific
 from nvcf_mono.planes.compute.backends.local import LocalBackend, processes, reach
 from nvcf_mono.planes.compute.backends.local.environment import container_environment
 from nvcf_mono.planes.compute.backends.local.images import LaunchError, resolve
-from nvcf_mono.planes.compute.backends.local.users import DIRECTORY_MODE, InstanceUsers, UidRange
+from nvcf_mono.planes.compute.backends.local.users import DIRECTORY_MODE, InstanceUsers, Leases, UidRange
 from nvcf_mono.planes.compute.config import HealthSettings, Image, LocalSettings
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (other users, chown, ACLs of any directory)")
@@ -252,3 +252,17 @@ def test_an_instance_whose_users_another_agent_claimed_is_not_adopted(tmp_path: 
         two.adopt(directory, "a")
     one.give_back(taken)
     assert two.adopt(directory, "a") == taken
+
+
+def test_a_backend_that_closes_leaving_instances_running_lets_their_users_be_claimed(tmp_path: Path) -> None:
+    """The next backend (another agent, or this process starting again) takes the running instances over."""
+    settings = LocalSettings(run_as="instance-users", first_uid=3_000_000_400, uid_count=5, lease_dir=tmp_path)
+    closing = InstanceUsers(settings, worker_argv=(), log=logging.getLogger())
+    taken = closing.take("a")
+    assert taken is not None
+    leases = Leases(tmp_path)
+    assert leases.claim(taken.uids) is None
+    closing.let_go()
+    claim = leases.claim(taken.uids)
+    assert claim is not None
+    leases.release(claim)

@@ -154,6 +154,7 @@ class LocalBackend:
             for proc in inst.procs.values():
                 proc.detach()
         self._held.clear()
+        self._users.let_go()  # their running processes keep their users from others until the next agent
         if self._http is not None:
             with anyio.move_on_after(2, shield=True):
                 await self._http.close()

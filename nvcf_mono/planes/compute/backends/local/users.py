@@ -344,6 +344,15 @@ class InstanceUsers:
             self._held.pop(slot.index, None)
             self._leases.release(self._claims.pop(slot.index, []))
 
+    def let_go(self) -> None:
+        """The backend closes, leaving its instances running: end its claims, so whoever takes them over
+        (another agent, or this process starting the backend again) can claim their users.
+        """
+        for claim in self._claims.values():
+            self._leases.release(claim)
+        self._claims.clear()
+        self._held.clear()
+
     def open_directories(self, instances_root: Path) -> dict[str, Slot]:
         """``instance id -> users`` of the open instance directories under ``instances_root`` (their group is an
         instance's): how processes are recognised when their environment cannot be read.
