@@ -136,6 +136,7 @@ class Keyring:
         self._domain_key: bytes | None = None
         self._admin_token: str | None = None
         self._token_key: bytes | None = None
+        self._asset_link_key: bytes | None = None
 
     def load(self, secret: PlatformSecret) -> None:
         self._secret = secret
@@ -143,6 +144,7 @@ class Keyring:
         self._domain_key = secret.api_key_domain_key()
         self._admin_token = secret.admin_token()
         self._token_key = secret.derive("platform-tokens/v1")
+        self._asset_link_key = secret.derive("asset-links/v1")
 
     @property
     def loaded(self) -> bool:
@@ -172,6 +174,11 @@ class Keyring:
     @property
     def token_key(self) -> bytes:
         return typing.cast(bytes, self._need(self._token_key))
+
+    @property
+    def asset_link_key(self) -> bytes:
+        """Signs the upload and download links of assets."""
+        return typing.cast(bytes, self._need(self._asset_link_key))
 
 
 #: Provided by the ``auth`` plugin; loaded when it starts (planes that need it require ``auth``).

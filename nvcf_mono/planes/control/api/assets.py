@@ -40,7 +40,6 @@ TAG = "assets"
 routes: Routes[Control] = Routes()
 LinkOp = Literal["upload", "download"]
 _CHUNK = 256 * 1024
-_KEY_LABEL = "asset-links/v1"
 
 
 def _view(asset: Asset) -> AssetInfo:
@@ -59,8 +58,8 @@ def _not_found(asset_id: str) -> ProblemError:
 
 
 def signature(ctl: Control, op: LinkOp, asset_id: str, expires: int) -> str:
-    key = ctl.keyring.secret.derive(_KEY_LABEL)
-    return b64u(hmac.digest(key, f"nvcf-asset-link\n{op}\n{asset_id}\n{expires}".encode(), "sha256"))
+    message = f"nvcf-asset-link\n{op}\n{asset_id}\n{expires}".encode()
+    return b64u(hmac.digest(ctl.keyring.asset_link_key, message, "sha256"))
 
 
 def link(ctl: Control, op: LinkOp, asset_id: str) -> str:
