@@ -143,8 +143,10 @@ async def test_a_killed_agent_takes_its_instances_over(tmp_path: Path) -> None:
                 return reply.status == 200 and reply.json["message"] == "b"
 
             await wait_for(served, timeout=30, what="an invocation served by the adopted instances")
+            # The control plane learns of the restarted server from the agent's next report: it may still
+            # say DEGRADING for a moment after the agent's own view shows both running.
+            await wait_for(active, what="ACTIVE again")
             dep = (await admin.get(d)).json["deployment"]
-            assert dep["functionStatus"] == "ACTIVE"
             assert dep["deploymentSpecifications"][0]["placement"]["runningInstances"] == 2
 
             second.signal(signal.SIGTERM)
