@@ -64,6 +64,8 @@ INFERENCE_READY_TIMEOUT = "INFERENCE_READY_TIMEOUT"
 WORKER_HEALTH_INTERVAL = "WORKER_HEALTH_INTERVAL"
 BASE_ASSET_DIR = "BASE_ASSET_DIR"
 BASE_RESPONSE_DIR = "BASE_RESPONSE_DIR"
+INFERENCE_ASSET_DIR = "INFERENCE_ASSET_DIR"
+INFERENCE_RESPONSE_DIR = "INFERENCE_RESPONSE_DIR"
 SECRETS_FILE = "SECRETS_FILE"
 NVCF_INSTANCE_ID = "NVCF_INSTANCE_ID"
 NVCF_CLUSTER_ID = "NVCF_CLUSTER_ID"
@@ -143,6 +145,20 @@ CONTRACT: tuple[Var, ...] = (
     Var(WORKER_HEALTH_INTERVAL, AGENT, WORKER, "1", "Seconds between health checks of the inference server."),
     Var(BASE_ASSET_DIR, AGENT, WORKER, "/tmp/nvcf-assets", "Where input assets are downloaded (per request)."),
     Var(BASE_RESPONSE_DIR, AGENT, WORKER, "/tmp/nvcf-responses", "Per-request output dir (NVCF-LARGE-OUTPUT-DIR)."),
+    Var(
+        INFERENCE_ASSET_DIR,
+        AGENT,
+        WORKER,
+        "BASE_ASSET_DIR",
+        "BASE_ASSET_DIR as the inference server sees it (a mount).",
+    ),
+    Var(
+        INFERENCE_RESPONSE_DIR,
+        AGENT,
+        WORKER,
+        "BASE_RESPONSE_DIR",
+        "BASE_RESPONSE_DIR as the inference server sees it (a mount).",
+    ),
     Var(SECRETS_FILE, AGENT, "worker, inference", "-", "Where the worker writes the instance's secrets (JSON)."),
     Var(NVCF_INSTANCE_ID, AGENT, "worker, inference", "-", "The same as INSTANCE_ID (NVCF sets both)."),
     Var(NVCF_CLUSTER_ID, AGENT, AGENT, "-", "The cluster whose agent started the process (finds orphans)."),

@@ -557,7 +557,12 @@ class Worker:
                 log.warning("request %s: failed to download assets: %s", rid, err)
                 await answer(internal_error("Internal error while downloading assets"))
                 return
-        headers = request_headers(self.config, request, asset_dir=asset_dir, output_dir=output_dir)
+        headers = request_headers(
+            self.config,
+            request,
+            asset_dir=os.path.join(self.config.inference_asset_dir, rid),
+            output_dir=os.path.join(self.config.inference_response_dir, rid),
+        )
         if request.body_object is not None:
             headers["Content-Length"] = str(request.body_size)  # streamed from the store, length known
         for last_try in (False, True):

@@ -95,6 +95,9 @@ class WorkerConfig:
     secrets_present: bool = contract(env.FUNCTION_SECRETS_PRESENT, False)
     asset_dir: str = contract(env.BASE_ASSET_DIR, "/tmp/nvcf-assets", absolute)
     response_dir: str = contract(env.BASE_RESPONSE_DIR, "/tmp/nvcf-responses", absolute)
+    #: The same directories where the inference server sees them (a container backend mounts them elsewhere).
+    inference_asset_dir: str = contract(env.INFERENCE_ASSET_DIR, "/tmp/nvcf-assets", absolute)
+    inference_response_dir: str = contract(env.INFERENCE_RESPONSE_DIR, "/tmp/nvcf-responses", absolute)
     secrets_file: str | None = contract(env.SECRETS_FILE, None)
     #: A file the agent keeps the platform's current address in (read before each connection).
     grpc_address_file: str | None = contract(env.NVCF_FQDN_GRPC_FILE, None)
@@ -118,6 +121,8 @@ _FALLBACKS = {
     env.INSTANCE_ID: (env.NVCF_INSTANCE_ID, env.ICMS_REQUEST_ID),
     # A Helm function's inference server is its Service, unless the agent says otherwise.
     env.INFERENCE_HOST: (env.HELM_CHART_INFERENCE_SERVICE_NAME,),
+    env.INFERENCE_ASSET_DIR: (env.BASE_ASSET_DIR,),
+    env.INFERENCE_RESPONSE_DIR: (env.BASE_RESPONSE_DIR,),
 }
 #: Values compared without regard to case.
 _NORMALIZE: dict[str, Callable[[str], str]] = {

@@ -68,8 +68,8 @@ def _metadata(config: WorkerConfig, request: Request) -> list[tuple[str, str | b
     headers = request_headers(
         config,
         request,
-        asset_dir=f"{config.asset_dir}/{request.request_id}",
-        output_dir=f"{config.response_dir}/{request.request_id}",
+        asset_dir=f"{config.inference_asset_dir}/{request.request_id}",
+        output_dir=f"{config.inference_response_dir}/{request.request_id}",
     )
     return pairs_to_metadata((k.lower(), v) for k, v in headers.items())
 

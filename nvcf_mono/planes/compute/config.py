@@ -103,6 +103,49 @@ class KubernetesSettings:
 
 
 @attrs.frozen(kw_only=True)
+class ContainerSettings:
+    """A cluster whose instances run as containers on Podman or Docker (``backend: containers``)."""
+
+    engine: Literal["auto", "podman", "docker"] = setting(
+        "auto", doc="The container engine behind the socket; auto: whatever answers there (its /version says)."
+    )
+    socket: str | None = setting(
+        None,
+        doc="The engine's API socket (a path or unix:// URL). Default: $DOCKER_HOST when it is unix://, then "
+        "/run/podman/podman.sock, /var/run/docker.sock, $XDG_RUNTIME_DIR/podman/podman.sock; where none answers "
+        "and `podman` is installed, the backend runs `podman system service` on a socket of its own.",
+    )
+    start_podman: bool = setting(
+        True, doc="Run `podman system service` for the backend's lifetime when no engine socket answers."
+    )
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = setting(
+        "IfNotPresent", doc="When images are pulled: as Kubernetes' imagePullPolicy."
+    )
+    pull_timeout: Seconds = setting(
+        600.0, doc="A pull that has not finished this long is image-pull-issues.", check=positive
+    )
+    network: str | None = setting(None, doc="The network instance containers join. Default: the engine's.")
+    shm_size: ByteSize = setting(
+        1024**3, doc="Size of each instance's /dev/shm (NVCF mounts a memory-backed one).", check=at_least(1024**2)
+    )
+    limit_resources: bool = setting(True, doc="Limit each container to its instance type's CPU cores and memory.")
+    gpus: Literal["auto", "cdi", "none"] = setting(
+        "auto",
+        doc="How containers get their GPUs: cdi (nvidia.com/gpu=<index>, the NVIDIA container toolkit's CDI "
+        "devices); none (pretend GPUs: CUDA_VISIBLE_DEVICES only); auto: cdi where /etc/cdi or /var/run/cdi "
+        "names nvidia.com/gpu devices.",
+    )
+    api_timeout: Seconds = setting(
+        30.0, doc="Deadline of one call to the engine (pulls: pull_timeout).", check=positive
+    )
+    stop_instances_on_shutdown: bool = setting(
+        True,
+        doc="Stop every instance when the host stops. false: leave its containers and worker running; the next "
+        "start takes them over.",
+    )
+
+
+@attrs.frozen(kw_only=True)
 class ClusterSettings:
     """One cluster this process runs an agent for."""
 
@@ -124,7 +167,7 @@ class ClusterSettings:
     backend: str = setting(
         "local",
         doc="The compute backend that runs its instances: local (built in: processes on this machine, "
-        "container functions only), or one a plugin provides.",
+        "container functions only), containers (images on Podman or Docker), kubernetes, or one a plugin provides.",
         check=matches(r"[a-z][a-z0-9_-]*", "a backend name: lower-case letters, digits, '_' or '-'"),
     )
     gpu_discovery: Literal["auto", "nvidia-smi", "static"] = setting(
@@ -138,6 +181,9 @@ class ClusterSettings:
     attributes: tuple[str, ...] = setting((), doc="Attributes deployments may require, e.g. [NVLinkOptimized=true].")
     kubernetes: KubernetesSettings = setting(
         factory=KubernetesSettings, doc="The Kubernetes backend (clusters with backend: kubernetes)."
+    )
+    containers: ContainerSettings = setting(
+        factory=ContainerSettings, doc="The container backend (clusters with backend: containers)."
     )
     nca_id: str | None = setting(None, doc="The account that owns the cluster. Default: shared with every account.")
     authorized_nca_ids: tuple[str, ...] = setting((), doc="Further accounts that may deploy on an owned cluster.")
@@ -244,6 +290,8 @@ def stops_instances_on_shutdown(cluster: ClusterSettings, local: LocalSettings) 
     """Whether the agent of ``cluster`` stops its instances when the host stops."""
     if cluster.backend == "kubernetes":
         return cluster.kubernetes.stop_instances_on_shutdown
+    if cluster.backend == "containers":
+        return cluster.containers.stop_instances_on_shutdown
     return local.stop_instances_on_shutdown
 
 

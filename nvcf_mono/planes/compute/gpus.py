@@ -210,6 +210,15 @@ def _share(nodes: Sequence[Node], size: int, total: int) -> tuple[int, str | Non
     return max(1, int(cpu)), _gib(mem), (_gib(min(storage)) if storage else None)
 
 
+def instance_limits(inventory: Inventory, allocation: Allocation) -> tuple[int, str | None]:
+    """CPU cores and memory (``<n>G``) of the instance type ``allocation`` was made for: a container's limits."""
+    model = inventory.model(allocation.gpu)
+    size = max(len(allocation.devices), 1)
+    fitting = [n for n in model.nodes if len(n.devices) >= size] if model is not None else []
+    cpu, memory, _ = _share(fitting, size, max(sum(m.capacity for m in inventory.models), 1))
+    return cpu, memory
+
+
 def _node_fact(nodes: Sequence[Node], key: str, default: str) -> str:
     for node in nodes:
         value = getattr(node.resources, key, None) if node.resources is not None else None

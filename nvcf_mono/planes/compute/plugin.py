@@ -23,6 +23,7 @@ from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.helm import CHART_RENDERER
 from nvcf_mono.planes.compute.agent import ClusterAgent
 from nvcf_mono.planes.compute.backends import COMPUTE_BACKENDS, Backend, BackendContext, WorkerEndpoint
+from nvcf_mono.planes.compute.backends.containers import ContainersProvider
 from nvcf_mono.planes.compute.backends.kubernetes import KubernetesProvider
 from nvcf_mono.planes.compute.backends.local import LocalProvider
 from nvcf_mono.planes.compute.config import ComputeConfig, Image, image_catalog, stops_instances_on_shutdown
@@ -50,6 +51,7 @@ class ComputePlane(BasePlugin[ComputeConfig]):
         self.catalog = image_catalog(ctx.section("images"))
         ctx.extend(COMPUTE_BACKENDS, LocalProvider())
         ctx.extend(COMPUTE_BACKENDS, KubernetesProvider())
+        ctx.extend(COMPUTE_BACKENDS, ContainersProvider())
 
     async def run(self, ctx: RunContext[ComputeConfig], *, task_status: TaskStatus[None]) -> None:
         config = self.config

@@ -21,7 +21,7 @@ from nvcf_mono.contracts.agent import AgentInstance, AgentRequest
 from nvcf_mono.models.common import iso, now_iso, parse_iso
 from nvcf_mono.planes.compute.backends import Backend, InstanceHandle, LaunchSpec
 from nvcf_mono.planes.compute.config import ComputeConfig
-from nvcf_mono.planes.compute.gpus import Allocation, Allocator
+from nvcf_mono.planes.compute.gpus import Allocation, Allocator, instance_limits
 from nvcf_mono.planes.compute.health import LaunchFailure, Observation, Verdict, evaluate
 from nvcf_mono.planes.compute.requests import RequestBook, replace_instance
 from nvcf_mono.structure import evolve
@@ -225,6 +225,9 @@ class Supervisor:
                 self._changed()
                 finished = True
                 return
+            cpus, memory = (
+                instance_limits(self._allocator.inventory, live.allocation) if live.allocation else (None, None)
+            )
             spec = LaunchSpec(
                 cluster_id=self._cluster_id,
                 request_id=live.request_id,
@@ -232,6 +235,8 @@ class Supervisor:
                 message=req.message,
                 allocation=live.allocation,
                 directory=self._state_dir / "instances" / live.instance_id,
+                cpus=cpus,
+                memory=memory,
             )
             handle = await (self._backend.adopt(spec, adopt) if adopt is not None else self._backend.start(spec))
             live.handle = handle

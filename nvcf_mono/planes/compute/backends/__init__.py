@@ -50,6 +50,9 @@ class LaunchSpec:
     message: CreationMessage
     allocation: Allocation | None
     directory: Path
+    #: The instance type's CPU cores and memory (``<n>G``), for backends that set limits (None: unknown).
+    cpus: int | None = None
+    memory: str | None = None
 
 
 class InstanceHandle(Protocol):

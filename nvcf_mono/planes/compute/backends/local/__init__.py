@@ -53,7 +53,6 @@ LOGS = {INFERENCE: "inference.log", WORKER: "worker.log"}
 _TITLE = {INFERENCE: "the inference server", WORKER: "the worker"}
 
 
-@final
 @attrs.define(eq=False)
 class LocalInstance:
     """One instance's processes and how to start them (again)."""
@@ -144,7 +143,7 @@ class LocalBackend:
         self._held: dict[str, LocalInstance] = {}
 
     async def __aenter__(self) -> LocalBackend:
-        self._users.announce(self._state_dir)
+        self._announce()
         self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
         return self
 
@@ -159,6 +158,9 @@ class LocalBackend:
             with anyio.move_on_after(2, shield=True):
                 await self._http.close()
             self._http = None
+
+    def _announce(self) -> None:
+        self._users.announce(self._state_dir)
 
     # ---- what runs here ----------------------------------------------------------------------------
 
@@ -254,8 +256,11 @@ class LocalBackend:
         except OSError as err:
             raise LaunchError(states.CREATE_CONTAINER_ERROR, f"cannot prepare the instance's directory: {err}") from err
 
+    def _new_instance(self, spec: LaunchSpec, port: int | None, health_port: int | None) -> LocalInstance:
+        return LocalInstance(instance_id=spec.instance_id, directory=spec.directory, port=port, health_port=health_port)
+
     async def start(self, spec: LaunchSpec) -> LocalInstance:
-        inst = LocalInstance(instance_id=spec.instance_id, directory=spec.directory, port=None, health_port=None)
+        inst = self._new_instance(spec, None, None)
         self._held[inst.instance_id] = inst
         try:
             await self._open(spec, inst)
@@ -274,9 +279,7 @@ class LocalBackend:
         return inst
 
     async def adopt(self, spec: LaunchSpec, recorded: AgentInstance) -> LocalInstance:
-        inst = LocalInstance(
-            instance_id=spec.instance_id, directory=spec.directory, port=recorded.port, health_port=recorded.health_port
-        )
+        inst = self._new_instance(spec, recorded.port, recorded.health_port)
         self._held[inst.instance_id] = inst
         try:
             inst.slot = self._users.adopt(spec.directory, inst.instance_id)
@@ -291,10 +294,9 @@ class LocalBackend:
             return inst
         now = time.time()
         for rec in recorded.processes:
-            proc = Proc(role=rec.role, pid=rec.pid, ticks=rec.start_ticks, started_at=rec.started_at)
-            users = inst.slot.uids if inst.slot is not None else frozenset[int]()
-            if proc.is_same() and processes.belongs_to(rec.pid, inst.instance_id, users):
-                inst.procs[rec.role] = proc
+            taken = await self._take_over(inst, rec)
+            if taken is not None:
+                inst.procs[rec.role] = taken
                 self._log.info("instance %s: took over %s (pid %d)", inst.instance_id, _TITLE[rec.role], rec.pid)
         missing = [role for role in (WORKER, INFERENCE) if role not in inst.procs]
         if missing:
@@ -306,9 +308,19 @@ class LocalBackend:
                 inst.due[role] = time.monotonic()
         return inst
 
+    async def _take_over(self, inst: LocalInstance, rec: AgentProcess) -> Proc | None:
+        """The recorded process, when it still runs for this instance."""
+        proc = Proc(role=rec.role, pid=rec.pid, ticks=rec.start_ticks, started_at=rec.started_at)
+        users = inst.slot.uids if inst.slot is not None else frozenset[int]()
+        return proc if proc.is_same() and processes.belongs_to(rec.pid, inst.instance_id, users) else None
+
+    def _secrets_file(self, inst: LocalInstance) -> Path:
+        """Where the worker writes the instance's secrets."""
+        return inst.directory / "secrets.json"
+
     def _secrets_needed(self, inst: LocalInstance) -> bool:
         present = inst.envs[WORKER].get(env.FUNCTION_SECRETS_PRESENT, "false").lower() == "true"
-        return present and not (inst.directory / "secrets.json").exists()
+        return present and not self._secrets_file(inst).exists()
 
     async def _spawn(self, inst: LocalInstance, role: str, banner: str) -> None:
         argv = inst.argv[role]
@@ -389,7 +401,7 @@ class LocalBackend:
             self._write_address(inst, self._endpoint.address)
         now, mono = time.time(), time.monotonic()
         if inst.run_once:
-            self._enforce_deadline(inst, mono)
+            await self._enforce_deadline(inst, mono)
         for role, proc in list(inst.procs.items()):
             if proc.poll():
                 continue
@@ -412,7 +424,7 @@ class LocalBackend:
             inst.due[role] = mono + delay
             self._log.info("instance %s: %s; starting it again in %.1fs", inst.instance_id, what, delay)
         if inst.secrets_wait is not None:
-            if (inst.directory / "secrets.json").exists():
+            if self._secrets_file(inst).exists():
                 inst.secrets_wait = None
                 inst.due[INFERENCE] = mono
             elif WORKER not in inst.procs and WORKER not in inst.due:
@@ -455,7 +467,14 @@ class LocalBackend:
         except (TimeoutError, aiohttp.ClientError, OSError):
             return False
 
-    def _enforce_deadline(self, inst: LocalInstance, mono: float) -> None:
+    async def _signal(self, proc: Proc, signum: int) -> None:
+        """Signal a process of an instance (its whole group)."""
+        if signum == signal.SIGKILL:
+            processes.kill_group(proc.pid, signum)
+        else:
+            proc.signal_group(signum)
+
+    async def _enforce_deadline(self, inst: LocalInstance, mono: float) -> None:
         """maxRuntimeDuration: SIGTERM when it passes, SIGKILL after the termination grace period."""
         proc = inst.procs.get(INFERENCE)
         if proc is None or inst.max_runtime is None or inst.task_started is None:
@@ -468,9 +487,9 @@ class LocalBackend:
                 inst.max_runtime,
                 inst.grace,
             )
-            proc.signal_group(signal.SIGTERM)
+            await self._signal(proc, signal.SIGTERM)
         elif inst.overtime_at is not None and mono - inst.overtime_at > inst.grace and proc.poll():
-            processes.kill_group(proc.pid, signal.SIGKILL)
+            await self._signal(proc, signal.SIGKILL)
 
     async def _task_ended(self, inst: LocalInstance, proc: Proc) -> None:
         """The task's process ended: its worker uploads what is left and stops; the instance is done."""
@@ -553,7 +572,7 @@ class LocalBackend:
         slot, inst.slot = inst.slot, None
         await anyio.to_thread.run_sync(self._users.close, inst.directory, slot)
         # Logs stay for `instance logs`; secrets and per-request files do not.
-        (inst.directory / "secrets.json").unlink(missing_ok=True)
+        self._secrets_file(inst).unlink(missing_ok=True)
         for sub in ("assets", "responses"):
             await anyio.to_thread.run_sync(partial(shutil.rmtree, inst.directory / sub, ignore_errors=True))
 

@@ -66,6 +66,9 @@ def worker_environment(base: Mapping[str, str], contract: Mapping[str, str], whe
             env.WORKER_HEALTH_INTERVAL: f"{where.health_interval:g}",
             env.BASE_ASSET_DIR: str(where.directory / "assets"),
             env.BASE_RESPONSE_DIR: str(where.directory / "responses"),
+            # The server sees them where the worker does (the containers backend mounts them elsewhere).
+            env.INFERENCE_ASSET_DIR: str(where.directory / "assets"),
+            env.INFERENCE_RESPONSE_DIR: str(where.directory / "responses"),
             env.SECRETS_FILE: str(where.secrets_file),
             env.NVCF_FQDN_GRPC_FILE: str(where.directory / ADDRESS_FILE),
         }

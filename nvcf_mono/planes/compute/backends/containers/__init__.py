@@ -1,0 +1,517 @@
+"""The containers backend: an instance is its function's image, run by Podman or Docker, and a worker beside it.
+
+The inference container is the image as built (its entrypoint, its env), with the deployment's
+args and env, NVCF's mounts and its instance type's limits; it listens on its own ``inferencePort``
+in a network namespace of its own, published on 127.0.0.1 only. The worker (``nvcf-mono worker``)
+runs on the host as the local backend runs it, reaching the container through that port and sharing
+the request directories through bind mounts; it is the platform's own code, so it runs as the
+platform's user. The container sees nothing of the host but those mounts.
+
+Everything else (restarts with backoff, crash loops, secrets before start, tasks run once with
+their deadline, takeover after an agent restart) is the local backend's, with the container as
+the instance's inference process.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import tempfile
+from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import final
+
+import anyio
+import attrs
+
+from nvcf_mono.contracts import env, pull_credentials, states
+from nvcf_mono.contracts.agent import AgentInstance, AgentLog, AgentProcess
+from nvcf_mono.models.common import now_iso
+from nvcf_mono.planes.compute import workload
+from nvcf_mono.planes.compute.backends import BackendContext, LaunchSpec, WorkerEndpoint
+from nvcf_mono.planes.compute.backends.containers.engine import (
+    Engine,
+    EngineError,
+    NoEngine,
+    gpu_devices,
+    open_engine,
+)
+from nvcf_mono.planes.compute.backends.containers.spec import (
+    ASSETS,
+    MOUNTS,
+    RESPONSES,
+    SECRETS,
+    TASK,
+    Ports,
+    container_name,
+    create_body,
+    host_directories,
+)
+from nvcf_mono.planes.compute.backends.kubernetes.manifests import CLUSTER_LABEL, INSTANCE_LABEL
+from nvcf_mono.planes.compute.backends.local import INFERENCE, LOGS, WORKER, LocalBackend, LocalInstance, _local
+from nvcf_mono.planes.compute.backends.local.environment import Where, inference_environment, worker_environment
+from nvcf_mono.planes.compute.backends.local.images import LaunchError
+from nvcf_mono.planes.compute.backends.local.processes import Proc, read_tail
+from nvcf_mono.planes.compute.config import ContainerSettings, HealthSettings, LocalSettings
+from nvcf_mono.plugin import PluginConfigError
+
+_LOG_LINES = 2000
+
+
+@attrs.define(eq=False)
+class ContainerProc(Proc):
+    """The inference container, standing where the local backend keeps a process (the engine signals it)."""
+
+    container_id: str = ""
+    running: bool = True
+    engine: Engine | None = None
+
+    def poll(self) -> bool:
+        if self.ended:
+            return False
+        if self.running:
+            return True
+        self.ended = True
+        return False
+
+    def signal_group(self, signum: int) -> bool:
+        return False  # through the engine: ContainersBackend._signal
+
+    def is_same(self) -> bool:
+        return self.running
+
+
+@attrs.define(eq=False)
+class ContainerInstance(LocalInstance):
+    """A local instance whose inference process is a container."""
+
+    cluster_id: str = ""
+    image: str = ""
+    body: dict[str, object] = attrs.field(factory=dict)
+    container_id: str = ""
+    #: The container's own ports and where they are published.
+    ports: dict[int, int] = attrs.field(factory=dict)
+
+
+class ContainersBackend(LocalBackend):
+    """Runs instances as containers of their images on a Docker-compatible engine (Podman or Docker)."""
+
+    name = "containers"
+
+    def __init__(
+        self,
+        *,
+        settings: Mapping[str, ContainerSettings],
+        environ: Mapping[str, str],
+        health: HealthSettings,
+        local: LocalSettings,
+        log: logging.Logger,
+        endpoint: WorkerEndpoint | None = None,
+        state_dir: Path | None = None,
+    ) -> None:
+        # The worker is the platform's own code: it runs as the platform's user; the function is in its container.
+        super().__init__(
+            catalog={},
+            environ=environ,
+            health=health,
+            local=attrs.evolve(local, run_as="platform-user"),
+            log=log,
+            endpoint=endpoint,
+            state_dir=state_dir,
+        )
+        self._settings = dict(settings)  # cluster id -> settings
+        self._environ = dict(environ)
+        self._engines: dict[str, Engine] = {}
+        self._stack = AsyncExitStack()
+
+    def _announce(self) -> None:
+        for cid, engine in self._engines.items():
+            self._log.info(
+                "cluster %s runs instances as containers on %s %s", cid, engine.kind, engine.version or "(version ?)"
+            )
+
+    async def __aenter__(self) -> ContainersBackend:
+        await self._stack.__aenter__()
+        try:
+            for cid, settings in self._settings.items():
+                own = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="nvcf-podman-")))
+                try:
+                    self._engines[cid] = await self._stack.enter_async_context(
+                        open_engine(settings, self._environ, own / "api.sock")
+                    )
+                except NoEngine as err:
+                    raise PluginConfigError(f"cluster {cid} (backend: containers): {err}") from err
+            await super().__aenter__()
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await super().__aexit__(*exc)
+        finally:
+            self._engines.clear()
+            with anyio.CancelScope(shield=True):
+                await self._stack.aclose()
+
+    def _engine(self, inst: LocalInstance) -> Engine:
+        engine = self._engines.get(_container(inst).cluster_id)
+        if engine is None:
+            raise LaunchError(states.CREATE_CONTAINER_ERROR, "this cluster has no container engine")
+        return engine
+
+    # ---- starting ----------------------------------------------------------------------------------
+
+    def _new_instance(self, spec: LaunchSpec, port: int | None, health_port: int | None) -> LocalInstance:
+        return ContainerInstance(
+            instance_id=spec.instance_id,
+            directory=spec.directory,
+            port=port,
+            health_port=health_port,
+            cluster_id=spec.cluster_id,
+        )
+
+    async def _open(self, spec: LaunchSpec, inst: LocalInstance) -> None:
+        await super()._open(spec, inst)
+        await self._pull(spec, _container(inst))
+
+    async def _pull(self, spec: LaunchSpec, inst: ContainerInstance) -> None:
+        """The image, pulled with the account's credentials for its registry unless present (pull_policy)."""
+        launch = spec.message.launch_specification
+        image = (launch.container_image or launch.environment.get(env.INFERENCE_CONTAINER, "")).strip()
+        if not image:
+            raise LaunchError(states.CREATE_CONTAINER_ERROR, "the deployment names no container image")
+        inst.image = image
+        settings = self._settings[spec.cluster_id]
+        engine = self._engine(inst)
+        try:
+            present = settings.pull_policy != "Always" and await engine.has_image(image)
+            if present:
+                return
+            if settings.pull_policy == "Never":
+                raise LaunchError(
+                    states.IMAGE_PULL_ISSUES, f"image {image!r} is not on this host and pull_policy is Never"
+                )
+            host = pull_credentials.image_registry(image)
+            raw = launch.environment.get(env.CONTAINER_REGISTRIES_CREDENTIALS, "")
+            entries = pull_credentials.auths_for(raw, host) if raw else {}
+            found = next((pull_credentials.basic(e) for e in entries.values() if pull_credentials.basic(e)), None)
+            auth = {"username": found[0], "password": found[1], "serveraddress": host} if found else None
+            self._log.info("instance %s: pulling %s%s", inst.instance_id, image, " with credentials" if auth else "")
+            await engine.pull(image, auth, settings.pull_timeout)
+        except TimeoutError as err:
+            raise LaunchError(
+                states.IMAGE_PULL_ISSUES, f"pulling image {image!r} took longer than {settings.pull_timeout:g}s"
+            ) from err
+        except EngineError as err:
+            raise LaunchError(states.IMAGE_PULL_ISSUES, f"cannot pull image {image!r}: {err.message}") from err
+
+    def _prepare(self, spec: LaunchSpec, inst: LocalInstance) -> None:
+        """The worker's command and environment, and the container's create body (raises LaunchError)."""
+        ci = _container(inst)
+        message = spec.message
+        contract = message.launch_specification.environment
+        task = message.task_details is not None
+        declared = _port(contract.get(env.INFERENCE_PORT), 8000)
+        health = _port(contract.get(env.INFERENCE_HEALTH_PORT), declared)
+        assert inst.port is not None and inst.health_port is not None
+        if not ci.ports:
+            ci.ports = {declared: inst.port}
+            if health != declared:
+                ci.ports[health] = self._port()
+        devices = spec.allocation.devices if spec.allocation is not None else ()
+        where = Where(
+            instance_id=inst.instance_id,
+            cluster_id=spec.cluster_id,
+            port=declared,
+            health_port=inst.health_port,
+            directory=spec.directory,
+            devices=devices,
+            ready_timeout=self._health.start_timeout + 60,
+            health_interval=min(self._health.probe_interval, 1.0),
+        )
+        settings = self._settings[spec.cluster_id]
+        gpus = gpu_devices(self._environ, settings.gpus, devices)
+        engine = self._engine(inst)
+        # The container: its image's env, then the deployment's, then NVCF's (paths as it sees them).
+        inner = inference_environment({}, contract, {}, where)
+        inner[env.SECRETS_FILE] = f"{MOUNTS[SECRETS]}/secrets.json"
+        if gpus:
+            inner.pop(env.CUDA_VISIBLE_DEVICES, None)  # CDI gives it its GPUs, numbered from 0
+        worker = worker_environment(self._base, contract, attrs.evolve(where, port=inst.port))
+        worker.update(
+            {
+                env.INFERENCE_HEALTH_PORT: str(ci.ports[health]),
+                env.SECRETS_FILE: str(self._secrets_file(inst)),
+                env.INFERENCE_ASSET_DIR: MOUNTS[ASSETS],
+                env.INFERENCE_RESPONSE_DIR: MOUNTS[RESPONSES],
+            }
+        )
+        inst.envs = {INFERENCE: inner, WORKER: worker}
+        if task:
+            self._task_contract(spec, inst, inner, worker)
+        ci.body = create_body(
+            spec,
+            image=ci.image,
+            args=workload.container_args(contract.get(env.INFERENCE_CONTAINER_ARGS, "")),
+            environment=inner,
+            ports=Ports(published=ci.ports),
+            settings=settings,
+            gpus=gpus,
+            kind=engine.kind,
+        )
+        inst.argv = {INFERENCE: (ci.image,), WORKER: tuple(self._worker_argv)}
+        inst.cwd = {WORKER: spec.directory}
+        try:
+            for path in host_directories(spec.directory, task):
+                path.mkdir(exist_ok=True)
+                # The container's user may be anyone its image says: these are the pod's emptyDirs.
+                path.chmod(0o755 if path.name == SECRETS else 0o777)
+        except OSError as err:
+            raise LaunchError(
+                states.CREATE_CONTAINER_ERROR, f"cannot prepare the instance's directories: {err}"
+            ) from err
+        self._write_address(inst, self._endpoint.address or contract.get(env.NVCF_FQDN_GRPC, ""))
+
+    def _task_contract(
+        self, spec: LaunchSpec, inst: LocalInstance, inner: dict[str, str], worker: dict[str, str]
+    ) -> None:
+        """A task: run once with its deadline; results and progress where NVCT puts them, as each side sees them."""
+        self._as_task(inst, spec)  # run once, deadline and grace (it fills envs the next lines replace)
+        contract = spec.message.launch_specification.environment
+        ids = {k: contract[k] for k in (env.NVCT_TASK_ID, env.NVCT_TASK_NAME, env.NVCT_NCA_ID) if k in contract}
+        inner.update(
+            {
+                env.NVCT_PROGRESS_FILE_PATH: f"{MOUNTS[TASK]}/progress",
+                env.NVCT_RESULTS_DIR: f"{MOUNTS[TASK]}/results",
+                **ids,
+            }
+        )
+        worker.update(
+            {
+                env.NVCT_PROGRESS_FILE_PATH: str(spec.directory / TASK / "progress"),
+                env.NVCT_RESULTS_DIR: str(spec.directory / TASK / "results"),
+                **ids,
+            }
+        )
+
+    def _secrets_file(self, inst: LocalInstance) -> Path:
+        return inst.directory / SECRETS / "secrets.json"
+
+    async def _spawn(self, inst: LocalInstance, role: str, banner: str) -> None:
+        if role != INFERENCE:
+            await super()._spawn(inst, role, banner)
+            return
+        ci = _container(inst)
+        engine = self._engine(inst)
+        secrets = self._secrets_file(inst)
+        try:
+            if not secrets.exists():
+                secrets.write_text("{}")  # NVCF mounts the file whether or not there are secrets
+            secrets.parent.chmod(0o755)
+            secrets.chmod(0o644)  # read-only in the container, for whichever user its image runs as
+        except OSError as err:
+            raise LaunchError(states.CREATE_CONTAINER_ERROR, f"cannot prepare the secrets mount: {err}") from err
+        try:
+            if not ci.container_id:
+                await engine.remove(container_name(inst.instance_id))  # one left from an earlier start
+                ci.container_id = await engine.create(container_name(inst.instance_id), ci.body)
+            await engine.start(ci.container_id)
+            state = await engine.state(ci.container_id)
+        except EngineError as err:
+            raise LaunchError(states.CREATE_CONTAINER_ERROR, f"cannot start the inference container: {err}") from err
+        proc = ContainerProc(
+            role=INFERENCE,
+            pid=state.pid if state is not None else 0,
+            ticks=0,
+            started_at=now_iso(),
+            container_id=ci.container_id,
+            running=state is not None and (state.running or state.exit_code is None),
+            engine=engine,
+        )
+        if state is not None and not state.running:
+            proc.returncode = state.exit_code
+        self._log.info("instance %s: %s: container %s of %s", inst.instance_id, banner, ci.container_id[:12], ci.image)
+        inst.procs[INFERENCE] = proc
+        if inst.run_once and inst.task_started is None:
+            inst.task_started = anyio.current_time()
+
+    async def _take_over(self, inst: LocalInstance, rec: AgentProcess) -> Proc | None:
+        if rec.role != INFERENCE:
+            return await super()._take_over(inst, rec)
+        ci = _container(inst)
+        try:
+            state = await self._engine(inst).state(container_name(inst.instance_id))
+        except EngineError:
+            return None
+        if state is None or state.labels.get(INSTANCE_LABEL) != inst.instance_id:
+            return None
+        ci.container_id = state.id  # started again if it exited meanwhile
+        if not state.running:
+            return None
+        return ContainerProc(
+            role=INFERENCE,
+            pid=state.pid,
+            ticks=0,
+            started_at=rec.started_at,
+            container_id=state.id,
+            running=True,
+            engine=self._engine(inst),
+        )
+
+    # ---- watching ----------------------------------------------------------------------------------
+
+    async def _tend(self, inst: LocalInstance) -> None:
+        await self._refresh(inst)
+        await super()._tend(inst)
+
+    async def _refresh(self, inst: LocalInstance) -> None:
+        """The container's state, for the local backend's bookkeeping of exits."""
+        proc = inst.procs.get(INFERENCE)
+        if not isinstance(proc, ContainerProc) or not proc.running:
+            return
+        try:
+            state = await self._engine(inst).state(proc.container_id)
+        except EngineError as err:
+            self._log.warning("instance %s: cannot inspect its container: %s", inst.instance_id, err)
+            return
+        if state is not None and state.running:
+            return
+        proc.running = False
+        proc.returncode = state.exit_code if state is not None else None
+        if state is not None and state.oom_killed:
+            proc.returncode = -signal.SIGKILL
+        await self._keep_log(inst, proc.container_id)
+
+    async def _keep_log(self, inst: LocalInstance, cid: str) -> None:
+        """The container's output so far, into the instance's inference log (failure reports read it)."""
+        try:
+            text = await self._engine(inst).logs(cid, _LOG_LINES)
+        except EngineError:
+            return
+        try:
+            inst.log_path(INFERENCE).write_text(text)
+        except OSError as err:
+            self._log.warning("instance %s: cannot keep its container's log: %s", inst.instance_id, err)
+
+    async def _signal(self, proc: Proc, signum: int) -> None:
+        if not isinstance(proc, ContainerProc):
+            await super()._signal(proc, signum)
+            return
+        if proc.engine is not None:
+            try:
+                await proc.engine.kill(proc.container_id, signal.Signals(signum).name)
+            except EngineError as err:
+                self._log.warning("cannot signal container %s: %s", proc.container_id[:12], err)
+
+    # ---- stopping ----------------------------------------------------------------------------------
+
+    async def stop(self, handle: object, grace: float) -> None:
+        inst = _local(handle)
+        proc = inst.procs.pop(INFERENCE, None)
+        async with anyio.create_task_group() as tg:
+            if isinstance(proc, ContainerProc):
+                tg.start_soon(self._stop_container, inst, proc, grace)
+            tg.start_soon(super().stop, inst, grace)
+
+    async def _stop_container(self, inst: LocalInstance, proc: ContainerProc, grace: float) -> None:
+        try:
+            await self._engine(inst).stop(proc.container_id, grace)
+        except (EngineError, LaunchError) as err:
+            self._log.warning("instance %s: cannot stop its container: %s", inst.instance_id, err)
+        proc.running = False
+
+    async def release(self, handle: object) -> None:
+        inst = _container(_local(handle))
+        if inst.container_id and inst.cluster_id in self._engines:
+            with anyio.CancelScope(shield=True):
+                await self._keep_log(inst, inst.container_id)
+                try:
+                    await self._engine(inst).remove(inst.container_id)
+                except EngineError as err:
+                    self._log.warning("instance %s: cannot remove its container: %s", inst.instance_id, err)
+        for port in inst.ports.values():
+            self._ports.discard(port)
+        await super().release(inst)
+
+    async def sweep(self, cluster_id: str, root: Path, live: Sequence[AgentInstance]) -> list[str]:
+        stopped = await super().sweep(cluster_id, root, live)
+        engine = self._engines.get(cluster_id)
+        if engine is None:
+            return stopped
+        keep = {i.instance_id for i in live}
+        try:
+            found = await engine.find({CLUSTER_LABEL: cluster_id})
+        except EngineError as err:
+            self._log.warning("cannot list cluster %s's containers: %s", cluster_id, err)
+            return stopped
+        for state in found:
+            iid = state.labels.get(INSTANCE_LABEL, "")
+            if iid in keep:
+                continue
+            self._log.warning("removing container %s of instance %s: no request holds it", state.id[:12], iid)
+            try:
+                await engine.remove(state.id)
+            except EngineError as err:
+                self._log.warning("cannot remove container %s: %s", state.id[:12], err)
+                continue
+            stopped.append(iid)
+        return sorted(set(stopped))
+
+    # ---- logs --------------------------------------------------------------------------------------
+
+    async def logs(self, cluster_id: str, instance: AgentInstance, tail: int) -> tuple[AgentLog, ...]:
+        out: list[AgentLog] = []
+        engine = self._engines.get(cluster_id)
+        text = None
+        if engine is not None:
+            try:
+                found = await engine.state(container_name(instance.instance_id))
+                if found is not None:
+                    text = (await engine.logs(found.id, _LOG_LINES))[-tail:]
+            except EngineError:
+                text = None
+        directory = Path(instance.directory) if instance.directory else None
+        if text is None and directory is not None:
+            text = read_tail(directory / LOGS[INFERENCE], tail) or None
+        if text is not None:
+            out.append(AgentLog(name=INFERENCE, path=container_name(instance.instance_id), text=text, size=len(text)))
+        if directory is not None:
+            path = directory / LOGS[WORKER]
+            if path.exists():
+                out.append(AgentLog(name=WORKER, path=str(path), text=read_tail(path, tail), size=path.stat().st_size))
+        return tuple(out)
+
+
+def _container(inst: LocalInstance) -> ContainerInstance:
+    assert isinstance(inst, ContainerInstance), inst
+    return inst
+
+
+def _port(text: str | None, default: int) -> int:
+    try:
+        port = int(text) if text else default
+    except ValueError:
+        return default
+    return port if 0 < port < 65536 else default
+
+
+@final
+class ContainersProvider:
+    """Contributes the ``containers`` backend (to ``COMPUTE_BACKENDS``)."""
+
+    name = "containers"
+
+    def create(self, ctx: BackendContext) -> ContainersBackend:
+        settings = {ctx.cluster_ids[c.name]: c.containers for c in ctx.config.clusters if c.backend == self.name}
+        return ContainersBackend(
+            settings=settings,
+            environ=ctx.environ,
+            health=ctx.config.health,
+            local=ctx.config.local,
+            log=ctx.log,
+            endpoint=ctx.endpoint,
+            state_dir=ctx.state_dir,
+        )

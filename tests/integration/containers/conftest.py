@@ -1,0 +1,73 @@
+"""The containers backend for real: Podman (``podman system service``, started by the backend) runs the
+functions' images. CI installs podman, runc and busybox-static (``.ci/run``) and sets
+NVCF_MONO_REQUIRE_CONTAINERS, so these tests run there; elsewhere they are skipped where podman is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .images import build_echo_image
+
+#: What podman needs on these machines: runc (crun fails on hybrid cgroups), cgroupfs, and rlimits no higher
+#: than the hard limits of the sandbox (it lacks CAP_SYS_RESOURCE).
+CONTAINERS_CONF = """[containers]
+default_ulimits = ["nofile={n}:{n}", "nproc={n}:{n}"]
+
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+"""
+
+
+@pytest.fixture(scope="session")
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The podman binary, configured for this machine (CONTAINERS_CONF), with the test images built."""
+    found = shutil.which("podman")
+    if found is None:
+        if os.environ.get("NVCF_MONO_REQUIRE_CONTAINERS"):
+            pytest.fail("podman is not installed, and NVCF_MONO_REQUIRE_CONTAINERS says these tests must run")
+        pytest.skip("podman is not installed (apt-get install podman runc busybox-static)")
+    previous = os.environ.get("CONTAINERS_CONF")
+    if previous is None:
+        import resource
+
+        hard = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], resource.getrlimit(resource.RLIMIT_NPROC)[1])
+        conf = tmp_path_factory.mktemp("podman") / "containers.conf"
+        conf.write_text(CONTAINERS_CONF.format(n=min(hard, 10000)))
+        os.environ["CONTAINERS_CONF"] = str(conf)
+    try:
+        build_echo_image(found)
+        yield found
+    finally:
+        if previous is None:
+            os.environ.pop("CONTAINERS_CONF", None)
+
+
+def containers_of(podman: str, cluster_id: str) -> list[str]:
+    """Names of the cluster's containers, running or not (podman ps --filter label=...)."""
+    out = subprocess.run(
+        [
+            podman,
+            "ps",
+            "-a",
+            "--filter",
+            f"label=nvca.nvcf.nvidia.io/cluster-id={cluster_id}",
+            "--format",
+            "{{.Names}}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return sorted(out.split())
+
+
+def state_dir(tmp_path: Path) -> Path:
+    return tmp_path / "state"

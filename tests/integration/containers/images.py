@@ -1,0 +1,141 @@
+"""Test images, built offline: a busybox root filesystem with ``httpd`` and CGI scripts, ``podman import``-ed.
+
+No registry on the internet is reachable where the tests run, so images are assembled here from
+Debian's ``busybox-static``: small, and a real image with its own entrypoint, env and files.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from nvcf_mono.bus.embedded import free_port
+
+ECHO_IMAGE = "localhost/nvcf-test/echo:1"
+
+#: POST /cgi-bin/echo answers what the container sees: the request, its secrets, its env, and what it can read.
+ECHO_CGI = r"""#!/bin/sh
+body=$(head -c "${CONTENT_LENGTH:-0}")
+probe=$(cat "${PROBE_PATH:-/nonexistent}" 2>&1 | head -c 200 | tr -d '"\n\\')
+echo "Content-Type: application/json"
+echo ""
+printf '{"echo": %s, "secrets": %s, "instance": "%s", "port": "%s", "function": "%s", "greeting": "%s", ' \
+  "${body:-null}" "$(cat /var/secrets/secrets.json 2>/dev/null || echo null)" "$NVCF_INSTANCE_ID" \
+  "$INFERENCE_PORT" "$NVCF_FUNCTION_ID" "$GREETING"
+printf '"image_env": "%s", "probe": "%s", "token": "%s", "uid": "%s"}' \
+  "$IMAGE_ENV" "$probe" "${NVCF_WORKER_TOKEN:-none}" "$(id -u)"
+"""
+
+#: POST /cgi-bin/stream: three server-sent events, a little apart.
+STREAM_CGI = r"""#!/bin/sh
+head -c "${CONTENT_LENGTH:-0}" >/dev/null
+echo "Content-Type: text/event-stream"
+echo ""
+for i in 1 2 3; do
+  echo "data: event $i"
+  echo ""
+  sleep 0.2
+done
+"""
+
+
+def _rootfs(root: Path) -> None:
+    busybox = shutil.which("busybox")
+    assert busybox is not None, "busybox-static is needed to build the test images (apt-get install busybox-static)"
+    (root / "bin").mkdir(parents=True)
+    (root / "www" / "cgi-bin").mkdir(parents=True)
+    (root / "tmp").mkdir()
+    (root / "tmp").chmod(0o1777)
+    shutil.copy(busybox, root / "bin" / "busybox")
+    names = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=True).stdout.split()
+    for name in names:
+        if name != "busybox":
+            (root / "bin" / name).symlink_to("busybox")
+    for name, text in (("echo", ECHO_CGI), ("stream", STREAM_CGI)):
+        path = root / "www" / "cgi-bin" / name
+        path.write_text(text)
+        path.chmod(0o755)
+    (root / "www" / "health").write_text("ok\n")
+
+
+def build_echo_image(podman: str) -> str:
+    """``ECHO_IMAGE``: busybox httpd on port 9000 serving the CGI scripts above (built again each session)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "root"
+        _rootfs(root)
+        archive = Path(tmp) / "root.tar"
+        with tarfile.open(archive, "w") as tar:
+            tar.add(root, arcname=".")
+        subprocess.run(
+            [
+                podman,
+                "import",
+                "--change",
+                'CMD ["/bin/httpd", "-f", "-p", "9000", "-h", "/www"]',
+                "--change",
+                "ENV IMAGE_ENV=from-the-image",
+                str(archive),
+                ECHO_IMAGE,
+            ],
+            check=True,
+            capture_output=True,
+        )
+    return ECHO_IMAGE
+
+
+@contextmanager
+def private_registry(podman: str, workdir: Path) -> Iterator[str]:
+    """A real registry (Debian's ``docker-registry``) on 127.0.0.1 with one user, ``alice``/``wonderland``,
+    holding ``nvcf-test/private:1`` (the echo image); yields its ``host:port``. Podman reaches it over
+    HTTP (``CONTAINERS_REGISTRIES_CONF`` marks it insecure) and keeps no local copy of the image.
+    """
+    registry = shutil.which("docker-registry")
+    assert registry is not None, "docker-registry is needed for this test (apt-get install docker-registry)"
+    port = free_port("127.0.0.1")
+    host = f"127.0.0.1:{port}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    users = subprocess.run(["htpasswd", "-Bbn", "alice", "wonderland"], capture_output=True, text=True, check=True)
+    (workdir / "htpasswd").write_text(users.stdout)
+    (workdir / "config.yml").write_text(
+        f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {workdir / 'data'}\n"
+        f"http:\n  addr: {host}\nauth:\n  htpasswd:\n    realm: test\n    path: {workdir / 'htpasswd'}\n"
+    )
+    conf = workdir / "registries.conf"
+    conf.write_text(
+        "".join(f'[[registry]]\nlocation = "{h}:{port}"\ninsecure = true\n' for h in ("127.0.0.1", "localhost"))
+    )
+    previous = os.environ.get("CONTAINERS_REGISTRIES_CONF")
+    os.environ["CONTAINERS_REGISTRIES_CONF"] = str(conf)
+    with open(workdir / "registry.log", "wb") as log:
+        proc = subprocess.Popen([registry, "serve", str(workdir / "config.yml")], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(100):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        image = f"{host}/nvcf-test/private:1"
+        for args in (
+            ["push", "--tls-verify=false", "--creds", "alice:wonderland", ECHO_IMAGE, f"docker://{image}"],
+            ["rmi", "-f", image],
+        ):
+            subprocess.run([podman, *args], capture_output=True, check=False)
+        yield host
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        for h in ("127.0.0.1", "localhost"):
+            subprocess.run([podman, "rmi", "-f", f"{h}:{port}/nvcf-test/private:1"], capture_output=True, check=False)
+        if previous is None:
+            os.environ.pop("CONTAINERS_REGISTRIES_CONF", None)
+        else:
+            os.environ["CONTAINERS_REGISTRIES_CONF"] = previous

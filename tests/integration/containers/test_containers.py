@@ -1,0 +1,265 @@
+"""The containers backend for real: function images on Podman, invoked through the platform.
+
+The images are built offline (``images.py``); the backend starts ``podman system service`` itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvcf_mono.testing.platform import deployment, wait_for, wait_status
+from tests.integration.compute.conftest import (
+    Platform,
+    cluster,
+    compute_platform,
+    create,
+    deploy,
+    instances,
+    running,
+    spec,
+)
+from tests.integration.compute.test_autoscaling import AUTOSCALE, placed, placement
+from tests.integration.compute.test_tasks_local import finished, get_task, launch
+
+from .conftest import containers_of
+from .images import ECHO_IMAGE, private_registry
+
+pytestmark = pytest.mark.slow
+
+TASK_SETTINGS = {
+    "plugins.control.tasks.monitor_interval": "0.3",
+    "plugins.control.tasks.heartbeat_interval": "0.5",
+}
+
+
+def image_function(name: str, url: str = "/cgi-bin/echo", **more: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "inferenceUrl": url,
+        "inferencePort": 9000,
+        "containerImage": ECHO_IMAGE,
+        "health": {"protocol": "HTTP", "uri": "/health", "port": 9000, "timeout": "PT5S", "expectedStatusCode": 200},
+        **more,
+    }
+
+
+@asynccontextmanager
+async def container_platform(tmp_path: Path, cluster_id: str, podman: str, **settings: str) -> AsyncIterator[Platform]:
+    """The platform with one cluster on the containers backend; its containers are removed at the end."""
+    chosen = [cluster("pods", cluster_id, count=4, backend="containers")]
+    try:
+        async with compute_platform(tmp_path, clusters=chosen, **settings) as p:
+            yield p
+    finally:
+        for name in containers_of(podman, cluster_id):
+            subprocess.run([podman, "rm", "-f", "-t", "0", name], capture_output=True, check=False)
+
+
+async def test_an_image_serves_requests_sees_its_secrets_and_nothing_of_the_host(tmp_path: Path, podman: str) -> None:
+    cluster_id = str(uuid.uuid4())
+    async with container_platform(tmp_path, cluster_id, podman) as p:
+        secret_path = tmp_path / "state" / "platform-secret"
+        body = image_function(
+            "echo-image",
+            containerEnvironment=[
+                {"key": "GREETING", "value": "hi"},
+                {"key": "PROBE_PATH", "value": str(secret_path)},
+            ],
+            secrets=[{"name": "api-key", "value": "s3cret"}],
+        )
+        fid, _, d = await create(p.admin, body)
+        sse_fid, _, sse_d = await create(p.admin, image_function("sse-image", "/cgi-bin/stream"))
+        await deploy(p.admin, d, spec())
+        await deploy(p.admin, sse_d, spec())
+        await wait_status(p.admin, d, "ACTIVE", timeout=60)
+
+        reply = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "hello"})
+        assert reply.status == 200, reply.body
+        seen = reply.json
+        (view,) = [v for v in await running(p.bus, cluster_id, 2, timeout=60) if v.function_id == fid]
+        assert seen["echo"] == {"message": "hello"}
+        assert seen["secrets"] == {"api-key": "s3cret"}  # /var/secrets/secrets.json, read-only
+        assert seen["instance"] == view.instance.instance_id and seen["function"] == fid
+        assert seen["port"] == "9000"  # its own inferencePort, in a network namespace of its own
+        assert seen["greeting"] == "hi" and seen["image_env"] == "from-the-image"
+        assert secret_path.exists() and "No such file" in seen["probe"], seen["probe"]
+        assert seen["token"] == "none"  # the worker's token stays with the worker
+
+        names = containers_of(podman, cluster_id)
+        assert f"nvcf-{view.instance.instance_id}" in names and len(names) == 2
+
+        await wait_status(p.admin, sse_d, "ACTIVE", timeout=60)
+        streamed = await p.key.post(f"/v2/nvcf/pexec/functions/{sse_fid}", {}, headers={"Accept": "text/event-stream"})
+        assert streamed.status == 200, streamed.body
+        assert streamed.headers["Content-Type"].startswith("text/event-stream")
+        text = streamed.body.decode()
+        assert [line for line in text.splitlines() if line.startswith("data:")] == [
+            "data: event 1",
+            "data: event 2",
+            "data: event 3",
+        ]
+
+        logs = await p.admin.get(f"/v2/nvcf/instances/{view.instance.instance_id}/logs")
+        assert logs.status == 200, logs.body
+        assert {log["name"] for log in logs.json["logs"]} == {"inference", "worker"}
+
+        assert (await p.admin.delete(d)).status == 200
+        assert (await p.admin.delete(sse_d)).status == 200
+
+        async def removed() -> bool:
+            return containers_of(podman, cluster_id) == []
+
+        await wait_for(removed, timeout=60, what="the containers to be removed")
+
+
+async def test_a_crashing_image_is_a_restart_loop(tmp_path: Path, podman: str) -> None:
+    cluster_id = str(uuid.uuid4())
+    async with container_platform(tmp_path, cluster_id, podman) as p:
+        body = image_function("crashy-image", containerArgs="/bin/sh -c 'echo giving up; exit 3'")
+        _, _, d = await create(p.admin, body)
+        await deploy(p.admin, d, spec())
+
+        async def looping() -> list[Any] | None:
+            held = await instances(p.bus, cluster_id, finished=True)
+            failed = [v for v in held if v.instance.state == "container-restart-loop"]
+            return failed or None
+
+        (failed, *_) = await wait_for(looping, timeout=60, what="a restart loop")
+        assert failed.instance.restarts >= 3
+        dep = await deployment(p.admin, d)
+        last = dep["deploymentSpecifications"][0]["placement"]["lastFailure"]
+        assert "container-restart-loop" in last and "exited with code 3" in last, last
+
+
+async def test_a_version_at_zero_wakes_in_a_container_and_goes_back(tmp_path: Path, podman: str) -> None:
+    cluster_id = str(uuid.uuid4())
+    async with container_platform(tmp_path, cluster_id, podman, **AUTOSCALE) as p:
+        fid, _, d = await create(p.admin, image_function("cold-image"))
+        await deploy(p.admin, d, spec(min_instances=0, max_instances=1))
+        await wait_status(p.admin, d, "ACTIVE")
+        assert containers_of(podman, cluster_id) == []
+        reply = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"n": 1}, headers={"NVCF-POLL-SECONDS": "60"})
+        assert reply.status == 200, reply.body
+        assert reply.json["echo"] == {"n": 1}
+        p0 = await placed(p.admin, d, 0, timeout=40)
+        assert "scale to zero" in (p0.get("autoscaler") or ""), p0
+
+        async def removed() -> bool:
+            return containers_of(podman, cluster_id) == []
+
+        await wait_for(removed, timeout=30, what="the container to be removed")
+        assert placement(await deployment(p.admin, d))["placedInstances"] == 0
+
+
+def task_body(name: str, script: str, **more: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "containerImage": ECHO_IMAGE,
+        "containerArgs": f"/bin/sh -c '{script}'",
+        "gpuSpecification": {"gpu": "H100", "instanceType": "ON-PREM.GPU.H100_1x"},
+        **more,
+    }
+
+
+async def test_a_task_writes_results_and_one_past_its_deadline_is_stopped(tmp_path: Path, podman: str) -> None:
+    cluster_id = str(uuid.uuid4())
+    async with container_platform(tmp_path, cluster_id, podman, **TASK_SETTINGS) as p:
+        script = (
+            'echo "{\\"percentComplete\\": 50}" > $NVCT_PROGRESS_FILE_PATH; sleep 1; '
+            'echo "made by $NVCT_TASK_ID" > $NVCT_RESULTS_DIR/out.txt; '
+            'echo "{\\"percentComplete\\": 100}" > $NVCT_PROGRESS_FILE_PATH'
+        )
+        done = await launch(p.admin, task_body("results", script))
+        late = await launch(p.admin, task_body("late", "sleep 600", maxRuntimeDuration="PT3S"))
+        task = await finished(p.admin, done, timeout=90)
+        assert task["status"] == "COMPLETED", task
+        results = (await p.admin.get(f"/v1/nvct/tasks/{done}/results")).json["results"]
+        assert [r["name"] for r in results] == ["out.txt"]
+        content = await p.admin.get(f"/v1/nvct/tasks/{done}/results/{results[0]['resultId']}/content")
+        assert content.body == f"made by {done}\n".encode()
+
+        task = await finished(p.admin, late, timeout=90)
+        assert task["status"] == "EXCEEDED_MAX_RUNTIME_DURATION", task
+        assert (await get_task(p.admin, late))["status"] == "EXCEEDED_MAX_RUNTIME_DURATION"
+
+
+async def test_the_next_agent_takes_the_running_container_over(tmp_path: Path, podman: str) -> None:
+    cluster_id = str(uuid.uuid4())
+    chosen = [
+        cluster("pods", cluster_id, count=4, backend="containers", containers={"stop_instances_on_shutdown": False})
+    ]
+    try:
+        async with compute_platform(tmp_path, clusters=chosen) as p:
+            fid, _, d = await create(p.admin, image_function("kept-image"))
+            await deploy(p.admin, d, spec())
+            await wait_status(p.admin, d, "ACTIVE", timeout=60)
+            (before,) = await running(p.bus, cluster_id, timeout=60)
+        names = containers_of(podman, cluster_id)
+        assert names == [f"nvcf-{before.instance.instance_id}"]
+        running_ids = subprocess.run(
+            [podman, "ps", "-q", "--no-trunc", "--filter", f"name={names[0]}"], capture_output=True, text=True
+        ).stdout.split()
+        assert running_ids, "the container kept running while no agent watched it"
+
+        async with compute_platform(tmp_path, clusters=chosen) as p:
+            (after,) = await running(p.bus, cluster_id, timeout=60)
+            assert after.instance.instance_id == before.instance.instance_id
+            assert after.instance.restarts == 0
+            reply = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"again": True})
+            assert reply.status == 200 and reply.json["echo"] == {"again": True}, reply.body
+            still = subprocess.run(
+                [podman, "ps", "-q", "--no-trunc", "--filter", f"name={names[0]}"], capture_output=True, text=True
+            ).stdout.split()
+            assert still == running_ids  # the same container, not a new one
+            assert (await p.admin.delete(d)).status == 200
+
+            async def removed() -> bool:
+                return containers_of(podman, cluster_id) == []
+
+            await wait_for(removed, timeout=60, what="the container to be removed")
+    finally:
+        for name in containers_of(podman, cluster_id):
+            subprocess.run([podman, "rm", "-f", "-t", "0", name], capture_output=True, check=False)
+
+
+async def test_a_private_image_is_pulled_with_the_accounts_credentials_and_refused_without(
+    tmp_path: Path, podman: str
+) -> None:
+    cluster_id = str(uuid.uuid4())
+    with private_registry(podman, tmp_path / "registry") as host:
+        port = host.rsplit(":", 1)[1]
+        async with container_platform(tmp_path, cluster_id, podman) as p:
+            # The same registry by two names: the account's login for one is right, for the other wrong.
+            for hostname, password in ((host, "wonderland"), (f"localhost:{port}", "not-the-password")):
+                secret = base64.b64encode(f"alice:{password}".encode()).decode()
+                stored = await p.admin.post(
+                    "/v2/nvcf/registry-credentials",
+                    {
+                        "registryHostname": hostname,
+                        "secret": {"name": f"login-{password}", "value": secret},
+                        "artifactTypes": ["CONTAINER"],
+                    },
+                )
+                assert stored.status == 200, stored.body
+
+            fid, _, d = await create(p.admin, image_function("private", containerImage=f"{host}/nvcf-test/private:1"))
+            await deploy(p.admin, d, spec())
+            await wait_status(p.admin, d, "ACTIVE", timeout=90)
+            reply = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"pulled": True})
+            assert reply.status == 200 and reply.json["echo"] == {"pulled": True}, reply.body
+
+            _, _, wrong = await create(
+                p.admin, image_function("refused", containerImage=f"localhost:{port}/nvcf-test/private:1")
+            )
+            await deploy(p.admin, wrong, spec())
+            dep = await wait_status(p.admin, wrong, "ERROR", timeout=90)
+            error = dep["healthInfo"][0]["error"]
+            assert "image-pull-issues" in error and f"localhost:{port}/nvcf-test/private:1" in error, error
