@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 
 import anyio
 
-from bench import bus, cold_start, invoke, versions
+from bench import bus, cold_start, container_cold_start, invoke, versions
 
 
 def main() -> None:
@@ -19,6 +20,11 @@ def main() -> None:
         anyio.run(invoke.run, args.quick, f"plugins.invocation.transport={transport}", backend="asyncio")
     print("-- cold start and scale to zero")
     anyio.run(cold_start.run, args.quick, backend="asyncio")
+    if shutil.which("podman"):
+        print("-- cold start on the containers backend (podman)")
+        anyio.run(container_cold_start.run, args.quick, backend="asyncio")
+    else:
+        print("-- cold start on the containers backend: skipped, podman is not installed")
     print("-- the cost of a function version")
     anyio.run(versions.run, args.quick, backend="asyncio")
 

@@ -36,7 +36,8 @@ from nvcf_mono.testing.running import ECHO_FUNCTION
 IDLE_TIMEOUT = 3.0
 #: Each burst request holds its slot this long, so one instance alone would take 1000 * 0.05 / 16 = 3 s.
 BURST_DELAY = 0.05
-SETTINGS = (
+#: Autoscaling in seconds, an instance's health looked at often: what every cold-start benchmark runs with.
+TIMERS = (
     "plugins.control.reconcile.interval=0.5",
     "plugins.control.autoscaler.interval=0.5",
     "plugins.control.autoscaler.sample_step=1",
@@ -47,6 +48,9 @@ SETTINGS = (
     "plugins.compute.heartbeat_interval=0.5",
     "plugins.compute.health.probe_interval=0.05",
     "plugins.control.example_function=false",
+)
+SETTINGS = (
+    *TIMERS,
     "images.echo.command=" + json.dumps(["{python}", "-m", "nvcf_mono.testing.echo_server", "--port", "{port}"]),
     "plugins.compute.clusters="
     + json.dumps(
@@ -65,18 +69,23 @@ async def server_start_time(session: aiohttp.ClientSession) -> float:
         stderr=subprocess.DEVNULL,
     )
     try:
-        while True:
-            try:
-                async with session.get(f"http://127.0.0.1:{port}/health") as resp:
-                    if resp.status == 200:
-                        return time.perf_counter() - started
-            except aiohttp.ClientError:
-                pass
-            await anyio.sleep(0.005)
+        return await healthy_after(session, port, started)
     finally:
         proc.terminate()
         with anyio.move_on_after(5, shield=True):
             await proc.wait()
+
+
+async def healthy_after(session: aiohttp.ClientSession, port: int, started: float) -> float:
+    """Seconds from ``started`` (perf_counter) until ``/health`` on ``port`` answers 200."""
+    while True:
+        try:
+            async with session.get(f"http://127.0.0.1:{port}/health") as resp:
+                if resp.status == 200:
+                    return time.perf_counter() - started
+        except aiohttp.ClientError:
+            pass
+        await anyio.sleep(0.005)
 
 
 async def deployed_at_zero(api: Api, max_instances: int, concurrency: int) -> tuple[str, str]:

@@ -78,7 +78,7 @@ async def test_a_cluster_naming_an_unknown_backend_stops_the_host_with_a_clear_e
     with pytest.raises(BaseException) as caught:
         async with running_host(config):
             pass
-    assert "no compute backend named 'pods' (available: kubernetes, local" in _messages(caught.value)
+    assert "no compute backend named 'pods' (available: containers, kubernetes, local" in _messages(caught.value)
 
 
 async def test_a_kubernetes_cluster_without_a_cluster_to_reach_stops_the_host_with_a_clear_error(

@@ -13,17 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .images import build_echo_image
-
-#: What podman needs on these machines: runc (crun fails on hybrid cgroups), cgroupfs, and rlimits no higher
-#: than the hard limits of the sandbox (it lacks CAP_SYS_RESOURCE).
-CONTAINERS_CONF = """[containers]
-default_ulimits = ["nofile={n}:{n}", "nproc={n}:{n}"]
-
-[engine]
-runtime = "runc"
-cgroup_manager = "cgroupfs"
-"""
+from nvcf_mono.testing.container_images import build_echo_image, write_containers_conf
 
 
 @pytest.fixture(scope="session")
@@ -36,11 +26,7 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip("podman is not installed (apt-get install podman runc busybox-static)")
     previous = os.environ.get("CONTAINERS_CONF")
     if previous is None:
-        import resource
-
-        hard = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], resource.getrlimit(resource.RLIMIT_NPROC)[1])
-        conf = tmp_path_factory.mktemp("podman") / "containers.conf"
-        conf.write_text(CONTAINERS_CONF.format(n=min(hard, 10000)))
+        conf = write_containers_conf(tmp_path_factory.mktemp("podman") / "containers.conf")
         os.environ["CONTAINERS_CONF"] = str(conf)
     try:
         build_echo_image(found)

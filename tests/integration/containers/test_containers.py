@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from nvcf_mono.testing.container_images import ECHO_IMAGE, private_registry
 from nvcf_mono.testing.platform import deployment, wait_for, wait_status
 from tests.integration.compute.conftest import (
     Platform,
@@ -30,7 +31,6 @@ from tests.integration.compute.test_autoscaling import AUTOSCALE, placed, placem
 from tests.integration.compute.test_tasks_local import finished, get_task, launch
 
 from .conftest import containers_of
-from .images import ECHO_IMAGE, private_registry
 
 pytestmark = pytest.mark.slow
 
@@ -137,6 +137,13 @@ async def test_a_crashing_image_is_a_restart_loop(tmp_path: Path, podman: str) -
         dep = await deployment(p.admin, d)
         last = dep["deploymentSpecifications"][0]["placement"]["lastFailure"]
         assert "container-restart-loop" in last and "exited with code 3" in last, last
+        # Its log is the container's output, each run after a banner, kept after the container is gone.
+        logs = await p.admin.get(f"/v2/nvcf/instances/{failed.instance.instance_id}/logs")
+        assert logs.status == 200, logs.body
+        text = next(log["text"] for log in logs.json["logs"] if log["name"] == "inference")
+        runs = text.split("nvcf-mono: starting the inference server")
+        assert len(runs) >= 4 and all("giving up" in run for run in runs[1:]), text
+        assert text.count("giving up") == len(runs) - 1, text  # each line once
 
 
 async def test_a_version_at_zero_wakes_in_a_container_and_goes_back(tmp_path: Path, podman: str) -> None:
@@ -231,9 +238,10 @@ async def test_the_next_agent_takes_the_running_container_over(tmp_path: Path, p
 
 
 async def test_a_private_image_is_pulled_with_the_accounts_credentials_and_refused_without(
-    tmp_path: Path, podman: str
+    tmp_path: Path, podman: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cluster_id = str(uuid.uuid4())
+    monkeypatch.setenv("CONTAINERS_REGISTRIES_CONF", str(tmp_path / "registry" / "registries.conf"))
     with private_registry(podman, tmp_path / "registry") as host:
         port = host.rsplit(":", 1)[1]
         async with container_platform(tmp_path, cluster_id, podman) as p:

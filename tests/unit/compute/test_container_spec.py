@@ -7,6 +7,7 @@ from pathlib import Path
 import attrs
 
 from nvcf_mono.planes.compute.backends import LaunchSpec
+from nvcf_mono.planes.compute.backends.containers import new_lines
 from nvcf_mono.planes.compute.backends.containers.engine import gpu_devices, socket_candidates
 from nvcf_mono.planes.compute.backends.containers.spec import Ports, create_body, memory_bytes
 from nvcf_mono.planes.compute.config import ContainerSettings
@@ -94,3 +95,28 @@ def test_the_engine_socket_is_the_configured_one_else_the_first_found(tmp_path: 
     assert socket_candidates(ContainerSettings(), {"DOCKER_HOST": "tcp://1.2.3.4:2375"}) == [
         f"unix://{p}" for p in ("/run/podman/podman.sock", "/var/run/docker.sock") if Path(p).is_socket()
     ]
+
+
+def test_the_container_log_is_copied_once_line_by_line_after_the_mark() -> None:
+    raw = (
+        "2026-12-04T03:30:25.000000001Z first\n"
+        "2026-12-04T03:30:25.5Z second\n"
+        "a line the engine wrote without a stamp\n"
+        "2026-12-04T04:30:26+01:00 third\n"
+    )
+    text, mark = new_lines(raw, None)
+    assert text == "first\nsecond\na line the engine wrote without a stamp\nthird\n"
+    again, later = new_lines(raw + "2026-12-04T03:30:27.25Z fourth\n", mark)  # since= is whole seconds
+    assert again == "fourth\n" and later is not None and mark is not None and later > mark
+    assert new_lines(raw, later) == ("", later)
+    assert new_lines("", None) == ("", None)
+
+
+def test_lines_stamped_the_same_second_are_told_apart_by_their_count() -> None:
+    # Podman's API stamps to the second: a restarted container's new line shares its predecessor's stamp.
+    one = "2026-12-04T03:38:13Z giving up\n"
+    text, mark = new_lines(one, None)
+    assert text == "giving up\n" and mark is not None and mark[2] == 1
+    text, mark = new_lines(one * 3, mark)
+    assert text == "giving up\ngiving up\n" and mark is not None and mark[2] == 3
+    assert new_lines(one * 3, mark) == ("", mark)

@@ -50,6 +50,8 @@ READS: dict[str, tuple[str, str, Any]] = {
     env.REGION: ("us-west-1", "region", "us-west-1"),
     env.BASE_ASSET_DIR: ("/var/inf/inputAssets", "asset_dir", "/var/inf/inputAssets"),
     env.BASE_RESPONSE_DIR: ("/var/inf/response", "response_dir", "/var/inf/response"),
+    env.INFERENCE_ASSET_DIR: ("/var/inf/assets", "inference_asset_dir", "/var/inf/assets"),
+    env.INFERENCE_RESPONSE_DIR: ("/var/inf/responses", "inference_response_dir", "/var/inf/responses"),
     env.SECRETS_FILE: ("/var/secrets/secrets.json", "secrets_file", "/var/secrets/secrets.json"),
     env.NVCF_FQDN_GRPC_FILE: ("/inst/grpc-address", "grpc_address_file", "/inst/grpc-address"),
 }
@@ -107,6 +109,15 @@ def test_the_agents_inference_host_wins_over_the_helm_service() -> None:
     assert config.inference_host == "10.9.9.9"
 
 
+def test_the_server_sees_the_request_directories_where_the_worker_does_unless_told() -> None:
+    same = WorkerConfig.from_env({**BASE, env.BASE_ASSET_DIR: "/i/assets", env.BASE_RESPONSE_DIR: "/i/responses"})
+    assert (same.inference_asset_dir, same.inference_response_dir) == ("/i/assets", "/i/responses")
+    mounted = WorkerConfig.from_env(
+        {**BASE, env.BASE_ASSET_DIR: "/i/assets", env.INFERENCE_ASSET_DIR: "/var/inf/assets"}
+    )
+    assert (mounted.asset_dir, mounted.inference_asset_dir) == ("/i/assets", "/var/inf/assets")
+
+
 def test_the_instance_id_falls_back_to_the_instance_request() -> None:
     every = {**BASE, env.INSTANCE_ID: "pod", env.NVCF_INSTANCE_ID: "nvcf-pod", env.ICMS_REQUEST_ID: "icms"}
     assert WorkerConfig.from_env(every).instance_id == "pod"
@@ -159,6 +170,9 @@ def test_every_problem_is_listed_at_once() -> None:
         "INFERENCE_URL: must be a path starting with '/', got 'echo'",
         "BASE_ASSET_DIR: must be a path starting with '/', got 'relative/assets'",
         "BASE_RESPONSE_DIR: must be a path starting with '/', got 'relative/responses'",
+        # Unset, they are the same directories (BASE_*), and say so under their own names.
+        "INFERENCE_ASSET_DIR: must be a path starting with '/', got 'relative/assets'",
+        "INFERENCE_RESPONSE_DIR: must be a path starting with '/', got 'relative/responses'",
     ]
     assert sorted(lines) == sorted(expected)
 

@@ -15,10 +15,13 @@ the instance's inference process.
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
+from datetime import datetime
 from pathlib import Path
 from typing import final
 
@@ -49,14 +52,19 @@ from nvcf_mono.planes.compute.backends.containers.spec import (
     host_directories,
 )
 from nvcf_mono.planes.compute.backends.kubernetes.manifests import CLUSTER_LABEL, INSTANCE_LABEL
-from nvcf_mono.planes.compute.backends.local import INFERENCE, LOGS, WORKER, LocalBackend, LocalInstance, _local
+from nvcf_mono.planes.compute.backends.local import INFERENCE, WORKER, LocalBackend, LocalInstance, _local
 from nvcf_mono.planes.compute.backends.local.environment import Where, inference_environment, worker_environment
 from nvcf_mono.planes.compute.backends.local.images import LaunchError
-from nvcf_mono.planes.compute.backends.local.processes import Proc, read_tail
+from nvcf_mono.planes.compute.backends.local.processes import Proc, open_log
 from nvcf_mono.planes.compute.config import ContainerSettings, HealthSettings, LocalSettings
 from nvcf_mono.plugin import PluginConfigError
+from nvcf_mono.state_dir import write_private
 
-_LOG_LINES = 2000
+#: The engine's timestamp of the last line copied (Unix seconds, nanoseconds) and how many lines with that
+#: very stamp were copied: Podman stamps to the second, so several lines share one.
+Mark = tuple[int, int, int]
+_LOG_PUMP_INTERVAL = 1.0
+_STAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d) ")
 
 
 @attrs.define(eq=False)
@@ -92,6 +100,9 @@ class ContainerInstance(LocalInstance):
     container_id: str = ""
     #: The container's own ports and where they are published.
     ports: dict[int, int] = attrs.field(factory=dict)
+    #: Where copying the container's log to inference.log got to, and when it was last done (monotonic).
+    log_mark: Mark | None = None
+    log_pumped: float = float("-inf")
 
 
 class ContainersBackend(LocalBackend):
@@ -318,6 +329,14 @@ class ContainersBackend(LocalBackend):
             if not ci.container_id:
                 await engine.remove(container_name(inst.instance_id))  # one left from an earlier start
                 ci.container_id = await engine.create(container_name(inst.instance_id), ci.body)
+            await self._pump_log(ci, now=True)  # what its last run wrote goes before the banner
+            said = f"{banner}: container {ci.container_id[:12]} of {ci.image}"
+            self._log.info("instance %s: %s", inst.instance_id, said)
+            try:
+                line = f"--- {now_iso()} nvcf-mono: {said}\n"
+                await anyio.to_thread.run_sync(_append_log, inst.log_path(INFERENCE), line, None)
+            except OSError as err:
+                self._log.warning("instance %s: cannot write its log: %s", inst.instance_id, err)
             await engine.start(ci.container_id)
             state = await engine.state(ci.container_id)
         except EngineError as err:
@@ -333,10 +352,9 @@ class ContainersBackend(LocalBackend):
         )
         if state is not None and not state.running:
             proc.returncode = state.exit_code
-        self._log.info("instance %s: %s: container %s of %s", inst.instance_id, banner, ci.container_id[:12], ci.image)
         inst.procs[INFERENCE] = proc
         if inst.run_once and inst.task_started is None:
-            inst.task_started = anyio.current_time()
+            inst.task_started = time.monotonic()
 
     async def _take_over(self, inst: LocalInstance, rec: AgentProcess) -> Proc | None:
         if rec.role != INFERENCE:
@@ -368,7 +386,7 @@ class ContainersBackend(LocalBackend):
         await super()._tend(inst)
 
     async def _refresh(self, inst: LocalInstance) -> None:
-        """The container's state, for the local backend's bookkeeping of exits."""
+        """The container's state, for the local backend's bookkeeping of exits, and its new output."""
         proc = inst.procs.get(INFERENCE)
         if not isinstance(proc, ContainerProc) or not proc.running:
             return
@@ -378,23 +396,36 @@ class ContainersBackend(LocalBackend):
             self._log.warning("instance %s: cannot inspect its container: %s", inst.instance_id, err)
             return
         if state is not None and state.running:
+            await self._pump_log(_container(inst))
             return
         proc.running = False
         proc.returncode = state.exit_code if state is not None else None
         if state is not None and state.oom_killed:
             proc.returncode = -signal.SIGKILL
-        await self._keep_log(inst, proc.container_id)
+        await self._pump_log(_container(inst), now=True)
 
-    async def _keep_log(self, inst: LocalInstance, cid: str) -> None:
-        """The container's output so far, into the instance's inference log (failure reports read it)."""
-        try:
-            text = await self._engine(inst).logs(cid, _LOG_LINES)
-        except EngineError:
+    async def _pump_log(self, inst: ContainerInstance, *, now: bool = False) -> None:
+        """Append what the container wrote since the last look to the instance's ``inference.log``, so its
+        log is a file like a local instance's (``instance logs``, ``--follow``, failure reports, kept after
+        the container is removed). At most once a second unless ``now``.
+        """
+        mono = anyio.current_time()
+        if not inst.container_id or (not now and mono - inst.log_pumped < _LOG_PUMP_INTERVAL):
             return
+        inst.log_pumped = mono
+        if inst.log_mark is None:
+            inst.log_mark = await anyio.to_thread.run_sync(_read_mark, inst.log_path(INFERENCE))
         try:
-            inst.log_path(INFERENCE).write_text(text)
-        except OSError as err:
-            self._log.warning("instance %s: cannot keep its container's log: %s", inst.instance_id, err)
+            raw = await self._engine(inst).logs_since(inst.container_id, inst.log_mark[0] if inst.log_mark else None)
+        except (EngineError, LaunchError) as err:
+            self._log.debug("instance %s: cannot read its container's log: %s", inst.instance_id, err)
+            return
+        fresh, inst.log_mark = new_lines(raw, inst.log_mark)
+        if fresh:
+            try:
+                await anyio.to_thread.run_sync(_append_log, inst.log_path(INFERENCE), fresh, inst.log_mark)
+            except OSError as err:
+                self._log.warning("instance %s: cannot keep its container's log: %s", inst.instance_id, err)
 
     async def _signal(self, proc: Proc, signum: int) -> None:
         if not isinstance(proc, ContainerProc):
@@ -427,7 +458,7 @@ class ContainersBackend(LocalBackend):
         inst = _container(_local(handle))
         if inst.container_id and inst.cluster_id in self._engines:
             with anyio.CancelScope(shield=True):
-                await self._keep_log(inst, inst.container_id)
+                await self._pump_log(inst, now=True)
                 try:
                     await self._engine(inst).remove(inst.container_id)
                 except EngineError as err:
@@ -463,26 +494,58 @@ class ContainersBackend(LocalBackend):
     # ---- logs --------------------------------------------------------------------------------------
 
     async def logs(self, cluster_id: str, instance: AgentInstance, tail: int) -> tuple[AgentLog, ...]:
-        out: list[AgentLog] = []
-        engine = self._engines.get(cluster_id)
-        text = None
-        if engine is not None:
-            try:
-                found = await engine.state(container_name(instance.instance_id))
-                if found is not None:
-                    text = (await engine.logs(found.id, _LOG_LINES))[-tail:]
-            except EngineError:
-                text = None
-        directory = Path(instance.directory) if instance.directory else None
-        if text is None and directory is not None:
-            text = read_tail(directory / LOGS[INFERENCE], tail) or None
-        if text is not None:
-            out.append(AgentLog(name=INFERENCE, path=container_name(instance.instance_id), text=text, size=len(text)))
-        if directory is not None:
-            path = directory / LOGS[WORKER]
-            if path.exists():
-                out.append(AgentLog(name=WORKER, path=str(path), text=read_tail(path, tail), size=path.stat().st_size))
-        return tuple(out)
+        held = self._held.get(instance.instance_id)
+        if isinstance(held, ContainerInstance) and held.cluster_id in self._engines:
+            await self._pump_log(held, now=True)  # up to this moment
+        return await super().logs(cluster_id, instance, tail)
+
+
+def new_lines(raw: str, mark: Mark | None) -> tuple[str, Mark | None]:
+    """The lines of ``raw`` (each prefixed with the engine's timestamp, in order) after ``mark``, without their
+    timestamps, and the new mark. A line whose stamp cannot be read goes with the line before it.
+    """
+    out: list[str] = []
+    last, copied = (mark[:2], mark[2]) if mark is not None else (None, 0)
+    same = 0  # lines seen so far in ``raw`` stamped ``last``
+    keep = mark is None
+    for line in raw.splitlines(keepends=True):
+        m = _STAMP.match(line)
+        if m is not None:
+            base, frac, zone = m.groups()
+            when = datetime.fromisoformat(base + ("+00:00" if zone == "Z" else zone))
+            instant = (int(when.timestamp()), int((frac or "0").ljust(9, "0")))
+            if last is None or instant > last:
+                last, same, copied, keep = instant, 1, 1, True
+            elif instant == last:
+                same += 1
+                keep = same > copied
+                copied = max(copied, same)
+            else:
+                keep = False
+            line = line[m.end() :]
+        if keep:
+            out.append(line)
+    return "".join(out), (None if last is None else (*last, copied))
+
+
+def _mark_file(log: Path) -> Path:
+    return log.with_name(log.name + ".mark")
+
+
+def _read_mark(log: Path) -> Mark | None:
+    """Where an earlier agent stopped copying the container's log (None: from its start)."""
+    try:
+        seconds, nanos, count = _mark_file(log).read_text().split()
+        return int(seconds), int(nanos), int(count)
+    except (OSError, ValueError):
+        return None
+
+
+def _append_log(log: Path, text: str, mark: Mark | None) -> None:
+    with open_log(log) as out:
+        out.write(text.encode())
+    if mark is not None:
+        write_private(_mark_file(log), " ".join(map(str, mark)).encode())
 
 
 def _container(inst: LocalInstance) -> ContainerInstance:

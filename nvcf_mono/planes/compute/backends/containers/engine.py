@@ -144,17 +144,20 @@ class Engine:
             if err.status not in (404, 409):  # gone, or already being removed
                 raise
 
-    async def logs(self, cid: str, tail: int) -> str:
-        """The last ``tail`` lines of its output (stdout and stderr, as written)."""
+    async def logs_since(self, cid: str, since: int | None) -> str:
+        """Its output (stdout and stderr, as written) from ``since`` (Unix seconds; None: all), each line
+        prefixed with the engine's RFC 3339 timestamp and a space.
+        """
+        params: dict[str, Any] = {"timestamps": True}
+        if since is not None:
+            params["since"] = since
         try:
-            lines = await self._call(
-                self.docker.containers.container(cid).log(stdout=True, stderr=True, tail=tail, timestamps=False)
-            )
+            pieces = await self._call(self.docker.containers.container(cid).log(stdout=True, stderr=True, **params))
         except EngineError as err:
             if err.status == 404:
                 return ""
             raise
-        return "".join(lines)
+        return "".join(pieces)
 
     async def find(self, labels: Mapping[str, str]) -> list[ContainerState]:
         """Every container (running or not) carrying all ``labels``."""

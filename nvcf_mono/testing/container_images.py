@@ -1,4 +1,4 @@
-"""Test images, built offline: a busybox root filesystem with ``httpd`` and CGI scripts, ``podman import``-ed.
+"""Container images for tests and benchmarks, built offline: busybox with ``httpd`` and CGI scripts.
 
 No registry on the internet is reachable where the tests run, so images are assembled here from
 Debian's ``busybox-static``: small, and a real image with its own entrypoint, env and files.
@@ -6,7 +6,7 @@ Debian's ``busybox-static``: small, and a real image with its own entrypoint, en
 
 from __future__ import annotations
 
-import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -45,6 +45,24 @@ for i in 1 2 3; do
   sleep 0.2
 done
 """
+
+
+#: What podman needs on machines like CI's: runc (crun fails on hybrid cgroups), cgroupfs, and rlimits no
+#: higher than the sandbox's hard limits (it lacks CAP_SYS_RESOURCE).
+CONTAINERS_CONF = """[containers]
+default_ulimits = ["nofile={n}:{n}", "nproc={n}:{n}"]
+
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+"""
+
+
+def write_containers_conf(path: Path) -> Path:
+    """A ``containers.conf`` for this machine (point ``CONTAINERS_CONF`` at it)."""
+    hard = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], resource.getrlimit(resource.RLIMIT_NPROC)[1])
+    path.write_text(CONTAINERS_CONF.format(n=min(hard, 10000)))
+    return path
 
 
 def _rootfs(root: Path) -> None:
@@ -95,7 +113,8 @@ def build_echo_image(podman: str) -> str:
 def private_registry(podman: str, workdir: Path) -> Iterator[str]:
     """A real registry (Debian's ``docker-registry``) on 127.0.0.1 with one user, ``alice``/``wonderland``,
     holding ``nvcf-test/private:1`` (the echo image); yields its ``host:port``. Podman reaches it over
-    HTTP (``CONTAINERS_REGISTRIES_CONF`` marks it insecure) and keeps no local copy of the image.
+    HTTP where ``CONTAINERS_REGISTRIES_CONF`` names ``workdir/registries.conf`` (it marks the registry
+    insecure), and keeps no local copy of the image.
     """
     registry = shutil.which("docker-registry")
     assert registry is not None, "docker-registry is needed for this test (apt-get install docker-registry)"
@@ -112,8 +131,6 @@ def private_registry(podman: str, workdir: Path) -> Iterator[str]:
     conf.write_text(
         "".join(f'[[registry]]\nlocation = "{h}:{port}"\ninsecure = true\n' for h in ("127.0.0.1", "localhost"))
     )
-    previous = os.environ.get("CONTAINERS_REGISTRIES_CONF")
-    os.environ["CONTAINERS_REGISTRIES_CONF"] = str(conf)
     with open(workdir / "registry.log", "wb") as log:
         proc = subprocess.Popen([registry, "serve", str(workdir / "config.yml")], stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -135,7 +152,3 @@ def private_registry(podman: str, workdir: Path) -> Iterator[str]:
         proc.wait(10)
         for h in ("127.0.0.1", "localhost"):
             subprocess.run([podman, "rmi", "-f", f"{h}:{port}/nvcf-test/private:1"], capture_output=True, check=False)
-        if previous is None:
-            os.environ.pop("CONTAINERS_REGISTRIES_CONF", None)
-        else:
-            os.environ["CONTAINERS_REGISTRIES_CONF"] = previous
