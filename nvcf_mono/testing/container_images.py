@@ -6,6 +6,7 @@ Debian's ``busybox-static``: small, and a real image with its own entrypoint, en
 
 from __future__ import annotations
 
+import json
 import resource
 import shutil
 import socket
@@ -65,6 +66,11 @@ def write_containers_conf(path: Path) -> Path:
     return path
 
 
+#: The image's command: httpd under a shell that stops it on SIGTERM (PID 1 has no default action for it,
+#: and a server that ignores it makes every stop wait out the grace period).
+SERVE = "trap 'kill $server; exit 0' TERM; httpd -f -p 9000 -h /www & server=$!; wait $server"
+
+
 def _rootfs(root: Path) -> None:
     busybox = shutil.which("busybox")
     assert busybox is not None, "busybox-static is needed to build the test images (apt-get install busybox-static)"
@@ -97,7 +103,7 @@ def build_echo_image(podman: str) -> str:
                 podman,
                 "import",
                 "--change",
-                'CMD ["/bin/httpd", "-f", "-p", "9000", "-h", "/www"]',
+                f"CMD {json.dumps(['/bin/sh', '-c', SERVE])}",
                 "--change",
                 "ENV IMAGE_ENV=from-the-image",
                 str(archive),

@@ -271,3 +271,34 @@ async def test_a_private_image_is_pulled_with_the_accounts_credentials_and_refus
             dep = await wait_status(p.admin, wrong, "ERROR", timeout=90)
             error = dep["healthInfo"][0]["error"]
             assert "image-pull-issues" in error and f"localhost:{port}/nvcf-test/private:1" in error, error
+
+
+async def test_a_container_left_under_the_instances_name_is_replaced(tmp_path: Path, podman: str) -> None:
+    cluster_id = str(uuid.uuid4())
+    async with container_platform(tmp_path, cluster_id, podman) as p:
+        fid, _, d = await create(p.admin, image_function("squatted"))
+        await deploy(p.admin, d, spec())
+
+        async def placed_instance() -> str | None:
+            held = await instances(p.bus, cluster_id)
+            return held[0].instance.instance_id if held else None
+
+        # Its container removed behind the agent's back, and another (not running) put under its name:
+        # the agent counts the exit, then makes its own container again in the other's place.
+        iid = await wait_for(placed_instance, timeout=30, what="an instance")
+        await wait_status(p.admin, d, "ACTIVE", timeout=60)
+        name = f"nvcf-{iid}"
+        subprocess.run([podman, "rm", "-f", "-t", "0", name], capture_output=True, check=True)
+        squatter = subprocess.run(
+            [podman, "create", "--name", name, ECHO_IMAGE], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+        async def replaced() -> bool:
+            found = subprocess.run(
+                [podman, "ps", "-q", "--no-trunc", "--filter", f"name={name}"], capture_output=True, text=True
+            ).stdout.split()
+            return bool(found) and found != [squatter]
+
+        await wait_for(replaced, timeout=60, what="the instance's own container to run again")
+        reply = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"back": True}, headers={"NVCF-POLL-SECONDS": "60"})
+        assert reply.status == 200 and reply.json["echo"] == {"back": True}, reply.body

@@ -327,9 +327,9 @@ class ContainersBackend(LocalBackend):
             raise LaunchError(states.CREATE_CONTAINER_ERROR, f"cannot prepare the secrets mount: {err}") from err
         try:
             if not ci.container_id:
-                await engine.remove(container_name(inst.instance_id))  # one left from an earlier start
-                ci.container_id = await engine.create(container_name(inst.instance_id), ci.body)
-            await self._pump_log(ci, now=True)  # what its last run wrote goes before the banner
+                ci.container_id = await self._create(engine, ci)
+            else:
+                await self._pump_log(ci, now=True)  # what its last run wrote goes before the banner
             said = f"{banner}: container {ci.container_id[:12]} of {ci.image}"
             self._log.info("instance %s: %s", inst.instance_id, said)
             try:
@@ -355,6 +355,16 @@ class ContainersBackend(LocalBackend):
         inst.procs[INFERENCE] = proc
         if inst.run_once and inst.task_started is None:
             inst.task_started = time.monotonic()
+
+    async def _create(self, engine: Engine, inst: ContainerInstance) -> str:
+        name = container_name(inst.instance_id)
+        try:
+            return await engine.create(name, inst.body)
+        except EngineError as err:
+            if err.status != 409 and "already in use" not in err.message:  # Docker says 409, Podman 500
+                raise
+        await engine.remove(name)  # left from an earlier start of this instance that no record holds
+        return await engine.create(name, inst.body)
 
     async def _take_over(self, inst: LocalInstance, rec: AgentProcess) -> Proc | None:
         if rec.role != INFERENCE:
@@ -400,6 +410,9 @@ class ContainersBackend(LocalBackend):
             return
         proc.running = False
         proc.returncode = state.exit_code if state is not None else None
+        if state is None:  # removed behind the agent's back: the next start makes it anew
+            _container(inst).container_id = ""
+            return
         if state is not None and state.oom_killed:
             proc.returncode = -signal.SIGKILL
         await self._pump_log(_container(inst), now=True)
