@@ -21,18 +21,22 @@ from pathlib import Path
 from nvcf_mono.bus.embedded import free_port
 
 ECHO_IMAGE = "localhost/nvcf-test/echo:1"
+#: The same, running as uid 1000 (as many published images do).
+ECHO_USER_IMAGE = "localhost/nvcf-test/echo-user:1"
 
 #: POST /cgi-bin/echo answers what the container sees: the request, its secrets, its env, and what it can read.
 ECHO_CGI = r"""#!/bin/sh
 body=$(head -c "${CONTENT_LENGTH:-0}")
 probe=$(cat "${PROBE_PATH:-/nonexistent}" 2>&1 | head -c 200 | tr -d '"\n\\')
+wrote=no
+if [ -n "$HTTP_NVCF_LARGE_OUTPUT_DIR" ] && echo made > "$HTTP_NVCF_LARGE_OUTPUT_DIR/probe.txt"; then wrote=yes; fi
 echo "Content-Type: application/json"
 echo ""
 printf '{"echo": %s, "secrets": %s, "instance": "%s", "port": "%s", "function": "%s", "greeting": "%s", ' \
   "${body:-null}" "$(cat /var/secrets/secrets.json 2>/dev/null || echo null)" "$NVCF_INSTANCE_ID" \
   "$INFERENCE_PORT" "$NVCF_FUNCTION_ID" "$GREETING"
-printf '"image_env": "%s", "probe": "%s", "token": "%s", "uid": "%s"}' \
-  "$IMAGE_ENV" "$probe" "${NVCF_WORKER_TOKEN:-none}" "$(id -u)"
+printf '"image_env": "%s", "probe": "%s", "token": "%s", "uid": "%s", "wrote_output": "%s"}' \
+  "$IMAGE_ENV" "$probe" "${NVCF_WORKER_TOKEN:-none}" "$(id -u)" "$wrote"
 """
 
 #: POST /cgi-bin/stream: three server-sent events, a little apart.
@@ -91,27 +95,19 @@ def _rootfs(root: Path) -> None:
 
 
 def build_echo_image(podman: str) -> str:
-    """``ECHO_IMAGE``: busybox httpd on port 9000 serving the CGI scripts above (built again each session)."""
+    """``ECHO_IMAGE``: busybox httpd on port 9000 serving the CGI scripts above, and ``ECHO_USER_IMAGE``, the
+    same as uid 1000 (both built again each session).
+    """
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "root"
         _rootfs(root)
         archive = Path(tmp) / "root.tar"
         with tarfile.open(archive, "w") as tar:
             tar.add(root, arcname=".")
-        subprocess.run(
-            [
-                podman,
-                "import",
-                "--change",
-                f"CMD {json.dumps(['/bin/sh', '-c', SERVE])}",
-                "--change",
-                "ENV IMAGE_ENV=from-the-image",
-                str(archive),
-                ECHO_IMAGE,
-            ],
-            check=True,
-            capture_output=True,
-        )
+        for name, user in ((ECHO_IMAGE, []), (ECHO_USER_IMAGE, ["--change", "USER 1000"])):
+            changes = ["--change", f"CMD {json.dumps(['/bin/sh', '-c', SERVE])}"]
+            changes += ["--change", "ENV IMAGE_ENV=from-the-image", *user]
+            subprocess.run([podman, "import", *changes, str(archive), name], check=True, capture_output=True)
     return ECHO_IMAGE
 
 

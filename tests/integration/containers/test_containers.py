@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from nvcf_mono.testing.container_images import ECHO_IMAGE, private_registry
+from nvcf_mono.testing.container_images import ECHO_IMAGE, ECHO_USER_IMAGE, private_registry
 from nvcf_mono.testing.platform import deployment, wait_for, wait_status
 from tests.integration.compute.conftest import (
     Platform,
@@ -302,3 +302,22 @@ async def test_a_container_left_under_the_instances_name_is_replaced(tmp_path: P
         await wait_for(replaced, timeout=60, what="the instance's own container to run again")
         reply = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"back": True}, headers={"NVCF-POLL-SECONDS": "60"})
         assert reply.status == 200 and reply.json["echo"] == {"back": True}, reply.body
+
+
+async def test_an_image_running_as_another_user_reads_its_secrets_and_writes_its_outputs(
+    tmp_path: Path, podman: str
+) -> None:
+    cluster_id = str(uuid.uuid4())
+    async with container_platform(tmp_path, cluster_id, podman) as p:
+        body = image_function(
+            "as-a-user", containerImage=ECHO_USER_IMAGE, secrets=[{"name": "api-key", "value": "s3cret"}]
+        )
+        fid, _, d = await create(p.admin, body)
+        await deploy(p.admin, d, spec())
+        await wait_status(p.admin, d, "ACTIVE", timeout=60)
+        reply = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"who": "me"})
+        assert reply.status == 200, reply.body
+        seen = reply.json
+        assert seen["uid"] == "1000" and seen["echo"] == {"who": "me"}
+        assert seen["secrets"] == {"api-key": "s3cret"}  # readable to the image's user, still read-only
+        assert seen["wrote_output"] == "yes"  # NVCF-LARGE-OUTPUT-DIR is its to write, as a pod's emptyDir

@@ -308,6 +308,12 @@ class ContainersBackend(LocalBackend):
             }
         )
 
+    def _umask(self, role: str) -> int | None:
+        # What the worker makes for a request (asset files, output directories) is the container's to read
+        # and write whatever user its image runs as, as in a pod's emptyDir; the instance directory around
+        # them stays closed to everyone else on the host.
+        return 0 if role == WORKER else None
+
     def _secrets_file(self, inst: LocalInstance) -> Path:
         return inst.directory / SECRETS / "secrets.json"
 

@@ -322,6 +322,10 @@ class LocalBackend:
         present = inst.envs[WORKER].get(env.FUNCTION_SECRETS_PRESENT, "false").lower() == "true"
         return present and not self._secrets_file(inst).exists()
 
+    def _umask(self, role: str) -> int | None:
+        """The umask a process of ``role`` starts with when it runs as the platform's user (None: ours)."""
+        return None
+
     async def _spawn(self, inst: LocalInstance, role: str, banner: str) -> None:
         argv = inst.argv[role]
         user = run_as(inst.slot, role)
@@ -336,6 +340,7 @@ class LocalBackend:
                     log_path=inst.log_path(role),
                     banner=f"{banner}: {' '.join(argv)}",
                     run_as=user,
+                    umask=self._umask(role),
                 )
             )
         except FileNotFoundError as err:

@@ -145,9 +145,12 @@ def spawn(
     log_path: Path,
     banner: str,
     run_as: RunAs | None = None,
+    umask: int | None = None,
 ) -> Proc:
-    """Start one process in a new session, output appended to ``log_path`` (blocking; raises OSError)."""
-    user: dict[str, Any] = {}
+    """Start one process in a new session, output appended to ``log_path`` (blocking; raises OSError).
+    ``umask``: its umask when it runs as this user (``run_as`` brings its own).
+    """
+    user: dict[str, Any] = {} if umask is None else {"umask": umask}
     if run_as is not None:
         # The working directory is entered before the user changes: it need not be reachable by path.
         user = {"user": run_as.uid, "group": run_as.gid, "extra_groups": list(run_as.groups), "umask": run_as.umask}
