@@ -315,28 +315,7 @@ class EmbeddedNats:
         password = _load_credentials(self._root / "auth.json")
         await reap_orphan(self.pidfile, self.config_path, timeout=s.stop_timeout, log=self._log)
 
-        port = s.port
-        if port == 0 or not port_is_free(s.host, port):
-            if port:
-                self._log.info("port %d is taken; the embedded nats-server uses a free port", port)
-            port = free_port(s.host)
-        monitor_port = None if s.monitor_port is None else s.monitor_port or free_port("127.0.0.1")
-        self._write_config(port, monitor_port, password)
-        if monitor_port is not None:
-            self._log.warning(
-                "the embedded nats-server's monitoring endpoint http://127.0.0.1:%d has no authentication: "
-                "any local process can read every connection, subscription, stream and consumer from it",
-                monitor_port,
-            )
-        host = f"[{s.host}]" if ":" in s.host else s.host
-        info = EmbeddedInfo(
-            client_url=f"nats://{_USER}:{password}@{host}:{port}",
-            display_url=f"nats://{host}:{port}",
-            port=port,
-            monitor_port=monitor_port,
-            store_dir=self._root / "jetstream",
-            callout_seed_file=self.callout_seed_file if s.auth_callout else None,
-        )
+        info = self._configure(password)
         crashes: deque[float] = deque()
         backoff = Backoff(s.restart_backoff, 5.0)
         reported = False
@@ -390,6 +369,32 @@ class EmbeddedNats:
                     await self._terminate()
                 self._up.set(0)
                 log_file.close()
+
+    def _configure(self, password: str) -> EmbeddedInfo:
+        """Its ports (the configured one, else a free one), its config file, and how to reach it."""
+        s = self._settings
+        port = s.port
+        if port == 0 or not port_is_free(s.host, port):
+            if port:
+                self._log.info("port %d is taken; the embedded nats-server uses a free port", port)
+            port = free_port(s.host)
+        monitor_port = None if s.monitor_port is None else s.monitor_port or free_port("127.0.0.1")
+        self._write_config(port, monitor_port, password)
+        if monitor_port is not None:
+            self._log.warning(
+                "the embedded nats-server's monitoring endpoint http://127.0.0.1:%d has no authentication: "
+                "any local process can read every connection, subscription, stream and consumer from it",
+                monitor_port,
+            )
+        host = f"[{s.host}]" if ":" in s.host else s.host
+        return EmbeddedInfo(
+            client_url=f"nats://{_USER}:{password}@{host}:{port}",
+            display_url=f"nats://{host}:{port}",
+            port=port,
+            monitor_port=monitor_port,
+            store_dir=self._root / "jetstream",
+            callout_seed_file=self.callout_seed_file if s.auth_callout else None,
+        )
 
     def stop(self) -> None:
         """Stop the server (and its supervision); serve() returns once it has exited."""

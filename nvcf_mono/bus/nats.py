@@ -412,6 +412,74 @@ def _redact(url: str) -> str:
     return f"{scheme}{sep}{rest.rsplit('@', 1)[-1]}" if sep else url
 
 
+class _ConnectionEvents:
+    """nats-py's callbacks, passed on to the bus once it exists (before: connection errors, logged now and then)."""
+
+    def __init__(self, servers: Sequence[str], log: logging.Logger) -> None:
+        self.bus: NatsBus | None = None
+        self._servers = servers
+        self._log = log
+        self._last_logged = 0.0
+
+    async def error(self, err: Exception) -> None:
+        if self.bus is not None:
+            await self.bus.on_error(err)
+        elif time.monotonic() - self._last_logged > 10:
+            self._last_logged = time.monotonic()
+            where = ", ".join(_redact(s) for s in self._servers)
+            self._log.warning("cannot reach NATS at %s yet: %s", where, err or type(err))
+
+    async def disconnected(self) -> None:
+        if self.bus is not None:
+            await self.bus.on_disconnected()
+
+    async def reconnected(self) -> None:
+        if self.bus is not None:
+            await self.bus.on_reconnected()
+
+    async def closed(self) -> None:
+        if self.bus is not None:
+            await self.bus.on_closed()
+
+
+def _connect_options(
+    settings: BusSettings,
+    servers: Sequence[str],
+    name: str,
+    events: _ConnectionEvents,
+    *,
+    token: str | None,
+    inbox_prefix: str,
+) -> dict[str, Any]:
+    """``nats.connect``'s arguments."""
+    options: dict[str, Any] = {
+        "servers": list(servers),
+        "name": name,
+        "connect_timeout": settings.connect_timeout,
+        "reconnect_time_wait": settings.reconnect_wait,
+        "max_reconnect_attempts": settings.max_reconnect_attempts,
+        "ping_interval": settings.ping_interval,
+        "max_outstanding_pings": 3,
+        "pending_size": settings.reconnect_buffer,
+        "drain_timeout": settings.drain_timeout,
+        "allow_reconnect": True,
+        "error_cb": events.error,
+        "disconnected_cb": events.disconnected,
+        "reconnected_cb": events.reconnected,
+        "closed_cb": events.closed,
+    }
+    tls = _tls_context(settings, servers)
+    if tls is not None:
+        options["tls"] = tls
+    if settings.credentials_file is not None:
+        options["user_credentials"] = str(settings.credentials_file)
+    if token is not None:
+        options["token"] = token
+    if inbox_prefix:
+        options["inbox_prefix"] = inbox_prefix
+    return options
+
+
 @asynccontextmanager
 async def open_nats_bus(
     settings: BusSettings,
@@ -429,54 +497,8 @@ async def open_nats_bus(
     ``inbox_prefix`` replaces ``_INBOX`` for this connection's replies and pulls (a worker may
     subscribe under its own prefix only).
     """
-    holder: dict[str, NatsBus] = {}
-    last_logged = [0.0]
-
-    async def error_cb(err: Exception) -> None:
-        bus = holder.get("bus")
-        if bus is not None:
-            await bus.on_error(err)
-        elif time.monotonic() - last_logged[0] > 10:
-            last_logged[0] = time.monotonic()
-            log.warning("cannot reach NATS at %s yet: %s", ", ".join(_redact(s) for s in servers), err or type(err))
-
-    async def disconnected_cb() -> None:
-        if "bus" in holder:
-            await holder["bus"].on_disconnected()
-
-    async def reconnected_cb() -> None:
-        if "bus" in holder:
-            await holder["bus"].on_reconnected()
-
-    async def closed_cb() -> None:
-        if "bus" in holder:
-            await holder["bus"].on_closed()
-
-    options: dict[str, Any] = {
-        "servers": list(servers),
-        "name": name,
-        "connect_timeout": settings.connect_timeout,
-        "reconnect_time_wait": settings.reconnect_wait,
-        "max_reconnect_attempts": settings.max_reconnect_attempts,
-        "ping_interval": settings.ping_interval,
-        "max_outstanding_pings": 3,
-        "pending_size": settings.reconnect_buffer,
-        "drain_timeout": settings.drain_timeout,
-        "allow_reconnect": True,
-        "error_cb": error_cb,
-        "disconnected_cb": disconnected_cb,
-        "reconnected_cb": reconnected_cb,
-        "closed_cb": closed_cb,
-    }
-    tls = _tls_context(settings, servers)
-    if tls is not None:
-        options["tls"] = tls
-    if settings.credentials_file is not None:
-        options["user_credentials"] = str(settings.credentials_file)
-    if token is not None:
-        options["token"] = token
-    if inbox_prefix:
-        options["inbox_prefix"] = inbox_prefix
+    events = _ConnectionEvents(servers, log)
+    options = _connect_options(settings, servers, name, events, token=token, inbox_prefix=inbox_prefix)
 
     # nats-py keeps retrying a failed first connection internally; the deadline is ours.
     try:
@@ -488,8 +510,7 @@ async def open_nats_bus(
     except (nats.errors.Error, OSError) as err:
         raise BusUnavailable(f"could not connect to NATS: {err}") from err
 
-    bus = NatsBus(nc, settings, metrics, log)
-    holder["bus"] = bus
+    bus = events.bus = NatsBus(nc, settings, metrics, log)
     bus.connects.inc()
     log.info("connected to NATS at %s", _redact(nc.connected_url.geturl()) if nc.connected_url else "?")
     try:

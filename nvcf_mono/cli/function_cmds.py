@@ -40,7 +40,12 @@ def register(sub: Any) -> None:
     function = sub.add_parser("function", help=help_of("function"))
     cmds = function.add_subparsers(dest="function_command", metavar="SUBCOMMAND")
     function.set_defaults(func=lambda args, ctx: (function.print_help(ctx.stdout), 2)[1])
+    _register_create(cmds)
+    _register_reads(cmds)
+    _register_changes(cmds)
 
+
+def _register_create(cmds: Any) -> None:
     create = cmds.add_parser(
         "create",
         help="register a function (or, with --function-id, a new version of one)",
@@ -79,6 +84,8 @@ def register(sub: Any) -> None:
     add_api_options(create)
     create.set_defaults(func=_create)
 
+
+def _register_reads(cmds: Any) -> None:
     listing = cmds.add_parser("list", help="list every function version you can see")
     listing.add_argument(
         "--visibility", metavar="LIST", help="comma-separated: private, authorized, public (default private,authorized)"
@@ -98,6 +105,8 @@ def register(sub: Any) -> None:
     add_api_options(versions)
     versions.set_defaults(func=_versions)
 
+
+def _register_changes(cmds: Any) -> None:
     update = cmds.add_parser(
         "update",
         help="change a version's tags, description or rate limit",

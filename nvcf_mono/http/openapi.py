@@ -187,85 +187,7 @@ def build_document(
     builder = SchemaBuilder()
     paths: dict[str, dict[str, Any]] = {}
     for op in sorted(operations, key=lambda o: (o.path, o.method)):
-        template = path_template(op.path)
-        entry: dict[str, Any] = {
-            "operationId": f"{op.operation_id}{'AnyAccount' if op.twin else ''}",
-            "summary": op.summary,
-            "tags": [op.tag],
-        }
-        if op.description:
-            entry["description"] = op.description
-        if op.deprecated:
-            entry["deprecated"] = True
-        if op.auth == "required":
-            entry["security"] = [{"bearer": []}]
-            if op.scopes:
-                entry["x-scopes"] = list(op.scopes)
-        else:
-            entry["security"] = []
-        params = [
-            {"name": name, "in": "path", "required": True, "schema": dict(PATH_ID_SCHEMA)}
-            for name in (m.group(1).split(":", 1)[0] for m in _PATH_PARAM.finditer(op.path))
-        ]
-        params += [
-            {
-                "name": p.name,
-                "in": p.location,
-                "required": p.required,
-                "description": p.description,
-                "schema": dict(p.schema),
-            }
-            for p in op.params
-        ]
-        if params:
-            entry["parameters"] = params
-        if op.body is not None:
-            entry["requestBody"] = {
-                "required": not op.body_optional,
-                "content": {"application/json": {"schema": builder.ref(op.body, closed=False)}},
-            }
-        elif op.raw_body is not None:
-            entry["requestBody"] = {
-                "required": True,
-                "content": {
-                    op.raw_body: {"schema": {"type": "string", "contentMediaType": "application/octet-stream"}}
-                },
-            }
-        responses: dict[str, Any] = {}
-        if op.response is not None:
-            responses[str(op.status)] = {
-                "description": "Success.",
-                "content": {"application/json": {"schema": builder.schema(op.response, closed=True)}},
-            }
-        elif op.passthrough:
-            # The function's own answer, any status: documented as a pass-through.
-            entry["x-passthrough"] = True
-            responses["default"] = {
-                "description": "The function's response (status, headers and body) passed through.",
-                "content": {"*/*": {"schema": {}}},
-            }
-        elif op.raw_response is not None:
-            responses[str(op.status)] = {
-                "description": "Success.",
-                "content": {op.raw_response: {"schema": {}}},
-            }
-        else:
-            responses[str(op.status if op.status != 200 else 204)] = {"description": "Done; no content."}
-        codes = set(op.errors) | {400, 500, 503}  # 503: the plugin serving it is not running (yet)
-        if op.auth == "required":
-            codes |= {401, 403, 404}  # 404: a JWT whose client id no account knows
-        if op.body is not None or op.raw_body is not None:
-            codes.add(413)  # a body over http.max_request_body
-        for code in sorted(codes):
-            responses[str(code)] = _problem(_ERROR_TEXT.get(code, "Error."))
-        if op.response is not None and op.passthrough:
-            # A typed wrapper around the function's answer (exec): the same body with the function's status.
-            wrapped = {"application/json": {"schema": builder.schema(op.response, closed=True)}}
-            for code in codes:
-                responses[str(code)]["content"] = {**responses[str(code)]["content"], **wrapped}
-            responses["default"] = {"description": "The same, with the function's own status.", "content": wrapped}
-        entry["responses"] = responses
-        paths.setdefault(template, {})[op.method.lower()] = entry
+        paths.setdefault(path_template(op.path), {})[op.method.lower()] = _operation(op, builder)
     for template, methods in (extra_paths or {}).items():
         for method, entry in methods.items():
             paths.setdefault(template, {})[method] = dict(entry)
@@ -285,3 +207,86 @@ def build_document(
             },
         },
     }
+
+
+def _operation(op: Operation, builder: SchemaBuilder) -> dict[str, Any]:
+    """One operation's entry: what it is, who may call it, what it takes and what it answers."""
+    entry: dict[str, Any] = {
+        "operationId": f"{op.operation_id}{'AnyAccount' if op.twin else ''}",
+        "summary": op.summary,
+        "tags": [op.tag],
+    }
+    if op.description:
+        entry["description"] = op.description
+    if op.deprecated:
+        entry["deprecated"] = True
+    if op.auth == "required":
+        entry["security"] = [{"bearer": []}]
+        if op.scopes:
+            entry["x-scopes"] = list(op.scopes)
+    else:
+        entry["security"] = []
+    params = [
+        {"name": name, "in": "path", "required": True, "schema": dict(PATH_ID_SCHEMA)}
+        for name in (m.group(1).split(":", 1)[0] for m in _PATH_PARAM.finditer(op.path))
+    ]
+    params += [
+        {
+            "name": p.name,
+            "in": p.location,
+            "required": p.required,
+            "description": p.description,
+            "schema": dict(p.schema),
+        }
+        for p in op.params
+    ]
+    if params:
+        entry["parameters"] = params
+    if op.body is not None:
+        entry["requestBody"] = {
+            "required": not op.body_optional,
+            "content": {"application/json": {"schema": builder.ref(op.body, closed=False)}},
+        }
+    elif op.raw_body is not None:
+        entry["requestBody"] = {
+            "required": True,
+            "content": {op.raw_body: {"schema": {"type": "string", "contentMediaType": "application/octet-stream"}}},
+        }
+    if op.passthrough and op.response is None:
+        entry["x-passthrough"] = True
+    entry["responses"] = _responses(op, builder)
+    return entry
+
+
+def _responses(op: Operation, builder: SchemaBuilder) -> dict[str, Any]:
+    """Its success answer and every error it may give (problem+json)."""
+    responses: dict[str, Any] = {}
+    if op.response is not None:
+        responses[str(op.status)] = {
+            "description": "Success.",
+            "content": {"application/json": {"schema": builder.schema(op.response, closed=True)}},
+        }
+    elif op.passthrough:
+        # The function's own answer, any status: documented as a pass-through.
+        responses["default"] = {
+            "description": "The function's response (status, headers and body) passed through.",
+            "content": {"*/*": {"schema": {}}},
+        }
+    elif op.raw_response is not None:
+        responses[str(op.status)] = {"description": "Success.", "content": {op.raw_response: {"schema": {}}}}
+    else:
+        responses[str(op.status if op.status != 200 else 204)] = {"description": "Done; no content."}
+    codes = set(op.errors) | {400, 500, 503}  # 503: the plugin serving it is not running (yet)
+    if op.auth == "required":
+        codes |= {401, 403, 404}  # 404: a JWT whose client id no account knows
+    if op.body is not None or op.raw_body is not None:
+        codes.add(413)  # a body over http.max_request_body
+    for code in sorted(codes):
+        responses[str(code)] = _problem(_ERROR_TEXT.get(code, "Error."))
+    if op.response is not None and op.passthrough:
+        # A typed wrapper around the function's answer (exec): the same body with the function's status.
+        wrapped = {"application/json": {"schema": builder.schema(op.response, closed=True)}}
+        for code in codes:
+            responses[str(code)]["content"] = {**responses[str(code)]["content"], **wrapped}
+        responses["default"] = {"description": "The same, with the function's own status.", "content": wrapped}
+    return responses

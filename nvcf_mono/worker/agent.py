@@ -545,26 +545,10 @@ class Worker:
             return problem_frame(rid, attempt, 500, detail, source=WORKER_SERVICE)
 
         try:
-            _make_dir(output_dir)
-        except OSError as err:
-            log.error("request %s: cannot create %s: %s", rid, output_dir, err)
-            await answer(internal_error("Internal error while preparing for inference"))
+            headers = await self._prepare(request, link, asset_dir=asset_dir, output_dir=output_dir)
+        except _NotPrepared as err:
+            await answer(internal_error(str(err)))
             return
-        if request.asset_ids:
-            try:
-                await download_assets(channel, session, request, asset_dir)
-            except AssetDownloadError as err:
-                log.warning("request %s: failed to download assets: %s", rid, err)
-                await answer(internal_error("Internal error while downloading assets"))
-                return
-        headers = request_headers(
-            self.config,
-            request,
-            asset_dir=os.path.join(self.config.inference_asset_dir, rid),
-            output_dir=os.path.join(self.config.inference_response_dir, rid),
-        )
-        if request.body_object is not None:
-            headers["Content-Length"] = str(request.body_size)  # streamed from the store, length known
         for last_try in (False, True):
             if not await self._until_healthy(request):
                 await failed(f"the inference server was not healthy: {self.state.inference_detail}")
@@ -594,16 +578,35 @@ class Worker:
                 return
             except (aiohttp.ClientError, TimeoutError) as err:
                 log.warning("request %s: calling the inference server failed: %s", rid, err)
-                await answer(
-                    problem_frame(
-                        rid,
-                        attempt,
-                        500,
-                        "Inference connection error while making inference request",
-                        source=INFERENCE_CONNECTION,
-                    )
-                )
+                detail = "Inference connection error while making inference request"
+                await answer(problem_frame(rid, attempt, 500, detail, source=INFERENCE_CONNECTION))
                 return
+
+    async def _prepare(self, request: Request, link: _Link, *, asset_dir: str, output_dir: str) -> dict[str, str]:
+        """The request's output directory and assets, and the headers the inference server gets (raises
+        _NotPrepared with what the client is told).
+        """
+        rid = request.request_id
+        try:
+            _make_dir(output_dir)
+        except OSError as err:
+            log.error("request %s: cannot create %s: %s", rid, output_dir, err)
+            raise _NotPrepared("Internal error while preparing for inference") from err
+        if request.asset_ids:
+            try:
+                await download_assets(link.channel, link.session, request, asset_dir)
+            except AssetDownloadError as err:
+                log.warning("request %s: failed to download assets: %s", rid, err)
+                raise _NotPrepared("Internal error while downloading assets") from err
+        headers = request_headers(
+            self.config,
+            request,
+            asset_dir=os.path.join(self.config.inference_asset_dir, rid),
+            output_dir=os.path.join(self.config.inference_response_dir, rid),
+        )
+        if request.body_object is not None:
+            headers["Content-Length"] = str(request.body_size)  # streamed from the store, length known
+        return headers
 
     async def _with_progress(
         self,
@@ -681,6 +684,10 @@ async def fetch_secrets(config: _Platform) -> dict[str, object]:
     assert reply is not None
     secrets: dict[str, object] = json.loads(reply.secrets_json or "{}")
     return secrets
+
+
+class _NotPrepared(Exception):
+    """A request cannot be served here: its output directory or assets could not be made."""
 
 
 def _make_dir(path: str) -> None:

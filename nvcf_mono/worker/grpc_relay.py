@@ -15,7 +15,7 @@ import time
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator
 
-from grpclib.client import Channel
+from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from grpclib.metadata import encode_bin_value
@@ -111,10 +111,7 @@ async def grpc_call(
             timeout=_timeout(request),
             metadata=_metadata(config, request),
         ) as stream:
-            if not messages:
-                await stream.send_request(end=True)
-            for i, msg in enumerate(messages):
-                await stream.send_message(RawMessage(msg), end=i == len(messages) - 1)
+            await _send_all(stream, messages)
             try:
                 await stream.recv_initial_metadata()
                 head = (*head, *metadata_to_pairs((stream.initial_metadata or {}).items()))
@@ -148,11 +145,6 @@ async def grpc_call(
         # Ends the call like a status of the function's (also after messages were relayed).
         log.warning("request %s: gRPC protocol error from the inference server: %s", rid, err)
         status, message = Status.INTERNAL, f"the inference server broke the gRPC protocol: {err}"
-    trailers = [(STATUS, str(status.value))]
-    if message:
-        trailers.append((MESSAGE, message))
-    if isinstance(details, bytes) and details:
-        trailers.append((DETAILS, encode_bin_value(details).decode("ascii")))
     yield Frame(
         request_id=rid,
         seq=seq,
@@ -161,8 +153,26 @@ async def grpc_call(
         headers=head if seq == 0 else (),
         end=True,
         total_length=total,
-        trailers=(*trailers, *trailing),
+        trailers=(*_status_trailers(status, message, details), *trailing),
     )
+
+
+async def _send_all(stream: Stream[RawMessage, RawMessage], messages: list[bytes]) -> None:
+    """The client's messages, the last one ending the request side (an empty request: just the end)."""
+    if not messages:
+        await stream.send_request(end=True)
+    for i, msg in enumerate(messages):
+        await stream.send_message(RawMessage(msg), end=i == len(messages) - 1)
+
+
+def _status_trailers(status: Status, message: str | None, details: object) -> list[tuple[str, str]]:
+    """``grpc-status``, ``grpc-message`` and ``grpc-status-details-bin`` of how the call ended."""
+    trailers = [(STATUS, str(status.value))]
+    if message:
+        trailers.append((MESSAGE, message))
+    if isinstance(details, bytes) and details:
+        trailers.append((DETAILS, encode_bin_value(details).decode("ascii")))
+    return trailers
 
 
 async def check_grpc_health(config: WorkerConfig) -> tuple[bool, str]:

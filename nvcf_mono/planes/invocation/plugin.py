@@ -123,18 +123,7 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
                 log=log,
             )
             tg.start_soon(retired.run)
-            self.workers.deps.set(
-                WorkerDeps(
-                    bus=bus,
-                    keyring=ctx.services.get(KEYRING),
-                    routing=routing,
-                    dispatcher=dispatcher,
-                    sink=sink,
-                    capabilities=capabilities,
-                    nats_url=self.config.worker_nats_url or _without_credentials(ctx.endpoints.nats_url),
-                    callout=ctx.services.find(NATS_AUTH),
-                )
-            )
+            self.workers.deps.set(self._worker_deps(ctx, routing, dispatcher, sink, capabilities))
             self.invoker.set(
                 http.Invoker(
                     config=self.config,
@@ -162,6 +151,26 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
             task_status.started()
             await ctx.wait_stopping()
             tg.cancel_scope.cancel()
+
+    def _worker_deps(
+        self,
+        ctx: RunContext[InvocationConfig],
+        routing: RoutingTable,
+        dispatcher: Dispatcher,
+        sink: NodeSink,
+        capabilities: Capabilities,
+    ) -> WorkerDeps:
+        """What the WorkerService and the NATS worker transport serve workers with."""
+        return WorkerDeps(
+            bus=ctx.bus,
+            keyring=ctx.services.get(KEYRING),
+            routing=routing,
+            dispatcher=dispatcher,
+            sink=sink,
+            capabilities=capabilities,
+            nats_url=self.config.worker_nats_url or _without_credentials(ctx.endpoints.nats_url),
+            callout=ctx.services.find(NATS_AUTH),
+        )
 
 
 def _without_credentials(urls: str) -> str:

@@ -25,7 +25,7 @@ from nvcf_mono.models.cluster import Cluster
 from nvcf_mono.models.common import iso, utc_now
 from nvcf_mono.models.deployment import Deployment, GpuSpec
 from nvcf_mono.models.function import FunctionStatus, FunctionVersion
-from nvcf_mono.models.placement import Phase, SpecPlacement
+from nvcf_mono.models.placement import Phase, PlacedInstance, SpecPlacement
 from nvcf_mono.planes.control.catalog import Capacity, candidates, placeable, visible_clusters
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.reconcile.ledger import FailurePolicy
@@ -228,53 +228,11 @@ class Reconciler:
         terminations = [i for i in ledger.instances if i.phase is Phase.TERMINATING and not i.published]
         if not creations and not terminations:
             return ledger
-        ctl = self._ctl
         sent: set[str] = set()
         if creations and fv is not None and dep is not None and spec is not None:
-            stream = ctl.bus.stream(subjects.CREATE_STREAM)
-            secrets = ctl.store.secrets.get(buckets.function_secrets_key(fv.id, fv.version_id)) is not None
-            pulls = (
-                pull_credentials_for(ctl.store, ctl.keyring, fv.nca_id, fv.container_image)
-                if fv.helm_chart is None
-                else all_pull_credentials(ctl.store, ctl.keyring, fv.nca_id)
-            )
-            charts = chart_credentials_for(ctl.store, ctl.keyring, fv.nca_id, fv.helm_chart)
-            for inst in creations:
-                cluster = clusters.get(inst.cluster_id)
-                if cluster is None:
-                    continue
-                msg = creation_message(
-                    fv,
-                    dep,
-                    spec,
-                    inst,
-                    cluster,
-                    signer=ctl.tokens,
-                    grpc_address=ctl.worker_grpc_address,
-                    secrets_present=secrets,
-                    pull_credentials=pulls,
-                    chart_credentials=charts,
-                )
-                subject = subjects.create_subject("Function", cluster.cluster_id, inst.gpu, inst.instance_type)
-                await stream.publish(subject, encode(msg), msg_id=inst.request_id)
-                self._created.inc()
-                sent.add(inst.request_id)
+            sent |= await self._send_creations(fv, dep, spec, creations, clusters)
         if terminations:
-            stream = ctl.bus.stream(subjects.TERMINATE_STREAM)
-            for inst in terminations:
-                cluster = clusters.get(inst.cluster_id)
-                stop = termination_message(
-                    ledger.nca_id,
-                    ledger.function_id,
-                    ledger.function_version_id,
-                    inst,
-                    cluster.cluster_name if cluster is not None else inst.cluster_name,
-                )
-                await stream.publish(
-                    subjects.terminate_subject(inst.cluster_id), encode(stop), msg_id=f"{inst.request_id}-terminate"
-                )
-                self._terminated.inc()
-                sent.add(inst.request_id)
+            sent |= await self._send_terminations(ledger, terminations, clusters)
         if not sent:
             return ledger
 
@@ -296,7 +254,70 @@ class Reconciler:
                 raise Unchanged
             return evolve(current, instances=tuple(instances))
 
-        return await ctl.store.placements.mutate(key, mark) or ledger
+        return await self._ctl.store.placements.mutate(key, mark) or ledger
+
+    async def _send_creations(
+        self,
+        fv: FunctionVersion,
+        dep: Deployment,
+        spec: GpuSpec,
+        creations: list[PlacedInstance],
+        clusters: dict[str, Cluster],
+    ) -> set[str]:
+        """A creation message per instance to its cluster; the request ids sent."""
+        ctl = self._ctl
+        sent: set[str] = set()
+        stream = ctl.bus.stream(subjects.CREATE_STREAM)
+        secrets = ctl.store.secrets.get(buckets.function_secrets_key(fv.id, fv.version_id)) is not None
+        pulls = (
+            pull_credentials_for(ctl.store, ctl.keyring, fv.nca_id, fv.container_image)
+            if fv.helm_chart is None
+            else all_pull_credentials(ctl.store, ctl.keyring, fv.nca_id)
+        )
+        charts = chart_credentials_for(ctl.store, ctl.keyring, fv.nca_id, fv.helm_chart)
+        for inst in creations:
+            cluster = clusters.get(inst.cluster_id)
+            if cluster is None:
+                continue
+            msg = creation_message(
+                fv,
+                dep,
+                spec,
+                inst,
+                cluster,
+                signer=ctl.tokens,
+                grpc_address=ctl.worker_grpc_address,
+                secrets_present=secrets,
+                pull_credentials=pulls,
+                chart_credentials=charts,
+            )
+            subject = subjects.create_subject("Function", cluster.cluster_id, inst.gpu, inst.instance_type)
+            await stream.publish(subject, encode(msg), msg_id=inst.request_id)
+            self._created.inc()
+            sent.add(inst.request_id)
+        return sent
+
+    async def _send_terminations(
+        self, ledger: SpecPlacement, terminations: list[PlacedInstance], clusters: dict[str, Cluster]
+    ) -> set[str]:
+        """A termination message per instance to its cluster; the request ids sent."""
+        sent: set[str] = set()
+        stream = self._ctl.bus.stream(subjects.TERMINATE_STREAM)
+        for inst in terminations:
+            cluster = clusters.get(inst.cluster_id)
+            stop = termination_message(
+                ledger.nca_id,
+                ledger.function_id,
+                ledger.function_version_id,
+                inst,
+                cluster.cluster_name if cluster is not None else inst.cluster_name,
+            )
+            await stream.publish(
+                subjects.terminate_subject(inst.cluster_id), encode(stop), msg_id=f"{inst.request_id}-terminate"
+            )
+            self._terminated.inc()
+            sent.add(inst.request_id)
+        return sent
 
     async def _queue_drained(self, fv: FunctionVersion) -> bool:
         """No request of the version is waiting or being served (or it never had a queue)."""

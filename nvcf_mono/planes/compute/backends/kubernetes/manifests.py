@@ -318,37 +318,7 @@ def instance_pod(
     if not image:
         raise ValueError("the launch specification names no container image")
     task = is_task(msg)
-    main: Manifest = {
-        "name": TASK if task else INFERENCE,
-        "image": image,
-        "env": _workload_env(spec) + (_task_env(spec) if task else []),
-        "resources": {"limits": _gpu_resources(msg)},
-        "securityContext": {"capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}},
-        "volumeMounts": [
-            {"name": "inference-data", "mountPath": DATA_DIR},
-            {"name": "dshm", "mountPath": "/dev/shm"},
-            {"name": "secret-data", "mountPath": SECRETS_DIR, "readOnly": True},
-        ]
-        + ([{"name": "task-data", "mountPath": TASK_DIR}] if task else []),
-    }
-    args = workload.container_args(contract.get(env.INFERENCE_CONTAINER_ARGS, ""))
-    if args:
-        main["args"] = args
-    utils: Manifest = {
-        "name": UTILS,
-        "image": settings.worker_image,
-        "imagePullPolicy": settings.worker_pull_policy,
-        "command": ["nvcf-mono", "worker"],
-        "env": _worker_env(spec, settings, ready_timeout),
-        "ports": [{"name": "health", "containerPort": WORKER_HEALTH_PORT, "protocol": "TCP"}],
-        "securityContext": dict(_DROP_ALL),
-        "volumeMounts": [
-            {"name": "inference-data", "mountPath": DATA_DIR},
-            {"name": "secret-data", "mountPath": SECRETS_DIR, "readOnly": True},
-        ]
-        + ([{"name": "task-data", "mountPath": TASK_DIR}] if task else []),
-        **_probes(),
-    }
+    main, utils = _workload_container(spec, image), _utils_container(spec, settings, ready_timeout)
     volumes: list[Manifest] = [
         {"name": "inference-data", "emptyDir": {}},
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
@@ -399,6 +369,49 @@ def instance_pod(
             annotations=instance_annotations(spec, cluster_group),
         ),
         "spec": pod_spec,
+    }
+
+
+def _workload_container(spec: LaunchSpec, image: str) -> Manifest:
+    """The function's (``inference``) or task's (``task``) container."""
+    task = is_task(spec.message)
+    contract = spec.message.launch_specification.environment
+    main: Manifest = {
+        "name": TASK if task else INFERENCE,
+        "image": image,
+        "env": _workload_env(spec) + (_task_env(spec) if task else []),
+        "resources": {"limits": _gpu_resources(spec.message)},
+        "securityContext": {"capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}},
+        "volumeMounts": [
+            {"name": "inference-data", "mountPath": DATA_DIR},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "secret-data", "mountPath": SECRETS_DIR, "readOnly": True},
+        ]
+        + ([{"name": "task-data", "mountPath": TASK_DIR}] if task else []),
+    }
+    args = workload.container_args(contract.get(env.INFERENCE_CONTAINER_ARGS, ""))
+    if args:
+        main["args"] = args
+    return main
+
+
+def _utils_container(spec: LaunchSpec, settings: KubernetesSettings, ready_timeout: float) -> Manifest:
+    """The worker (``utils``): this project's image running ``nvcf-mono worker``."""
+    task = is_task(spec.message)
+    return {
+        "name": UTILS,
+        "image": settings.worker_image,
+        "imagePullPolicy": settings.worker_pull_policy,
+        "command": ["nvcf-mono", "worker"],
+        "env": _worker_env(spec, settings, ready_timeout),
+        "ports": [{"name": "health", "containerPort": WORKER_HEALTH_PORT, "protocol": "TCP"}],
+        "securityContext": dict(_DROP_ALL),
+        "volumeMounts": [
+            {"name": "inference-data", "mountPath": DATA_DIR},
+            {"name": "secret-data", "mountPath": SECRETS_DIR, "readOnly": True},
+        ]
+        + ([{"name": "task-data", "mountPath": TASK_DIR}] if task else []),
+        **_probes(),
     }
 
 
