@@ -501,7 +501,8 @@ class Host:
                     raise
                 except NvcfMonoError as err:
                     self._set_state(loaded, PluginState.FAILED, str(err))
-                    loaded.log.error("failed: %s", err, exc_info=not isinstance(err, BusError))
+                    # A bus outage or a configuration that cannot work says all in its message.
+                    loaded.log.error("failed: %s", err, exc_info=not isinstance(err, BusError | PluginConfigError))
                     raise PluginFailed(loaded.name, str(err)) from err
                 except Exception as err:
                     self._set_state(loaded, PluginState.FAILED, f"{type(err).__name__}: {err}")

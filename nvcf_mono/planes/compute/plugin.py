@@ -19,7 +19,6 @@ from anyio.abc import TaskStatus
 from nvcf_mono import __version__
 from nvcf_mono.bus.errors import BusError
 from nvcf_mono.contracts import buckets, streams
-from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.helm import CHART_RENDERER
 from nvcf_mono.planes.compute.agent import ClusterAgent
 from nvcf_mono.planes.compute.backends import COMPUTE_BACKENDS, Backend, BackendContext, WorkerEndpoint
@@ -28,7 +27,7 @@ from nvcf_mono.planes.compute.backends.kubernetes import KubernetesProvider
 from nvcf_mono.planes.compute.backends.local import LocalProvider
 from nvcf_mono.planes.compute.config import ComputeConfig, Image, image_catalog, stops_instances_on_shutdown
 from nvcf_mono.planes.compute.identity import cluster_ids, identity
-from nvcf_mono.plugin import BasePlugin, PluginNotReady, PluginSpec, RunContext, SetupContext
+from nvcf_mono.plugin import BasePlugin, PluginConfigError, PluginNotReady, PluginSpec, RunContext, SetupContext
 
 
 class ComputePlane(BasePlugin[ComputeConfig]):
@@ -131,7 +130,7 @@ class ComputePlane(BasePlugin[ComputeConfig]):
             tg.cancel_scope.cancel()
 
 
-class ComputeConfigError(NvcfMonoError):
+class ComputeConfigError(PluginConfigError):
     """A cluster names a backend no plugin provides."""
 
 

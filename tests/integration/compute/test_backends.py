@@ -81,6 +81,18 @@ async def test_a_cluster_naming_an_unknown_backend_stops_the_host_with_a_clear_e
     assert "no compute backend named 'pods' (available: containers, kubernetes, local" in _messages(caught.value)
 
 
+async def test_a_containers_cluster_without_an_engine_stops_the_host_with_a_clear_error(tmp_path: Path) -> None:
+    missing = tmp_path / "no-engine.sock"
+    chosen = [cluster("local", CLUSTER_A, backend="containers", containers={"socket": str(missing)})]
+    config = platform_config(tmp_path / "state", settings={**FAST, "plugins.compute.clusters": json.dumps(chosen)})
+    with pytest.raises(BaseException) as caught:
+        async with running_host(config):
+            pass
+    said = _messages(caught.value)
+    assert f"cluster {CLUSTER_A} (backend: containers): no container engine answers (unix://{missing}" in said, said
+    assert "plugins.compute.clusters[].containers.socket" in said
+
+
 async def test_a_kubernetes_cluster_without_a_cluster_to_reach_stops_the_host_with_a_clear_error(
     tmp_path: Path,
 ) -> None:
