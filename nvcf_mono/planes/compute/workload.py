@@ -23,6 +23,12 @@ def container_environment(contract: Mapping[str, str]) -> dict[str, str]:
         raise ValueError(f"INFERENCE_CONTAINER_ENV is not [{{key, value}}]: {err}") from err
 
 
+def image_of(message: CreationMessage) -> str:
+    """The container image the workload names ("" when it names none)."""
+    launch = message.launch_specification
+    return launch.container_image or launch.environment.get(env.INFERENCE_CONTAINER, "")
+
+
 def container_args(text: str) -> list[str]:
     """``containerArgs`` split like a shell would."""
     return tenant_env.split_args(text)

@@ -9,7 +9,7 @@ import attrs
 from nvcf_mono.planes.compute.backends import LaunchSpec
 from nvcf_mono.planes.compute.backends.containers import new_lines
 from nvcf_mono.planes.compute.backends.containers.engine import gpu_devices, socket_candidates
-from nvcf_mono.planes.compute.backends.containers.spec import Ports, create_body, memory_bytes
+from nvcf_mono.planes.compute.backends.containers.spec import create_body, memory_bytes
 from nvcf_mono.planes.compute.config import ContainerSettings
 from nvcf_mono.planes.compute.gpus import Allocation
 
@@ -32,7 +32,7 @@ def body(task: bool = False, **settings: object) -> dict:
         image="nvcr.io/acme/llm:2.1",
         args=["--model", "/models/a"],
         environment={"B": "2", "A": "1"},
-        ports=Ports(published={9000: 41000}),
+        ports={9000: 41000},
         settings=ContainerSettings(**settings),  # type: ignore[arg-type]
         gpus=["nvidia.com/gpu=2", "nvidia.com/gpu=3"],
         kind="podman",
@@ -65,7 +65,7 @@ def test_limits_and_gpus_follow_the_instance_type_and_the_engine() -> None:
         image="x",
         args=[],
         environment={},
-        ports=Ports(published={8000: 1}),
+        ports={8000: 1},
         settings=ContainerSettings(limit_resources=False, network="gpu-net"),
         gpus=["nvidia.com/gpu=2"],
         kind="docker",
@@ -82,9 +82,9 @@ def test_a_task_mounts_var_task() -> None:
 
 
 def test_gpus_go_by_cdi_only_where_asked_or_found() -> None:
-    assert gpu_devices({}, "none", (0, 1)) == []
-    assert gpu_devices({}, "cdi", (0, 1)) == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]
-    assert gpu_devices({}, "cdi", ()) == []
+    assert gpu_devices("none", (0, 1)) == []
+    assert gpu_devices("cdi", (0, 1)) == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]
+    assert gpu_devices("cdi", ()) == []
 
 
 def test_the_engine_socket_is_the_configured_one_else_the_first_found(tmp_path: Path) -> None:

@@ -46,7 +46,6 @@ from nvcf_mono.planes.compute.backends.containers.spec import (
     RESPONSES,
     SECRETS,
     TASK,
-    Ports,
     container_name,
     create_body,
     host_directories,
@@ -191,7 +190,7 @@ class ContainersBackend(LocalBackend):
     async def _pull(self, spec: LaunchSpec, inst: ContainerInstance) -> None:
         """The image, pulled with the account's credentials for its registry unless present (pull_policy)."""
         launch = spec.message.launch_specification
-        image = (launch.container_image or launch.environment.get(env.INFERENCE_CONTAINER, "")).strip()
+        image = workload.image_of(spec.message).strip()
         if not image:
             raise LaunchError(states.CREATE_CONTAINER_ERROR, "the deployment names no container image")
         inst.image = image
@@ -208,7 +207,7 @@ class ContainersBackend(LocalBackend):
             host = pull_credentials.image_registry(image)
             raw = launch.environment.get(env.CONTAINER_REGISTRIES_CREDENTIALS, "")
             entries = pull_credentials.auths_for(raw, host) if raw else {}
-            found = next((pull_credentials.basic(e) for e in entries.values() if pull_credentials.basic(e)), None)
+            found = next(filter(None, map(pull_credentials.basic, entries.values())), None)
             auth = {"username": found[0], "password": found[1], "serveraddress": host} if found else None
             self._log.info("instance %s: pulling %s%s", inst.instance_id, image, " with credentials" if auth else "")
             await engine.pull(image, auth, settings.pull_timeout)
@@ -244,7 +243,7 @@ class ContainersBackend(LocalBackend):
             health_interval=min(self._health.probe_interval, 1.0),
         )
         settings = self._settings[spec.cluster_id]
-        gpus = gpu_devices(self._environ, settings.gpus, devices)
+        gpus = gpu_devices(settings.gpus, devices)
         engine = self._engine(inst)
         # The container: its image's env, then the deployment's, then NVCF's (paths as it sees them).
         inner = inference_environment({}, contract, {}, where)
@@ -268,7 +267,7 @@ class ContainersBackend(LocalBackend):
             image=ci.image,
             args=workload.container_args(contract.get(env.INFERENCE_CONTAINER_ARGS, "")),
             environment=inner,
-            ports=Ports(published=ci.ports),
+            ports=ci.ports,
             settings=settings,
             gpus=gpus,
             kind=engine.kind,
@@ -290,23 +289,11 @@ class ContainersBackend(LocalBackend):
         self, spec: LaunchSpec, inst: LocalInstance, inner: dict[str, str], worker: dict[str, str]
     ) -> None:
         """A task: run once with its deadline; results and progress where NVCT puts them, as each side sees them."""
-        self._as_task(inst, spec)  # run once, deadline and grace (it fills envs the next lines replace)
-        contract = spec.message.launch_specification.environment
-        ids = {k: contract[k] for k in (env.NVCT_TASK_ID, env.NVCT_TASK_NAME, env.NVCT_NCA_ID) if k in contract}
-        inner.update(
-            {
-                env.NVCT_PROGRESS_FILE_PATH: f"{MOUNTS[TASK]}/progress",
-                env.NVCT_RESULTS_DIR: f"{MOUNTS[TASK]}/results",
-                **ids,
-            }
-        )
-        worker.update(
-            {
-                env.NVCT_PROGRESS_FILE_PATH: str(spec.directory / TASK / "progress"),
-                env.NVCT_RESULTS_DIR: str(spec.directory / TASK / "results"),
-                **ids,
-            }
-        )
+        self._as_task(inst, spec)  # run once, deadline and grace, the task's ids (and local paths, replaced here)
+        inner[env.NVCT_PROGRESS_FILE_PATH] = f"{MOUNTS[TASK]}/progress"
+        inner[env.NVCT_RESULTS_DIR] = f"{MOUNTS[TASK]}/results"
+        worker[env.NVCT_PROGRESS_FILE_PATH] = str(spec.directory / TASK / "progress")
+        worker[env.NVCT_RESULTS_DIR] = str(spec.directory / TASK / "results")
 
     def _umask(self, role: str) -> int | None:
         # What the worker makes for a request (asset files, output directories) is the container's to read
@@ -383,6 +370,8 @@ class ContainersBackend(LocalBackend):
         if state is None or state.labels.get(INSTANCE_LABEL) != inst.instance_id:
             return None
         ci.container_id = state.id  # started again if it exited meanwhile
+        # Where the agent before this one got to in copying its log.
+        ci.log_mark = await anyio.to_thread.run_sync(_read_mark, inst.log_path(INFERENCE))
         if not state.running:
             return None
         return ContainerProc(
@@ -415,12 +404,11 @@ class ContainersBackend(LocalBackend):
             await self._pump_log(_container(inst))
             return
         proc.running = False
-        proc.returncode = state.exit_code if state is not None else None
         if state is None:  # removed behind the agent's back: the next start makes it anew
+            proc.returncode = None
             _container(inst).container_id = ""
             return
-        if state is not None and state.oom_killed:
-            proc.returncode = -signal.SIGKILL
+        proc.returncode = -signal.SIGKILL if state.oom_killed else state.exit_code
         await self._pump_log(_container(inst), now=True)
 
     async def _pump_log(self, inst: ContainerInstance, *, now: bool = False) -> None:
@@ -432,8 +420,6 @@ class ContainersBackend(LocalBackend):
         if not inst.container_id or (not now and mono - inst.log_pumped < _LOG_PUMP_INTERVAL):
             return
         inst.log_pumped = mono
-        if inst.log_mark is None:
-            inst.log_mark = await anyio.to_thread.run_sync(_read_mark, inst.log_path(INFERENCE))
         try:
             raw = await self._engine(inst).logs_since(inst.container_id, inst.log_mark[0] if inst.log_mark else None)
         except (EngineError, LaunchError) as err:

@@ -47,9 +47,7 @@ class ContainerState:
     running: bool
     exit_code: int | None
     pid: int
-    started_at: str
     oom_killed: bool = False
-    error: str = ""
     labels: Mapping[str, str] = attrs.field(factory=dict)
 
 
@@ -112,9 +110,7 @@ class Engine:
             running=running,
             exit_code=None if running else int(st.get("ExitCode") or 0),
             pid=int(st.get("Pid") or 0),
-            started_at=str(st.get("StartedAt") or ""),
             oom_killed=bool(st.get("OOMKilled")),
-            error=str(st.get("Error") or ""),
             labels=dict((data.get("Config") or {}).get("Labels") or {}),
         )
 
@@ -295,15 +291,11 @@ async def _wait_engine(url: str, settings: ContainerSettings) -> Engine:
             await anyio.sleep(0.1)
 
 
-def gpu_devices(environ: Mapping[str, str], setting: str, devices: Sequence[int]) -> list[str]:
+def gpu_devices(setting: str, devices: Sequence[int]) -> list[str]:
     """CDI names of an instance's GPUs (``nvidia.com/gpu=<index>``), where containers get real ones."""
     if setting == "none" or not devices:
         return []
-    if setting == "auto" and not any(
-        (Path(d) / name).exists()
-        for d in ("/etc/cdi", "/var/run/cdi")
-        for name in (os.listdir(d) if Path(d).is_dir() else ())
-        if "nvidia" in name
-    ):
+    specs = (name for d in ("/etc/cdi", "/var/run/cdi") if Path(d).is_dir() for name in os.listdir(d))
+    if setting == "auto" and not any("nvidia" in name for name in specs):
         return []
     return [f"nvidia.com/gpu={i}" for i in devices]

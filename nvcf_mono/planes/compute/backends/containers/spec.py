@@ -12,8 +12,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from nvcf_mono.planes.compute.backends import LaunchSpec
 from nvcf_mono.planes.compute.backends.kubernetes.manifests import DATA_DIR, SECRETS_DIR, TASK_DIR, instance_labels
 from nvcf_mono.planes.compute.config import ContainerSettings
@@ -44,33 +42,25 @@ def memory_bytes(text: str | None) -> int | None:
         return None
 
 
-@attrs.frozen(kw_only=True)
-class Ports:
-    """The container's own ports and where each is published on 127.0.0.1."""
-
-    published: Mapping[int, int]
-
-
 def create_body(
     spec: LaunchSpec,
     *,
     image: str,
     args: Sequence[str],
     environment: Mapping[str, str],
-    ports: Ports,
+    ports: Mapping[int, int],
     settings: ContainerSettings,
     gpus: Sequence[str],
     kind: str,
 ) -> dict[str, Any]:
-    """The body of ``POST /containers/create`` for the instance's inference container."""
-    task = spec.message.task_details is not None
-    directories = [ASSETS, RESPONSES, SECRETS] + ([TASK] if task else [])
-    binds = [f"{spec.directory / name}:{MOUNTS[name]}:{'ro' if name == SECRETS else 'rw'}" for name in directories]
+    """The body of ``POST /containers/create`` for the instance's inference container; ``ports``: each of
+    its own ports and where it is published on 127.0.0.1.
+    """
+    mounted = _mounted(spec.message.task_details is not None)
+    binds = [f"{spec.directory / name}:{MOUNTS[name]}:{'ro' if name == SECRETS else 'rw'}" for name in mounted]
     host: dict[str, Any] = {
         "Binds": binds,
-        "PortBindings": {
-            f"{port}/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(out)}] for port, out in ports.published.items()
-        },
+        "PortBindings": {f"{port}/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(out)}] for port, out in ports.items()},
         "RestartPolicy": {"Name": "no"},  # the agent restarts it, counting exits (a crash loop is a state)
         "ShmSize": settings.shm_size,
         "SecurityOpt": ["no-new-privileges"],
@@ -92,7 +82,7 @@ def create_body(
         "Image": image,
         "Env": [f"{k}={v}" for k, v in sorted(environment.items())],
         "Labels": instance_labels(spec),
-        "ExposedPorts": {f"{port}/tcp": {} for port in ports.published},
+        "ExposedPorts": {f"{port}/tcp": {} for port in ports},
         "HostConfig": host,
     }
     if args:
@@ -102,5 +92,10 @@ def create_body(
 
 def host_directories(directory: Path, task: bool) -> list[Path]:
     """The instance's directories the container mounts (created before it is)."""
-    made = [directory / name for name in (ASSETS, RESPONSES, SECRETS)]
-    return made + ([directory / TASK, directory / TASK / "results"] if task else [])
+    made = [directory / name for name in _mounted(task)]
+    return made + ([directory / TASK / "results"] if task else [])
+
+
+def _mounted(task: bool) -> list[str]:
+    """The instance directories the container mounts (``MOUNTS`` says where)."""
+    return [ASSETS, RESPONSES, SECRETS, *([TASK] if task else [])]

@@ -312,9 +312,7 @@ def instance_pod(
     Raises ValueError when the launch spec cannot make a pod (no image, unreadable args or env).
     """
     msg = spec.message
-    launch = msg.launch_specification
-    contract = launch.environment
-    image = launch.container_image or contract.get(env.INFERENCE_CONTAINER) or ("" if not worker_only else "-")
+    image = workload.image_of(msg) or ("" if not worker_only else "-")
     if not image:
         raise ValueError("the launch specification names no container image")
     task = is_task(msg)
@@ -438,7 +436,7 @@ def pull_secret(
     """
     contract = spec.message.launch_specification.environment
     raw = contract.get(env.CONTAINER_REGISTRIES_CREDENTIALS, "").strip()
-    image = spec.message.launch_specification.container_image or contract.get(env.INFERENCE_CONTAINER, "")
+    image = workload.image_of(spec.message)
     if not raw or not (image or every_registry):
         return None
     auths = pull_credentials.auths_for(raw, None if every_registry else pull_credentials.image_registry(image))

@@ -185,7 +185,7 @@ class LocalBackend:
         """Resolve the image and build both environments (raises LaunchError)."""
         message = spec.message
         contract = message.launch_specification.environment
-        image = message.launch_specification.container_image or contract.get(env.INFERENCE_CONTAINER)
+        image = workload.image_of(message)
         assert inst.port is not None and inst.health_port is not None
         command = resolve(
             self._catalog,
