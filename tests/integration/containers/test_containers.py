@@ -6,10 +6,12 @@ The images are built offline (``images.py``); the backend starts ``podman system
 from __future__ import annotations
 
 import base64
+import os
+import signal
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from nvcf_mono.testing.platform import deployment, wait_for, wait_status
 from tests.integration.compute.conftest import (
     Platform,
     cluster,
+    cluster_pids,
     compute_platform,
     create,
     deploy,
@@ -53,14 +56,23 @@ def image_function(name: str, url: str = "/cgi-bin/echo", **more: Any) -> dict[s
 
 @asynccontextmanager
 async def container_platform(tmp_path: Path, cluster_id: str, podman: str, **settings: str) -> AsyncIterator[Platform]:
-    """The platform with one cluster on the containers backend; its containers are removed at the end."""
+    """The platform with one cluster on the containers backend; whatever of the cluster a failed test left
+    running (a host that ends on an error leaves its instances for the next agent) is removed at the end.
+    """
     chosen = [cluster("pods", cluster_id, count=4, backend="containers")]
     try:
         async with compute_platform(tmp_path, clusters=chosen, **settings) as p:
             yield p
     finally:
-        for name in containers_of(podman, cluster_id):
-            subprocess.run([podman, "rm", "-f", "-t", "0", name], capture_output=True, check=False)
+        remove_leftovers(podman, cluster_id)
+
+
+def remove_leftovers(podman: str, cluster_id: str) -> None:
+    for pid in cluster_pids(cluster_id):
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for name in containers_of(podman, cluster_id):
+        subprocess.run([podman, "rm", "-f", "-t", "0", name], capture_output=True, check=False)
 
 
 async def test_an_image_serves_requests_sees_its_secrets_and_nothing_of_the_host(tmp_path: Path, podman: str) -> None:
@@ -115,9 +127,9 @@ async def test_an_image_serves_requests_sees_its_secrets_and_nothing_of_the_host
         assert (await p.admin.delete(sse_d)).status == 200
 
         async def removed() -> bool:
-            return containers_of(podman, cluster_id) == []
+            return containers_of(podman, cluster_id) == [] and cluster_pids(cluster_id) == []
 
-        await wait_for(removed, timeout=60, what="the containers to be removed")
+        await wait_for(removed, timeout=60, what="the containers and their workers to be gone")
 
 
 async def test_a_crashing_image_is_a_restart_loop(tmp_path: Path, podman: str) -> None:
@@ -233,8 +245,7 @@ async def test_the_next_agent_takes_the_running_container_over(tmp_path: Path, p
 
             await wait_for(removed, timeout=60, what="the container to be removed")
     finally:
-        for name in containers_of(podman, cluster_id):
-            subprocess.run([podman, "rm", "-f", "-t", "0", name], capture_output=True, check=False)
+        remove_leftovers(podman, cluster_id)
 
 
 async def test_a_private_image_is_pulled_with_the_accounts_credentials_and_refused_without(
