@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,7 +17,9 @@ import anyio
 import anyio.lowlevel
 import nats.errors
 import nats.js.errors as js_errors
+import orjson
 from nats.aio.msg import Msg as NatsMsg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 
 from nvcf_mono.bus.api import (
@@ -428,21 +432,19 @@ class NatsStream:
         """Bind to an existing durable and hand out its deliveries."""
         if batch < 1 or max_inflight < 1:
             raise ValueError("batch and max_inflight must be at least 1")
+        consumer = NatsConsumer(
+            self._js, self.name, durable, batch=batch, max_inflight=max_inflight, fetch_timeout=fetch_timeout
+        )
         try:
             await self._js.consumer_info(self.name, durable)
-            psub = await self._js.pull_subscribe_bind(durable, stream=self.name)
+            await consumer.open()
         except _NATS_ERRORS as err:
             raise translate(err, f"consumer {durable} on {self.name}") from err
-        consumer = NatsConsumer(psub, batch=batch, max_inflight=max_inflight, fetch_timeout=fetch_timeout)
         try:
             yield consumer
         finally:
             with anyio.move_on_after(self._timeout, shield=True):
-                await consumer.release_buffered()
-                try:
-                    await psub.unsubscribe()
-                except (nats.errors.Error, OSError):
-                    pass
+                await consumer.close()
 
 
 def _json(payload: dict[str, Any]) -> bytes:
@@ -522,26 +524,54 @@ class NatsDelivery:
 
 @final
 class NatsConsumer:
-    """Fetches only as many messages as there are free in-flight slots, so memory stays bounded."""
+    """Hands out a durable's deliveries from lingering pull requests, never more than ``max_inflight`` unsettled.
+
+    The pull requests ask for what the free slots can take and stay open on the server for
+    ``fetch_timeout`` (their ``expires``), so a quiet consumer costs one pull request per
+    ``fetch_timeout`` and a busy one about one per ``batch / 2`` deliveries, instead of a request
+    and a "no messages" answer per fetch. What was asked for and not delivered yet is counted
+    (``outstanding``): the server's 408 at a pull's expiry says how much of it was never delivered;
+    when nothing at all is heard after every pull expired (a reconnect, a leader change), the count is
+    started again.
+    """
 
     def __init__(
-        self, psub: JetStreamContext.PullSubscription, *, batch: int, max_inflight: int, fetch_timeout: float
+        self, js: JetStreamContext, stream: str, durable: str, *, batch: int, max_inflight: int, fetch_timeout: float
     ) -> None:
-        self._psub = psub
+        self._nc = js._nc  # nats-py keeps the client it was made from here
+        self._next = f"{js._prefix}.CONSUMER.MSG.NEXT.{stream}.{durable}"
+        self._what = f"consumer {durable} on {stream}"
+        self._inbox = self._nc.new_inbox()
+        self._sub: Subscription | None = None
         self._batch = batch
         self._max_inflight = max_inflight
         self._fetch_timeout = fetch_timeout
         self._buffer: deque[NatsMsg] = deque()
         self._in_flight = 0
         self._delivered = 0
-        self._slot_freed = anyio.Event()
+        #: Asked for by open pull requests and not delivered yet; they all expire by ``_quiet_after``.
+        self._outstanding = 0
+        self._quiet_after = 0.0
+        self._error: BusError | None = None
+        #: Set when a message arrives or a slot is freed.
+        self._changed = anyio.Event()
+
+    async def open(self) -> None:
+        self._sub = await self._nc.subscribe(self._inbox, cb=self._on_message)
+
+    async def close(self) -> None:
+        """Stop listening, then give back what was received and never handed out."""
+        if self._sub is not None:
+            with contextlib.suppress(nats.errors.Error, OSError):
+                await self._sub.unsubscribe()  # the server drops pull requests nobody listens to
+        await self.release_buffered()
 
     def _release(self) -> None:
         self._in_flight -= 1
-        self._slot_freed.set()
+        self._changed.set()
 
     async def release_buffered(self) -> None:
-        """Give back what was fetched but never handed out, for redelivery now rather than after ack_wait."""
+        """Give back what was received but never handed out, for redelivery now rather than after ack_wait."""
         while self._buffer:
             msg = self._buffer.popleft()
             try:
@@ -553,39 +583,60 @@ class NatsConsumer:
         """Unsettled deliveries and totals."""
         return ConsumerStatistics(in_flight=self._in_flight, max_inflight=self._max_inflight, delivered=self._delivered)
 
+    async def _on_message(self, msg: NatsMsg) -> None:
+        self._quiet_after = max(self._quiet_after, time.monotonic() + 1.0)
+        status = msg.headers.get(api.Header.STATUS) if msg.headers else None
+        if not status:
+            self._outstanding = max(0, self._outstanding - 1)
+            self._buffer.append(msg)
+        elif status in ("408", "409"):
+            # A pull request ended: expired (408), or refused or cut short (409); what it never delivered.
+            left = msg.headers.get("Nats-Pending-Messages") if msg.headers else None
+            self._outstanding = max(0, self._outstanding - int(left)) if left and left.isdigit() else 0
+            description = (msg.headers or {}).get(api.Header.DESCRIPTION, "")
+            if "deleted" in description.lower():
+                self._error = NotFound(f"{self._what}: {description}")
+        self._changed.set()
+
     # A class iterator rather than an async generator: a cancelled __anext__ (a timeout around one
     # step) leaves the consumer usable, where a generator would be finished for good.
     def __aiter__(self) -> NatsConsumer:
         return self
 
     async def __anext__(self) -> NatsDelivery:
-        # A delivery is in flight from the moment it is handed out. A fetch can bring more than
-        # asked for (a pull request left behind by a cancelled step is still served), so the
-        # bound is enforced here, not by the size of the fetch.
-        while self._in_flight >= self._max_inflight:
-            self._slot_freed = anyio.Event()
-            await self._slot_freed.wait()
-        while not self._buffer:
-            await self._fill()
+        # A delivery is in flight from the moment it is handed out. Pulls are sized to the free
+        # slots, but one cut short can leave more delivered than asked for, so the bound is
+        # enforced here.
+        while not (self._buffer and self._in_flight < self._max_inflight):
+            if self._error is not None:
+                raise self._error
+            self._changed = anyio.Event()  # before anything that yields: no wake-up is missed
+            if self._in_flight < self._max_inflight:
+                await self._ask()
+            if self._buffer and self._in_flight < self._max_inflight:
+                break
+            with anyio.move_on_after(self._fetch_timeout + 1.0):
+                await self._changed.wait()
+            if self._outstanding and time.monotonic() > self._quiet_after:
+                self._outstanding = 0  # every pull has expired unheard: the server no longer has them
         msg = self._buffer.popleft()
         self._in_flight += 1
         self._delivered += 1
         return NatsDelivery(msg, self)
 
-    async def _fill(self) -> None:
-        # Only called with an empty buffer and a free slot; never ask for more than the free slots.
-        want = min(self._batch, self._max_inflight - self._in_flight)
-        try:
-            msgs = await self._psub.fetch(want, timeout=self._fetch_timeout)
-        except (nats.errors.TimeoutError, TimeoutError):
-            await anyio.lowlevel.checkpoint()
+    async def _ask(self) -> None:
+        """A pull request for the free slots, unless enough is asked for already."""
+        free = self._max_inflight - self._in_flight - len(self._buffer) - self._outstanding
+        if free <= 0 or (self._outstanding and free < max(1, self._batch // 2)):
             return
+        want = min(free, self._batch)
+        expires = int(self._fetch_timeout * 1_000_000_000)
+        try:
+            await self._nc.publish(self._next, orjson.dumps({"batch": want, "expires": expires}), reply=self._inbox)
         except _NATS_ERRORS as err:
             if isinstance(err, nats.errors.ConnectionClosedError):
                 raise translate(err, "fetch") from err
-            if isinstance(err, js_errors.APIError) and "deleted" in (err.description or "").lower():
-                raise NotFound(f"fetch: {err.description}") from err
-            # Transient (reconnecting, leader change): pause briefly, then fetch again.
-            await anyio.sleep(0.25)
+            await anyio.sleep(0.25)  # reconnecting: ask again shortly
             return
-        self._buffer.extend(msgs)
+        self._outstanding += want
+        self._quiet_after = time.monotonic() + self._fetch_timeout + 1.0

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Protocol, final
@@ -68,6 +67,7 @@ from nvcf_mono.worker.inference import (
 )
 from nvcf_mono.worker.nats_transport import WorkerSink
 from nvcf_mono.worker.progress import PROGRESS_FILE, ProgressMonitor, ProgressReports
+from nvcf_mono.worker.scratch import Scratch
 
 SERVICE = "/nvcf.worker.v1.WorkerService"
 log = logging.getLogger("nvcf_mono.worker")
@@ -158,7 +158,9 @@ class Worker:
         self._closing = False
         self.backoff = Backoff()
         self.progress = ProgressMonitor(config.progress_interval)
-        self.janitor = Janitor()
+        #: Requests' output directories (recycled) and input asset directories (removed after).
+        self.outputs = Scratch(config.response_dir, keep=config.max_concurrency)
+        self.asset_dirs = Scratch(config.asset_dir, keep=0)
         #: nats transport: requests pulled from JetStream and not settled yet.
         self._held: dict[str, Settlement] = {}
         self._pull_watchers: list[anyio.CancelScope] = []
@@ -177,7 +179,8 @@ class Worker:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_health, http)
                 tg.start_soon(self.progress.run)
-                tg.start_soon(self.janitor.run)
+                tg.start_soon(self.outputs.run)
+                tg.start_soon(self.asset_dirs.run)
                 await self._serve_forever(http)
                 tg.cancel_scope.cancel()
 
@@ -503,9 +506,9 @@ class Worker:
                         await held.give_back()
             self._cancels.pop(rid, None)
             self._finished()
-            self.janitor.remove(output_dir)
+            self.outputs.release(output_dir)
             if request.asset_ids:
-                self.janitor.remove(asset_dir)
+                self.asset_dirs.release(asset_dir)
 
     async def _serve_request(
         self,
@@ -588,7 +591,7 @@ class Worker:
         """
         rid = request.request_id
         try:
-            _make_dir(output_dir)
+            self.outputs.make(request.request_id)
         except OSError as err:
             log.error("request %s: cannot create %s: %s", rid, output_dir, err)
             raise _NotPrepared("Internal error while preparing for inference") from err
@@ -688,49 +691,3 @@ async def fetch_secrets(config: _Platform) -> dict[str, object]:
 
 class _NotPrepared(Exception):
     """A request cannot be served here: its output directory or assets could not be made."""
-
-
-def _make_dir(path: str) -> None:
-    try:
-        os.mkdir(path)
-    except FileExistsError:
-        pass  # a redelivery to this instance
-    except FileNotFoundError:
-        os.makedirs(path, exist_ok=True)  # the base went away
-
-
-def _remove_all(paths: list[str]) -> None:
-    for path in paths:
-        try:
-            os.rmdir(path)  # an output dir the inference server left empty: the usual case
-        except FileNotFoundError:
-            pass
-        except OSError:
-            shutil.rmtree(path, ignore_errors=True)
-
-
-@final
-class Janitor:
-    """Removes finished requests' directories in batches, off the event loop."""
-
-    #: How long removals gather before a batch goes to a thread.
-    BATCH_DELAY = 0.1
-
-    def __init__(self) -> None:
-        self._pending: list[str] = []
-        self._wake = anyio.Event()
-
-    def remove(self, path: str) -> None:
-        self._pending.append(path)
-        self._wake.set()
-
-    async def run(self) -> None:
-        try:
-            while True:
-                await self._wake.wait()
-                self._wake = anyio.Event()
-                await anyio.sleep(self.BATCH_DELAY)
-                batch, self._pending = self._pending, []
-                await anyio.to_thread.run_sync(_remove_all, batch)
-        finally:
-            _remove_all(self._pending)  # stopping: whatever is left, now

@@ -21,12 +21,12 @@ from typing import Literal, final
 
 import anyio
 from anyio.abc import TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from nvcf_mono.auth.secret import Keyring, b64u
 from nvcf_mono.bus.api import Bus, Msg
 from nvcf_mono.contracts import subjects
 from nvcf_mono.contracts.frames import Frame, FrameError
+from nvcf_mono.queues import Mailbox
 
 Verdict = Literal["ok", "gone"]
 OK, GONE = b"ok", b"gone"
@@ -69,38 +69,23 @@ class Pending:
         self.request_id = request_id
         self.function_version_id = function_version_id
         self.capability = capability
-        send, recv = anyio.create_memory_object_stream[Frame](capacity)
-        self._send: MemoryObjectSendStream[Frame] = send
-        self._recv: MemoryObjectReceiveStream[Frame] = recv
-        self.closed = False
+        self._frames: Mailbox[Frame] = Mailbox(capacity)
         #: The client got a 202: whoever holds this stores the result.
         self.detached = False
 
+    @property
+    def closed(self) -> bool:
+        return self._frames.closed
+
     async def put(self, frame: Frame) -> Verdict:
-        if self.closed:
-            return "gone"
-        try:
-            try:
-                self._send.send_nowait(frame)  # the usual case: room in the buffer, no extra loop turn
-            except anyio.WouldBlock:
-                await self._send.send(frame)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            return "gone"
-        return "ok"
+        return "ok" if await self._frames.put(frame) else "gone"
 
     async def next(self, timeout: float = math.inf) -> Frame:
         """The next frame; TimeoutError after ``timeout`` seconds."""
-        try:
-            return self._recv.receive_nowait()  # already here (a streamed response): no timer to arm
-        except anyio.WouldBlock:
-            pass
-        with anyio.fail_after(timeout):
-            return await self._recv.receive()
+        return await self._frames.get(timeout)
 
     def close(self) -> None:
-        self.closed = True
-        self._send.close()
-        self._recv.close()
+        self._frames.close()
 
 
 @final

@@ -1,0 +1,76 @@
+"""Requests' directories: empty ones are renamed for the next request, others removed, nothing left at stop."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+
+from nvcf_mono.worker.scratch import SPARE_PREFIX, Scratch
+
+pytestmark = pytest.mark.anyio
+
+
+async def _cleared(scratch: Scratch) -> None:
+    await anyio.sleep(Scratch.BATCH_DELAY * 3)
+
+
+def _names(base: Path) -> set[str]:
+    return {p.name for p in base.iterdir()}
+
+
+async def test_an_empty_directory_is_reused_and_one_with_files_removed(tmp_path: Path) -> None:
+    scratch = Scratch(str(tmp_path), keep=2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scratch.run)
+        first = scratch.make("r1")
+        assert os.path.isdir(first) and first == str(tmp_path / "r1")
+        inode = os.stat(first).st_ino
+        scratch.release(first)
+        await _cleared(scratch)
+        assert len(_names(tmp_path)) == 1 and next(iter(_names(tmp_path))).startswith(SPARE_PREFIX)
+
+        second = scratch.make("r2")
+        assert os.stat(second).st_ino == inode, "the spare was renamed, not a new directory made"
+        assert _names(tmp_path) == {"r2"}
+        Path(second, "large-output.bin").write_bytes(b"x")
+        scratch.release(second)
+        await _cleared(scratch)
+        assert _names(tmp_path) == set(), "a directory with files in it is removed, not kept"
+        tg.cancel_scope.cancel()
+
+
+async def test_a_redelivery_keeps_what_an_earlier_attempt_left(tmp_path: Path) -> None:
+    scratch = Scratch(str(tmp_path), keep=2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scratch.run)
+        scratch.release(scratch.make("spare-me"))
+        await _cleared(scratch)
+        (tmp_path / "r1").mkdir()
+        (tmp_path / "r1" / "progress").write_text("{}")
+        assert scratch.make("r1") == str(tmp_path / "r1")
+        assert (tmp_path / "r1" / "progress").read_text() == "{}"
+        assert scratch.make("r2") == str(tmp_path / "r2"), "the spare is still there for the next one"
+        assert len(_names(tmp_path)) == 2
+        tg.cancel_scope.cancel()
+
+
+async def test_spares_are_bounded_and_nothing_is_left_at_stop(tmp_path: Path) -> None:
+    scratch = Scratch(str(tmp_path), keep=2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scratch.run)
+        for path in [scratch.make(f"r{i}") for i in range(5)]:
+            scratch.release(path)
+        await _cleared(scratch)
+        assert len(_names(tmp_path)) == 2, "no more spares than the worker's concurrency"
+        scratch.release(scratch.make("last"))
+        tg.cancel_scope.cancel()
+    assert _names(tmp_path) == set()
+
+
+async def test_a_base_removed_under_it_is_made_again(tmp_path: Path) -> None:
+    base = tmp_path / "responses"
+    scratch = Scratch(str(base), keep=1)
+    assert os.path.isdir(scratch.make("r1"))
