@@ -21,21 +21,30 @@ def _names(base: Path) -> set[str]:
     return {p.name for p in base.iterdir()}
 
 
+def _inode(path: str) -> int | None:
+    """The directory's inode; None when it is not a directory."""
+    return os.stat(path).st_ino if os.path.isdir(path) else None
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text)
+
+
 async def test_an_empty_directory_is_reused_and_one_with_files_removed(tmp_path: Path) -> None:
     scratch = Scratch(str(tmp_path), keep=2)
     async with anyio.create_task_group() as tg:
         tg.start_soon(scratch.run)
         first = scratch.make("r1")
-        assert os.path.isdir(first) and first == str(tmp_path / "r1")
-        inode = os.stat(first).st_ino
+        inode = _inode(first)
+        assert inode is not None and first == str(tmp_path / "r1")
         scratch.release(first)
         await _cleared(scratch)
         assert len(_names(tmp_path)) == 1 and next(iter(_names(tmp_path))).startswith(SPARE_PREFIX)
 
         second = scratch.make("r2")
-        assert os.stat(second).st_ino == inode, "the spare was renamed, not a new directory made"
+        assert _inode(second) == inode, "the spare was renamed, not a new directory made"
         assert _names(tmp_path) == {"r2"}
-        Path(second, "large-output.bin").write_bytes(b"x")
+        _write(Path(second, "large-output.bin"), "x")
         scratch.release(second)
         await _cleared(scratch)
         assert _names(tmp_path) == set(), "a directory with files in it is removed, not kept"
@@ -49,9 +58,9 @@ async def test_a_redelivery_keeps_what_an_earlier_attempt_left(tmp_path: Path) -
         scratch.release(scratch.make("spare-me"))
         await _cleared(scratch)
         (tmp_path / "r1").mkdir()
-        (tmp_path / "r1" / "progress").write_text("{}")
+        _write(tmp_path / "r1" / "progress", "{}")
         assert scratch.make("r1") == str(tmp_path / "r1")
-        assert (tmp_path / "r1" / "progress").read_text() == "{}"
+        assert _names(tmp_path / "r1") == {"progress"}
         assert scratch.make("r2") == str(tmp_path / "r2"), "the spare is still there for the next one"
         assert len(_names(tmp_path)) == 2
         tg.cancel_scope.cancel()
@@ -73,4 +82,4 @@ async def test_spares_are_bounded_and_nothing_is_left_at_stop(tmp_path: Path) ->
 async def test_a_base_removed_under_it_is_made_again(tmp_path: Path) -> None:
     base = tmp_path / "responses"
     scratch = Scratch(str(base), keep=1)
-    assert os.path.isdir(scratch.make("r1"))
+    assert _inode(scratch.make("r1")) is not None
