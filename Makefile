@@ -8,6 +8,7 @@ ARGS   ?=
 
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 DEV_STAMP     := $(VENV)/.installed-dev
+BENCH_STAMP   := $(VENV)/.installed-bench
 
 .PHONY: up test lint typecheck pytest proto proto-check bench reference clean help
 
@@ -57,7 +58,11 @@ proto-check: $(DEV_STAMP)
 reference: $(RUNTIME_STAMP)
 	$(BIN)/nvcf-mono config reference > config/reference.yaml
 
-bench: $(DEV_STAMP)
+$(BENCH_STAMP): $(DEV_STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
+	@touch $@
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench $(ARGS)
 
 clean:

@@ -1,23 +1,37 @@
-"""The invocation hot path: latency added over calling the function directly, and throughput.
+"""The invocation hot path through the full ``nvcf-mono up`` path: added latency, throughput, CPU.
 
-One all-in-one ``nvcf-mono`` process (its embedded nats-server beside it), one instance of the echo
-function (the test echo server and ``nvcf-mono worker``, launched by a scripted agent in this
-process exactly as an agent would), and this process as the client. In one run: sequential
-latency straight to the echo server and through the platform (64-byte bodies, warm), then
-throughput through the platform at 16 and 64 concurrent clients. Budgets (ARCHITECTURE §6): added
-p50 <= 2 ms, p99 <= 10 ms, >= 1,000 req/s with zero errors.
+One all-in-one ``nvcf-mono run`` child process (its embedded nats-server, its own cluster agent and
+the local backend, which starts each instance as the function's server plus ``nvcf-mono worker``),
+and this process as the client. In one run:
+
+- **echo** (the test echo server, aiohttp): sequential calls straight to the server and through the
+  platform, alternating, 64-byte bodies; the added latency is taken per pair of calls (a call through
+  the platform minus the direct call next to it), so its p99 is a p99 of per-request additions;
+- throughput through the platform at 16 and 64 connections (``wrk`` when installed, else an
+  aiohttp load loop sharing the cores), with the CPU each process used (from ``/proc``) per request
+  and the cores in use;
+- **uvicorn, 2 workers** (``nvcf_mono.testing.asgi_echo``; a common production setting, and one that
+  writes head and body separately): the same paired calls, and how many took over 20 ms (a stall);
+- **streaming**: server-sent events of 128 bytes at saturation, events per second through the platform
+  against the server called directly;
+- **1 MiB request body**: paired calls, added p50 against the direct call's p50.
+
+Budgets (issue 18): CPU per request over platform, worker and nats-server <= 0.6 ms at 16 connections;
+>= 2,000 req/s at 16 and 64 with zero errors; added p50 <= 1 ms and p99 <= 5 ms; no stalls; streaming
+loses <= 10 %; 1 MiB added p50 <= 2x direct.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,14 +41,30 @@ import aiohttp
 import anyio
 import anyio.to_thread
 
-from nvcf_mono.bus.nats import NatsBus, open_nats_bus
-from nvcf_mono.config.model import BusSettings
-from nvcf_mono.metrics import Metrics
 from nvcf_mono.testing.platform import Api, wait_for
 from nvcf_mono.testing.running import ECHO_FUNCTION
-from nvcf_mono.testing.scripted_agent import ProcessLauncher, ScriptedAgent, gpu_inventory
 
 BODY = b'{"pad": "' + b"x" * 52 + b'"}'  # 64 bytes
+MIB = os.urandom(1024 * 1024)
+#: About 128 bytes per event: ``data: {"index": N, "message": "..."}`` and its blank line.
+SSE_REQUEST = json.dumps({"stream": True, "repeats": 100, "message": "m" * 90}).encode()
+UVICORN_FUNCTION = {**ECHO_FUNCTION, "name": "echo-uvicorn", "containerImage": "echo-uvicorn"}
+
+
+def _settings() -> tuple[str, ...]:
+    cluster = {
+        "name": "bench",
+        "id": str(uuid.uuid4()),
+        "gpu_discovery": "static",
+        "gpus": [{"name": "H100", "count": 8}],
+    }
+    uvicorn = ["{python}", "-m", "uvicorn", "nvcf_mono.testing.asgi_echo:app", "--port", "{port}", "--workers", "2"]
+    return (
+        "plugins.control.example_function=false",
+        "images.echo.command=" + json.dumps(["{python}", "-m", "nvcf_mono.testing.echo_server", "--port", "{port}"]),
+        "images.echo-uvicorn.command=" + json.dumps([*uvicorn, "--lifespan", "off", "--log-level", "warning"]),
+        "plugins.compute.clusters=" + json.dumps([cluster]),
+    )
 
 
 def _spawn(state: Path, flags: list[str]) -> subprocess.Popen[bytes]:
@@ -69,6 +99,7 @@ async def platform_process(state: Path, *settings: str, compute: bool = False) -
             if not endpoints.exists():
                 return None
             doc: dict[str, Any] = json.loads(endpoints.read_text())
+            doc["pid"] = proc.pid
             return doc if doc["credentials"].get("api_key") else None
 
         yield await wait_for(ready, timeout=60, what="the platform")
@@ -78,18 +109,6 @@ async def platform_process(state: Path, *settings: str, compute: bool = False) -
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
-
-
-@asynccontextmanager
-async def bus_of(url: str) -> AsyncIterator[NatsBus]:
-    async with open_nats_bus(
-        BusSettings(connect_retry_for=10.0),
-        servers=[url],
-        name="bench",
-        metrics=Metrics(),
-        log=logging.getLogger("bench.bus"),
-    ) as bus:
-        yield bus
 
 
 WRK_SCRIPT = """
@@ -140,21 +159,111 @@ def _quantile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
-async def _sequential(session: aiohttp.ClientSession, url: str, headers: dict[str, str], n: int) -> list[float]:
-    out = []
+def _processes(root: int) -> dict[int, str]:
+    """``root`` and its descendants, each named by its role: platform, nats, worker or function."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    found, todo = [root], [root]
+    while todo:
+        parent = todo.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent]
+        found += children
+        todo += children
+    roles = {}
+    for pid in found:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if pid == root:
+            roles[pid] = "platform"
+        elif any(a.endswith(b"nats-server") for a in argv):
+            roles[pid] = "nats"
+        elif b"worker" in argv:
+            roles[pid] = "worker"
+        else:
+            roles[pid] = "function"
+    return roles
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds per role over an interval, from ``/proc`` (user + system time)."""
+
+    def __init__(self, roles: dict[int, str]) -> None:
+        self._roles = roles
+        self._start = {pid: _cpu_seconds(pid) for pid in roles}
+        self._wall = time.perf_counter()
+
+    def read(self) -> tuple[dict[str, float], float]:
+        used: dict[str, float] = {}
+        for pid, role in self._roles.items():
+            used[role] = used.get(role, 0.0) + _cpu_seconds(pid) - self._start[pid]
+        return used, time.perf_counter() - self._wall
+
+
+def _function_port(roles: dict[int, str], image: str) -> int:
+    """The port the local backend gave the function's server (its ``--port`` argument)."""
+    for pid, role in roles.items():
+        if role != "function":
+            continue
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode() for a in f.read().split(b"\0")]
+        if (image == "echo-uvicorn") == any("asgi_echo" in a for a in argv) and "--port" in argv:
+            return int(argv[argv.index("--port") + 1])
+    raise RuntimeError(f"no server of {image} found among the platform's processes")
+
+
+async def _call(session: aiohttp.ClientSession, url: str, headers: dict[str, str], body: bytes) -> float:
+    started = time.perf_counter()
+    async with session.post(url, data=body, headers=headers) as resp:
+        await resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"{url} answered {resp.status}: {(await resp.read())[:300]!r}")
+    return (time.perf_counter() - started) * 1000
+
+
+async def paired(
+    session: aiohttp.ClientSession, urls: tuple[str, str], key: dict[str, str], n: int, *, body: bytes = BODY
+) -> dict[str, float]:
+    """Direct and platform calls alternating; the added latency of each pair, and its quantiles."""
+    direct, through = urls
+    d_ms, p_ms, added = [], [], []
     for _ in range(n):
-        started = time.perf_counter()
-        async with session.post(url, data=BODY, headers=headers) as resp:
-            await resp.read()
-            if resp.status != 200:
-                raise RuntimeError(f"{url} answered {resp.status}")
-        out.append((time.perf_counter() - started) * 1000)
-    return out
+        d = await _call(session, direct, {"Content-Type": "application/json"}, body)
+        p = await _call(session, through, key, body)
+        d_ms.append(d)
+        p_ms.append(p)
+        added.append(p - d)
+    return {
+        "direct_p50_ms": _quantile(d_ms, 0.5),
+        "direct_p99_ms": _quantile(d_ms, 0.99),
+        "platform_p50_ms": _quantile(p_ms, 0.5),
+        "platform_p99_ms": _quantile(p_ms, 0.99),
+        "added_p50_ms": _quantile(added, 0.5),
+        "added_p99_ms": _quantile(added, 0.99),
+        "over_20ms": float(sum(1 for p in p_ms if p > 20)),
+    }
 
 
 async def _load(
     session: aiohttp.ClientSession, url: str, headers: dict[str, str], clients: int, seconds: float
-) -> tuple[float, int, int]:
+) -> dict[str, float]:
     done = errors = 0
     stop = time.perf_counter() + seconds
 
@@ -175,89 +284,148 @@ async def _load(
     async with anyio.create_task_group() as tg:
         for _ in range(clients):
             tg.start_soon(client)
-    return done / (time.perf_counter() - started), done, errors
+    return {"rps": done / (time.perf_counter() - started), "done": done, "errors": errors}
+
+
+async def throughput(
+    session: aiohttp.ClientSession,
+    through: str,
+    key: dict[str, str],
+    roles: dict[int, str],
+    *,
+    clients: int,
+    seconds: float,
+) -> dict[str, Any]:
+    """Requests per second at ``clients`` connections, and the CPU each role spent per request."""
+    meter = CpuMeter(roles)
+    if shutil.which("wrk"):
+        stats: dict[str, Any] = await anyio.to_thread.run_sync(_wrk, through, key, clients, seconds)
+        stats.setdefault("errors", 0)
+    else:
+        stats = await _load(session, through, key, clients, seconds)
+    used, wall = meter.read()
+    done = max(1.0, float(stats.get("done", 0)))
+    stats["cpu_ms"] = {role: used[role] * 1000 / done for role in sorted(used)}
+    stats["platform_cpu_ms"] = sum(v for r, v in stats["cpu_ms"].items() if r != "function")
+    stats["cores"] = sum(used.values()) / wall
+    return stats
+
+
+async def streaming(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str], clients: int, seconds: float
+) -> float:
+    """Server-sent events per second received by ``clients`` concurrent streaming calls."""
+    events = 0
+    stop = time.perf_counter() + seconds
+
+    async def client() -> None:
+        nonlocal events
+        while time.perf_counter() < stop:
+            async with session.post(url, data=SSE_REQUEST, headers={**headers, "Accept": "text/event-stream"}) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"{url} answered {resp.status}")
+                async for line in resp.content:
+                    if line.startswith(b"data:"):
+                        events += 1
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(clients):
+            tg.start_soon(client)
+    return events / (time.perf_counter() - started)
+
+
+async def deploy(admin: Api, function: dict[str, Any]) -> str:
+    """Create and deploy ``function`` at one instance; its id once ACTIVE."""
+    created = (await admin.post("/v2/nvcf/functions", function)).json["function"]
+    d = f"/v2/nvcf/deployments/functions/{created['id']}/versions/{created['versionId']}"
+    spec = {
+        "gpu": "H100",
+        "instanceType": "ON-PREM.GPU.H100_1x",
+        "minInstances": 1,
+        "maxInstances": 1,
+        "maxRequestConcurrency": 64,
+    }
+    await admin.post(d, {"deploymentSpecifications": [spec]})
+
+    async def active() -> bool:
+        return bool((await admin.get(d)).json["deployment"]["functionStatus"] == "ACTIVE")
+
+    await wait_for(active, timeout=120, what=f"{function['name']} ACTIVE")
+    return str(created["id"])
 
 
 async def run(quick: bool = False, *settings: str) -> dict[str, Any]:
     n = 200 if quick else 1000
     seconds = float(os.environ.get("NVCF_BENCH_SECONDS", "2" if quick else "8"))
+    uvicorn = importlib.util.find_spec("uvicorn") is not None
+    results: dict[str, Any] = {"load_generator": "wrk" if shutil.which("wrk") else "aiohttp"}
     with tempfile.TemporaryDirectory(prefix="nvcf-bench-") as tmp:
-        root = Path(tmp)
-        async with platform_process(root / "state", *settings) as ep, bus_of(ep["nats_url"]) as bus:
-            launcher = ProcessLauncher(root / "instances", environ=dict(os.environ))
-            agent = ScriptedAgent(
-                bus,
-                cluster_id="00000000-0000-4000-8000-0000000bench",
-                cluster_name="bench",
-                gpus=[gpu_inventory("H100", 8)],
-                behaviour="launch",
-                launcher=launcher,
-            )
-            async with (
-                anyio.create_task_group() as tg,
-                aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session,
-            ):
-                await tg.start(agent.run)
-                admin = Api(session, ep["api_url"], ep["credentials"]["admin_token"], timeout=60)
-                created = (await admin.post("/v2/nvcf/functions", ECHO_FUNCTION)).json["function"]
-                d = f"/v2/nvcf/deployments/functions/{created['id']}/versions/{created['versionId']}"
-                spec = {
-                    "gpu": "H100",
-                    "instanceType": "ON-PREM.GPU.H100_1x",
-                    "minInstances": 1,
-                    "maxInstances": 1,
-                    "maxRequestConcurrency": 64,
-                }
-                await admin.post(d, {"deploymentSpecifications": [spec]})
-
-                async def active() -> bool:
-                    return bool((await admin.get(d)).json["deployment"]["functionStatus"] == "ACTIVE")
-
-                await wait_for(active, timeout=60, what="ACTIVE")
-                instance = next(iter(launcher.running.values()))
-                direct = f"http://127.0.0.1:{instance.inference_port}/echo"
-                through = f"{ep['api_url']}/v2/nvcf/pexec/functions/{created['id']}"
-                key = {"Authorization": f"Bearer {ep['credentials']['api_key']}", "Content-Type": "application/json"}
-                await _sequential(session, through, key, 100)  # warm up
-                await _sequential(session, direct, {}, 100)
-                d_ms = await _sequential(session, direct, {}, n)
-                p_ms = await _sequential(session, through, key, n)
-                results: dict[str, Any] = {
-                    "direct_p50_ms": _quantile(d_ms, 0.5),
-                    "direct_p99_ms": _quantile(d_ms, 0.99),
-                    "platform_p50_ms": _quantile(p_ms, 0.5),
-                    "platform_p99_ms": _quantile(p_ms, 0.99),
-                }
-                results["added_p50_ms"] = results["platform_p50_ms"] - results["direct_p50_ms"]
-                results["added_p99_ms"] = results["platform_p99_ms"] - results["direct_p99_ms"]
-                results["load_generator"] = "wrk" if shutil.which("wrk") else "aiohttp"
-                for clients in (16, 64):
-                    if shutil.which("wrk"):
-                        stats = await anyio.to_thread.run_sync(_wrk, through, key, clients, seconds)
-                        rate, done, errors = stats["rps"], int(stats.get("done", 0)), int(stats.get("errors", 0))
-                        results[f"p50_ms_{clients}"] = stats.get("p50_ms")
-                        results[f"p99_ms_{clients}"] = stats.get("p99_ms")
-                    else:
-                        rate, done, errors = await _load(session, through, key, clients, seconds)
-                    results[f"rps_{clients}"] = rate
-                    results[f"errors_{clients}"] = errors
-                    results[f"done_{clients}"] = done
-                tg.cancel_scope.cancel()
-    print(
-        f"invoke: direct p50 {results['direct_p50_ms']:.2f} ms p99 {results['direct_p99_ms']:.2f} ms | "
-        f"platform p50 {results['platform_p50_ms']:.2f} ms p99 {results['platform_p99_ms']:.2f} ms | "
-        f"added p50 {results['added_p50_ms']:.2f} ms p99 {results['added_p99_ms']:.2f} ms"
-    )
-    for clients in (16, 64):
-        latency = ""
-        if results.get(f"p50_ms_{clients}") is not None:
-            latency = f", p50 {results[f'p50_ms_{clients}']:.2f} ms p99 {results[f'p99_ms_{clients}']:.2f} ms"
-        print(
-            f"invoke: {clients} clients {results[f'rps_{clients}']:.0f} req/s "
-            f"({results[f'done_{clients}']} ok, {results[f'errors_{clients}']} errors{latency}; "
-            f"{results['load_generator']})"
-        )
+        state = Path(tmp) / "state"
+        async with (
+            platform_process(state, *_settings(), *settings, compute=True) as ep,
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session,
+        ):
+            admin = Api(session, ep["api_url"], ep["credentials"]["admin_token"], timeout=60)
+            key = {"Authorization": f"Bearer {ep['credentials']['api_key']}", "Content-Type": "application/json"}
+            functions = {"echo": await deploy(admin, ECHO_FUNCTION)}
+            if uvicorn:
+                functions["echo-uvicorn"] = await deploy(admin, UVICORN_FUNCTION)
+            roles = _processes(int(ep["pid"]))
+            urls = {
+                name: (
+                    f"http://127.0.0.1:{_function_port(roles, name)}/echo",
+                    f"{ep['api_url']}/v2/nvcf/pexec/functions/{fid}",
+                )
+                for name, fid in functions.items()
+            }
+            direct, through = urls["echo"]
+            await paired(session, urls["echo"], key, 100)  # warm up
+            results["echo"] = await paired(session, urls["echo"], key, n)
+            for clients in (16, 64):
+                results[f"load_{clients}"] = await throughput(
+                    session, through, key, roles, clients=clients, seconds=seconds
+                )
+            if uvicorn:
+                await paired(session, urls["echo-uvicorn"], key, 50)
+                results["uvicorn"] = await paired(session, urls["echo-uvicorn"], key, n // 2)
+            sse_direct = await streaming(session, direct, {}, 16, seconds / 2)
+            sse_through = await streaming(session, through, key, 16, seconds / 2)
+            results["sse"] = {"direct": sse_direct, "through": sse_through, "loss": 1 - sse_through / sse_direct}
+            results["mib"] = await paired(session, urls["echo"], key, 20 if quick else 50, body=MIB)
+    report(results)
     return results
+
+
+def report(results: dict[str, Any]) -> None:
+    def line(name: str, r: dict[str, float]) -> str:
+        return (
+            f"invoke {name}: direct p50 {r['direct_p50_ms']:.2f} p99 {r['direct_p99_ms']:.2f} ms | platform "
+            f"p50 {r['platform_p50_ms']:.2f} p99 {r['platform_p99_ms']:.2f} ms | added (per request) "
+            f"p50 {r['added_p50_ms']:.2f} p99 {r['added_p99_ms']:.2f} ms | calls over 20 ms: {r['over_20ms']:.0f}"
+        )
+
+    print(line("echo, 64 B", results["echo"]))
+    for clients in (16, 64):
+        r = results[f"load_{clients}"]
+        cpu = ", ".join(f"{role} {ms:.3f}" for role, ms in r["cpu_ms"].items())
+        latency = f", p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} ms" if r.get("p50_ms") is not None else ""
+        print(
+            f"invoke: {clients} connections {r['rps']:.0f} req/s ({r['done']:.0f} ok, {r['errors']:.0f} errors"
+            f"{latency}; {results['load_generator']}) | CPU ms per request: {cpu}; platform+worker+nats "
+            f"{r['platform_cpu_ms']:.3f} | cores in use {r['cores']:.2f}"
+        )
+    if "uvicorn" in results:
+        print(line("uvicorn --workers 2", results["uvicorn"]))
+    else:
+        print("invoke uvicorn: skipped (uvicorn is not installed: pip install -e '.[bench]')")
+    sse = results["sse"]
+    print(
+        f"invoke SSE 128 B events, 16 streams: direct {sse['direct']:.0f}/s, through the platform "
+        f"{sse['through']:.0f}/s, loss {sse['loss'] * 100:.0f} %"
+    )
+    mib = results["mib"]
+    print(line("1 MiB body", mib) + f" | added p50 / direct p50 {mib['added_p50_ms'] / mib['direct_p50_ms']:.2f}x")
 
 
 def main() -> None:

@@ -28,8 +28,6 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import Bus, Delivery
 from nvcf_mono.bus.holding import hold_until_ready
-from nvcf_mono.bus.nats import open_nats_bus
-from nvcf_mono.config.model import BusSettings
 from nvcf_mono.contracts import streams, subjects
 from nvcf_mono.contracts.frames import Frame, FrameError, Request
 from nvcf_mono.metrics import Metrics
@@ -62,6 +60,7 @@ from nvcf_mono.worker.inference import (
     InferenceUnreachable,
     call,
     check_health,
+    inference_session,
     problem_frame,
     request_headers,
 )
@@ -158,8 +157,9 @@ class Worker:
         self._closing = False
         self.backoff = Backoff()
         self.progress = ProgressMonitor(config.progress_interval)
-        #: Requests' output directories (recycled) and input asset directories (removed after).
-        self.outputs = Scratch(config.response_dir, keep=config.max_concurrency)
+        #: Requests' output directories (recycled) and input asset directories (removed after). Spares
+        #: come back a clearing batch later, so enough are kept for a batch's worth of requests.
+        self.outputs = Scratch(config.response_dir, keep=max(256, 4 * config.max_concurrency))
         self.asset_dirs = Scratch(config.asset_dir, keep=0)
         #: nats transport: requests pulled from JetStream and not settled yet.
         self._held: dict[str, Settlement] = {}
@@ -173,7 +173,7 @@ class Worker:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         for base in (self.config.asset_dir, self.config.response_dir):
             os.makedirs(base, exist_ok=True)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        async with inference_session() as http:
             await self._wait_healthy(http)
             task_status.started()
             async with anyio.create_task_group() as tg:
@@ -369,6 +369,11 @@ class Worker:
 
     async def _pull_nats(self, session: ConnectResponse, link: _Link, requests: TaskGroup) -> None:
         """Pull the version's durable directly; pause while unhealthy, stop on drain."""
+        # Only this transport needs NATS: importing its client and the bus settings is about a third
+        # of a worker's start, and the worker's start is on every cold start's path.
+        from nvcf_mono.bus.nats import open_nats_bus
+        from nvcf_mono.config.model import BusSettings
+
         settings = BusSettings(connect_retry_for=30.0, request_timeout=10.0, reconnect_wait=0.5)
         name = f"worker_{self.config.function_version_id}_{self.config.instance_id}"
 

@@ -59,6 +59,15 @@ def request_headers(config: WorkerConfig, request: Request, *, asset_dir: str, o
     return headers
 
 
+def inference_session() -> aiohttp.ClientSession:
+    """The worker's client to its inference server: one per worker, kept-alive connections, no limit.
+
+    No cookie jar: a cookie the server sets in one caller's response must never go out with the next
+    caller's request (the server may be reached by a host name, where a jar would keep them).
+    """
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), cookie_jar=aiohttp.DummyCookieJar())
+
+
 async def check_health(session: aiohttp.ClientSession, config: WorkerConfig) -> tuple[bool, str]:
     """One health check of the inference server (HTTP, or grpc.health.v1): (healthy, why not)."""
     if config.health_protocol == "grpc":

@@ -178,11 +178,12 @@ class GrpcProxy:
             # The worker gives the function what is left of the client's deadline.
             headers = [*headers, ("grpc-timeout", encode_timeout(window))]
         staged = await stage(invoker.dispatcher, invoker.config.inline_body_limit, request_id, body)
+        pending = invoker.router.register(request_id, fv.version_id)
         req = new_request(
             principal,
             fv,
             request_id=request_id,
-            reply=invoker.router.reply_subject(request_id, fv.version_id),
+            reply=pending.reply,
             method="POST",
             path=path,
             headers=headers,
@@ -192,7 +193,6 @@ class GrpcProxy:
             poll_seconds=max(1, math.ceil(window)),
             grpc=True,
         )
-        pending = invoker.router.register(request_id, fv.version_id)
         ended: _Ended | None = None
         cancelled = False
 

@@ -167,11 +167,12 @@ class Invoker:
             staged = await read_body(self.config, self.dispatcher, request, request_id)
         else:
             staged = await stage(self.dispatcher, self.config.inline_body_limit, request_id, body)
+        pending = self.router.register(request_id, fv.version_id)
         req = new_request(
             principal,
             fv,
             request_id=request_id,
-            reply=self.router.reply_subject(request_id, fv.version_id),
+            reply=pending.reply,
             method=method,
             path=path,
             headers=((k, v) for k, v in headers.items() if k.lower() not in DROPPED),
@@ -181,7 +182,6 @@ class Invoker:
             streaming=streaming,
             asset_ids=inv.asset_ids,
         )
-        pending = self.router.register(request_id, fv.version_id)
         try:
             dispatching = time.perf_counter()
             await self.dispatcher.publish(req)

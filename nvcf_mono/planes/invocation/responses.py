@@ -65,10 +65,14 @@ class Capabilities:
 class Pending:
     """One request waiting for its response frames (bounded: a full queue holds the relay back)."""
 
-    def __init__(self, request_id: str, function_version_id: str, capability: str, *, capacity: int = 16) -> None:
+    def __init__(
+        self, request_id: str, function_version_id: str, capability: str, *, reply: str = "", capacity: int = 16
+    ) -> None:
         self.request_id = request_id
         self.function_version_id = function_version_id
         self.capability = capability
+        #: The subject the request's frames are sent to.
+        self.reply = reply
         self._frames: Mailbox[Frame] = Mailbox(capacity)
         #: The client got a 202: whoever holds this stores the result.
         self.detached = False
@@ -101,16 +105,14 @@ class ResponseRouter:
         self.prefix = subjects.response_prefix(self.inbox) + "."
         self._pending: dict[str, Pending] = {}
 
-    def reply_subject(self, request_id: str, function_version_id: str) -> str:
-        capability = self._capabilities.of(function_version_id, request_id)
-        return subjects.response_subject(self.inbox, request_id, capability)
-
     def is_local(self, reply_subject: str) -> bool:
         return reply_subject.startswith(self.prefix)
 
     def register(self, request_id: str, function_version_id: str) -> Pending:
+        """A request waits for its frames here; its reply subject (``pending.reply``) carries its capability."""
         capability = self._capabilities.of(function_version_id, request_id)
-        pending = Pending(request_id, function_version_id, capability)
+        reply = subjects.response_subject(self.inbox, request_id, capability)
+        pending = Pending(request_id, function_version_id, capability, reply=reply)
         self._pending[request_id] = pending
         return pending
 

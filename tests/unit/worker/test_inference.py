@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 import anyio
+import attrs
 import pytest
 from aiohttp import web
 
@@ -20,6 +21,7 @@ from nvcf_mono.worker.inference import (
     InferenceCrashed,
     InferenceUnreachable,
     call,
+    inference_session,
     problem_frame,
     request_headers,
 )
@@ -203,3 +205,22 @@ async def test_a_body_already_read_in_full_still_goes_out_whole() -> None:
     assert b"".join(f.body for f in frames) == blob
     assert [f.end for f in frames].index(True) == len(frames) - 1
     assert frames[-1].total_length == len(blob)
+
+
+async def test_a_cookie_one_caller_got_never_goes_out_with_the_next_callers_request() -> None:
+    routes = web.RouteTableDef()
+
+    @routes.post("/login")
+    async def login(request: web.Request) -> web.Response:
+        # Answers the Cookie header it got, and sets a session cookie for whoever called.
+        return web.Response(text=request.headers.get("Cookie", "none"), headers={"Set-Cookie": "session=alice; Path=/"})
+
+    async with server(routes) as port:
+        # By host name, as a Kubernetes service or Helm chart is reached (a jar keeps no cookies of IPs).
+        cfg = attrs.evolve(config(port), inference_host="localhost")
+        seen = []
+        async with inference_session() as http:
+            for _ in range(2):
+                async for frame in call(http, cfg, request("/login"), b"", {}, attempt=1):
+                    seen.append(frame.body)
+    assert seen == [b"none", b"none"]
