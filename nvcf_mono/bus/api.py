@@ -488,6 +488,11 @@ class Bus(Protocol):
         """Connection state now."""
         ...
 
+    @property
+    def max_payload(self) -> int:
+        """The largest message the server takes (what it announced; NATS's default before it did)."""
+        ...
+
     async def publish(
         self, subject: str, data: bytes = b"", *, headers: Headers | None = None, reply: str | None = None
     ) -> None:

@@ -166,6 +166,11 @@ class NatsBus:
         return ConnectionState.CONNECTING
 
     @property
+    def max_payload(self) -> int:
+        """The largest message the server takes (what it announced; NATS's default before it did)."""
+        return int(self._nc.max_payload or 1024 * 1024)
+
+    @property
     def client(self) -> NatsClient:
         """The nats-py client, for adapters that need what the interface does not offer."""
         return self._nc

@@ -1,1 +1,5 @@
-"""The one grpclib server of a host, assembled from the servicers plugins contribute."""
+"""The one grpclib server of a host, assembled from the servicers plugins contribute; gRPC helpers both ends use."""
+
+from nvcf_mono.grpc import h2_repr
+
+h2_repr.install()  # every process that speaks gRPC imports this package first

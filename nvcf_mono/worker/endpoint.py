@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from grpclib.client import Channel
 
+from nvcf_mono.grpc import h2_repr
+
 
 def parse(address: str) -> tuple[str, int] | None:
     """``host:port`` -> ``(host, port)``; None when it is not one."""
@@ -37,4 +39,5 @@ def current(address: str, address_file: str | None) -> tuple[str, int]:
 def channel(address: str, address_file: str | None) -> Channel:
     """A channel to the platform's current WorkerService address (use it as an async context manager)."""
     host, port = current(address, address_file)
+    h2_repr.install()  # importing nvcf_mono.grpc did it already; said here, where the worker's channels start
     return Channel(host, port)

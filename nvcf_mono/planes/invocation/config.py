@@ -27,8 +27,9 @@ class InvocationConfig:
     )
     result_ttl: Seconds = setting(3600.0, doc="How long the result of a 202'd request is kept.", check=positive)
     inline_body_limit: ByteSize = setting(
-        256 * 1024,
-        doc="Request bodies up to this size travel in the request message; larger ones in the object store.",
+        4 * 1024 * 1024,
+        doc="Request bodies up to this size travel in the request message, larger ones in the object store; "
+        "never more than half the message bus's max_payload.",
         check=in_range(1024, 4 * 1024 * 1024),
     )
     max_request_body: ByteSize = setting(

@@ -43,6 +43,15 @@ class Dispatcher:
         #: Told of every request stored (function id, version id): the load meter counts and wakes.
         self.on_queued: Callable[[str, str], Awaitable[None]] | None = None
 
+    @property
+    def inline_limit(self) -> int:
+        """Bodies up to this size travel inside the request message (one stored message, no object store).
+
+        The configured limit, within half of what the message bus takes: the rest is the room for the
+        request's headers.
+        """
+        return min(self._config.inline_body_limit, self._bus.max_payload // 2)
+
     def stream_name(self, function_version_id: str) -> str:
         return subjects.request_stream(self.region, function_version_id)
 
@@ -62,7 +71,7 @@ class Dispatcher:
                     self.region,
                     function_version_id,
                     max_msgs=c.queue_max_messages,
-                    max_msg_size=c.inline_body_limit + HEADER_ROOM,
+                    max_msg_size=min(self.inline_limit + HEADER_ROOM, self._bus.max_payload),
                 )
             )
             await self._bus.stream(self.stream_name(function_version_id)).ensure_consumer(

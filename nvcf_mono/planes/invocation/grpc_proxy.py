@@ -177,7 +177,7 @@ class GrpcProxy:
         if stream.deadline is not None:
             # The worker gives the function what is left of the client's deadline.
             headers = [*headers, ("grpc-timeout", encode_timeout(window))]
-        staged = await stage(invoker.dispatcher, invoker.config.inline_body_limit, request_id, body)
+        staged = await stage(invoker.dispatcher, invoker.dispatcher.inline_limit, request_id, body)
         pending = invoker.router.register(request_id, fv.version_id)
         req = new_request(
             principal,

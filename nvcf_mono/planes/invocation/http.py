@@ -166,7 +166,7 @@ class Invoker:
         if body is None:
             staged = await read_body(self.config, self.dispatcher, request, request_id)
         else:
-            staged = await stage(self.dispatcher, self.config.inline_body_limit, request_id, body)
+            staged = await stage(self.dispatcher, self.dispatcher.inline_limit, request_id, body)
         pending = self.router.register(request_id, fv.version_id)
         req = new_request(
             principal,

@@ -107,7 +107,7 @@ async def read_body(config: InvocationConfig, dispatcher: Dispatcher, request: w
     if request.content_length is not None and request.content_length > maximum:
         # Refused before a byte is read or stored.
         raise ProblemError(413, _too_large(maximum))
-    limit = config.inline_body_limit
+    limit = dispatcher.inline_limit
     head = bytearray()
     content = request.content
     while len(head) <= limit:

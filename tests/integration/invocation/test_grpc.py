@@ -125,7 +125,7 @@ async def test_unary_and_server_streaming_calls_through_the_proxy(tmp_path: Path
         assert err.details == encode_status(Status.NOT_FOUND, "no such thing")  # grpc-status-details-bin
 
         # Messages larger than the inline body limit and than a response frame round-trip intact.
-        big = "x" * (1024 * 1024 + 17)
+        big = "x" * (4 * 1024 * 1024 + 17)
         with anyio.fail_after(30):
             assert (await stub.echo(EchoRequest(message=big), metadata=pinned)).message == big
 
