@@ -522,6 +522,10 @@ class NatsDelivery:
             self._settle()
 
 
+#: How long a consumer waits before asking again when a pull request was refused or could not be sent.
+REFUSED_PAUSE = 0.25
+
+
 @final
 class NatsConsumer:
     """Hands out a durable's deliveries from lingering pull requests, never more than ``max_inflight`` unsettled.
@@ -553,6 +557,8 @@ class NatsConsumer:
         self._outstanding = 0
         self._quiet_after = 0.0
         self._error: BusError | None = None
+        #: No pull requests before this (the server refused one).
+        self._paused_until = 0.0
         #: Set when a message arrives or a slot is freed.
         self._changed = anyio.Event()
 
@@ -596,6 +602,9 @@ class NatsConsumer:
             description = (msg.headers or {}).get(api.Header.DESCRIPTION, "")
             if "deleted" in description.lower():
                 self._error = NotFound(f"{self._what}: {description}")
+            elif status == "409":
+                # Refused (too many waiting pulls, a leader change): ask again after a pause, not at once.
+                self._paused_until = time.monotonic() + REFUSED_PAUSE
         self._changed.set()
 
     # A class iterator rather than an async generator: a cancelled __anext__ (a timeout around one
@@ -615,7 +624,8 @@ class NatsConsumer:
                 await self._ask()
             if self._buffer and self._in_flight < self._max_inflight:
                 break
-            with anyio.move_on_after(self._fetch_timeout + 1.0):
+            paused = self._paused_until - time.monotonic()
+            with anyio.move_on_after(paused if paused > 0 else self._fetch_timeout + 1.0):
                 await self._changed.wait()
             if self._outstanding and time.monotonic() > self._quiet_after:
                 self._outstanding = 0  # every pull has expired unheard: the server no longer has them
@@ -629,6 +639,8 @@ class NatsConsumer:
         free = self._max_inflight - self._in_flight - len(self._buffer) - self._outstanding
         if free <= 0 or (self._outstanding and free < max(1, self._batch // 2)):
             return
+        if time.monotonic() < self._paused_until:
+            return
         want = min(free, self._batch)
         expires = int(self._fetch_timeout * 1_000_000_000)
         try:
@@ -636,7 +648,7 @@ class NatsConsumer:
         except _NATS_ERRORS as err:
             if isinstance(err, nats.errors.ConnectionClosedError):
                 raise translate(err, "fetch") from err
-            await anyio.sleep(0.25)  # reconnecting: ask again shortly
+            await anyio.sleep(REFUSED_PAUSE)  # reconnecting: ask again shortly
             return
         self._outstanding += want
         self._quiet_after = time.monotonic() + self._fetch_timeout + 1.0

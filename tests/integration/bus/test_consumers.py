@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 import pytest
@@ -282,3 +282,63 @@ async def test_ensure_consumer_updates_and_conflicts(nats_server: NatsServer, un
                 pass
         with pytest.raises(NotFound):
             await bus.stream(unique("NOS")).ensure_consumer(ConsumerSpec(durable="w"))
+
+
+async def _count_pulls(
+    bus: NatsBus, name: str, seconds: float, work: Callable[[], Awaitable[None]] | None = None
+) -> int:
+    """Pull requests sent for ``name``'s durable while ``work`` runs (and ``seconds`` after)."""
+    count = 0
+    async with bus.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{name}.workers") as sub, anyio.create_task_group() as tg:
+
+        async def counting() -> None:
+            nonlocal count
+            async for _ in sub:
+                count += 1
+
+        tg.start_soon(counting)
+        if work is not None:
+            await work()
+        await anyio.sleep(seconds)
+        tg.cancel_scope.cancel()
+    return count
+
+
+async def test_a_lingering_pull_serves_many_deliveries(nats_server: NatsServer, unique: Callable[[str], str]) -> None:
+    name = unique("LNG")
+    async with connect(nats_server.url) as bus, connect(nats_server.url) as watcher:
+        await _work_queue(bus, name)
+        async with bus.stream(name).consume("workers", batch=16, max_inflight=16, fetch_timeout=5.0) as consumer:
+            deliveries = aiter(consumer)
+
+            async def one_at_a_time() -> None:
+                for i in range(40):
+                    await bus.stream(name).publish(f"{name.lower()}.{i}", str(i).encode())
+                    (delivery,) = await _take(deliveries, 1)
+                    assert int(delivery.data) == i
+                    await delivery.ack()
+
+            pulls = await _count_pulls(watcher, name, 0.2, one_at_a_time)
+    # One pull request per fetch would be 40 or more (80 with a no-wait probe each); asking again only
+    # when half the slots are free is about one per 8 deliveries here.
+    assert 1 <= pulls <= 8, pulls
+
+
+async def test_a_refused_pull_is_asked_again_after_a_pause(
+    nats_server: NatsServer, unique: Callable[[str], str]
+) -> None:
+    name = unique("RFS")
+    async with connect(nats_server.url) as bus, connect(nats_server.url) as watcher:
+        await _work_queue(bus, name, max_waiting=1)
+        stream = bus.stream(name)
+        async with (
+            stream.consume("workers", batch=1, max_inflight=1, fetch_timeout=5.0) as first,
+            stream.consume("workers", batch=1, max_inflight=1, fetch_timeout=5.0) as second,
+            anyio.create_task_group() as tg,
+        ):
+            for consumer in (first, second):
+                tg.start_soon(anext, aiter(consumer))  # both waiting; the server keeps one pull (max_waiting 1)
+            pulls = await _count_pulls(watcher, name, 2.0)
+            tg.cancel_scope.cancel()
+    # The refused one asks again every REFUSED_PAUSE (0.25 s), not in a tight loop.
+    assert pulls <= 12, pulls
