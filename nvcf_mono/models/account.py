@@ -92,9 +92,9 @@ class AccountResponse(WireModel):
 
 @wire
 class AccountListResponse(WireModel):
-    """``{accounts}``."""
+    """``{cloudAccounts}``, as NVCF's schema names the list."""
 
-    accounts: tuple[Account, ...]
+    cloud_accounts: tuple[Account, ...]
 
 
 @wire

@@ -110,20 +110,37 @@ def parse_rates(value: str) -> list[tuple[int, float]]:
 
 @wire
 class Health(WireModel):
-    """The inference server's health check; every field is required when the object is given."""
+    """The inference server's health check; every field is required when the object is given, except
+    that a gRPC check (the grpc.health.v1 protocol) needs no ``uri`` or ``expectedStatusCode``.
+    """
 
     protocol: HealthProtocol
-    #: The path the worker checks (HTTP), or the service name of grpc.health.v1 ("" for the whole server).
-    uri: str = checked(check=max_len(2048))
     port: int = checked(check=int_range(1, 65535))
     #: One check's time limit: up to ten minutes (a longer wait is a startup timeout, not a health check).
     timeout: str = checked(check=iso_duration_at_most("PT10M"))
-    expected_status_code: int = checked(check=int_range(100, 599))
+    #: The path the worker checks (HTTP), or the service name of grpc.health.v1 (none: the whole server).
+    uri: str | None = checked(None, check=max_len(2048))
+    expected_status_code: int | None = checked(None, check=int_range(100, 599))
 
     def __checks__(self) -> Iterator[tuple[str, str]]:
-        problem = url_path(self.uri) if self.protocol is HealthProtocol.HTTP else None
-        if problem is not None:
+        if self.protocol is not HealthProtocol.HTTP:
+            return
+        if self.uri is None:
+            yield "uri", "required for an HTTP health check"
+        elif (problem := url_path(self.uri)) is not None:
             yield "uri", problem
+        if self.expected_status_code is None:
+            yield "expectedStatusCode", "required for an HTTP health check"
+
+    @property
+    def path(self) -> str:
+        """What the worker checks: the HTTP path, or the gRPC service name ("" for the whole server)."""
+        return self.uri or ""
+
+    @property
+    def expected(self) -> int:
+        """The HTTP status a healthy server answers (a gRPC check looks for SERVING instead)."""
+        return self.expected_status_code or 200
 
 
 @wire

@@ -107,7 +107,7 @@ async def read_body(config: InvocationConfig, dispatcher: Dispatcher, request: w
     if request.content_length is not None and request.content_length > maximum:
         # Refused before a byte is read or stored.
         raise ProblemError(413, _too_large(maximum))
-    limit = dispatcher.inline_limit
+    limit = min(dispatcher.inline_limit, maximum)
     head = bytearray()
     content = request.content
     while len(head) <= limit:
@@ -115,6 +115,8 @@ async def read_body(config: InvocationConfig, dispatcher: Dispatcher, request: w
         if not chunk:
             return Body(bytes(head), None, len(head))
         head.extend(chunk)
+    if len(head) > maximum:  # a body without Content-Length past the limit: refused before anything is stored
+        raise ProblemError(413, _too_large(maximum))
 
     async def rest() -> AsyncIterator[bytes]:
         size = len(head)

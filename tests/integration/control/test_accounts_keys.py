@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from nvcf_mono.contracts import buckets
 from nvcf_mono.models.api_key import FUNCTIONS_SERVICE_ID, TASKS_SERVICE_ID
 from nvcf_mono.models.common import parse_iso
-from nvcf_mono.testing.platform import wait_for
+from nvcf_mono.testing.platform import Reply, wait_for
 
 from .conftest import CONTAINER_FUNCTION, Platform, agent, platform
 
@@ -113,7 +113,7 @@ async def test_account_crud_validation_and_conflicts(tmp_path: Path) -> None:
 
         listed = await p.admin.get("/v2/nvcf/accounts")
         assert listed.status == 200
-        assert [a["ncaId"] for a in listed.json["accounts"]] == ["nvcf-default", "team-a", "team_b"]
+        assert [a["ncaId"] for a in listed.json["cloudAccounts"]] == ["nvcf-default", "team-a", "team_b"]
         got = await p.admin.get("/v2/nvcf/accounts/team-a")
         assert got.status == 200 and got.json["account"] == account
         assert_problem(await p.admin.get("/v2/nvcf/accounts/nobody"), 404, "nobody")
@@ -558,5 +558,11 @@ async def test_jwt_auth_and_grant_subset(tmp_path: Path) -> None:
         moved = await p.admin.patch("/v2/nvcf/accounts/team-a/clients/associate", {"clientIds": ["bob"]})
         assert moved.status == 200
         bob = p.api(issuer.token("bob", ["list_functions"]))
-        seen = await bob.get("/v2/nvcf/functions")
+
+        async def moved_over() -> Reply | None:
+            # The JWT strategy reads account mappings from its mirror of the accounts bucket: soon, not at once.
+            reply = await bob.get("/v2/nvcf/functions")
+            return reply if reply.status == 200 else None
+
+        seen = await wait_for(moved_over, what="bob's tokens to act for team-a")
         assert [f["id"] for f in seen.json["functions"]] == [foreign["id"]]

@@ -275,6 +275,12 @@ async def test_accounts_manage_only_their_own_clusters(tmp_path: Path) -> None:
         assert own.status == 200, own.body
         listed = (await other.get("/v1/accounts/acct-two/clusters")).json["clusters"]
         assert [c["clusterId"] for c in listed] == [own.json["clusterId"]]
+        # NVCF's service-info paths answer the same, and keep accounts apart the same way.
+        assert (await other.get("/v1/si/accounts/acct-two/clusters")).json["clusters"] == listed
+        one = await other.get(f"/v1/si/accounts/acct-two/clusters/{own.json['clusterId']}")
+        assert one.status == 200 and one.json == listed[0]
+        assert (await other.get(f"/v1/si/accounts/acct-two/clusters/{cluster_id}")).status == 404
+        assert (await other.get("/v1/si/accounts/nvcf-default/clusters")).status == 404
         assert (await p.admin.get("/v1/accounts/nobody/clusters")).status == 404
         twin = await p.admin.get("/v2/nvcf/accounts/acct-two/clusterGroups")
         assert twin.status == 200 and len(twin.json["clusterGroups"]) == 1

@@ -119,7 +119,7 @@ async def create_account(ctl: Control, call: Call[AccountRequest]) -> AccountRes
     response=AccountListResponse,
 )
 async def list_accounts(ctl: Control, call: Call[None]) -> AccountListResponse:
-    return AccountListResponse(accounts=tuple(sorted(ctl.store.accounts.values(), key=lambda a: a.nca_id)))
+    return AccountListResponse(cloud_accounts=tuple(sorted(ctl.store.accounts.values(), key=lambda a: a.nca_id)))
 
 
 @routes.route(

@@ -703,6 +703,36 @@ async def get_cluster(ctl: Control, call: Call[None]) -> ClusterView:
 
 
 @routes.route(
+    "GET",
+    "/v1/si/accounts/{ncaId}/clusters",
+    account_from_path=True,
+    summary="The account's registered clusters at NVCF's service-info path (as /v1/accounts/{ncaId}/clusters).",
+    tag=TAG_ICMS,
+    scopes=MANAGE_READ_SCOPES,
+    response=ClusterListResponse,
+    errors=(404,),
+)
+async def list_clusters_service_info(ctl: Control, call: Call[None]) -> ClusterListResponse:
+    listed: ClusterListResponse = await list_clusters(ctl, call)
+    return listed
+
+
+@routes.route(
+    "GET",
+    "/v1/si/accounts/{ncaId}/clusters/{clusterId}",
+    account_from_path=True,
+    summary="One registered cluster at NVCF's service-info path (as /v1/accounts/{ncaId}/clusters/{clusterId}).",
+    tag=TAG_ICMS,
+    scopes=MANAGE_READ_SCOPES,
+    response=ClusterView,
+    errors=(404,),
+)
+async def get_cluster_service_info(ctl: Control, call: Call[None]) -> ClusterView:
+    found: ClusterView = await get_cluster(ctl, call)
+    return found
+
+
+@routes.route(
     "PUT",
     "/v1/accounts/{ncaId}/clusters/{clusterId}",
     account_from_path=True,

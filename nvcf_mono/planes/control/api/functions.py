@@ -222,7 +222,14 @@ async def list_function_versions(ctl: Control, call: Call[None]) -> FunctionList
     tag=TAG,
     scopes=LIST_SCOPES,
     response=FunctionResponse,
-    params=(Param(name="includeSecrets", description="Include secret names.", schema={"type": "boolean"}),),
+    params=(
+        Param(
+            name="includeSecrets",
+            description="Include the names of the version's secrets (never their values); the owner's, with "
+            "list_functions_details.",
+            schema={"type": "boolean", "default": True},
+        ),
+    ),
     errors=(404,),
     cross_account=True,
 )
@@ -231,9 +238,8 @@ async def get_function_version(ctl: Control, call: Call[None]) -> FunctionRespon
     details = call.principal.has(S.LIST_FUNCTIONS_DETAILS) or (
         call.cross_account and call.principal.has("admin:list_functions_details")
     )
-    view = function_view(
-        ctl.store, fv, owner=rel == "owner", details=details, include_secrets=call.query_bool("includeSecrets")
-    )
+    include_secrets = call.query_bool("includeSecrets", default=True)  # NVCF's default: names only, never values
+    view = function_view(ctl.store, fv, owner=rel == "owner", details=details, include_secrets=include_secrets)
     return FunctionResponse(function=view)
 
 
