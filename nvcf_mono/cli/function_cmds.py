@@ -258,7 +258,8 @@ def _version_table(ctx: CliContext, functions: list[dict[str, Any]], *, empty: s
 
 
 def _get_version(client: ApiClient, fid: str, vid: str, include_secrets: bool) -> Any:
-    query = {"includeSecrets": "true"} if include_secrets else None
+    # Said either way: the API names the secrets unless told not to, the CLI only when asked.
+    query = {"includeSecrets": "true" if include_secrets else "false"}
     return client.get(f"{FUNCTIONS}/{fid}/versions/{vid}", query=query)
 
 
