@@ -595,15 +595,16 @@ class NatsConsumer:
         if not status:
             self._outstanding = max(0, self._outstanding - 1)
             self._buffer.append(msg)
-        elif status in ("408", "409"):
-            # A pull request ended: expired (408), or refused or cut short (409); what it never delivered.
+        elif status in ("408", "409", "503"):
+            # A pull request ended: expired (408), refused or cut short (409), or nobody took it (503: no
+            # consumer leader right now); what it never delivered.
             left = msg.headers.get("Nats-Pending-Messages") if msg.headers else None
             self._outstanding = max(0, self._outstanding - int(left)) if left and left.isdigit() else 0
             description = (msg.headers or {}).get(api.Header.DESCRIPTION, "")
             if "deleted" in description.lower():
                 self._error = NotFound(f"{self._what}: {description}")
-            elif status == "409":
-                # Refused (too many waiting pulls, a leader change): ask again after a pause, not at once.
+            elif status != "408":
+                # Ask again after a pause, not at once (too many waiting pulls, a leader change).
                 self._paused_until = time.monotonic() + REFUSED_PAUSE
         self._changed.set()
 

@@ -342,3 +342,17 @@ async def test_a_refused_pull_is_asked_again_after_a_pause(
             tg.cancel_scope.cancel()
     # The refused one asks again every REFUSED_PAUSE (0.25 s), not in a tight loop.
     assert pulls <= 12, pulls
+
+
+async def test_a_consumer_deleted_under_a_waiting_pull_is_not_found(
+    nats_server: NatsServer, unique: Callable[[str], str]
+) -> None:
+    name = unique("DEL")
+    async with connect(nats_server.url) as bus:
+        await _work_queue(bus, name)
+        async with bus.stream(name).consume("workers", batch=4, max_inflight=4, fetch_timeout=30.0) as consumer:
+            deliveries = aiter(consumer)
+            assert await _nothing_within(deliveries, 0.3)  # its pull request is waiting on the server
+            assert await bus.stream(name).delete_consumer("workers")
+            with anyio.fail_after(5), pytest.raises(NotFound, match="workers"):
+                await anext(deliveries)
