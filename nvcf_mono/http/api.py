@@ -266,6 +266,16 @@ def _depth_within(doc: Any, limit: int) -> bool:
 ContextHandler = Callable[[C, Call[Any]], Awaitable[Any]]
 
 
+def alias(handler: ContextHandler[C], name: str) -> ContextHandler[C]:
+    """The same handler under another operation id, for a second path of one endpoint."""
+
+    async def aliased(context: C, call: Call[Any]) -> Any:
+        return await handler(context, call)
+
+    aliased.__name__ = name
+    return aliased
+
+
 @final
 class Routes(Generic[C]):
     """Operations declared at module level, in the style of aiohttp's ``RouteTableDef``.

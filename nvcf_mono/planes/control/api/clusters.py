@@ -14,7 +14,7 @@ from typing import Any
 
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.bus.errors import ConflictError
-from nvcf_mono.http.api import Call, Param, Routes
+from nvcf_mono.http.api import Call, Param, Routes, alias
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.cluster import (
     CloudProvider,
@@ -669,16 +669,6 @@ async def register_cluster(ctl: Control, call: Call[RegisterClusterRequest]) -> 
     return RegisteredCluster(cluster_id=cluster.cluster_id, cluster_group_id=cluster.cluster_group_id)
 
 
-@routes.route(
-    "GET",
-    "/v1/accounts/{ncaId}/clusters",
-    account_from_path=True,
-    summary="The account's registered clusters, with health from their agents' heartbeats.",
-    tag=TAG_ICMS,
-    scopes=MANAGE_READ_SCOPES,
-    response=ClusterListResponse,
-    errors=(404,),
-)
 async def list_clusters(ctl: Control, call: Call[None]) -> ClusterListResponse:
     nca_id = acting_account(call)
     mine = sorted(
@@ -688,48 +678,32 @@ async def list_clusters(ctl: Control, call: Call[None]) -> ClusterListResponse:
     return ClusterListResponse(clusters=tuple(view(ctl, c) for c in mine))
 
 
-@routes.route(
-    "GET",
-    "/v1/accounts/{ncaId}/clusters/{clusterId}",
-    account_from_path=True,
-    summary="One registered cluster, with its health.",
-    tag=TAG_ICMS,
-    scopes=MANAGE_READ_SCOPES,
-    response=ClusterView,
-    errors=(404,),
-)
 async def get_cluster(ctl: Control, call: Call[None]) -> ClusterView:
     return view(ctl, await owned(ctl, call))
 
 
-@routes.route(
-    "GET",
-    "/v1/si/accounts/{ncaId}/clusters",
-    account_from_path=True,
-    summary="The account's registered clusters at NVCF's service-info path (as /v1/accounts/{ncaId}/clusters).",
-    tag=TAG_ICMS,
-    scopes=MANAGE_READ_SCOPES,
-    response=ClusterListResponse,
-    errors=(404,),
-)
-async def list_clusters_service_info(ctl: Control, call: Call[None]) -> ClusterListResponse:
-    listed: ClusterListResponse = await list_clusters(ctl, call)
-    return listed
-
-
-@routes.route(
-    "GET",
-    "/v1/si/accounts/{ncaId}/clusters/{clusterId}",
-    account_from_path=True,
-    summary="One registered cluster at NVCF's service-info path (as /v1/accounts/{ncaId}/clusters/{clusterId}).",
-    tag=TAG_ICMS,
-    scopes=MANAGE_READ_SCOPES,
-    response=ClusterView,
-    errors=(404,),
-)
-async def get_cluster_service_info(ctl: Control, call: Call[None]) -> ClusterView:
-    found: ClusterView = await get_cluster(ctl, call)
-    return found
+# The reads are also at NVCF's service-info paths (ICMS serves both).
+for prefix, suffix in (("/v1", ""), ("/v1/si", "_service_info")):
+    routes.route(
+        "GET",
+        f"{prefix}/accounts/{{ncaId}}/clusters",
+        account_from_path=True,
+        summary="The account's registered clusters, with health from their agents' heartbeats.",
+        tag=TAG_ICMS,
+        scopes=MANAGE_READ_SCOPES,
+        response=ClusterListResponse,
+        errors=(404,),
+    )(alias(list_clusters, f"list_clusters{suffix}") if suffix else list_clusters)
+    routes.route(
+        "GET",
+        f"{prefix}/accounts/{{ncaId}}/clusters/{{clusterId}}",
+        account_from_path=True,
+        summary="One registered cluster, with its health.",
+        tag=TAG_ICMS,
+        scopes=MANAGE_READ_SCOPES,
+        response=ClusterView,
+        errors=(404,),
+    )(alias(get_cluster, f"get_cluster{suffix}") if suffix else get_cluster)
 
 
 @routes.route(

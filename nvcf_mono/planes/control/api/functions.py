@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.contracts import buckets
-from nvcf_mono.http.api import Call, ContextHandler, Param, Routes
+from nvcf_mono.http.api import Call, Param, Routes, alias
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.common import new_id, now_iso
 from nvcf_mono.models.function import (
@@ -268,16 +266,6 @@ async def update_function(ctl: Control, call: Call[UpdateFunctionRequest]) -> Fu
     return FunctionResponse(function=function_view(ctl.store, updated, owner=True, details=True, include_secrets=False))
 
 
-def _alias(handler: ContextHandler[Control], name: str) -> ContextHandler[Control]:
-    """The same handler under another operation id (a deprecated path of one endpoint)."""
-
-    async def alias(ctl: Control, call: Call[Any]) -> Any:
-        return await handler(ctl, call)
-
-    alias.__name__ = name
-    return alias
-
-
 for path, deprecated in (
     ("/v2/nvcf/functions/{functionId}/versions/{versionId}", False),
     ("/v2/nvcf/metadata/functions/{functionId}/versions/{versionId}", True),
@@ -293,7 +281,7 @@ for path, deprecated in (
         errors=(404,),
         cross_account=True,
         deprecated=deprecated,
-    )(update_function if not deprecated else _alias(update_function, "update_function_metadata"))
+    )(update_function if not deprecated else alias(update_function, "update_function_metadata"))
 
 
 @routes.route(
