@@ -42,7 +42,7 @@ import anyio
 import anyio.to_thread
 
 from nvcf_mono.testing.platform import Api, wait_for
-from nvcf_mono.testing.running import ECHO_FUNCTION
+from nvcf_mono.testing.running import ECHO_FUNCTION, deployed
 
 BODY = b'{"pad": "' + b"x" * 52 + b'"}'  # 64 bytes
 MIB = os.urandom(1024 * 1024)
@@ -342,26 +342,6 @@ async def streaming(
     return events / (time.perf_counter() - started)
 
 
-async def deploy(admin: Api, function: dict[str, Any]) -> str:
-    """Create and deploy ``function`` at one instance; its id once ACTIVE."""
-    created = (await admin.post("/v2/nvcf/functions", function)).json["function"]
-    d = f"/v2/nvcf/deployments/functions/{created['id']}/versions/{created['versionId']}"
-    spec = {
-        "gpu": "H100",
-        "instanceType": "ON-PREM.GPU.H100_1x",
-        "minInstances": 1,
-        "maxInstances": 1,
-        "maxRequestConcurrency": 64,
-    }
-    await admin.post(d, {"deploymentSpecifications": [spec]})
-
-    async def active() -> bool:
-        return bool((await admin.get(d)).json["deployment"]["functionStatus"] == "ACTIVE")
-
-    await wait_for(active, timeout=120, what=f"{function['name']} ACTIVE")
-    return str(created["id"])
-
-
 async def run(quick: bool = False, *settings: str) -> dict[str, Any]:
     n = 200 if quick else 1000
     seconds = float(os.environ.get("NVCF_BENCH_SECONDS", "2" if quick else "8"))
@@ -375,9 +355,9 @@ async def run(quick: bool = False, *settings: str) -> dict[str, Any]:
         ):
             admin = Api(session, ep["api_url"], ep["credentials"]["admin_token"], timeout=60)
             key = {"Authorization": f"Bearer {ep['credentials']['api_key']}", "Content-Type": "application/json"}
-            functions = {"echo": await deploy(admin, ECHO_FUNCTION)}
+            functions = {"echo": (await deployed(admin, ECHO_FUNCTION, concurrency=64))[0]}
             if uvicorn:
-                functions["echo-uvicorn"] = await deploy(admin, UVICORN_FUNCTION)
+                functions["echo-uvicorn"] = (await deployed(admin, UVICORN_FUNCTION, concurrency=64))[0]
             roles = _processes(int(ep["pid"]))
             urls = {
                 name: (

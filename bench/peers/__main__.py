@@ -28,11 +28,11 @@ import aiohttp
 import anyio
 import anyio.to_thread
 
-from bench.invoke import BODY, _call, _quantile, _settings, deploy, descendants, platform_process, throughput
+from bench.invoke import BODY, _call, _quantile, _settings, descendants, platform_process, throughput
 from bench.invoke import _processes as platform_roles
 from nvcf_mono.bus.embedded import free_port
 from nvcf_mono.testing.platform import Api
-from nvcf_mono.testing.running import ECHO_FUNCTION
+from nvcf_mono.testing.running import ECHO_FUNCTION, deployed
 
 HERE = Path(__file__).resolve().parent
 PEERS_PYTHON = Path(os.environ.get("NVCF_PEERS_PYTHON", HERE.parent.parent / ".venv-peers" / "bin" / "python"))
@@ -135,7 +135,7 @@ async def measure_nvcf(session: aiohttp.ClientSession, *, quick: bool) -> dict[s
     with tempfile.TemporaryDirectory(prefix="nvcf-peers-") as tmp:
         async with platform_process(Path(tmp) / "state", *_settings(), compute=True) as ep:
             admin = Api(session, ep["api_url"], ep["credentials"]["admin_token"], timeout=60)
-            fid = await deploy(admin, ECHO_FUNCTION)
+            fid, _ = await deployed(admin, ECHO_FUNCTION, concurrency=64)
             key = {**KEY, "Authorization": f"Bearer {ep['credentials']['api_key']}"}
             url = f"{ep['api_url']}/v2/nvcf/pexec/functions/{fid}"
             return await measure(session, url, key, platform_roles(int(ep["pid"])), quick=quick)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from grpclib.client import Channel
 
-from nvcf_mono.grpc import h2_repr
+import nvcf_mono.grpc  # noqa: F401  importing the package installs h2_repr on the worker's side too
 
 
 def parse(address: str) -> tuple[str, int] | None:
@@ -39,5 +39,4 @@ def current(address: str, address_file: str | None) -> tuple[str, int]:
 def channel(address: str, address_file: str | None) -> Channel:
     """A channel to the platform's current WorkerService address (use it as an async context manager)."""
     host, port = current(address, address_file)
-    h2_repr.install()  # importing nvcf_mono.grpc did it already; said here, where the worker's channels start
     return Channel(host, port)
