@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
+# Parallel test processes: most tests wait on sockets and timers, so 4 keep 2 cores busy.
+TEST_JOBS ?= 4
 
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 DEV_STAMP     := $(VENV)/.installed-dev
@@ -48,7 +50,7 @@ typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
 
 pytest: $(DEV_STAMP)
-	$(BIN)/pytest $(ARGS)
+	$(BIN)/pytest -n $(TEST_JOBS) --dist loadgroup $(ARGS)
 
 proto: $(DEV_STAMP)
 	$(BIN)/python -m nvcf_mono.proto.generate

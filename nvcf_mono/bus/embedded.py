@@ -198,8 +198,15 @@ async def _jetstream_answers(url: str, timeout: int) -> bool:
     nc = NatsClient()
     try:
         with anyio.fail_after(timeout):
+            # nats-py sleeps reconnect_time_wait (2 s by default) after a refused first connect even
+            # without reconnects: every start would wait it out, as the server is seldom listening yet.
             await nc.connect(
-                url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=timeout, error_cb=quiet
+                url,
+                allow_reconnect=False,
+                max_reconnect_attempts=0,
+                connect_timeout=timeout,
+                reconnect_time_wait=0,
+                error_cb=quiet,
             )
             await nc.jetstream(timeout=timeout).account_info()
         return True

@@ -35,7 +35,8 @@ from tests.integration.compute.test_tasks_local import finished, get_task, launc
 
 from .conftest import containers_of
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs them all: they share the engine's image store and test images.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("containers")]
 
 TASK_SETTINGS = {
     "plugins.control.tasks.monitor_interval": "0.3",
