@@ -7,7 +7,7 @@ import shutil
 
 import anyio
 
-from bench import bus, cold_start, container_cold_start, invoke, versions
+from bench import bus, cold_start, container_cold_start, invoke, llm, versions
 
 
 def main() -> None:
@@ -18,6 +18,8 @@ def main() -> None:
     for transport in ("grpc", "nats"):
         print(f"-- invocation, worker transport {transport}")
         anyio.run(invoke.run, args.quick, f"plugins.invocation.transport={transport}", backend="asyncio")
+    print("-- the LLM gateway: streamed chat completions")
+    anyio.run(llm.run, args.quick, backend="asyncio")
     print("-- cold start and scale to zero")
     anyio.run(cold_start.run, args.quick, backend="asyncio")
     if shutil.which("podman"):

@@ -5,6 +5,7 @@ Each is one small module, runnable on its own as ``python -m nvcf_mono.examples.
 
 - :mod:`nvcf_mono.examples.echo`: HTTP echo (``POST /echo``), image ``echo``.
 - :mod:`nvcf_mono.examples.sse`: a server-sent-events streamer (``POST /stream``), image ``sse``.
+- :mod:`nvcf_mono.examples.llm`: a tiny OpenAI-compatible model (``/v1/chat/completions``, ...), image ``llm``.
 - :mod:`nvcf_mono.examples.grpc_echo`: gRPC echo (``examples.echo.v1.EchoService``), image ``grpc-echo``.
 
 Copy one to start your own function; ``examples/README.md`` in the repository walks through it.

@@ -388,6 +388,11 @@ BUILTIN_IMAGES: Mapping[str, Image] = {
         command=("{python}", "-m", "nvcf_mono.examples.sse", "--port", "{port}"),
         description="Server-sent events (nvcf_mono.examples.sse): POST /stream streams {text} word by word.",
     ),
+    "llm": Image(
+        command=("{python}", "-m", "nvcf_mono.examples.llm", "--port", "{port}"),
+        description="A tiny OpenAI-compatible model (nvcf_mono.examples.llm): chat, completions, embeddings, "
+        "responses; call it through /v1.",
+    ),
     "grpc-echo": Image(
         command=("{python}", "-m", "nvcf_mono.examples.grpc_echo", "--port", "{port}"),
         description="gRPC echo (nvcf_mono.examples.grpc_echo): examples.echo.v1.EchoService, inferenceUrl /grpc.",

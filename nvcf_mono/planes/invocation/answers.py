@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import final
 
 import anyio
@@ -101,6 +101,7 @@ class ReplyWriter:
         extra: Mapping[str, str],
         buffered: bool = False,
         keep: bool = False,
+        tap: Callable[[bytes], None] | None = None,
     ) -> web.StreamResponse:
         status = first.status or 200
         headers = CIMultiDict((k, v) for k, v in first.headers if k.lower() not in OWN_RESPONSE)
@@ -111,6 +112,8 @@ class ReplyWriter:
         if first.last and first.problem is None:
             if keep:
                 await self.keep(first, first.body)
+            if tap is not None:
+                tap(first.body)
             return web.Response(status=status, headers=headers, body=first.body)
         if buffered:
             return await self._collect(request, pending, first, status, headers, keep=keep)
@@ -123,6 +126,8 @@ class ReplyWriter:
         try:
             async for chunk in self._chunks(pending, first):
                 await response.write(chunk)
+                if tap is not None:
+                    tap(chunk)
                 if kept is not None:
                     kept_size += len(chunk)
                     kept.append(chunk)

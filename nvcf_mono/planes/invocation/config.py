@@ -6,6 +6,7 @@ from typing import Literal
 
 import attrs
 
+from nvcf_mono.planes.invocation.llm.settings import LlmGatewaySettings
 from nvcf_mono.structure import ByteSize, Seconds, at_least, in_range, positive, setting
 
 
@@ -108,4 +109,7 @@ class InvocationConfig:
         1.0,
         doc="How often workers report their load to this node, and this node reports it to the autoscaler.",
         check=in_range(0.05, 60),
+    )
+    llm_gateway: LlmGatewaySettings = setting(
+        factory=LlmGatewaySettings, doc="The OpenAI-compatible gateway (/v1/chat/completions, ...) on the HTTP port."
     )

@@ -64,6 +64,10 @@ class Invocation:
     body: bytes | None = None
     #: Answer with the whole response (exec wraps it), not streamed through.
     buffered: bool = False
+    #: Given each piece of the response body as it is written (the LLM gateway counts tokens with it).
+    tap: Callable[[bytes], None] | None = None
+    #: Headers added to the function's response (not to a problem or a 202).
+    response_headers: Mapping[str, str] = attrs.field(factory=dict)
 
 
 @final
@@ -149,7 +153,7 @@ class Invoker:
         keep: bool = False,
     ) -> web.StreamResponse:
         """Publish one request and answer it: streamed, or whole when buffered; ``keep`` stores it too."""
-        method, path, headers, body, buffered = inv.method, inv.path, inv.headers, inv.body, inv.buffered
+        method, path, headers, body = inv.method, inv.path, inv.headers, inv.body
         poll = inv.poll
         started = time.perf_counter()
         if fv.is_grpc:
@@ -187,7 +191,7 @@ class Invoker:
             await self.dispatcher.publish(req)
             queued = time.perf_counter()
             timing = Timing(started=started, dispatching=dispatching, queued=queued)
-            return await self.respond(request, pending, req, poll=poll, timing=timing, buffered=buffered, keep=keep)
+            return await self.respond(request, pending, req, inv, poll=poll, timing=timing, keep=keep)
         except BaseException:
             if not pending.detached:
                 await self.dispatcher.cancel(fv.version_id, request_id, reason="the client went away")
@@ -202,10 +206,10 @@ class Invoker:
         request: web.Request,
         pending: Pending,
         req: Request,
+        inv: Invocation,
         *,
         poll: int,
         timing: Timing,
-        buffered: bool = False,
         keep: bool = False,
     ) -> web.StreamResponse:
         try:
@@ -221,8 +225,10 @@ class Invoker:
             # The worker's progress report: the client polls for the rest.
             response = await self.waiting.accepted(pending, req, frame=first)
             return response
-        extra = {"Server-Timing": timing.header(head_at)}
-        return await self.writer.stream(request, pending, first, extra=extra, buffered=buffered, keep=keep)
+        extra = {**inv.response_headers, "Server-Timing": timing.header(head_at)}
+        return await self.writer.stream(
+            request, pending, first, extra=extra, buffered=inv.buffered, keep=keep, tap=inv.tap
+        )
 
 
 @final

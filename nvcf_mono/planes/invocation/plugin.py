@@ -25,6 +25,7 @@ from nvcf_mono.planes.invocation.dispatch import Dispatcher
 from nvcf_mono.planes.invocation.grpc_proxy import GrpcProxy
 from nvcf_mono.planes.invocation.idempotency import Idempotency
 from nvcf_mono.planes.invocation.input_assets import InputAssets
+from nvcf_mono.planes.invocation.llm.gateway import Gateway
 from nvcf_mono.planes.invocation.load import LoadMeter
 from nvcf_mono.planes.invocation.metrics import InvocationMetrics
 from nvcf_mono.planes.invocation.ratelimit import RateLimiter
@@ -75,6 +76,10 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
         self.authenticator: Late[Authenticator] = Late("authentication")
         ctx.add_middleware(host_routing.middleware(self.invoker.get, self.authenticator.get))
         self.metrics = InvocationMetrics(ctx.metrics)
+        if self.config.llm_gateway.enabled:
+            gateway = Gateway(self.config.llm_gateway, self.invoker, self.authenticator, ctx.metrics, ctx.log)
+            for method, path, handler in gateway.routes():
+                ctx.add_route(method, path, handler)
         self.workers = WorkerService(self.config, ctx.log)
         ctx.add_servicer(self.workers)
         # Calls to gRPC functions: every method the host does not serve itself.

@@ -24,7 +24,7 @@ from nvcf_mono.structure import evolve
 
 CATALOG = image_catalog(
     {
-        "acme/llm:2": Image(command=("{python}", "-m", "llm", "--port", "{port}"), env={"HOME_DIR": "{instance_dir}"}),
+        "acme/chat:2": Image(command=("{python}", "-m", "llm", "--port", "{port}"), env={"HOME_DIR": "{instance_dir}"}),
         "fixed": Image(command=("{python}", "-m", "fixed"), port=9000),
         "broken": Image(command=("/nonexistent/server",)),
         "empty": Image(),
@@ -44,8 +44,8 @@ def test_image_references_are_matched_from_specific_to_general() -> None:
         "echo",
     ]
     assert lookup(CATALOG, "registry.example.com/echo:1") == ("echo", CATALOG["echo"])
-    assert lookup(CATALOG, "nvcr.io/acme/llm:2") == ("acme/llm:2", CATALOG["acme/llm:2"])
-    assert lookup(CATALOG, "nvcr.io/acme/llm:3") is None
+    assert lookup(CATALOG, "nvcr.io/acme/chat:2") == ("acme/chat:2", CATALOG["acme/chat:2"])
+    assert lookup(CATALOG, "nvcr.io/acme/chat:3") is None
 
 
 def _resolve(image: str, args: str = "", tmp: Path = Path("/tmp")):  # type: ignore[no-untyped-def]
@@ -53,7 +53,7 @@ def _resolve(image: str, args: str = "", tmp: Path = Path("/tmp")):  # type: ign
 
 
 def test_placeholders_arguments_and_fixed_ports(tmp_path: Path) -> None:
-    command = _resolve("acme/llm:2", "--model 'my model' --n 2", tmp_path)
+    command = _resolve("acme/chat:2", "--model 'my model' --n 2", tmp_path)
     assert command.argv == (sys.executable, "-m", "llm", "--port", "4321", "--model", "my model", "--n", "2")
     assert command.cwd == tmp_path and command.env == {"HOME_DIR": str(tmp_path)} and command.fixed_port is None
     assert _resolve("fixed", tmp=tmp_path).fixed_port == 9000

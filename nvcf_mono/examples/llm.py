@@ -1,0 +1,409 @@
+"""A tiny OpenAI-compatible "model" server: ``python -m nvcf_mono.examples.llm --port 8000``.
+
+It speaks the OpenAI protocol the way vLLM or NIM servers do, with no weights and no downloads: the
+answer is words drawn by a generator seeded with the prompt, so the same request always gets the same
+text. ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` and ``/v1/responses``
+(text in; text out, or streamed as server-sent events with ``stream: true``), ``GET /v1/models`` and
+``GET /v2/health/ready``. Tokens are whitespace-separated words; ``--tokens-per-second`` paces the
+output (0: as fast as it can). Errors answer in OpenAI's shape ``{"error": {"message", "type", ...}}``.
+
+Register it as an LLM function with ``inferenceUrl: /v1/chat/completions``, ``containerImage: llm``,
+and call it through the platform's OpenAI-compatible gateway (``/v1`` on the API port).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hashlib
+import json
+import math
+import random
+import struct
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from aiohttp import web
+
+from nvcf_mono.examples.sse import default_port
+
+WORDS = (
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "it",
+    "an",
+    "be",
+    "this",
+    "which",
+    "or",
+    "are",
+    "have",
+    "not",
+    "but",
+    "one",
+    "all",
+    "were",
+    "when",
+    "there",
+    "can",
+    "more",
+    "if",
+    "out",
+    "so",
+    "what",
+    "up",
+    "about",
+    "into",
+    "than",
+    "them",
+    "some",
+    "could",
+    "time",
+    "only",
+    "new",
+    "would",
+    "other",
+)
+DEFAULT_MAX_TOKENS = 16
+MAX_TOKENS = 4096
+EMBEDDING_DIMENSIONS = 16
+
+
+class BadRequest(ValueError):
+    """The request is not one this server can answer (400, OpenAI's ``invalid_request_error``)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": None}}, status=status)
+
+
+def count_tokens(text: str) -> int:
+    return len(text.split())
+
+
+def generate(prompt: str, limit: int) -> list[str]:
+    """``limit`` words, the same for the same prompt."""
+    rng = random.Random(hashlib.sha256(prompt.encode()).digest())
+    return [rng.choice(WORDS) for _ in range(limit)]
+
+
+def usage(prompt: str, completion: int) -> dict[str, int]:
+    p = count_tokens(prompt)
+    return {"prompt_tokens": p, "completion_tokens": completion, "total_tokens": p + completion}
+
+
+def _max_tokens(doc: dict[str, Any], *names: str) -> int:
+    for name in names:
+        value = doc.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TOKENS:
+            raise BadRequest(f"'{name}' must be a whole number from 1 to {MAX_TOKENS}", name)
+        return value
+    return DEFAULT_MAX_TOKENS
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content: a string, or a list of ``{"type": "text"|"input_text", "text"}`` parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") in ("text", "input_text")]
+        if all(isinstance(t, str) for t in texts):
+            return " ".join(t for t in texts if isinstance(t, str))
+    raise BadRequest(f"'{where}' must be text or a list of text parts", where)
+
+
+def chat_prompt(doc: dict[str, Any]) -> str:
+    messages = doc.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list of {role, content}", "messages")
+    parts = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise BadRequest(f"messages[{i}] must be an object with a 'role'", "messages")
+        parts.append(_text(message.get("content", ""), f"messages[{i}].content"))
+    return "\n".join(parts)
+
+
+def completion_prompt(doc: dict[str, Any]) -> str:
+    prompt = doc.get("prompt")
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return "\n".join(prompt)
+    if not isinstance(prompt, str):
+        raise BadRequest("'prompt' must be a string or a list of strings", "prompt")
+    return prompt
+
+
+def responses_prompt(doc: dict[str, Any]) -> str:
+    value = doc.get("input")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value:
+        return "\n".join(
+            _text(item.get("content", ""), f"input[{i}].content") if isinstance(item, dict) else _text(item, "input")
+            for i, item in enumerate(value)
+        )
+    raise BadRequest("'input' must be text or a list of messages", "input")
+
+
+class Model:
+    """The server's one model and its pace."""
+
+    def __init__(self, name: str, tokens_per_second: float) -> None:
+        self.name = name
+        self.interval = 1.0 / tokens_per_second if tokens_per_second > 0 else 0.0
+
+    async def tokens(self, prompt: str, limit: int) -> AsyncIterator[str]:
+        """The answer's words, paced."""
+        for i, word in enumerate(generate(prompt, limit)):
+            if self.interval:
+                await asyncio.sleep(self.interval)
+            yield word if i == 0 else " " + word
+
+
+async def body_of(request: web.Request) -> dict[str, Any]:
+    try:
+        doc = json.loads(await request.read())
+    except ValueError as err:
+        raise BadRequest(f"the body is not JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("the body must be a JSON object")
+    if "model" in doc and not isinstance(doc["model"], str):
+        raise BadRequest("'model' must be a string", "model")
+    return doc
+
+
+async def sse(request: web.Request, events: AsyncIterator[str]) -> web.StreamResponse:
+    """Each item is one event's lines; ``data: [DONE]`` is the caller's to send."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    async for item in events:
+        await response.write(f"{item}\n\n".encode())
+    await response.write_eof()
+    return response
+
+
+def data(doc: dict[str, Any]) -> str:
+    return "data: " + json.dumps(doc, separators=(",", ":"))
+
+
+def _chunk(model: Model, cid: str, created: int, **choice: Any) -> str:
+    doc = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model.name}
+    doc["choices"] = [{"index": 0, "logprobs": None, "finish_reason": None, **choice}]
+    return data(doc)
+
+
+async def chat(model: Model, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
+    prompt, limit = chat_prompt(doc), _max_tokens(doc, "max_completion_tokens", "max_tokens")
+    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    if doc.get("stream"):
+        include_usage = bool((doc.get("stream_options") or {}).get("include_usage"))
+
+        async def events() -> AsyncIterator[str]:
+            yield _chunk(model, cid, created, delta={"role": "assistant", "content": ""})
+            async for token in model.tokens(prompt, limit):
+                yield _chunk(model, cid, created, delta={"content": token})
+            yield _chunk(model, cid, created, delta={}, finish_reason="length")
+            if include_usage:
+                last = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model.name}
+                yield data({**last, "choices": [], "usage": usage(prompt, limit)})
+            yield "data: [DONE]"
+
+        return await sse(request, events())
+    text = "".join([t async for t in model.tokens(prompt, limit)])
+    message = {"role": "assistant", "content": text}
+    return web.json_response(
+        {
+            "id": cid, "object": "chat.completion", "created": created, "model": model.name,
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}],
+            "usage": usage(prompt, limit),
+        }
+    )  # fmt: skip
+
+
+async def completions(model: Model, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
+    prompt, limit = completion_prompt(doc), _max_tokens(doc, "max_tokens")
+    cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    head = {"id": cid, "object": "text_completion", "created": created, "model": model.name}
+
+    def choice(text: str, finish: str | None) -> dict[str, Any]:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+
+    if doc.get("stream"):
+
+        async def events() -> AsyncIterator[str]:
+            async for token in model.tokens(prompt, limit):
+                yield data({**head, "choices": [choice(token, None)]})
+            yield data({**head, "choices": [choice("", "length")]})
+            yield "data: [DONE]"
+
+        return await sse(request, events())
+    text = "".join([t async for t in model.tokens(prompt, limit)])
+    return web.json_response({**head, "choices": [choice(text, "length")], "usage": usage(prompt, limit)})
+
+
+def embedding(text: str, dimensions: int) -> list[float]:
+    """A unit vector, the same for the same text."""
+    rng = random.Random(hashlib.sha256(text.encode()).digest())
+    vector = [rng.gauss(0, 1) for _ in range(dimensions)]
+    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+    return [v / norm for v in vector]
+
+
+async def embeddings(model: Model, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
+    inputs = doc.get("input")
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not isinstance(inputs, list) or not inputs or not all(isinstance(i, str) for i in inputs):
+        raise BadRequest("'input' must be a string or a non-empty list of strings", "input")
+    dimensions = doc.get("dimensions", EMBEDDING_DIMENSIONS)
+    if isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions <= 4096:
+        raise BadRequest("'dimensions' must be a whole number from 1 to 4096", "dimensions")
+    encoding = doc.get("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise BadRequest("'encoding_format' must be 'float' or 'base64'", "encoding_format")
+    items = []
+    for i, text in enumerate(inputs):
+        vector = embedding(text, dimensions)
+        value: Any = vector
+        if encoding == "base64":  # what OpenAI's Python client asks for: little-endian float32
+            value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+        items.append({"object": "embedding", "index": i, "embedding": value})
+    tokens = sum(count_tokens(t) for t in inputs)
+    return web.json_response(
+        {
+            "object": "list",
+            "data": items,
+            "model": model.name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+    )
+
+
+def _response_doc(
+    model: Model, rid: str, created: int, *, text: str, status: str, prompt: str, n: int
+) -> dict[str, Any]:
+    content = [{"type": "output_text", "text": text, "annotations": []}]
+    item = {"type": "message", "id": f"msg_{rid}", "status": status, "role": "assistant", "content": content}
+    doc: dict[str, Any] = {
+        "id": f"resp_{rid}", "object": "response", "created_at": created, "status": status, "model": model.name,
+        "output": [item] if text or status == "completed" else [], "error": None, "incomplete_details": None,
+        "instructions": None, "metadata": {}, "parallel_tool_calls": False, "temperature": 1.0, "tool_choice": "auto",
+        "tools": [], "top_p": 1.0,
+    }  # fmt: skip
+    if status == "completed":
+        p = count_tokens(prompt)
+        doc["usage"] = {"input_tokens": p, "output_tokens": n, "total_tokens": p + n}
+    return doc
+
+
+async def responses(model: Model, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
+    prompt, limit = responses_prompt(doc), _max_tokens(doc, "max_output_tokens")
+    rid, created = uuid.uuid4().hex, int(time.time())
+    if not doc.get("stream"):
+        text = "".join([t async for t in model.tokens(prompt, limit)])
+        return web.json_response(
+            _response_doc(model, rid, created, text=text, status="completed", prompt=prompt, n=limit)
+        )
+
+    async def events() -> AsyncIterator[str]:
+        seq = 0
+
+        def event(kind: str, **fields: Any) -> str:
+            nonlocal seq
+            seq += 1
+            return f"event: {kind}\n" + data({"type": kind, "sequence_number": seq - 1, **fields})
+
+        started = _response_doc(model, rid, created, text="", status="in_progress", prompt=prompt, n=0)
+        yield event("response.created", response=started)
+        text = ""
+        async for token in model.tokens(prompt, limit):
+            text += token
+            yield event(
+                "response.output_text.delta", item_id=f"msg_{rid}", output_index=0, content_index=0, delta=token
+            )
+        yield event("response.output_text.done", item_id=f"msg_{rid}", output_index=0, content_index=0, text=text)
+        yield event(
+            "response.completed",
+            response=_response_doc(model, rid, created, text=text, status="completed", prompt=prompt, n=limit),
+        )
+
+    return await sse(request, events())
+
+
+Handler = Callable[[Model, web.Request, dict[str, Any]], Any]
+
+
+def app(model: Model) -> web.Application:
+    """The server's routes."""
+
+    def endpoint(handler: Handler) -> Callable[[web.Request], Any]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            try:
+                doc = await body_of(request)
+                if doc.get("model", model.name) != model.name:  # as vLLM does: a model it does not serve is a 404
+                    message = f"The model '{doc['model']}' does not exist; this server serves '{model.name}'."
+                    return error(404, message, param="model")
+                result: web.StreamResponse = await handler(model, request, doc)
+                return result
+            except BadRequest as err:
+                return error(400, str(err), param=err.param)
+
+        return handle
+
+    async def models(request: web.Request) -> web.Response:
+        card = {"id": model.name, "object": "model", "created": 0, "owned_by": "nvcf-mono"}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def ready(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ready"})
+
+    application = web.Application()
+    for path, handler in (
+        ("/v1/chat/completions", chat),
+        ("/v1/completions", completions),
+        ("/v1/embeddings", embeddings),
+        ("/v1/responses", responses),
+    ):
+        application.router.add_post(path, endpoint(handler))
+    application.router.add_get("/v1/models", models)
+    application.router.add_get("/v2/health/ready", ready)
+    application.router.add_get("/health", ready)
+    return application
+
+
+def main() -> None:
+    """Serve until interrupted."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--port", type=int, default=default_port(), help="default: $INFERENCE_PORT, $PORT or 8000")
+    parser.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (0.0.0.0 in a container)")
+    parser.add_argument("--model", default="tiny-llm", help="the model name it serves (default: tiny-llm)")
+    parser.add_argument("--tokens-per-second", type=float, default=100.0, help="output pace; 0: unpaced")
+    args = parser.parse_args()
+    model = Model(args.model, args.tokens_per_second)
+    web.run_app(app(model), host=args.host, port=args.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Errors in OpenAI's shape, so OpenAI's client libraries raise their usual exceptions.
+
+``{"error": {"message", "type", "param", "code"}}`` with the status the client maps: 400
+``BadRequestError``, 401 ``AuthenticationError``, 403 ``PermissionDeniedError``, 404 ``NotFoundError``,
+429 ``RateLimitError`` (with ``Retry-After``), 5xx ``InternalServerError``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from aiohttp import web
+
+from nvcf_mono.http.problem import PROBLEM_CONTENT_TYPE
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
+_CODES = {401: "invalid_api_key", 404: "model_not_found", 429: "rate_limit_exceeded"}
+#: Headers of a platform answer that stay on its OpenAI-shaped twin.
+_KEPT = ("Retry-After", "NVCF-REQID", "NVCF-STATUS", "X-Request-ID")
+
+
+class GatewayError(Exception):
+    """Raise in the gateway to answer with an OpenAI error."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.headers = dict(headers or {})
+
+    def response(self) -> web.Response:
+        return error_response(self.status, self.message, code=self.code, param=self.param, headers=self.headers)
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    param: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> web.Response:
+    kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    doc = {"error": {"message": message, "type": kind, "param": param, "code": code or _CODES.get(status)}}
+    return web.Response(status=status, body=json.dumps(doc).encode(), content_type="application/json", headers=headers)
+
+
+def from_problem(response: web.Response) -> web.Response:
+    """A platform problem+json answer, not yet sent, in OpenAI's shape (anything else unchanged)."""
+    if response.prepared or response.content_type != PROBLEM_CONTENT_TYPE:
+        return response
+    try:
+        body = response.body
+        detail = json.loads(body if isinstance(body, bytes) else b"{}").get("detail", "")
+    except (ValueError, AttributeError):
+        detail = ""
+    headers = {k: response.headers[k] for k in _KEPT if k in response.headers}
+    return error_response(response.status, str(detail or response.reason), headers=headers)

@@ -1,0 +1,239 @@
+"""The gateway's endpoints: OpenAI's API in front of the durable invocation path.
+
+A call is authenticated like any invocation (Bearer, ``invoke_function``), its function chosen by
+:class:`ModelCatalog`, its ``model`` rewritten to the function's own name for it, and then invoked
+exactly as pexec does (queued durably, rate limited by the function's ``rateLimit``, a function at zero
+woken, ``NVCF-REQID``, ``Idempotency-Key``), at the same path on the function: ``/v1/chat/completions``
+reaches the function's ``/v1/chat/completions``. Streams pass through as the function writes them.
+Every refusal is an OpenAI error (:mod:`.errors`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, final
+
+import orjson
+from aiohttp import web
+
+from nvcf_mono.auth import scopes as S
+from nvcf_mono.auth.principal import AuthError, Principal
+from nvcf_mono.auth.strategy import Authenticator
+from nvcf_mono.http.problem import ProblemError
+from nvcf_mono.late import Late, NotReady
+from nvcf_mono.metrics import Metrics
+from nvcf_mono.models.function import FunctionVersion
+from nvcf_mono.planes.invocation.http import Invocation, Invoker
+from nvcf_mono.planes.invocation.idempotency import IDEMPOTENCY_KEY
+from nvcf_mono.planes.invocation.llm.errors import GatewayError, error_response, from_problem
+from nvcf_mono.planes.invocation.llm.limits import Limits, estimate_tokens
+from nvcf_mono.planes.invocation.llm.models import ModelCatalog, created_epoch
+from nvcf_mono.planes.invocation.llm.settings import LlmGatewaySettings
+from nvcf_mono.planes.invocation.llm.usage import UsageMeter
+from nvcf_mono.planes.invocation.metrics import REQUEST_LATENCY_BUCKETS, Observation
+
+#: The OpenAI operations the gateway forwards, each to the same path on the function.
+FORWARDED = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
+#: Every route of the gateway. OpenAI's API documents them (errors in its shape), not /v3/openapi.
+ROUTES = (
+    *(("POST", path) for path in FORWARDED),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/{model:.+}"),
+    ("GET", "/v1/health/ready"),
+)
+REQUEST_ID = "X-Request-ID"
+_REQUEST_ID_RX = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+def request_id_of(request: web.Request) -> str:
+    """The caller's ``X-Request-ID`` when it is a plain token, else a new one."""
+    given = request.headers.get(REQUEST_ID, "").strip()
+    return given if _REQUEST_ID_RX.match(given) else f"req-{uuid.uuid4().hex}"
+
+
+@final
+class Gateway:
+    """One per invocation plane; its parts come late, with the plane's ``run()``."""
+
+    def __init__(
+        self,
+        settings: LlmGatewaySettings,
+        invoker: Late[Invoker],
+        authenticator: Late[Authenticator],
+        metrics: Metrics,
+        log: logging.Logger,
+    ) -> None:
+        self.settings = settings
+        self.invoker = invoker
+        self.authenticator = authenticator
+        self.limits = Limits(settings)
+        self.log = log
+        self._catalog: ModelCatalog | None = None
+        self.requests = metrics.counter(
+            "llm_api_gateway_http_requests_total",
+            "Calls through the OpenAI-compatible gateway, by function and status.",
+            ("function_id", "code"),
+        )
+        self.duration = metrics.histogram(
+            "llm_api_gateway_http_request_duration_seconds",
+            "Time from a gateway call's arrival to the end of its answer, by function.",
+            ("function_id",),
+            buckets=REQUEST_LATENCY_BUCKETS,
+        )
+        self.tokens = metrics.counter(
+            "llm_api_gateway_tokens_total",
+            "Tokens the functions reported (or the gateway estimated) for gateway calls, by function.",
+            ("function_id",),
+        )
+
+    @property
+    def catalog(self) -> ModelCatalog:
+        if self._catalog is None:
+            self._catalog = ModelCatalog(self.invoker.get().routing, self.settings.models)
+        return self._catalog
+
+    def routes(self) -> list[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]]:
+        """What the plane serves (:data:`ROUTES`): OpenAI's operations, the model list, a readiness probe."""
+        handlers = {"/v1/models": self.list_models, "/v1/models/{model:.+}": self.get_model}
+        handlers["/v1/health/ready"] = self.ready
+        return [(method, path, handlers.get(path, self.forward)) for method, path in ROUTES]
+
+    async def principal(self, request: web.Request) -> Principal:
+        try:
+            principal = await self.authenticator.get().authenticate(request.headers.get("Authorization"))
+            principal.require(S.INVOKE_FUNCTION)
+        except AuthError as err:
+            raise GatewayError(err.status, err.detail) from None
+        return principal
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        """A chat, completion, embedding or response call, forwarded to the function that serves its model."""
+        started = time.perf_counter()
+        request_id = request_id_of(request)
+        function_id = "unknown"
+        try:
+            principal = await self.principal(request)
+            doc, size = await self._read(request)
+            target = await self.catalog.target(principal, request.headers, doc["model"])
+            function_id = target.fv.id
+            lease = self.limits.admit(principal, estimate_tokens(doc, size))
+            doc["model"] = target.downstream
+            response, used = await self._invoke(request, principal, doc, target.fv, request_id)
+            lease.settle(used)
+        except NotReady:
+            response = error_response(
+                503, "the gateway is starting; try again in a moment", headers={"Retry-After": "1"}
+            )
+        except GatewayError as err:
+            response = err.response()
+        except ProblemError as err:
+            response = error_response(err.status, err.detail, headers=err.headers)
+        else:
+            self.tokens.inc(lease.estimate, function_id=function_id)
+        if not response.prepared:
+            response.headers[REQUEST_ID] = request_id
+        self.requests.inc(function_id=function_id, code=str(response.status))
+        if function_id != "unknown":
+            self.duration.observe(time.perf_counter() - started, function_id=function_id)
+        return response
+
+    async def _read(self, request: web.Request) -> tuple[dict[str, Any], int]:
+        """The JSON body and its size; 400 unless it names a model, 413 past ``max_request_body``."""
+        limit = self.invoker.get().config.max_request_body
+        if request.content_length is not None and request.content_length > limit:
+            raise GatewayError(413, f"the request body exceeds {limit} bytes")
+        raw = await request.content.read(limit + 1)
+        if len(raw) > limit:
+            raise GatewayError(413, f"the request body exceeds {limit} bytes")
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError as err:
+            raise GatewayError(400, f"We could not parse the JSON body of your request: {err}") from None
+        if not isinstance(doc, dict):
+            raise GatewayError(400, "The body of your request must be a JSON object.")
+        if not isinstance(doc.get("model"), str) or not doc["model"].strip():
+            raise GatewayError(400, "You must provide a model parameter.", param="model")
+        if "stream" in doc and not isinstance(doc["stream"], bool):
+            raise GatewayError(400, "'stream' must be true or false.", param="stream")
+        return doc, len(raw)
+
+    async def _invoke(
+        self,
+        request: web.Request,
+        principal: Principal,
+        doc: dict[str, Any],
+        fv: FunctionVersion,
+        request_id: str,
+    ) -> tuple[web.StreamResponse, int | None]:
+        """Invoke as pexec does; the answer in OpenAI's shape and the tokens it reported."""
+        invoker = self.invoker.get()
+        streaming = doc.get("stream") is True
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream" if streaming else "application/json",
+            REQUEST_ID: request_id,
+        }
+        if IDEMPOTENCY_KEY in request.headers:
+            headers[IDEMPOTENCY_KEY] = request.headers[IDEMPOTENCY_KEY]
+        meter = UsageMeter(streaming=streaming)
+        inv = Invocation(
+            method="POST",
+            path=request.path,
+            headers=headers,
+            body=orjson.dumps(doc),
+            poll=self.settings.wait_seconds,
+            tap=meter.feed,
+            response_headers={REQUEST_ID: request_id},
+        )
+
+        async def entry(obs: Observation) -> web.StreamResponse:
+            obs.target(fv, principal.account)
+            return await invoker.handle(request, principal, fv, inv)
+
+        response = await invoker.observed(entry)
+        used = meter.finish()
+        if response.status == 202 and not response.prepared:
+            reqid = response.headers.get("NVCF-REQID", "")
+            raise GatewayError(
+                504,
+                f"The model did not start answering within {self.settings.wait_seconds}s. The request goes on: "
+                f"its result is kept for GET /v2/nvcf/pexec/status/{reqid}.",
+                headers={"NVCF-REQID": reqid, "Retry-After": "1"},
+            )
+        if isinstance(response, web.Response):
+            response = from_problem(response)
+        return response, used
+
+    async def list_models(self, request: web.Request) -> web.StreamResponse:
+        """The models the caller may use: its account's and those shared with it."""
+        try:
+            principal = await self.principal(request)
+        except GatewayError as err:
+            return err.response()
+        data = [_card(name, fv) for name, (_, fv) in sorted(self.catalog.visible(principal).items())]
+        return web.json_response({"object": "list", "data": data})
+
+    async def get_model(self, request: web.Request) -> web.StreamResponse:
+        try:
+            principal = await self.principal(request)
+            name = request.match_info["model"]
+            found = self.catalog.visible(principal).get(name)
+            if found is None:
+                raise GatewayError(404, f"The model '{name}' does not exist or you do not have access to it.")
+        except GatewayError as err:
+            return err.response()
+        return web.json_response(_card(name, found[1]))
+
+    async def ready(self, request: web.Request) -> web.StreamResponse:
+        """200 once the gateway can forward (the invocation plane's parts are in place)."""
+        if not self.invoker.is_set:
+            return error_response(503, "the gateway is starting")
+        return web.json_response({"status": "ready"})
+
+
+def _card(name: str, fv: FunctionVersion) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": int(created_epoch(fv)), "owned_by": fv.nca_id}

@@ -1,0 +1,134 @@
+"""Which function a model name means, as NVCF's gateway decides it.
+
+In this order: the ``X-NVCF-Function-ID`` header (``X-NVCF-Function-Version-ID`` pins a version); a model
+alias (the gateway's ``models`` setting, or a function tag ``model=<name>``); a model of the form
+``<functionId>/<model>``. The function gets the request with ``model`` rewritten to its downstream name:
+the part after the slash, the alias setting's ``/<model>``, else the name the caller used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from nvcf_mono.auth.principal import Principal
+from nvcf_mono.http.api import id_problem
+from nvcf_mono.http.problem import ProblemError
+from nvcf_mono.models.common import parse_iso
+from nvcf_mono.models.function import FunctionVersion
+from nvcf_mono.planes.invocation.llm.errors import GatewayError
+from nvcf_mono.planes.invocation.routing import RoutingTable
+
+FUNCTION_HEADER = "X-NVCF-Function-ID"
+VERSION_HEADER = "X-NVCF-Function-Version-ID"
+#: A function tag that registers it under a model name: ``model=llama-3-8b``.
+MODEL_TAG = "model="
+
+
+@attrs.frozen
+class Alias:
+    """A model name and the function that serves it."""
+
+    name: str
+    function_id: str
+    downstream: str
+    #: From the gateway's settings (served to every account allowed to invoke it), else from a tag.
+    configured: bool = False
+
+
+@attrs.frozen
+class Target:
+    fv: FunctionVersion
+    downstream: str
+
+
+def not_found(model: str) -> GatewayError:
+    return GatewayError(404, f"The model '{model}' does not exist or you do not have access to it.", param="model")
+
+
+def configured_aliases(models: Mapping[str, str]) -> list[Alias]:
+    aliases = []
+    for name, value in models.items():
+        function_id, _, downstream = value.partition("/")
+        aliases.append(Alias(name, function_id, downstream or name, configured=True))
+    return aliases
+
+
+class ModelCatalog:
+    """Model names over the invocation plane's routing table; the tag index follows its generation."""
+
+    def __init__(self, routing: RoutingTable, models: Mapping[str, str]) -> None:
+        self.routing = routing
+        self._configured = configured_aliases(models)
+        self._seen = -1
+        self._tagged: list[tuple[Alias, FunctionVersion]] = []
+
+    def _tags(self) -> list[tuple[Alias, FunctionVersion]]:
+        if self._seen != self.routing.functions.generation:
+            self._seen = self.routing.functions.generation
+            self._tagged = [
+                (Alias(tag[len(MODEL_TAG) :], fv.id, tag[len(MODEL_TAG) :]), fv)
+                for fv in self.routing.functions.values()
+                for tag in fv.tags or ()
+                if tag.startswith(MODEL_TAG) and len(tag) > len(MODEL_TAG)
+            ]
+        return self._tagged
+
+    def visible(self, principal: Principal) -> dict[str, tuple[Alias, FunctionVersion]]:
+        """Every model name the caller may use: its own account's tags win over shared functions' and
+        newer versions over older; the settings' aliases over tags.
+        """
+        found: dict[str, tuple[Alias, FunctionVersion]] = {}
+        rank: dict[str, tuple[bool, float]] = {}
+        for alias, fv in self._tags():
+            if not self.routing.may_invoke(principal, fv):
+                continue
+            key = (fv.nca_id == principal.account, created_epoch(fv))
+            if alias.name not in rank or key > rank[alias.name]:
+                found[alias.name], rank[alias.name] = (alias, fv), key
+        for alias in self._configured:
+            versions = [fv for fv in self.routing.functions.values() if fv.id == alias.function_id]
+            allowed = [fv for fv in versions if self.routing.may_invoke(principal, fv)]
+            if allowed:
+                found[alias.name] = (alias, max(allowed, key=created_epoch))
+        return found
+
+    async def target(self, principal: Principal, headers: Mapping[str, str], model: str) -> Target:
+        """The function version to call and the model name it gets; GatewayError 404 when none."""
+        function_id = headers.get(FUNCTION_HEADER)
+        if function_id is not None:
+            version_id = headers.get(VERSION_HEADER)
+            fv = await self._resolve(principal, function_id.strip(), version_id and version_id.strip(), model)
+            alias = self.visible(principal).get(model)
+            if alias is not None and alias[0].function_id == fv.id:
+                return Target(fv, alias[0].downstream)
+            return Target(fv, model.split("/", 1)[1] if model.startswith(f"{fv.id}/") else model)
+        alias = self.visible(principal).get(model)
+        if alias is not None:
+            return Target(await self._resolve(principal, alias[0].function_id, None, model), alias[0].downstream)
+        function_id, slash, downstream = model.partition("/")
+        if slash and downstream and id_problem("functionId", function_id) is None:
+            return Target(await self._resolve(principal, function_id, None, model), downstream)
+        raise not_found(model)
+
+    async def _resolve(
+        self, principal: Principal, function_id: str, version_id: str | None, model: str
+    ) -> FunctionVersion:
+        for name, value in ((FUNCTION_HEADER, function_id), (VERSION_HEADER, version_id)):
+            if value is not None and id_problem(name, value) is not None:
+                raise GatewayError(400, f"{name} is not a valid id: {value[:64]!r}")
+        try:
+            return await self.routing.resolve_current(principal, function_id, version_id)
+        except ProblemError as err:
+            if err.status == 404:
+                raise GatewayError(404, f"{not_found(model).message} ({err.detail})", param="model") from None
+            raise
+
+
+def created_epoch(fv: FunctionVersion) -> float:
+    """When the version was created, in seconds since the epoch (0 when unreadable)."""
+    try:
+        return parse_iso(fv.created_at).timestamp()
+    except ValueError:
+        return 0.0

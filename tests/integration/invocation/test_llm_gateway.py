@@ -1,0 +1,212 @@
+"""The OpenAI-compatible gateway, called with OpenAI's own Python client (unchanged, pointed at /v1).
+
+The function is the example model server (image ``llm``, ``nvcf_mono.examples.llm``) run by the real
+compute plane on the local backend, reached through the durable invocation path.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from nvcf_mono.examples.llm import embedding, generate
+from nvcf_mono.testing.platform import Api, wait_status
+from tests.integration.compute.conftest import compute_platform, spec
+from tests.integration.control.test_sharing import account_key, add_account
+
+pytestmark = pytest.mark.slow
+
+LLM_FUNCTION = {
+    "name": "tiny-llm",
+    "inferenceUrl": "/v1/chat/completions",
+    "inferencePort": 8000,
+    "containerImage": "llm",
+    "health": {
+        "protocol": "HTTP",
+        "uri": "/v2/health/ready",
+        "port": 8000,
+        "timeout": "PT5S",
+        "expectedStatusCode": 200,
+    },
+    "tags": ["model=tiny-llm"],
+}
+# 50 tokens a second: short answers stay quick, and a stream's pieces arrive visibly apart.
+FAST_LLM = {
+    "images.llm.command": json.dumps(
+        ["{python}", "-m", "nvcf_mono.examples.llm", "--port", "{port}", "--tokens-per-second", "50"]
+    )
+}
+
+
+async def deploy_llm(api: Api, *, min_instances: int = 1, **changes: Any) -> str:
+    created = await api.post("/v2/nvcf/functions", {**LLM_FUNCTION, **changes})
+    assert created.status == 200, created.body
+    fid, vid = created.json["function"]["id"], created.json["function"]["versionId"]
+    d = f"/v2/nvcf/deployments/functions/{fid}/versions/{vid}"
+    made = await api.post(d, {"deploymentSpecifications": [spec(min_instances=min_instances, max_instances=1)]})
+    assert made.status == 200, made.body
+    await wait_status(api, d, "ACTIVE", timeout=60)
+    return str(fid)
+
+
+def client(api: Api, token: str | None = None) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{api.base}/v1", api_key=token or api.token or "", max_retries=0, timeout=60)
+
+
+async def test_chat_completions_embeddings_responses_and_models_through_the_gateway(tmp_path: Path) -> None:
+    async with compute_platform(tmp_path, **FAST_LLM) as p:
+        fid = await deploy_llm(p.admin)
+        async with client(p.key) as llm:
+            await chat_completions_embeddings_and_responses(llm, fid)
+
+
+async def chat_completions_embeddings_and_responses(llm: openai.AsyncOpenAI, fid: str) -> None:
+    """Each OpenAI operation the gateway forwards, as the client library calls it."""
+    assert [m.id async for m in llm.models.list()] == ["tiny-llm"]
+    assert (await llm.models.retrieve("tiny-llm")).owned_by == "nvcf-default"
+
+    messages: Any = [{"role": "user", "content": "tell me a story"}]
+    chat = await llm.chat.completions.create(model="tiny-llm", messages=messages, max_tokens=5)
+    expected = "".join(w if i == 0 else " " + w for i, w in enumerate(generate("tell me a story", 5)))
+    assert chat.choices[0].message.content == expected
+    assert chat.usage is not None and chat.usage.completion_tokens == 5
+    # <functionId>/<model>: the function gets the model name after the slash (it 404s any other).
+    again = await llm.chat.completions.create(model=f"{fid}/tiny-llm", messages=messages, max_tokens=5)
+    assert again.choices[0].message.content == expected
+    by_header = await llm.chat.completions.with_raw_response.create(
+        model="tiny-llm",
+        messages=messages,
+        max_tokens=2,
+        extra_headers={"X-NVCF-Function-ID": fid, "X-Request-ID": "trace-1"},
+    )
+    assert by_header.headers["X-Request-ID"] == "trace-1" and by_header.headers["NVCF-REQID"]
+
+    completion = await llm.completions.create(model="tiny-llm", prompt="once upon", max_tokens=3)
+    assert len(completion.choices[0].text.split()) == 3
+
+    vectors = await llm.embeddings.create(model="tiny-llm", input=["alpha", "beta"])
+    for item, text in zip(vectors.data, ("alpha", "beta"), strict=True):
+        assert item.embedding == pytest.approx(embedding(text, 16), abs=1e-6)
+
+    response = await llm.responses.create(model="tiny-llm", input="hello there", max_output_tokens=4)
+    assert len(response.output_text.split()) == 4
+    stream = await llm.responses.create(model="tiny-llm", input="hi", stream=True, max_output_tokens=3)
+    events = [e.type async for e in stream]
+    assert events[0] == "response.created" and events[-1] == "response.completed"
+    assert events.count("response.output_text.delta") == 3
+
+
+async def test_streamed_chat_arrives_as_the_function_writes_it_and_ends_with_done(tmp_path: Path) -> None:
+    async with compute_platform(tmp_path, **FAST_LLM) as p:
+        await deploy_llm(p.admin)
+        async with client(p.key) as llm:
+            stamps, usage = await streamed_chat(llm)
+        assert len(stamps) == 20 and usage is not None and usage.completion_tokens == 20
+        # 20 tokens at 50 a second: a buffered answer would arrive at once, not over ~0.4 s.
+        assert stamps[-1] - stamps[0] > 0.2
+
+        # The raw stream: OpenAI's framing, data: [DONE] last.
+        body = {"model": "tiny-llm", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "stream": True}
+        headers = {"Authorization": f"Bearer {p.key.token}"}
+        async with p.key.session.post(f"{p.key.base}/v1/chat/completions", json=body, headers=headers) as resp:
+            assert resp.status == 200 and resp.content_type == "text/event-stream"
+            events = [e for e in (await resp.text()).split("\n\n") if e.strip()]
+        assert events[-1] == "data: [DONE]"
+        assert all(e.startswith("data: {") for e in events[:-1])
+
+
+async def streamed_chat(llm: openai.AsyncOpenAI) -> tuple[list[float], Any]:
+    """When each content chunk arrived, and the usage of the stream's last chunk."""
+    stamps: list[float] = []
+    stream = await llm.chat.completions.create(
+        model="tiny-llm",
+        messages=[{"role": "user", "content": "stream please"}],
+        max_tokens=20,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    usage = None
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            stamps.append(time.monotonic())
+        usage = chunk.usage or usage
+    return stamps, usage
+
+
+async def test_errors_are_openai_errors_and_other_accounts_models_are_invisible(tmp_path: Path) -> None:
+    limited = {"plugins.invocation.llm_gateway.key_requests_per_minute": "3"}
+    async with compute_platform(tmp_path, **FAST_LLM, **limited) as p:
+        await deploy_llm(p.admin)
+        await add_account(p, "acct-b")
+        other_key = await account_key(p, "acct-b")
+        async with client(p.key) as llm, client(p.key, "not-a-key") as stranger, client(p.key, other_key) as other:
+            await refusals(llm, stranger, other)
+
+
+async def refusals(llm: openai.AsyncOpenAI, stranger: openai.AsyncOpenAI, other: openai.AsyncOpenAI) -> None:
+    """Each refusal raises the exception OpenAI's client raises for it."""
+    messages: Any = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.NotFoundError) as unknown:
+        await llm.chat.completions.create(model="no-such-model", messages=messages)
+    assert "no-such-model" in unknown.value.message
+    with pytest.raises(openai.AuthenticationError):
+        await stranger.chat.completions.create(model="tiny-llm", messages=messages)
+    with pytest.raises(openai.BadRequestError):
+        await llm.chat.completions.create(model="", messages=messages)
+    # The function's own 400 passes through in its own (OpenAI) shape.
+    with pytest.raises(openai.BadRequestError) as bad:
+        await llm.chat.completions.create(model="tiny-llm", messages=[])
+    assert "messages" in bad.value.message
+
+    # Another account neither sees the model nor reaches it.
+    assert [m.id async for m in other.models.list()] == []
+    with pytest.raises(openai.NotFoundError):
+        await other.chat.completions.create(model="tiny-llm", messages=messages)
+
+    # The key's 3 requests a minute: refusals before a function was chosen cost nothing; the function's 400
+    # above and two more calls are 3, and the 4th is refused until the bucket refills.
+    for _ in range(2):
+        await llm.chat.completions.create(model="tiny-llm", messages=messages, max_tokens=1)
+    with pytest.raises(openai.RateLimitError) as limited:
+        await llm.chat.completions.create(model="tiny-llm", messages=messages, max_tokens=1)
+    assert int(limited.value.response.headers["Retry-After"]) >= 1
+    assert limited.value.code == "rate_limit_exceeded"
+
+
+async def test_a_function_at_zero_instances_wakes_on_a_chat_request(tmp_path: Path) -> None:
+    async with compute_platform(tmp_path, **FAST_LLM) as p:
+        await deploy_llm(p.admin, min_instances=0)
+        async with client(p.key) as llm:
+            chat = await llm.chat.completions.create(
+                model="tiny-llm", messages=[{"role": "user", "content": "wake up"}], max_tokens=2
+            )
+        assert chat.choices[0].message.content
+
+
+async def test_bad_bodies_get_openai_errors_without_reaching_a_function(tmp_path: Path) -> None:
+    async with compute_platform(tmp_path) as p:
+        url, headers = f"{p.key.base}/v1/chat/completions", {"Authorization": f"Bearer {p.key.token}"}
+        for data, fragment in (
+            (b"{not json", "parse the JSON"),
+            (b"[1, 2]", "JSON object"),
+            (b'{"messages": []}', "model parameter"),
+            (b'{"model": "m", "stream": "yes"}', "stream"),
+            (b'{"model": "\\ud800/x"}', "parse the JSON"),  # a lone surrogate is not text
+            (b'{"model": "00000000-0000-0000-0000-000000000000/x"}', "does not exist"),
+        ):
+            async with p.key.session.post(url, data=data, headers=headers) as resp:
+                doc = json.loads(await resp.read())
+                assert resp.status in (400, 404), (data, resp.status, doc)
+                assert fragment in doc["error"]["message"], doc
+                assert resp.headers["X-Request-ID"]
+        bad_id = {**headers, "X-NVCF-Function-ID": "not an id"}
+        async with p.key.session.post(url, json={"model": "m"}, headers=bad_id) as resp:
+            assert resp.status == 400 and "not a valid id" in (await resp.json())["error"]["message"]
+        async with aiohttp.ClientSession() as s, s.get(f"{p.key.base}/v1/models") as resp:
+            assert resp.status == 401 and (await resp.json())["error"]["type"] == "authentication_error"

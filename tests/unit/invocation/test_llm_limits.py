@@ -1,0 +1,137 @@
+"""The LLM gateway's request and token buckets, and the usage it reads from answers as they pass."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nvcf_mono.auth.principal import Principal
+from nvcf_mono.planes.invocation.llm.errors import GatewayError
+from nvcf_mono.planes.invocation.llm.limits import DEFAULT_MAX_TOKENS, Limits, estimate_tokens
+from nvcf_mono.planes.invocation.llm.settings import LlmGatewaySettings
+from nvcf_mono.planes.invocation.llm.usage import UsageMeter
+
+
+def caller(account: str = "acct-a", key: str | None = "key-1") -> Principal:
+    return Principal(kind="api_key", subject="u", account=account, scopes=frozenset(), key_id=key)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def refused(limits: Limits, principal: Principal, estimate: int) -> GatewayError:
+    with pytest.raises(GatewayError) as err:
+        limits.admit(principal, estimate)
+    assert err.value.status == 429
+    return err.value
+
+
+def test_requests_per_minute_refill_over_the_minute_and_say_when() -> None:
+    clock = Clock()
+    limits = Limits(LlmGatewaySettings(requests_per_minute=2), clock)
+    limits.admit(caller(), 10)
+    limits.admit(caller(), 10)
+    err = refused(limits, caller(), 10)
+    assert err.headers["Retry-After"] == "30"  # one request comes back every 30 s
+    limits.admit(caller("acct-b"), 10)  # another account has its own bucket
+    clock.now += 30
+    limits.admit(caller(), 10)
+
+
+def test_tokens_are_estimated_then_corrected_by_the_reported_usage() -> None:
+    clock = Clock()
+    limits = Limits(LlmGatewaySettings(tokens_per_minute=1000), clock)
+    lease = limits.admit(caller(), 600)
+    lease.settle(100)  # it used 100, not 600: 900 left
+    limits.admit(caller(), 800).settle(800)
+    refused(limits, caller(), 200)
+    # A call that used more than estimated leaves the bucket in debt; it refills from there.
+    clock.now += 60
+    limits.admit(caller(), 10).settle(2000)
+    err = refused(limits, caller(), 10)
+    assert int(err.headers["Retry-After"]) > 60
+
+
+def test_an_estimate_over_the_whole_limit_still_runs_when_the_bucket_is_full() -> None:
+    limits = Limits(LlmGatewaySettings(tokens_per_minute=100), Clock())
+    limits.admit(caller(), 10_000)
+    refused(limits, caller(), 1)
+
+
+def test_key_limits_apply_per_key_beside_the_accounts() -> None:
+    limits = Limits(LlmGatewaySettings(key_requests_per_minute=1, requests_per_minute=3), Clock())
+    limits.admit(caller(key="k1"), 1)
+    refused(limits, caller(key="k1"), 1)
+    limits.admit(caller(key="k2"), 1)
+    limits.admit(caller(key=None), 1)  # a token without a key: the account's limit only
+    err = refused(limits, caller(key=None), 1)
+    assert "account" in str(err)
+
+
+def test_a_refused_call_takes_nothing_from_the_buckets_that_had_room() -> None:
+    limits = Limits(LlmGatewaySettings(key_requests_per_minute=1, requests_per_minute=2), Clock())
+    limits.admit(caller(key="k1"), 1)
+    refused(limits, caller(key="k1"), 1)  # the key is spent; the account's second request is not taken
+    limits.admit(caller(key="k2"), 1)
+
+
+def test_memory_follows_recent_callers() -> None:
+    clock = Clock()
+    limits = Limits(LlmGatewaySettings(requests_per_minute=5), clock)
+    for i in range(3000):
+        limits.admit(caller(f"acct-{i}"), 1)
+        clock.now += 0.1  # each bucket is full again 12 s later
+    assert len(limits._buckets) < 1200
+
+
+def test_estimates() -> None:
+    assert estimate_tokens({"max_tokens": 50}, 400) == 150
+    assert estimate_tokens({"max_completion_tokens": 7, "max_tokens": 50}, 4) == 8
+    assert estimate_tokens({}, 0) == DEFAULT_MAX_TOKENS
+    assert estimate_tokens({"max_tokens": "lots"}, 0) == DEFAULT_MAX_TOKENS
+
+
+def sse(*docs: object) -> bytes:
+    return b"".join(b"data: " + json.dumps(d).encode() + b"\n\n" for d in docs) + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("pieces", [1, 7, 64])
+def test_usage_from_a_stream_cut_anywhere(pieces: int) -> None:
+    body = sse({"choices": [{"delta": {"content": "a"}}]}, {"choices": [], "usage": {"total_tokens": 42}})
+    meter = UsageMeter(streaming=True)
+    step = max(1, len(body) // pieces)
+    for i in range(0, len(body), step):
+        meter.feed(body[i : i + step])
+    assert meter.finish() == 42
+
+
+def test_usage_of_json_answers_and_responses_events() -> None:
+    meter = UsageMeter(streaming=False)
+    meter.feed(b'{"usage": {"prompt_tokens": 3, ')
+    meter.feed(b'"completion_tokens": 4}}')
+    assert meter.finish() == 7
+    stream = UsageMeter(streaming=True)
+    stream.feed(
+        b'event: response.completed\ndata: {"response": {"usage": {"input_tokens": 2, "output_tokens": 5}}}\n\n'
+    )
+    assert stream.finish() == 7
+
+
+def test_answers_without_usage_or_not_json_leave_the_estimate() -> None:
+    for streaming, body in ((False, b"not json"), (True, b"data: {broken\n\n"), (True, b"data: [DONE]\n\n")):
+        meter = UsageMeter(streaming=streaming)
+        meter.feed(body)
+        assert meter.finish() is None
+
+
+def test_an_endless_line_is_not_held() -> None:
+    meter = UsageMeter(streaming=True)
+    for _ in range(300):
+        meter.feed(b"x" * 8192)
+    assert len(meter._pending) <= 1024 * 1024 + 8192
