@@ -24,16 +24,25 @@ help:
 	@echo "make bench      run the benchmarks in bench/"
 	@echo "make bench-peers  the hot path against Ray Serve (installs Ray into .venv-peers)"
 
+# uv installs in seconds what pip takes a minute for; pip does it where uv cannot be installed.
+define install
+	@if $(BIN)/python -m pip install --quiet --disable-pip-version-check uv >/dev/null 2>&1; then \
+		echo "uv pip install $(1)"; $(BIN)/uv pip install --quiet --python $(BIN)/python $(1); \
+	else \
+		echo "pip install $(1)"; $(BIN)/python -m pip install --quiet --disable-pip-version-check $(1); \
+	fi
+endef
+
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "nvcf-mono needs Python 3.11 or newer; set PYTHON=python3.11")'
 	$(PYTHON) -m venv $(VENV)
 
 $(RUNTIME_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[helm]'
+	$(call install,-e '.[helm]')
 	@touch $@
 
 $(DEV_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(call install,-e '.[test]')
 	@touch $@ $(RUNTIME_STAMP)
 
 up: $(RUNTIME_STAMP)
@@ -62,7 +71,7 @@ reference: $(RUNTIME_STAMP)
 	$(BIN)/nvcf-mono config reference > config/reference.yaml
 
 $(BENCH_STAMP): $(DEV_STAMP)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
+	$(call install,-e '.[test,bench]')
 	@touch $@
 
 bench: $(BENCH_STAMP)
