@@ -67,6 +67,7 @@ BASE_RESPONSE_DIR = "BASE_RESPONSE_DIR"
 INFERENCE_ASSET_DIR = "INFERENCE_ASSET_DIR"
 INFERENCE_RESPONSE_DIR = "INFERENCE_RESPONSE_DIR"
 SECRETS_FILE = "SECRETS_FILE"
+SECRETS_REFRESH_INTERVAL = "SECRETS_REFRESH_INTERVAL"
 NVCF_INSTANCE_ID = "NVCF_INSTANCE_ID"
 NVCF_CLUSTER_ID = "NVCF_CLUSTER_ID"
 PORT = "PORT"
@@ -160,6 +161,13 @@ CONTRACT: tuple[Var, ...] = (
         "BASE_RESPONSE_DIR as the inference server sees it (a mount).",
     ),
     Var(SECRETS_FILE, AGENT, "worker, inference", "-", "Where the worker writes the instance's secrets (JSON)."),
+    Var(
+        SECRETS_REFRESH_INTERVAL,
+        AGENT,
+        WORKER,
+        "10",
+        "Seconds between the worker's fetches of updated secrets (0: only at start).",
+    ),
     Var(NVCF_INSTANCE_ID, AGENT, "worker, inference", "-", "The same as INSTANCE_ID (NVCF sets both)."),
     Var(NVCF_CLUSTER_ID, AGENT, AGENT, "-", "The cluster whose agent started the process (finds orphans)."),
     Var(PORT, AGENT, "inference", "-", "Local backend: the port the inference server listens on (= INFERENCE_PORT)."),

@@ -9,7 +9,7 @@ import attrs
 
 from nvcf_mono.contracts import env
 from nvcf_mono.errors import NvcfMonoError
-from nvcf_mono.structure import KEY, Check, StructureError, Text, checked, in_range, positive, structure
+from nvcf_mono.structure import KEY, Check, StructureError, Text, at_least, checked, in_range, positive, structure
 from nvcf_mono.worker import endpoint
 
 Protocol = Literal["http", "grpc"]
@@ -99,6 +99,7 @@ class WorkerConfig:
     inference_asset_dir: str = contract(env.INFERENCE_ASSET_DIR, "/tmp/nvcf-assets", absolute)
     inference_response_dir: str = contract(env.INFERENCE_RESPONSE_DIR, "/tmp/nvcf-responses", absolute)
     secrets_file: str | None = contract(env.SECRETS_FILE, None)
+    secrets_refresh: float = contract(env.SECRETS_REFRESH_INTERVAL, 10.0, at_least(0))
     #: A file the agent keeps the platform's current address in (read before each connection).
     grpc_address_file: str | None = contract(env.NVCF_FQDN_GRPC_FILE, None)
     # Not from the environment:

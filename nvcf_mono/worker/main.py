@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Protocol
 
 import anyio
+from grpclib.exceptions import GRPCError, StreamTerminatedError
 
+from nvcf_mono.backoff import Backoff
 from nvcf_mono.contracts import env
 from nvcf_mono.state_dir import write_private
 from nvcf_mono.worker.agent import Worker, WorkerState, fetch_secrets
@@ -34,6 +36,8 @@ class SidecarConfig(Protocol):
     def own_health_port(self) -> int: ...
     @property
     def secrets_file(self) -> str | None: ...
+    @property
+    def secrets_refresh(self) -> float: ...
 
 
 class Sidecar(Protocol):
@@ -54,13 +58,44 @@ async def run_worker(worker: Sidecar, *, secrets: bool) -> None:
         port = await tg.start(serve_health, worker.state, config.own_health_port)
         log.info("health endpoints on port %d", port)
         if secrets and config.secrets_file:
-            values = await fetch_secrets(config)
-            # Group-readable: on a root platform the server runs as another user of the instance's own group
-            # (the instance directory keeps everyone else out).
-            write_private(Path(config.secrets_file), json.dumps(values).encode(), mode=SECRETS_MODE)
-            log.info("wrote %d secrets to %s", len(values), config.secrets_file)
+            path = Path(config.secrets_file)
+            written = write_secrets(path, await fetch_secrets(config))
+            if config.secrets_refresh > 0:
+                tg.start_soon(keep_secrets_current, config, path, written)
         await worker.run()
         tg.cancel_scope.cancel()
+
+
+def write_secrets(path: Path, values: dict[str, object]) -> bytes:
+    """Replace the secrets file atomically (a reader sees the old file or the new one, never a part)."""
+    data = json.dumps(values).encode()
+    # Group-readable: on a root platform the server runs as another user of the instance's own group
+    # (the instance directory keeps everyone else out).
+    write_private(path, data, mode=SECRETS_MODE)
+    log.info("wrote %d secrets to %s", len(values), path)
+    return data
+
+
+async def keep_secrets_current(config: SidecarConfig, path: Path, written: bytes) -> None:
+    """Fetch the secrets every ``secrets_refresh`` seconds; rewrite the file when they changed.
+
+    A failed fetch (the platform restarting, say) keeps the file as it is and is tried again sooner.
+    """
+    backoff = Backoff(initial=min(1.0, config.secrets_refresh), maximum=config.secrets_refresh)
+    delay = config.secrets_refresh
+    while True:
+        await anyio.sleep(delay)
+        try:
+            values = await fetch_secrets(config)
+        except (OSError, TimeoutError, GRPCError, StreamTerminatedError) as err:
+            delay = backoff.next()
+            log.warning("could not fetch updated secrets (trying again in %.0fs): %s", delay, err)
+            continue
+        backoff.reset()
+        delay = config.secrets_refresh
+        data = json.dumps(values).encode()
+        if data != written:
+            written = write_secrets(path, values)
 
 
 def build(environ: Mapping[str, str]) -> tuple[Sidecar, bool]:

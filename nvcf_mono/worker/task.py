@@ -59,6 +59,7 @@ class TaskConfig:
     heartbeat_interval: float = contract(env.NVCT_HEARTBEAT_INTERVAL, 30.0, at_least(0.1))
     own_health_port: int = contract(env.HEALTH_PORT, 0, in_range(0, 65535))
     secrets_file: str | None = contract(env.SECRETS_FILE, None)
+    secrets_refresh: float = contract(env.SECRETS_REFRESH_INTERVAL, 10.0, at_least(0))
     secrets_present: bool = contract(env.FUNCTION_SECRETS_PRESENT, False)
     grpc_address_file: str | None = contract(env.NVCF_FQDN_GRPC_FILE, None)
 

@@ -227,6 +227,12 @@ class LocalSettings:
     worker_command: tuple[str, ...] = setting(
         (), doc="The sidecar's command line. Default: this Python running `nvcf_mono worker`."
     )
+    secrets_refresh: Seconds = setting(
+        10.0,
+        doc="How often an instance's worker fetches the function's secrets again and rewrites its secrets file "
+        "(atomically) when they changed, so an update reaches running instances within this time (0: never).",
+        check=at_least(0),
+    )
     secrets_timeout: Seconds = setting(
         60.0,
         doc="How long the worker may take to fetch an instance's secrets before its server starts "

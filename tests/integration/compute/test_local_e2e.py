@@ -183,3 +183,36 @@ async def test_secrets_are_written_for_the_instance_alone_before_the_server_star
             return not secrets.exists()
 
         await wait_for(removed, what="the secrets file removed with the instance")
+
+
+async def test_updated_secrets_reach_the_running_instance_within_seconds(tmp_path: Path) -> None:
+    settings = {
+        "images.reads-secrets.command": json.dumps(READS_SECRETS),
+        "plugins.compute.local.secrets_refresh": "0.5",
+    }
+    async with compute_platform(tmp_path, **settings) as p:
+        body = function("rotating", containerImage="reads-secrets", secrets=[{"name": "token", "value": "first"}])
+        fid, vid, d = await create(p.admin, body)
+        await deploy(p.admin, d, spec())
+        await wait_status(p.admin, d, "ACTIVE")
+        (view,) = await running(p.bus, CLUSTER_A)
+        secrets = Path(view.instance.directory or "") / "secrets.json"
+        assert json.loads(secrets.read_text()) == {"token": "first"}
+        before = pids([view])
+
+        update = {"secrets": [{"name": "token", "value": "second"}, {"name": "added", "value": {"k": 1}}]}
+        assert (await p.admin.put(f"/v2/nvcf/secrets/functions/{fid}/versions/{vid}", update)).status == 204
+
+        async def rewritten() -> dict[str, object] | None:
+            doc = json.loads(secrets.read_text())
+            return doc if doc.get("token") == "second" else None
+
+        # Merged over the old ones (NVCF's rule), written whole (never a partial file), the instance untouched.
+        assert await wait_for(rewritten, timeout=15, what="the new secrets in the file") == {
+            "token": "second",
+            "added": {"k": 1},
+        }
+        assert stat.S_IMODE(secrets.stat().st_mode) == 0o640
+        (again,) = await running(p.bus, CLUSTER_A)
+        assert again.instance.restarts == 0 and pids([again]) == before
+        assert not [f for f in secrets.parent.iterdir() if f.name.startswith(".secrets.json.")]  # no scratch left

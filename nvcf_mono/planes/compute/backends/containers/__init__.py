@@ -241,6 +241,7 @@ class ContainersBackend(LocalBackend):
             devices=devices,
             ready_timeout=self._health.start_timeout + 60,
             health_interval=min(self._health.probe_interval, 1.0),
+            secrets_refresh=self._local.secrets_refresh,
         )
         settings = self._settings[spec.cluster_id]
         gpus = gpu_devices(settings.gpus, devices)

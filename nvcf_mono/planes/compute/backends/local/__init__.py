@@ -216,6 +216,7 @@ class LocalBackend:
             devices=spec.allocation.devices if spec.allocation is not None else (),
             ready_timeout=self._health.start_timeout + 60,
             health_interval=min(self._health.probe_interval, 1.0),
+            secrets_refresh=self._local.secrets_refresh,
         )
         inst.argv = {INFERENCE: command.argv, WORKER: tuple(self._worker_argv)}
         inst.cwd = {INFERENCE: command.cwd, WORKER: spec.directory}

@@ -39,6 +39,7 @@ class Where:
     devices: tuple[int, ...]
     ready_timeout: float
     health_interval: float
+    secrets_refresh: float = 10.0
 
     @property
     def secrets_file(self) -> Path:
@@ -70,6 +71,7 @@ def worker_environment(base: Mapping[str, str], contract: Mapping[str, str], whe
             env.INFERENCE_ASSET_DIR: str(where.directory / "assets"),
             env.INFERENCE_RESPONSE_DIR: str(where.directory / "responses"),
             env.SECRETS_FILE: str(where.secrets_file),
+            env.SECRETS_REFRESH_INTERVAL: f"{where.secrets_refresh:g}",
             env.NVCF_FQDN_GRPC_FILE: str(where.directory / ADDRESS_FILE),
         }
     )
