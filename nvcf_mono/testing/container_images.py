@@ -21,7 +21,7 @@ from pathlib import Path
 from nvcf_mono.bus.embedded import free_port
 
 ECHO_IMAGE = "localhost/nvcf-test/echo:1"
-#: The same, running as uid 1000 (as many published images do).
+#: The same, running as uid and gid 1000 (as many published images do): no group in common with the host.
 ECHO_USER_IMAGE = "localhost/nvcf-test/echo-user:1"
 
 #: POST /cgi-bin/echo answers what the container sees: the request, its secrets, its env, and what it can read.
@@ -104,7 +104,7 @@ def build_echo_image(podman: str) -> str:
         archive = Path(tmp) / "root.tar"
         with tarfile.open(archive, "w") as tar:
             tar.add(root, arcname=".")
-        for name, user in ((ECHO_IMAGE, []), (ECHO_USER_IMAGE, ["--change", "USER 1000"])):
+        for name, user in ((ECHO_IMAGE, []), (ECHO_USER_IMAGE, ["--change", "USER 1000:1000"])):
             changes = ["--change", f"CMD {json.dumps(['/bin/sh', '-c', SERVE])}"]
             changes += ["--change", "ENV IMAGE_ENV=from-the-image", *user]
             subprocess.run([podman, "import", *changes, str(archive), name], check=True, capture_output=True)

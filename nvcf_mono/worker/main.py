@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
@@ -70,8 +71,13 @@ def write_secrets(path: Path, values: dict[str, object]) -> bytes:
     """Replace the secrets file atomically (a reader sees the old file or the new one, never a part)."""
     data = json.dumps(values).encode()
     # Group-readable: on a root platform the server runs as another user of the instance's own group
-    # (the instance directory keeps everyone else out).
-    write_private(path, data, mode=SECRETS_MODE)
+    # (the instance directory keeps everyone else out). A file already there keeps its mode: the
+    # containers backend opens it to whichever user the image runs as (0644, in a closed directory).
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode) & 0o644
+    except FileNotFoundError:
+        mode = SECRETS_MODE
+    write_private(path, data, mode=mode)
     log.info("wrote %d secrets to %s", len(values), path)
     return data
 

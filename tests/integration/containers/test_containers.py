@@ -320,11 +320,13 @@ async def test_an_image_running_as_another_user_reads_its_secrets_and_writes_its
     tmp_path: Path, podman: str
 ) -> None:
     cluster_id = str(uuid.uuid4())
-    async with container_platform(tmp_path, cluster_id, podman) as p:
+    async with container_platform(
+        tmp_path, cluster_id, podman, **{"plugins.compute.local.secrets_refresh": "0.5"}
+    ) as p:
         body = image_function(
             "as-a-user", containerImage=ECHO_USER_IMAGE, secrets=[{"name": "api-key", "value": "s3cret"}]
         )
-        fid, _, d = await create(p.admin, body)
+        fid, vid, d = await create(p.admin, body)
         await deploy(p.admin, d, spec())
         await wait_status(p.admin, d, "ACTIVE", timeout=60)
         reply = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"who": "me"})
@@ -333,3 +335,13 @@ async def test_an_image_running_as_another_user_reads_its_secrets_and_writes_its
         assert seen["uid"] == "1000" and seen["echo"] == {"who": "me"}
         assert seen["secrets"] == {"api-key": "s3cret"}  # readable to the image's user, still read-only
         assert seen["wrote_output"] == "yes"  # NVCF-LARGE-OUTPUT-DIR is its to write, as a pod's emptyDir
+
+        # Rotated while it runs: the same container reads the new value (the file stays open to its user).
+        rotated = {"secrets": [{"name": "api-key", "value": "rotated"}]}
+        assert (await p.admin.put(f"/v2/nvcf/secrets/functions/{fid}/versions/{vid}", rotated)).status == 204
+
+        async def rotated_seen() -> bool:
+            again = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"who": "me"})
+            return bool(again.status == 200 and again.json["secrets"] == {"api-key": "rotated"})
+
+        await wait_for(rotated_seen, timeout=20, what="the rotated secret read by the image's user")
