@@ -48,7 +48,7 @@ CLUSTER_HEALTH = BucketSpec(
 API_KEYS = BucketSpec(name="nvcf_api_keys", description="API keys by hash (key: <hash>); no secret is stored.")
 SECRETS = BucketSpec(
     name="nvcf_secrets",
-    description="Sealed secrets (key: fn.<fid>.<vid> or task.<taskId>).",
+    description="Sealed secrets (key: fn.<fid>.<vid>, task.<taskId> or acct.<ncaId>).",
 )
 REGISTRY_CREDENTIALS = BucketSpec(
     name="nvcf_registry_credentials", description="Registry credentials (key: <ncaId>.<credentialId>)."
@@ -197,6 +197,11 @@ def function_secrets_key(function_id: str, version_id: str) -> str:
 
 def task_secrets_key(task_id: str) -> str:
     return f"task.{task_id}"
+
+
+def account_secrets_key(nca_id: str) -> str:
+    """An account's own secrets, delivered to every instance and task of the account."""
+    return f"acct.{nca_id}"
 
 
 def task_event_key(task_id: str, sequence: int) -> str:

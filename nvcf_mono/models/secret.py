@@ -108,9 +108,16 @@ class RegistryCredentialListResponse(WireModel):
 
 @wire
 class SecretsRequest(WireModel):
-    """Body of ``PUT /v2/nvcf/secrets/functions/{fid}/versions/{vid}``."""
+    """Body of ``PUT /v2/nvcf/secrets/functions/{fid}/versions/{vid}`` (and of the account's secrets)."""
 
     secrets: tuple[NameValue, ...]
+
+
+@wire
+class SecretNames(WireModel):
+    """The names of an account's secrets (values are never returned)."""
+
+    secrets: tuple[str, ...]
 
 
 @attrs.frozen

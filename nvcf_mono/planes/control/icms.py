@@ -254,17 +254,21 @@ class Icms:
     # ---- secrets for instances ----------------------------------------------------------------------
 
     async def fetch_secrets(self, subject: str, req: SecretsFetch) -> SecretsReply:
-        """Secrets of the version a worker token belongs to; never in creation messages."""
+        """Secrets of the version (or task) a worker token belongs to, over its account's; never in creation
+        messages.
+        """
         try:
             claims: dict[str, Any] = self._ctl.tokens.verify(req.worker_token, WORKER)
         except InvalidToken as err:
             raise RpcError(401, f"invalid worker token: {err}") from err
-        key = (
+        own = (
             buckets.task_secrets_key(str(claims["tid"]))
             if claims.get("tid")
             else buckets.function_secrets_key(str(claims["fid"]), str(claims["fvid"]))
         )
-        sealed = await self._ctl.store.secrets.fetch(key)
-        if sealed is None:
-            return SecretsReply(secrets={})
-        return SecretsReply(secrets=open_secrets(self._ctl, key, sealed))
+        values: dict[str, Any] = {}
+        for key in (buckets.account_secrets_key(str(claims["nca"])), own):
+            sealed = await self._ctl.store.secrets.fetch(key)
+            if sealed is not None:
+                values.update(open_secrets(self._ctl, key, sealed))
+        return SecretsReply(secrets=values)

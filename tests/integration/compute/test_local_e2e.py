@@ -216,3 +216,38 @@ async def test_updated_secrets_reach_the_running_instance_within_seconds(tmp_pat
         (again,) = await running(p.bus, CLUSTER_A)
         assert again.instance.restarts == 0 and pids([again]) == before
         assert not [f for f in secrets.parent.iterdir() if f.name.startswith(".secrets.json.")]  # no scratch left
+
+
+async def test_account_secrets_reach_the_instance_beside_its_own_and_follow_changes(tmp_path: Path) -> None:
+    settings = {
+        "images.reads-secrets.command": json.dumps(READS_SECRETS),
+        "plugins.compute.local.secrets_refresh": "0.5",
+    }
+    async with compute_platform(tmp_path, **settings) as p:
+        account = [{"name": "region-key", "value": "acct-1"}, {"name": "token", "value": "account's"}]
+        assert (await p.admin.put("/v2/nvcf/secrets/account", {"secrets": account})).status == 204
+        body = function("with-account", containerImage="reads-secrets", secrets=[{"name": "token", "value": "own"}])
+        _, _, d = await create(p.admin, body)
+        await deploy(p.admin, d, spec())
+        await wait_status(p.admin, d, "ACTIVE")
+        (view,) = await running(p.bus, CLUSTER_A)
+        secrets = Path(view.instance.directory or "") / "secrets.json"
+        assert json.loads(secrets.read_text()) == {"region-key": "acct-1", "token": "own"}
+        assert "secrets: ['region-key', 'token']" in (secrets.parent / "inference.log").read_text()
+
+        change = {"secrets": [{"name": "region-key", "value": "acct-2"}]}
+        assert (await p.admin.put("/v2/nvcf/secrets/account", change)).status == 204
+
+        async def rotated() -> bool:
+            return bool(json.loads(secrets.read_text()).get("region-key") == "acct-2")
+
+        await wait_for(rotated, timeout=15, what="the account's changed secret in the running instance")
+        assert json.loads(secrets.read_text())["token"] == "own"
+
+        # A function without secrets of its own still gets the account's.
+        _, _, d2 = await create(p.admin, function("bare", containerImage="reads-secrets"))
+        await deploy(p.admin, d2, spec())
+        await wait_status(p.admin, d2, "ACTIVE")
+        (bare,) = [v for v in await running(p.bus, CLUSTER_A) if v.instance.directory != view.instance.directory]
+        found = json.loads((Path(bare.instance.directory or "") / "secrets.json").read_text())
+        assert found == {"region-key": "acct-2", "token": "account's"}

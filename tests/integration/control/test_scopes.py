@@ -16,7 +16,9 @@ from typing import Any
 
 from nvcf_mono.auth.keystore import API_KEY_STORE
 from nvcf_mono.auth.scopes import ALL_SCOPES
+from nvcf_mono.http.openapi import path_template
 from nvcf_mono.models.api_key import FUNCTIONS_SERVICE_ID, Authorizations, KeyResource, Policy, Product
+from nvcf_mono.planes.invocation.llm.gateway import ROUTES as LLM_GATEWAY_ROUTES
 from nvcf_mono.testing.platform import Api, Reply
 
 from .conftest import Platform, platform
@@ -103,7 +105,13 @@ async def test_every_operation_requires_a_credential_and_its_scopes(tmp_path: Pa
             for route in p.host.http.app.router.routes()
             if route.resource is not None and route.method.lower() in HTTP_METHODS
         }
-        assert served - documented == set(), f"served but not in /v3/openapi: {sorted(served - documented)}"
+        gateway = {(method, path_template(path)) for method, path in LLM_GATEWAY_ROUTES}
+        undocumented = served - documented - gateway
+        assert undocumented == set(), f"served but not in /v3/openapi: {sorted(undocumented)}"
+        # The LLM gateway is OpenAI's API: the same rules, in OpenAI's error shape.
+        await gateway_refuses_strangers(
+            p, sorted(gateway), keys={"list_functions": await key_holding(p, "list_functions")}
+        )
 
         garbage = [
             p.api("not-a-real-token"),
@@ -140,3 +148,26 @@ async def test_every_operation_requires_a_credential_and_its_scopes(tmp_path: Pa
             )
         # The control plane alone declares dozens of protected, scoped operations.
         assert protected >= 50 and scoped >= 40, (protected, scoped)
+
+
+async def gateway_refuses_strangers(p: Platform, routes: list[tuple[str, str]], keys: dict[str, Api]) -> None:
+    """Every gateway route but its readiness probe: 401 without a valid credential, 403 without invoke_function."""
+    session, base = p.anonymous.session, p.anonymous.base
+    for method, template in routes:
+        if template == "/v1/health/ready":
+            async with session.get(base + template) as resp:
+                assert resp.status == 200
+            continue
+        path = template.replace("{model}", "m")
+        body = {"model": "m", "messages": []} if method == "POST" else None
+        for token, status in (
+            (None, 401),
+            ("not-a-real-token", 401),
+            ("nvapi-" + secrets.token_urlsafe(48)[:64], 401),
+            (keys["list_functions"].token, 403),
+        ):
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            async with session.request(method, base + path, json=body, headers=headers) as resp:
+                doc = await resp.json()
+                assert resp.status == status, f"{method} {path} with {token!r}: {resp.status} {doc}"
+            assert doc["error"]["type"] in ("authentication_error", "permission_error"), doc

@@ -17,6 +17,7 @@ from nvcf_mono.plugins.auth import SECRET_FILE
 from nvcf_mono.testing.platform import Reply
 
 from .conftest import CONTAINER_FUNCTION, Platform, agent, platform
+from .test_sharing import account_key, add_account
 
 S = "/v2/nvcf/secrets/functions"
 VALUES = ("first-VALUE-0001", "second-VALUE-0002", "third-VALUE-0003", "nested-VALUE-0004", "v2-VALUE-0005")
@@ -202,3 +203,89 @@ async def test_validation_and_access(tmp_path: Path) -> None:
         # Deleting the version removes its secrets.
         assert (await p.admin.delete(f"/v2/nvcf/functions/{fid}/versions/{vid}")).status == 204
         assert (await p.bus.kv(buckets.SECRETS.name).get(buckets.function_secrets_key(fid, vid))) is None
+
+
+ACCOUNT = "/v2/nvcf/secrets/account"
+
+
+async def test_account_secrets_reach_every_version_of_the_account_under_its_own(tmp_path: Path) -> None:
+    async with platform(tmp_path) as p:
+        assert (await p.admin.get(ACCOUNT)).json == {"secrets": []}
+        put = await p.admin.put(
+            ACCOUNT, {"secrets": [{"name": "shared", "value": VALUES[0]}, {"name": "first", "value": "account's"}]}
+        )
+        assert put.status == 204, put.body
+        names = await p.admin.get(ACCOUNT)
+        assert names.json == {"secrets": ["first", "shared"]}
+        no_values(names)
+        merged = await p.admin.put(ACCOUNT, {"secrets": [{"name": "more", "value": {"k": VALUES[1]}}]})
+        assert merged.status == 204 and (await p.admin.get(ACCOUNT)).json == {"secrets": ["first", "more", "shared"]}
+
+        own = await p.admin.post(
+            "/v2/nvcf/functions", {**CONTAINER_FUNCTION, "secrets": [{"name": "first", "value": VALUES[2]}]}
+        )
+        bare = await p.admin.post("/v2/nvcf/functions", {**CONTAINER_FUNCTION, "name": "bare"})
+        fid, vid = own.json["function"]["id"], own.json["function"]["versionId"]
+        fid2, vid2 = bare.json["function"]["id"], bare.json["function"]["versionId"]
+        # The version's own secret wins over the account's of the same name; a version without any gets the account's.
+        assert await fetch(p, worker_token(p, fid, vid)) == {
+            "shared": VALUES[0],
+            "first": VALUES[2],
+            "more": {"k": VALUES[1]},
+        }
+        assert await fetch(p, worker_token(p, fid2, vid2)) == {
+            "shared": VALUES[0],
+            "first": "account's",
+            "more": {"k": VALUES[1]},
+        }
+        assert (await p.admin.get(f"/v2/nvcf/functions/{fid2}/versions/{vid2}")).json["function"].get("secrets") in (
+            None,
+            [],
+        )
+
+        # At rest: sealed, bound to the account's key.
+        entry = await p.bus.kv(buckets.SECRETS.name).get(buckets.account_secrets_key("nvcf-default"))
+        assert entry is not None and VALUES[0].encode() not in entry.value
+
+        # Another account sees and gets none of them; a super admin manages them for it.
+        await add_account(p, "acct-b")
+        b = p.api(await account_key(p, "acct-b"))
+        assert (await b.get(ACCOUNT)).json == {"secrets": []}
+        assert (await b.delete(f"{ACCOUNT}/shared")).status == 404
+        assert (
+            await p.admin.put("/v2/nvcf/accounts/acct-b/secrets/account", {"secrets": [{"name": "b", "value": "x"}]})
+        ).status == 204
+        assert (await b.get(ACCOUNT)).json == {"secrets": ["b"]}
+        assert (await p.admin.get("/v2/nvcf/accounts/no-such-account/secrets/account")).status == 404
+
+        # Removing one, then the last: the key goes with the last one.
+        assert (await p.admin.delete(f"{ACCOUNT}/first")).status == 204
+        assert (await p.admin.delete(f"{ACCOUNT}/first")).status == 404
+        assert await fetch(p, worker_token(p, fid2, vid2)) == {"shared": VALUES[0], "more": {"k": VALUES[1]}}
+        for name in ("shared", "more"):
+            assert (await p.admin.delete(f"{ACCOUNT}/{name}")).status == 204
+        assert await p.bus.kv(buckets.SECRETS.name).get(buckets.account_secrets_key("nvcf-default")) is None
+
+        # An account deleted takes its secrets along.
+        assert (await p.admin.delete("/v2/nvcf/accounts/acct-b")).status == 204
+        assert await p.bus.kv(buckets.SECRETS.name).get(buckets.account_secrets_key("acct-b")) is None
+
+
+async def test_account_secret_requests_are_validated(tmp_path: Path) -> None:
+    async with platform(tmp_path) as p:
+        for body, fragment in (
+            ({"secrets": []}, "at least one"),
+            ({"secrets": [{"name": "bad name", "value": "x"}]}, "name"),
+            ({"secrets": [{"name": "a", "value": "x"}, {"name": "a", "value": "y"}]}, "a"),
+            ({"secrets": [{"name": "big", "value": "x" * 40000}]}, "32768"),
+        ):
+            reply = await p.admin.put(ACCOUNT, body)
+            assert reply.status == 400 and fragment in reply.detail, (body, reply.body)
+        many = [{"name": f"s{i}", "value": "v" * 30000} for i in range(18)]
+        assert (await p.admin.put(ACCOUNT, {"secrets": many})).status == 400
+        assert (await p.admin.get(ACCOUNT)).json == {"secrets": []}  # nothing of a refused request kept
+        assert (await p.admin.delete(f"{ACCOUNT}/a..b")).status == 400
+        assert (await p.anonymous.get(ACCOUNT)).status == 401
+        # A function key (invoke_function, list_functions) may not touch them.
+        assert (await p.key.put(ACCOUNT, {"secrets": [{"name": "a", "value": "x"}]})).status == 403
+        assert (await p.key.get(ACCOUNT)).status == 403

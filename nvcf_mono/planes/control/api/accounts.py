@@ -205,6 +205,7 @@ async def purge_account_data(ctl: Control, nca_id: str) -> None:
     if keys is not None:
         for record in keys.list(nca_id=nca_id):
             await keys.revoke(record.id)
+    await ctl.store.secrets.mutate(buckets.account_secrets_key(nca_id), lambda _: None)
     prefix = buckets.account_item_key(nca_id, "")
     for key, _ in ctl.store.registry_credentials.items():
         if key.startswith(prefix):

@@ -268,7 +268,10 @@ class Reconciler:
         ctl = self._ctl
         sent: set[str] = set()
         stream = ctl.bus.stream(subjects.CREATE_STREAM)
-        secrets = ctl.store.secrets.get(buckets.function_secrets_key(fv.id, fv.version_id)) is not None
+        secrets = any(
+            ctl.store.secrets.get(key) is not None
+            for key in (buckets.function_secrets_key(fv.id, fv.version_id), buckets.account_secrets_key(fv.nca_id))
+        )
         pulls = (
             pull_credentials_for(ctl.store, ctl.keyring, fv.nca_id, fv.container_image)
             if fv.helm_chart is None

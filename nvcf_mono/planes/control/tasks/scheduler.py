@@ -199,6 +199,7 @@ class TaskScheduler:
             task_id=task.id,
         )
         parsed = parse_instance_type(it.name)
+        account_secrets = ctl.store.secrets.get(buckets.account_secrets_key(task.nca_id)) is not None
         environment = {
             env.NVCF_WORKER_TOKEN: token,
             env.NVCF_FQDN_GRPC: ctl.worker_grpc_address,
@@ -208,7 +209,7 @@ class TaskScheduler:
             env.NVCT_NCA_ID: task.nca_id,
             env.NVCT_HEARTBEAT_INTERVAL: f"{ctl.config.tasks.heartbeat_interval:g}",
             env.NVCT_RESULT_HANDLING: task.result_handling_strategy.value,
-            env.FUNCTION_SECRETS_PRESENT: "true" if task.secrets else "false",
+            env.FUNCTION_SECRETS_PRESENT: "true" if task.secrets or account_secrets else "false",
             env.ICMS_REQUEST_ID: request_id,
             env.GPU_NAME: task.gpu_specification.gpu,
             env.INSTANCE_TYPE: it.name,
