@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from anyio.abc import TaskStatus
 
 from nvcf_mono.config.load import ConfigSources, ResolvedConfig, load_config
 from nvcf_mono.host import Host
@@ -56,22 +55,10 @@ def config_for_test(
 async def running_host(config: ResolvedConfig, *, start_timeout: float = 30.0) -> AsyncIterator[Host]:
     """Start a host, wait until it is ready, yield it, and shut it down (draining) on exit."""
     host = Host(config)
-    stopped = anyio.Event()
-
-    async def serve(*, task_status: TaskStatus[Any]) -> None:
-        try:
-            await host.serve(task_status=task_status)
-        finally:
-            stopped.set()
-
     async with anyio.create_task_group() as tg:
         with anyio.fail_after(start_timeout):
-            await tg.start(serve)
+            await tg.start(host.serve)
         try:
             yield host
         finally:
             host.request_shutdown()
-            # Also when the test failed: the host stops as it would (instances stopped, nothing left running)
-            # before the task group cancels it.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(60):
-                await stopped.wait()
