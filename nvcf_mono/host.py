@@ -51,6 +51,7 @@ from nvcf_mono.plugin import (
 )
 from nvcf_mono.services import ServiceRegistry
 from nvcf_mono.state_dir import ENDPOINTS_FILE, lock_state_dir, write_private
+from nvcf_mono.tls import ServerTls, TlsError, server_tls
 
 ENDPOINTS_VERSION = 1
 CREDENTIAL_KEYS = ("admin_token", "api_key", "task_api_key")
@@ -297,7 +298,7 @@ class Host:
             for err in real[1:]:
                 log.error("also failed: %s", err)
             raise HostFailed(str(real[0])) from real[0]
-        except (PluginFailed, BusError) as err:
+        except (PluginFailed, BusError, TlsError) as err:
             raise HostFailed(str(err)) from err
 
     async def _serve(self, started_at: float, task_status: TaskStatus[Endpoints]) -> None:
@@ -325,33 +326,8 @@ class Host:
             infra.start_soon(self._follow_bus, bus, name="host:bus-events")
             await self._ensure_declared(bus)
 
-            http = HttpServer(
-                s.http,
-                self.contributions,
-                host_routes=[
-                    ("GET", "/health", self._health_route),
-                    ("GET", "/ready", self._ready_route),
-                    ("GET", "/metrics", self._metrics_route),
-                ],
-                is_running=self.is_running,
-                inflight=self.inflight,
-                metrics=self.metrics,
-                log=logging.getLogger("nvcf_mono.http"),
-            )
-            self.http = http
-            http_port = await http.start()
-            stack.push_async_callback(_shielded, http.close, s.shutdown.plugin_grace)
-            grpc = GrpcServer(
-                s.grpc,
-                [("host", self._health), *self.contributions.servicers],
-                is_running=self.is_running,
-                inflight=self.inflight,
-                metrics=self.metrics,
-                log=logging.getLogger("nvcf_mono.grpc"),
-            )
-            grpc_port = await grpc.start()
-            stack.push_async_callback(_shielded, grpc.close, s.shutdown.plugin_grace)
-            self._endpoints = self._make_endpoints(http_port, grpc_port, embedded, servers)
+            http, grpc, tls = await self._listen(stack, infra)
+            self._endpoints = self._make_endpoints(http.port, grpc.port, embedded, servers, tls)
 
             async with anyio.create_task_group() as tg:
                 with anyio.CancelScope() as startup:
@@ -378,6 +354,41 @@ class Host:
                 tg.cancel_scope.cancel()
         log.info("stopped")
 
+    async def _listen(self, stack: AsyncExitStack, infra: TaskGroup) -> tuple[HttpServer, GrpcServer, ServerTls | None]:
+        """Start the HTTP and gRPC servers (over TLS when configured); closed when ``stack`` unwinds."""
+        s = self.settings
+        tls = await anyio.to_thread.run_sync(server_tls, s.tls, s.state_dir, self._tls_names())
+        if tls is not None:
+            infra.start_soon(tls.watch, s.tls.reload_interval, name="host:tls-reload")
+        http = HttpServer(
+            s.http,
+            self.contributions,
+            host_routes=[
+                ("GET", "/health", self._health_route),
+                ("GET", "/ready", self._ready_route),
+                ("GET", "/metrics", self._metrics_route),
+            ],
+            is_running=self.is_running,
+            inflight=self.inflight,
+            metrics=self.metrics,
+            log=logging.getLogger("nvcf_mono.http"),
+            ssl_context=tls.http if tls is not None else None,
+        )
+        self.http = http
+        await http.start()
+        stack.push_async_callback(_shielded, http.close, s.shutdown.plugin_grace)
+        grpc = GrpcServer(
+            s.grpc,
+            [("host", self._health), *self.contributions.servicers],
+            is_running=self.is_running,
+            inflight=self.inflight,
+            metrics=self.metrics,
+            log=logging.getLogger("nvcf_mono.grpc"),
+        )
+        await grpc.start(tls.grpc if tls is not None else None)
+        stack.push_async_callback(_shielded, grpc.close, s.shutdown.plugin_grace)
+        return http, grpc, tls
+
     async def _follow_bus(self, bus: NatsBus) -> None:
         """Wake gRPC health watchers when the connection (and so readiness) changes."""
         async with bus.events() as events:
@@ -389,19 +400,38 @@ class Host:
             self.embedded.stop()
         infra.cancel_scope.cancel()
 
+    def _tls_names(self) -> list[str]:
+        """The names a development certificate covers: the listen addresses and the public ones."""
+        s = self.settings
+        names = [s.http.host, s.grpc.host]
+        if s.http.public_url:
+            names.append(s.http.public_url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[0].strip("[]"))
+        if s.grpc.public_address:
+            names.append(s.grpc.public_address.rsplit(":", 1)[0].strip("[]"))
+        return names
+
     def _make_endpoints(
-        self, http_port: int, grpc_port: int, embedded: EmbeddedInfo | None, servers: list[str]
+        self,
+        http_port: int,
+        grpc_port: int,
+        embedded: EmbeddedInfo | None,
+        servers: list[str],
+        tls: ServerTls | None = None,
     ) -> Endpoints:
         s = self.settings
         http_host = "127.0.0.1" if s.http.host in ("0.0.0.0", "::", "") else s.http.host
         grpc_host = "127.0.0.1" if s.grpc.host in ("0.0.0.0", "::", "") else s.grpc.host
-        base = s.http.public_url or f"http://{http_host}:{http_port}"
+        scheme = "https" if tls is not None else "http"
+        base = s.http.public_url or f"{scheme}://{http_host}:{http_port}"
         nats_url = embedded.client_url if embedded is not None else ",".join(servers)
+        ca = tls.files.ca if tls is not None else None
         return Endpoints(
             api_url=base,
             invocation_url=base,
             grpc_address=s.grpc.public_address or f"{grpc_host}:{grpc_port}",
             nats_url=nats_url,
+            tls=tls is not None,
+            ca_file=str(ca) if ca is not None else None,
         )
 
     def _write_endpoints(self) -> None:
@@ -411,6 +441,8 @@ class Host:
             "api_url": ep.api_url,
             "invocation_url": ep.invocation_url,
             "grpc_url": ep.grpc_address,
+            "grpc_tls": ep.tls,
+            "ca_file": ep.ca_file,
             "nats_url": ep.nats_url,
             "credentials": dict(self._credentials),
         }

@@ -210,6 +210,10 @@ class Endpoints:
     invocation_url: str
     grpc_address: str
     nats_url: str
+    #: The gRPC port speaks TLS (the HTTP port too: both or neither).
+    tls: bool = False
+    #: What clients should trust for them (None: the system's CAs).
+    ca_file: str | None = None
 
 
 class HostHandle(Protocol):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -109,13 +110,17 @@ class ApiClient:
         api_key: Credential | None,
         timeout: float,
         proxies: Mapping[str, str],
+        ca_file: str | None = None,
     ) -> None:
         self.api_url = api_url.rstrip("/")
         self.url_origin = url_origin
         self.token = token
         self.api_key = api_key
         self.timeout = timeout
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler(dict(proxies)), _NoRedirect())
+        handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler(dict(proxies)), _NoRedirect()]
+        if ca_file is not None:  # a local platform's development CA (else the system's CAs, or SSL_CERT_FILE)
+            handlers.append(urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=ca_file)))
+        self._opener = urllib.request.build_opener(*handlers)
 
     def credential(self) -> Credential:
         """The token when there is one, else the API key."""
@@ -322,6 +327,7 @@ def connect(args: argparse.Namespace, ctx: CliContext) -> ApiClient:
         (env.get("NVCF_TOKEN"), env.get("NVCF_API_KEY"), "env NVCF_TOKEN", "env NVCF_API_KEY"),
     ]
     state_is_elsewhere = False
+    ca_file: str | None = None
     if state is not None:
         creds = state.get("credentials")
         creds = creds if isinstance(creds, dict) else {}
@@ -329,6 +335,8 @@ def connect(args: argparse.Namespace, ctx: CliContext) -> ApiClient:
         if isinstance(state_url, str) and _same_url(state_url, url):
             origin = str(endpoints_path)
             layers.append((creds.get("admin_token"), creds.get("api_key"), origin, origin))
+            ca = state.get("ca_file")
+            ca_file = ca if isinstance(ca, str) and ca else None
         else:
             state_is_elsewhere = True
     token = api_key = None
@@ -347,6 +355,7 @@ def connect(args: argparse.Namespace, ctx: CliContext) -> ApiClient:
         api_key=api_key,
         timeout=args.http_timeout,
         proxies=_proxies(env, url),
+        ca_file=ca_file,
     )
 
 

@@ -55,6 +55,8 @@ def sources_from(args: argparse.Namespace, ctx: CliContext, *, forced_role: str 
         overrides.append(("state_dir", args.state_dir, "--state-dir"))
     if args.log_level:
         overrides.append(("logging.level", args.log_level, "--log-level"))
+    if getattr(args, "tls", False):
+        overrides.append(("tls.self_signed", "true", "--tls"))
     for item in args.overrides:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():

@@ -24,6 +24,12 @@ def register(sub: Any) -> None:
         "stops at once.",
     )
     add_config_options(up, role=False)
+    up.add_argument(
+        "--tls",
+        action="store_true",
+        help="serve HTTPS and gRPC over TLS with a development CA made under <state-dir>/tls (kept across "
+        "restarts; clients trust tls/ca.pem, which endpoints.json names). Same as --set tls.self_signed=true",
+    )
     up.set_defaults(func=_up)
     run = sub.add_parser(
         "run",
@@ -69,6 +75,7 @@ def _serve(args: argparse.Namespace, ctx: CliContext, *, forced_role: str | None
             f"  gRPC        {ep.grpc_address}",
             f"  NATS        {nats}",
             f"  endpoints   {endpoints_file}",
+            *([f"  TLS         HTTPS and gRPC; clients trust {ep.ca_file or 'the system CAs'}"] if ep.tls else []),
             *example_lines(ep),
             "Ctrl-C drains and stops.",
         ]
@@ -85,7 +92,7 @@ def _serve(args: argparse.Namespace, ctx: CliContext, *, forced_role: str | None
         head = f"Example function {EXAMPLE_NAME} {marker.function_id} ({when}); invoke it:"
         return [
             head,
-            *invoke_lines(marker.function_id, ep.invocation_url, config.settings.state_dir, endpoints_file),
+            *invoke_lines(marker.function_id, ep.invocation_url, config.settings.state_dir, endpoints_file, ep.ca_file),
         ]
 
     return ctx.run_host(host, banner)

@@ -164,6 +164,39 @@ class GrpcSettings:
 
 
 @attrs.frozen(kw_only=True)
+class ListenerTlsSettings:
+    """TLS on the HTTP and gRPC listeners (both, or neither). Off: plaintext, meant for loopback."""
+
+    cert_file: Path | None = setting(
+        None, doc="PEM certificate chain; with key_file turns TLS on. Reloaded when it changes on disk."
+    )
+    key_file: Path | None = setting(None, doc="PEM private key of cert_file.")
+    ca_file: Path | None = setting(
+        None,
+        doc="What clients (and this platform's workers) should trust, named in endpoints.json. Default: the "
+        "development CA with self_signed, else the system's CAs.",
+    )
+    self_signed: bool = setting(
+        False,
+        doc="Without cert_file: make a development CA and a certificate for this machine's names under "
+        "<state_dir>/tls/ (kept across restarts) and serve it. For development; clients trust tls/ca.pem.",
+    )
+    reload_interval: Seconds = setting(
+        5.0, doc="How often the files are checked for a new certificate.", check=positive
+    )
+
+    def __checks__(self) -> Iterator[tuple[str, str]]:
+        if (self.cert_file is None) != (self.key_file is None):
+            yield "key_file", "cert_file and key_file must be given together"
+        if self.self_signed and self.cert_file is not None:
+            yield "self_signed", "self_signed makes its own certificate: leave cert_file and key_file unset"
+
+    @property
+    def enabled(self) -> bool:
+        return self.self_signed or self.cert_file is not None
+
+
+@attrs.frozen(kw_only=True)
 class StartupSettings:
     """How plugins that are not ready yet are retried."""
 
@@ -224,6 +257,7 @@ class Settings:
     embedded_nats: EmbeddedNatsSettings = setting(factory=EmbeddedNatsSettings, doc="The embedded nats-server.")
     http: HttpSettings = setting(factory=HttpSettings, doc="HTTP server.")
     grpc: GrpcSettings = setting(factory=GrpcSettings, doc="gRPC server.")
+    tls: ListenerTlsSettings = setting(factory=ListenerTlsSettings, doc="TLS on the HTTP and gRPC listeners.")
     startup: StartupSettings = setting(factory=StartupSettings, doc="Plugin start retries.")
     shutdown: ShutdownSettings = setting(factory=ShutdownSettings, doc="Graceful shutdown.")
     logging: LoggingSettings = setting(factory=LoggingSettings, doc="Logging.")

@@ -43,6 +43,8 @@ CONTAINER_REGISTRIES_CREDENTIALS = "CONTAINER_REGISTRIES_CREDENTIALS"
 HELM_REGISTRIES_CREDENTIALS = "HELM_REGISTRIES_CREDENTIALS"
 NVCF_FQDN_GRPC = "NVCF_FQDN_GRPC"
 NVCF_FQDN_GRPC_FILE = "NVCF_FQDN_GRPC_FILE"
+NVCF_FQDN_GRPC_TLS = "NVCF_FQDN_GRPC_TLS"
+NVCF_FQDN_GRPC_CA = "NVCF_FQDN_GRPC_CA"
 NCA_ID = "NCA_ID"
 FUNCTION_ID = "FUNCTION_ID"
 FUNCTION_NAME = "FUNCTION_NAME"
@@ -117,6 +119,14 @@ CONTRACT: tuple[Var, ...] = (
         "Helm functions: the account's credentials for the chart's host (same shape), to fetch the chart.",
     ),
     Var(NVCF_FQDN_GRPC, CP, WORKER, "-", "host:port of the WorkerService (invocation plane gRPC)."),
+    Var(NVCF_FQDN_GRPC_TLS, CP, WORKER, "false", "true when the WorkerService's port speaks TLS."),
+    Var(
+        NVCF_FQDN_GRPC_CA,
+        CP,
+        WORKER,
+        "-",
+        "PEM certificates the worker trusts for that TLS (unset: the system's CAs).",
+    ),
     Var(
         NVCF_FQDN_GRPC_FILE,
         AGENT,

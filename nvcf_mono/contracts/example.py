@@ -53,7 +53,9 @@ def read_marker(plugin_state_dir: Path) -> Marker | None:
         return None
 
 
-def invoke_lines(function_id: str, invocation_url: str, state_dir: Path, endpoints: Path) -> list[str]:
+def invoke_lines(
+    function_id: str, invocation_url: str, state_dir: Path, endpoints: Path, ca_file: str | None = None
+) -> list[str]:
     """Copy-paste commands that invoke the example: ``curl`` and ``nvcf-mono invoke``.
 
     The key itself is never printed (the banner ends up in logs): the first line reads it from
@@ -62,8 +64,9 @@ def invoke_lines(function_id: str, invocation_url: str, state_dir: Path, endpoin
     url = f"{invocation_url.rstrip('/')}/v2/nvcf/pexec/functions/{function_id}"
     read_key = 'import json,sys; print(json.load(open(sys.argv[1]))["credentials"]["api_key"])'
     export = f'export NVCF_API_KEY="$(python3 -c {shlex.quote(read_key)} {shlex.quote(str(endpoints))})"'
+    cacert = f"--cacert {shlex.quote(ca_file)} " if ca_file else ""
     curl = (
-        f'curl -s {url} -H "Authorization: Bearer $NVCF_API_KEY" '
+        f'curl -s {cacert}{url} -H "Authorization: Bearer $NVCF_API_KEY" '
         f"-H 'Content-Type: application/json' -d {shlex.quote(SAMPLE_BODY)}"
     )
     state = "" if state_dir == Path(".nvcf-mono") else f" --state-dir {shlex.quote(str(state_dir))}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import typing
 import weakref
 from collections.abc import Callable
@@ -191,10 +192,10 @@ class GrpcServer:
             self._server._mapping = _Mapping(self._server._mapping, wrapped)
         self.port = 0
 
-    async def start(self) -> int:
-        """Bind and serve; returns the bound port."""
+    async def start(self, ssl_context: ssl.SSLContext | None = None) -> int:
+        """Bind and serve (over TLS with ``ssl_context``, whose ALPN is ``h2``); returns the bound port."""
         try:
-            await self._server.start(self._settings.host, self._settings.port, reuse_address=True)
+            await self._server.start(self._settings.host, self._settings.port, reuse_address=True, ssl=ssl_context)
         except OSError as err:
             hint = " (set grpc.port, or 0 for a free port)" if err.errno in (48, 98) else ""
             raise GrpcServerError(

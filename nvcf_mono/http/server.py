@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, final
@@ -72,8 +73,10 @@ class HttpServer:
         inflight: InflightTracker,
         metrics: Metrics,
         log: logging.Logger,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._settings = settings
+        self._ssl = ssl_context
         self._log = log
         self._inflight = inflight
         self._requests = metrics.counter(
@@ -177,7 +180,9 @@ class HttpServer:
             self.app, access_log=None, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True
         )
         await self._runner.setup()
-        self._site = web.TCPSite(self._runner, self._settings.host, self._settings.port, reuse_address=True)
+        self._site = web.TCPSite(
+            self._runner, self._settings.host, self._settings.port, reuse_address=True, ssl_context=self._ssl
+        )
         try:
             await self._site.start()
         except OSError as err:

@@ -233,7 +233,7 @@ class Worker:
             connected_at: float | None = None
             why = "the invocation node ended the session"
             try:
-                async with endpoint.channel(self.config.grpc_address, self.config.grpc_address_file) as channel:
+                async with endpoint.channel(self.config) as channel:
                     session = await self._connect(channel)
                     connected_at = time.monotonic()
                     self.state.sessions += 1
@@ -671,18 +671,14 @@ async def _relay(frames: AsyncIterator[Frame], answer: Callable[[Frame], Awaitab
         await answer(frame)
 
 
-class _Platform(Protocol):
-    @property
-    def grpc_address(self) -> str: ...
-    @property
-    def grpc_address_file(self) -> str | None: ...
+class _Platform(endpoint.Dial, Protocol):
     @property
     def worker_token(self) -> str: ...
 
 
 async def fetch_secrets(config: _Platform) -> dict[str, object]:
     """The instance's secrets from the platform (through the invocation plane)."""
-    async with endpoint.channel(config.grpc_address, config.grpc_address_file) as channel:
+    async with endpoint.channel(config) as channel:
         with anyio.fail_after(30):
             async with channel.request(
                 f"{SERVICE}/FetchSecrets", Cardinality.UNARY_UNARY, SecretsRequest, SecretsResponse

@@ -67,6 +67,8 @@ class WorkerConfig:
 
     worker_token: str = contract(env.NVCF_WORKER_TOKEN)
     grpc_address: str = contract(env.NVCF_FQDN_GRPC, check=host_port)
+    grpc_tls: bool = contract(env.NVCF_FQDN_GRPC_TLS, False)
+    grpc_ca: str | None = contract(env.NVCF_FQDN_GRPC_CA, None)
     function_id: str = contract(env.FUNCTION_ID)
     function_version_id: str = contract(env.FUNCTION_VERSION_ID)
     function_name: str = contract(env.FUNCTION_NAME, "")
@@ -131,4 +133,5 @@ _NORMALIZE: dict[str, Callable[[str], str]] = {
     env.INFERENCE_HEALTH_PROTOCOL: str.lower,
     env.FUNCTION_TYPE: str.upper,
     env.FUNCTION_SECRETS_PRESENT: str.lower,
+    env.NVCF_FQDN_GRPC_TLS: str.lower,
 }

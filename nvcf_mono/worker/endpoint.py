@@ -8,6 +8,9 @@ connection, so it follows the platform rather than dialling a port nobody listen
 
 from __future__ import annotations
 
+import ssl
+from typing import Protocol
+
 from grpclib.client import Channel
 
 import nvcf_mono.grpc  # noqa: F401  importing the package installs h2_repr on the worker's side too
@@ -36,7 +39,26 @@ def current(address: str, address_file: str | None) -> tuple[str, int]:
     return parsed
 
 
-def channel(address: str, address_file: str | None) -> Channel:
-    """A channel to the platform's current WorkerService address (use it as an async context manager)."""
-    host, port = current(address, address_file)
-    return Channel(host, port)
+class Dial(Protocol):
+    """How a worker reaches the platform (its config)."""
+
+    @property
+    def grpc_address(self) -> str: ...
+    @property
+    def grpc_address_file(self) -> str | None: ...
+    @property
+    def grpc_tls(self) -> bool: ...
+    @property
+    def grpc_ca(self) -> str | None: ...
+
+
+def channel(dial: Dial) -> Channel:
+    """A channel to the platform's current WorkerService address (use it as an async context manager);
+    over TLS when the platform's port speaks it, trusting ``grpc_ca`` (else the system's CAs).
+    """
+    host, port = current(dial.grpc_address, dial.grpc_address_file)
+    if not dial.grpc_tls:
+        return Channel(host, port)
+    context = ssl.create_default_context(cadata=dial.grpc_ca or None)
+    context.set_alpn_protocols(["h2"])
+    return Channel(host, port, ssl=context)

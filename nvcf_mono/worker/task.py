@@ -53,6 +53,8 @@ class TaskConfig:
     task_id: str = contract(env.NVCT_TASK_ID)
     worker_token: str = contract(env.NVCF_WORKER_TOKEN)
     grpc_address: str = contract(env.NVCF_FQDN_GRPC, check=host_port)
+    grpc_tls: bool = contract(env.NVCF_FQDN_GRPC_TLS, False)
+    grpc_ca: str | None = contract(env.NVCF_FQDN_GRPC_CA, None)
     instance_id: str = contract(env.INSTANCE_ID, "")
     progress_file: str = contract(env.NVCT_PROGRESS_FILE_PATH)
     results_dir: str = contract(env.NVCT_RESULTS_DIR)
@@ -120,7 +122,7 @@ class TaskWorker:
         self._drain.set()
 
     async def run(self) -> None:
-        async with endpoint.channel(self.config.grpc_address, self.config.grpc_address_file) as channel:
+        async with endpoint.channel(self.config) as channel:
             await self._connect(channel)
             self.state.connected = True
             last_beat = -float("inf")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import attrs
 
@@ -160,6 +161,16 @@ class ControlConfig:
         doc="host:port instances dial for the WorkerService (the invocation plane). Default: this node's gRPC "
         "address (all-in-one).",
         check=optional(matches(r"[^\s:/]+:\d+", "host:port")),
+    )
+    worker_grpc_tls: bool | None = setting(
+        None,
+        doc="Whether instances dial worker_grpc_address over TLS. Default: as this node's gRPC port does when "
+        "worker_grpc_address is unset (tls.*), else false.",
+    )
+    worker_grpc_ca_file: Path | None = setting(
+        None,
+        doc="PEM certificates instances trust for that TLS (handed to them in their environment). Default: this "
+        "node's tls CA when worker_grpc_address is unset, else the system's CAs.",
     )
     api_url: str | None = setting(
         None, doc="Base URL of the API in links the platform hands out (asset uploads). Default: this node's."

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import final
 
 import attrs
@@ -13,6 +14,7 @@ from nvcf_mono.auth.tokens import TokenSigner
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.mirror import Signal
 from nvcf_mono.config.model import Settings
+from nvcf_mono.contracts import env
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late
 from nvcf_mono.planes.control.config import ControlConfig
@@ -94,6 +96,20 @@ class Control:
         if self.config.worker_grpc_address:
             return self.config.worker_grpc_address
         return self.parts.get().endpoints.grpc_address
+
+    @property
+    def worker_link(self) -> dict[str, str]:
+        """How instances dial the WorkerService (environment contract): its address, and whether over TLS
+        trusting what.
+        """
+        own = not self.config.worker_grpc_address
+        endpoints = self.parts.get().endpoints
+        tls = self.config.worker_grpc_tls if self.config.worker_grpc_tls is not None else own and endpoints.tls
+        link = {env.NVCF_FQDN_GRPC: self.worker_grpc_address, env.NVCF_FQDN_GRPC_TLS: "true" if tls else "false"}
+        ca = self.config.worker_grpc_ca_file or (Path(endpoints.ca_file) if own and endpoints.ca_file else None)
+        if tls and ca is not None:
+            link[env.NVCF_FQDN_GRPC_CA] = ca.read_text()
+        return link
 
     def poke(self) -> None:
         """Ask the reconciler to look again now."""

@@ -54,6 +54,8 @@ READS: dict[str, tuple[str, str, Any]] = {
     env.INFERENCE_RESPONSE_DIR: ("/var/inf/responses", "inference_response_dir", "/var/inf/responses"),
     env.SECRETS_FILE: ("/var/secrets/secrets.json", "secrets_file", "/var/secrets/secrets.json"),
     env.SECRETS_REFRESH_INTERVAL: ("2.5", "secrets_refresh", 2.5),
+    env.NVCF_FQDN_GRPC_TLS: ("TRUE", "grpc_tls", True),
+    env.NVCF_FQDN_GRPC_CA: ("-----BEGIN CERTIFICATE-----", "grpc_ca", "-----BEGIN CERTIFICATE-----"),
     env.NVCF_FQDN_GRPC_FILE: ("/inst/grpc-address", "grpc_address_file", "/inst/grpc-address"),
 }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Mapping
 
 from nvcf_mono.auth.tokens import TokenSigner, mint_worker_token
 from nvcf_mono.contracts import env
@@ -28,7 +29,7 @@ def instance_environment(
     inst: PlacedInstance,
     *,
     worker_token: str,
-    grpc_address: str,
+    link: Mapping[str, str],
     secrets_present: bool,
     pull_credentials: str | None = None,
     chart_credentials: str | None = None,
@@ -47,7 +48,7 @@ def instance_environment(
         env.INFERENCE_HEALTH_TIMEOUT: f"{duration_seconds(health.timeout):g}",
         env.MAX_REQUEST_CONCURRENCY: str(spec.concurrency),
         env.NVCF_WORKER_TOKEN: worker_token,
-        env.NVCF_FQDN_GRPC: grpc_address,
+        **link,
         env.NCA_ID: fv.nca_id,
         env.FUNCTION_ID: fv.id,
         env.FUNCTION_NAME: fv.name,
@@ -85,7 +86,7 @@ def creation_message(
     cluster: Cluster,
     *,
     signer: TokenSigner,
-    grpc_address: str,
+    link: Mapping[str, str],
     secrets_present: bool,
     pull_credentials: str | None = None,
     chart_credentials: str | None = None,
@@ -127,7 +128,7 @@ def creation_message(
                 spec,
                 inst,
                 worker_token=token,
-                grpc_address=grpc_address,
+                link=link,
                 secrets_present=secrets_present,
                 pull_credentials=pull_credentials,
                 chart_credentials=chart_credentials,

@@ -289,7 +289,7 @@ class Reconciler:
                 inst,
                 cluster,
                 signer=ctl.tokens,
-                grpc_address=ctl.worker_grpc_address,
+                link=ctl.worker_link,
                 secrets_present=secrets,
                 pull_credentials=pulls,
                 chart_credentials=charts,

@@ -202,7 +202,7 @@ class TaskScheduler:
         account_secrets = ctl.store.secrets.get(buckets.account_secrets_key(task.nca_id)) is not None
         environment = {
             env.NVCF_WORKER_TOKEN: token,
-            env.NVCF_FQDN_GRPC: ctl.worker_grpc_address,
+            **ctl.worker_link,
             env.NCA_ID: task.nca_id,
             env.NVCT_TASK_ID: task.id,
             env.NVCT_TASK_NAME: task.name,

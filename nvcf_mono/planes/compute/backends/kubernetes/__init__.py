@@ -102,6 +102,8 @@ class HelmInstall:
 class _SecretsSource:
     grpc_address: str
     worker_token: str
+    grpc_tls: bool = False
+    grpc_ca: str | None = None
     grpc_address_file: str | None = None
 
 
@@ -319,7 +321,10 @@ class KubernetesBackend:
         from nvcf_mono.worker.agent import fetch_secrets
 
         source = _SecretsSource(
-            grpc_address=contract.get(env.NVCF_FQDN_GRPC, ""), worker_token=contract.get(env.NVCF_WORKER_TOKEN, "")
+            grpc_address=contract.get(env.NVCF_FQDN_GRPC, ""),
+            worker_token=contract.get(env.NVCF_WORKER_TOKEN, ""),
+            grpc_tls=contract.get(env.NVCF_FQDN_GRPC_TLS, "false").lower() == "true",
+            grpc_ca=contract.get(env.NVCF_FQDN_GRPC_CA) or None,
         )
         try:
             values = await fetch_secrets(source)
