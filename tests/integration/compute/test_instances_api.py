@@ -56,7 +56,8 @@ async def test_instances_logs_and_cluster_status_of_a_running_function(tmp_path:
         assert (inst["clusterId"], inst["clusterName"], inst["backend"]) == (CLUSTER_A, "local", "local")
         assert (inst["instanceStatus"], inst["instanceState"], inst["status"]) == ("ACTIVE", "running", "fulfilled")
         assert inst["instanceType"] == "ON-PREM.GPU.H100_1x" and inst["gpu"] == "H100"
-        assert inst["restarts"] == 0 and inst["devices"] == [0] and inst["readyAt"]
+        # What the agent says (0 unless the machine was so loaded that a readiness probe timed out).
+        assert inst["restarts"] == view.instance.restarts and inst["devices"] == [0] and inst["readyAt"]
         assert "unreachableClusters" not in listed.json
 
         for query in ({"functionId": fid}, {"functionId": fid, "functionVersionId": vid}, {"cluster": "local"}):

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 
 from nvcf_mono.bus.codec import TypedKV
+from nvcf_mono.bus.errors import ConflictError
 from nvcf_mono.contracts import buckets
 from nvcf_mono.models.placement import SpecPlacement
 from nvcf_mono.structure import evolve
@@ -25,12 +27,19 @@ async def test_an_instance_the_control_plane_forgot_is_stopped_and_replaced(tmp_
         # The ledger loses the instance (as if the control plane had given it up while the agent ran it).
         ledgers = TypedKV(p.bus.kv(buckets.PLACEMENTS.name), buckets.PLACEMENT)
         key = buckets.spec_key(vid, dep["deploymentSpecifications"][0]["gpuSpecificationId"])
-        current = await ledgers.get(key)
-        assert current is not None
-        forgotten: SpecPlacement = evolve(
-            current.value, instances=tuple(i for i in current.value.instances if i.request_id != first.request_id)
-        )
-        await ledgers.update(key, forgotten, revision=current.revision)
+        for _ in range(100):  # the reconciler writes the same entry (statuses): read, change, write until it wins
+            current = await ledgers.get(key)
+            assert current is not None
+            forgotten: SpecPlacement = evolve(
+                current.value, instances=tuple(i for i in current.value.instances if i.request_id != first.request_id)
+            )
+            try:
+                await ledgers.update(key, forgotten, revision=current.revision)
+                break
+            except ConflictError:
+                await anyio.sleep(0.02)
+        else:
+            pytest.fail("could not edit the placement ledger")
 
         async def stopped_and_replaced() -> object:
             views = await instances(p.bus, CLUSTER_A, finished=True)

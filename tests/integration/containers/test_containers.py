@@ -211,6 +211,13 @@ async def test_a_task_writes_results_and_one_past_its_deadline_is_stopped(tmp_pa
         assert (await get_task(p.admin, late))["status"] == "EXCEEDED_MAX_RUNTIME_DURATION"
 
 
+def container_ids(podman: str, name: str) -> list[str]:
+    """The ids of the running containers called ``name`` (podman failing fails the test, not an empty list)."""
+    return subprocess.run(
+        [podman, "ps", "-q", "--no-trunc", "--filter", f"name={name}"], capture_output=True, text=True, check=True
+    ).stdout.split()
+
+
 async def test_the_next_agent_takes_the_running_container_over(tmp_path: Path, podman: str) -> None:
     cluster_id = str(uuid.uuid4())
     chosen = [
@@ -224,9 +231,7 @@ async def test_the_next_agent_takes_the_running_container_over(tmp_path: Path, p
             (before,) = await running(p.bus, cluster_id, timeout=60)
         names = containers_of(podman, cluster_id)
         assert names == [f"nvcf-{before.instance.instance_id}"]
-        running_ids = subprocess.run(
-            [podman, "ps", "-q", "--no-trunc", "--filter", f"name={names[0]}"], capture_output=True, text=True
-        ).stdout.split()
+        running_ids = container_ids(podman, names[0])
         assert running_ids, "the container kept running while no agent watched it"
 
         async with compute_platform(tmp_path, clusters=chosen) as p:
@@ -235,9 +240,7 @@ async def test_the_next_agent_takes_the_running_container_over(tmp_path: Path, p
             assert after.instance.restarts == 0
             reply = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"again": True})
             assert reply.status == 200 and reply.json["echo"] == {"again": True}, reply.body
-            still = subprocess.run(
-                [podman, "ps", "-q", "--no-trunc", "--filter", f"name={names[0]}"], capture_output=True, text=True
-            ).stdout.split()
+            still = container_ids(podman, names[0])
             assert still == running_ids  # the same container, not a new one
             assert (await p.admin.delete(d)).status == 200
 
