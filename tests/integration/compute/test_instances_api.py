@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from nvcf_mono.contracts import subjects
@@ -172,7 +171,11 @@ async def test_a_cluster_whose_agent_does_not_answer_is_a_clear_503_or_504(tmp_p
         # An agent that takes the question and never answers: the deadline, then 504.
         async with p.bus.subscribe(subjects.agent_subject("cluster", cid)):
             await p.bus.flush(timeout=5)  # the server has the subscription before the question is asked
-            with anyio.fail_after(15):
-                stuck = await p.admin.get(f"{CLUSTERS}/{cid}/status")
-        assert stuck.status == 504, stuck.body
+
+            async def deadline() -> Any:
+                # On a loaded machine the platform's connection may still see no responder once: asked again.
+                reply = await p.admin.get(f"{CLUSTERS}/{cid}/status")
+                return reply if reply.status == 504 else None
+
+            stuck = await wait_for(deadline, timeout=30, what="504 from an agent that never answers")
         assert "'silent'" in stuck.detail and "did not answer within 5s" in stuck.detail

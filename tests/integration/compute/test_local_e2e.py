@@ -84,8 +84,12 @@ async def test_deploy_invoke_undeploy_leaves_no_process(tmp_path: Path) -> None:
             )
 
         await wait_for(reported_gone, what="the instance reported terminated by user")
-        listed = await p.admin.get(f"{CLUSTERS}/{CLUSTER_A}")
-        assert listed.json["gpuUsage"]["H100"]["allocated"] == 0
+
+        async def released() -> bool:  # the GPU count comes with the agent's next report
+            listed = await p.admin.get(f"{CLUSTERS}/{CLUSTER_A}")
+            return bool(listed.json["gpuUsage"]["H100"]["allocated"] == 0)
+
+        await wait_for(released, what="the instance's GPU released in the cluster's usage")
 
         # A cluster the control plane forgot registers again (its heartbeat is answered REGISTER).
         assert (await p.admin.delete(f"{CLUSTERS}/{CLUSTER_A}")).status in (200, 204)
