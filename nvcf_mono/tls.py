@@ -80,16 +80,18 @@ class ServerTls:
         self.http = _context(files, "http/1.1")
         self.grpc = _context(files, "h2")
         self._stamp = _stamp(files)
+        self._refused: tuple[float, ...] = ()
 
     def reload_if_changed(self) -> bool:
         """Load the files again when either changed; a pair that does not load leaves the old one in use."""
         stamp = _stamp(self.files)
-        if not stamp or stamp == self._stamp:
+        if not stamp or stamp in (self._stamp, self._refused):
             return False
         try:
             for context in (self.http, self.grpc):
                 _load(context, self.files)
         except TlsError as err:
+            self._refused = stamp  # said once; the next change is tried again
             log.error("%s; still serving the previous certificate", err)
             return False
         self._stamp = stamp

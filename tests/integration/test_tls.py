@@ -22,7 +22,7 @@ from nvcf_mono.state_dir import ENDPOINTS_FILE
 from nvcf_mono.testing.host import running_host
 from nvcf_mono.testing.platform import Api, platform_config, wait_for, wait_status
 from nvcf_mono.testing.running import ECHO_FUNCTION
-from nvcf_mono.tls import development_certificate
+from nvcf_mono.tls import ServerTls, development_certificate
 from tests.integration.compute.conftest import FAST, cluster, spec
 
 pytestmark = pytest.mark.slow
@@ -148,3 +148,20 @@ def test_a_development_certificate_is_kept_and_covers_the_names_asked(tmp_path: 
     # A name it does not cover makes a new one.
     other = development_certificate(tmp_path, ["other.example.test"])
     assert other.cert.read_bytes() != made
+
+
+def test_a_pair_that_does_not_load_keeps_the_old_one_and_is_reported_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    files = development_certificate(tmp_path / "a")
+    served = ServerTls(files)
+    good = files.cert.read_bytes()
+    files.cert.write_text("not a certificate")
+    assert served.reload_if_changed() is False
+    assert served.reload_if_changed() is False  # the same broken files: not tried (nor logged) again
+    assert len([r for r in caplog.records if "still serving the previous certificate" in r.message]) == 1
+    renewed = development_certificate(tmp_path / "b")
+    shutil.copy(renewed.key, files.key)
+    files.cert.write_bytes(renewed.cert.read_bytes())
+    assert served.reload_if_changed() is True
+    assert files.cert.read_bytes() != good

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import anyio
 import openai
 import pytest
 
@@ -205,6 +207,15 @@ async def test_bad_bodies_get_openai_errors_without_reaching_a_function(tmp_path
                 assert resp.status in (400, 404), (data, resp.status, doc)
                 assert fragment in doc["error"]["message"], doc
                 assert resp.headers["X-Request-ID"]
+
+        # A body that arrives in pieces is read whole (a model nobody serves, so 404 rather than "not JSON").
+        async def pieces() -> AsyncIterator[bytes]:
+            for piece in (b'{"model": "some', b'-model", "messages": ', b"[]}"):
+                yield piece
+                await anyio.sleep(0.05)
+
+        async with p.key.session.post(url, data=pieces(), headers=headers) as resp:
+            assert resp.status == 404 and "some-model" in (await resp.json())["error"]["message"]
         bad_id = {**headers, "X-NVCF-Function-ID": "not an id"}
         async with p.key.session.post(url, json={"model": "m"}, headers=bad_id) as resp:
             assert resp.status == 400 and "not a valid id" in (await resp.json())["error"]["message"]

@@ -146,9 +146,11 @@ class Gateway:
         limit = self.invoker.get().config.max_request_body
         if request.content_length is not None and request.content_length > limit:
             raise GatewayError(413, f"the request body exceeds {limit} bytes")
-        raw = await request.content.read(limit + 1)
-        if len(raw) > limit:
-            raise GatewayError(413, f"the request body exceeds {limit} bytes")
+        raw = bytearray()
+        async for chunk in request.content.iter_any():  # read() may stop at any piece; this reads to the end
+            raw += chunk
+            if len(raw) > limit:
+                raise GatewayError(413, f"the request body exceeds {limit} bytes")
         try:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError as err:
