@@ -51,19 +51,24 @@ SSE_REQUEST = json.dumps({"stream": True, "repeats": 100, "message": "m" * 90}).
 UVICORN_FUNCTION = {**ECHO_FUNCTION, "name": "echo-uvicorn", "containerImage": "echo-uvicorn"}
 
 
-def _settings() -> tuple[str, ...]:
+def bench_cluster() -> str:
+    """``plugins.compute.clusters`` for one local cluster of 8 pretend H100 (never the machine's GPUs)."""
     cluster = {
         "name": "bench",
         "id": str(uuid.uuid4()),
         "gpu_discovery": "static",
         "gpus": [{"name": "H100", "count": 8}],
     }
+    return "plugins.compute.clusters=" + json.dumps([cluster])
+
+
+def _settings() -> tuple[str, ...]:
     uvicorn = ["{python}", "-m", "uvicorn", "nvcf_mono.testing.asgi_echo:app", "--port", "{port}", "--workers", "2"]
     return (
         "plugins.control.example_function=false",
         "images.echo.command=" + json.dumps(["{python}", "-m", "nvcf_mono.testing.echo_server", "--port", "{port}"]),
         "images.echo-uvicorn.command=" + json.dumps([*uvicorn, "--lifespan", "off", "--log-level", "warning"]),
-        "plugins.compute.clusters=" + json.dumps([cluster]),
+        bench_cluster(),
     )
 
 

@@ -17,14 +17,13 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import anyio
 
-from bench.invoke import CpuMeter, _processes, _quantile, platform_process
+from bench.invoke import CpuMeter, _processes, _quantile, bench_cluster, platform_process
 from nvcf_mono.testing.platform import Api, wait_status
 
 TOKENS = 32
@@ -42,18 +41,12 @@ LLM = {
 
 
 def _settings() -> tuple[str, ...]:
-    cluster = {
-        "name": "bench",
-        "id": str(uuid.uuid4()),
-        "gpu_discovery": "static",
-        "gpus": [{"name": "H100", "count": 8}],
-    }
     server = ["{python}", "-m", "nvcf_mono.examples.llm", "--port", "{port}"]
     return (
         "plugins.control.example_function=false",
         "images.llm-paced.command=" + json.dumps([*server, "--model", "paced", "--tokens-per-second", "100"]),
         "images.llm-fast.command=" + json.dumps([*server, "--model", "fast", "--tokens-per-second", "0"]),
-        "plugins.compute.clusters=" + json.dumps([cluster]),
+        bench_cluster(),
     )
 
 

@@ -15,6 +15,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.contracts import env
 from nvcf_mono.state_dir import write_private
+from nvcf_mono.worker import endpoint
 from nvcf_mono.worker.agent import Worker, WorkerState, fetch_secrets
 from nvcf_mono.worker.config import WorkerConfig
 from nvcf_mono.worker.health import serve_health
@@ -24,17 +25,9 @@ log = logging.getLogger("nvcf_mono.worker")
 SECRETS_MODE = 0o640
 
 
-class SidecarConfig(Protocol):
+class SidecarConfig(endpoint.Dial, Protocol):
     @property
     def worker_token(self) -> str: ...
-    @property
-    def grpc_address(self) -> str: ...
-    @property
-    def grpc_address_file(self) -> str | None: ...
-    @property
-    def grpc_tls(self) -> bool: ...
-    @property
-    def grpc_ca(self) -> str | None: ...
     @property
     def instance_id(self) -> str: ...
     @property
