@@ -32,6 +32,11 @@ COMMANDS = (
     Command("cluster", "nvcf_mono.cli.cluster_cmds", "list clusters and cluster groups"),
     Command("instance", "nvcf_mono.cli.instance_cmds", "list function instances and read their logs"),
     Command("secret", "nvcf_mono.cli.secret_cmds", "the platform secret shared by every node"),
+    Command(
+        "account-secret",
+        "nvcf_mono.cli.account_secret_cmds",
+        "set, list and delete the account's secrets (read by all its instances and tasks)",
+    ),
     Command("helm", "nvcf_mono.cli.helm_cmds", "render Helm charts the way the platform does"),
     Command(
         "worker",

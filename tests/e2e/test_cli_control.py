@@ -21,6 +21,7 @@ from nvcf_mono.testing.platform import credentials, wait_for
 from tests.e2e.cli import ROOT, cli_env, run_cli
 from tests.function_charts import write_chart
 from tests.integration.control.conftest import CONTAINER_FUNCTION, Platform, agent, platform
+from tests.integration.control.test_secrets import fetch, worker_token
 
 pytestmark = pytest.mark.nats  # each test's platform runs its own nats-server
 
@@ -541,3 +542,37 @@ def _write(tmp_path: Path) -> str:
     path = tmp_path / "function.json"
     path.write_text(json.dumps(CONTAINER_FUNCTION))
     return str(path)
+
+
+async def test_account_secret_commands(tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    async with platform(tmp_path) as p:
+        conn = flags(p)
+        assert ok(await cli("account-secret", "list", *conn, env=env)).strip() == "no account secrets"
+        value_file = tmp_path / "token.txt"
+        value_file.write_text("from-a-file\n")
+        made = await cli("account-secret", "set", "region=eu", f"token=@{value_file}", *conn, env=env)
+        assert ok(made).strip() == "set region, token"
+        assert ok(await cli("account-secret", "list", *conn, env=env)).split() == ["region", "token"]
+        assert json.loads(ok(await cli("account-secret", "list", "--json", *conn, env=env))) == {
+            "secrets": ["region", "token"]
+        }
+        # Stored sealed, and an instance of the account reads the values as given (the file's without its newline).
+        sealed = await p.bus.kv("nvcf_secrets").get("acct.nvcf-default")
+        assert sealed is not None and b"from-a-file" not in sealed.value
+        fn = (await p.admin.post("/v2/nvcf/functions", CONTAINER_FUNCTION)).json["function"]
+        assert await fetch(p, worker_token(p, fn["id"], fn["versionId"])) == {"region": "eu", "token": "from-a-file"}
+        assert ok(await cli("account-secret", "delete", "region", *conn, env=env)).strip() == "deleted region"
+        assert ok(await cli("account-secret", "list", *conn, env=env)).split() == ["token"]
+
+        # A super admin manages another account's; errors are one line and a non-zero exit.
+        await p.admin.post("/v2/nvcf/accounts/acct-b", {"name": "acct-b"})
+        ok(await cli("account-secret", "set", "b=1", "--account", "acct-b", *conn, env=env))
+        assert ok(await cli("account-secret", "list", "--account", "acct-b", *conn, env=env)).split() == ["b"]
+        missing = await cli("account-secret", "delete", "nope", *conn, env=env)
+        assert missing.returncode == 1 and "no secret named 'nope'" in missing.stderr
+        usage = await cli("account-secret", "set", "no-equals-sign", *conn, env=env)
+        assert usage.returncode == 2 and "expected KEY=VALUE" in usage.stderr
+        unreadable = await cli("account-secret", "set", f"x=@{tmp_path / 'absent'}", *conn, env=env)
+        assert unreadable.returncode == 2 and "cannot read" in unreadable.stderr
+        assert "Traceback" not in missing.stderr + usage.stderr + unreadable.stderr
