@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
-from typing import Literal
 
 import attrs
 
 from nvcf_mono.errors import NvcfMonoError
 
-PrincipalKind = Literal["admin_token", "api_key", "jwt", "worker"]
+#: What vouched for a caller: admin_token, api_key, jwt, worker (the built-in strategies), or a plugin
+#: strategy's own name (any lower-case name).
+#: Only ``admin_token`` and ``jwt`` callers manage API keys; any other kind is treated like an API key there.
+PrincipalKind = str
+_KIND = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+
+
+def _kind_check(_: object, __: object, value: str) -> None:
+    if not _KIND.match(value):
+        raise ValueError(
+            f"Principal.kind must be a lower-case name such as 'my_tokens' (1-64 of a-z0-9_-), got {value!r}"
+        )
 
 
 class AuthError(NvcfMonoError):
@@ -103,7 +114,7 @@ class Resources:
 class Principal:
     """Who is calling. ``resources`` None means the whole of ``account`` (JWTs, the admin token)."""
 
-    kind: PrincipalKind
+    kind: PrincipalKind = attrs.field(validator=_kind_check)
     subject: str
     account: str
     scopes: frozenset[str]

@@ -11,7 +11,11 @@ import attrs
 from aiohttp import web
 from anyio.abc import TaskStatus
 
+from nvcf_mono.auth import scopes
+from nvcf_mono.auth.principal import AuthError, Principal
+from nvcf_mono.auth.strategy import AUTH_STRATEGIES
 from nvcf_mono.bus.api import BucketSpec, StreamSpec
+from nvcf_mono.models.account import DEFAULT_ACCOUNT
 from nvcf_mono.plugin import BasePlugin, PluginConfigError, PluginNotReady, PluginSpec, RunContext, SetupContext
 from nvcf_mono.structure import Seconds, setting
 
@@ -147,3 +151,39 @@ class Catalogued(BasePlugin[Any]):
 
     def setup(self, ctx: SetupContext) -> None:
         EVENTS.append(f"catalogued:test_images:{sorted(ctx.section('test_images'))}")
+
+
+class HeaderTokens:
+    """An auth strategy as a third party writes one (README, "An auth strategy"): tokens ``my-<account>``."""
+
+    name = "header_tokens"
+
+    async def authenticate(self, token: str) -> Principal | None:
+        if not token.startswith("my-"):
+            return None  # not ours: the next strategy is asked
+        account = TOKENS.get(token)
+        if account is None:
+            raise AuthError(401, "unknown my- token")  # ours, and invalid: the chain stops here
+        return Principal(
+            kind="header_tokens",
+            subject=token,
+            account=account,
+            scopes=frozenset({scopes.INVOKE_FUNCTION, scopes.LIST_FUNCTIONS}),
+        )
+
+
+TOKENS = {"my-default": DEFAULT_ACCOUNT}
+
+
+class MyAuth(BasePlugin[None]):
+    """Contributes :class:`HeaderTokens` to the auth chain."""
+
+    spec: ClassVar[PluginSpec] = PluginSpec(
+        name="my_auth",
+        description="test: a third-party auth strategy",
+        roles=frozenset({"all-in-one", "control", "invocation"}),
+        requires=("auth",),
+    )
+
+    def setup(self, ctx: SetupContext) -> None:
+        ctx.extend(AUTH_STRATEGIES, HeaderTokens())
