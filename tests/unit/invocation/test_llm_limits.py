@@ -135,3 +135,9 @@ def test_an_endless_line_is_not_held() -> None:
     for _ in range(300):
         meter.feed(b"x" * 8192)
     assert len(meter._pending) <= 1024 * 1024 + 8192
+
+
+def test_a_call_refused_before_it_ran_gives_its_tokens_back() -> None:
+    limits = Limits(LlmGatewaySettings(tokens_per_minute=100), Clock())
+    limits.admit(caller(), 90).settle(0)  # what the gateway does when the invocation is refused
+    limits.admit(caller(), 90)  # the bucket is whole again

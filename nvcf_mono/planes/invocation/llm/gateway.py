@@ -30,7 +30,7 @@ from nvcf_mono.models.function import FunctionVersion
 from nvcf_mono.planes.invocation.http import Invocation, Invoker
 from nvcf_mono.planes.invocation.idempotency import IDEMPOTENCY_KEY
 from nvcf_mono.planes.invocation.llm.errors import GatewayError, error_response, from_problem
-from nvcf_mono.planes.invocation.llm.limits import Limits, estimate_tokens
+from nvcf_mono.planes.invocation.llm.limits import Lease, Limits, estimate_tokens
 from nvcf_mono.planes.invocation.llm.models import ModelCatalog, created_epoch
 from nvcf_mono.planes.invocation.llm.settings import LlmGatewaySettings
 from nvcf_mono.planes.invocation.llm.usage import UsageMeter
@@ -115,6 +115,7 @@ class Gateway:
         started = time.perf_counter()
         request_id = request_id_of(request)
         function_id = "unknown"
+        lease: Lease | None = None
         try:
             principal = await self.principal(request)
             doc, size = await self._read(request)
@@ -131,6 +132,8 @@ class Gateway:
         except GatewayError as err:
             response = err.response()
         except ProblemError as err:
+            if lease is not None:
+                lease.settle(0)  # refused before the function ran (its rate limit, a full queue): nothing spent
             response = error_response(err.status, err.detail, headers=err.headers)
         else:
             self.tokens.inc(lease.estimate, function_id=function_id)
