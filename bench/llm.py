@@ -25,19 +25,9 @@ import anyio
 
 from bench.invoke import CpuMeter, _processes, _quantile, bench_cluster, platform_process
 from nvcf_mono.testing.platform import Api, wait_status
+from nvcf_mono.testing.running import LLM_FUNCTION
 
 TOKENS = 32
-LLM = {
-    "inferenceUrl": "/v1/chat/completions",
-    "inferencePort": 8000,
-    "health": {
-        "protocol": "HTTP",
-        "uri": "/v2/health/ready",
-        "port": 8000,
-        "timeout": "PT5S",
-        "expectedStatusCode": 200,
-    },
-}
 
 
 def _settings() -> tuple[str, ...]:
@@ -52,7 +42,7 @@ def _settings() -> tuple[str, ...]:
 
 async def _deploy(admin: Api, name: str) -> str:
     made = await admin.post(
-        "/v2/nvcf/functions", {**LLM, "name": name, "containerImage": f"llm-{name}", "tags": [f"model={name}"]}
+        "/v2/nvcf/functions", {**LLM_FUNCTION, "name": name, "containerImage": f"llm-{name}", "tags": [f"model={name}"]}
     )
     fid, vid = made.json["function"]["id"], made.json["function"]["versionId"]
     d = f"/v2/nvcf/deployments/functions/{fid}/versions/{vid}"

@@ -99,6 +99,22 @@ ECHO_FUNCTION = {
     "health": {"protocol": "HTTP", "uri": "/health", "port": 9000, "timeout": "PT5S", "expectedStatusCode": 200},
 }
 
+#: The example model server (image ``llm``, ``nvcf_mono.examples.llm``), reachable as model ``tiny-llm``.
+LLM_FUNCTION = {
+    "name": "tiny-llm",
+    "inferenceUrl": "/v1/chat/completions",
+    "inferencePort": 8000,
+    "containerImage": "llm",
+    "health": {
+        "protocol": "HTTP",
+        "uri": "/v2/health/ready",
+        "port": 8000,
+        "timeout": "PT5S",
+        "expectedStatusCode": 200,
+    },
+    "tags": ["model=tiny-llm"],
+}
+
 
 @asynccontextmanager
 async def launching_agent(p: Platform, workdir: Path, **options: Any) -> AsyncIterator[ScriptedAgent]:

@@ -57,14 +57,15 @@ async def run_worker(worker: Sidecar, *, secrets: bool) -> None:
         log.info("health endpoints on port %d", port)
         if secrets and config.secrets_file:
             path = Path(config.secrets_file)
-            written = write_secrets(path, await fetch_secrets(config))
+            values = await fetch_secrets(config)
+            write_secrets(path, values)
             if config.secrets_refresh > 0:
-                tg.start_soon(keep_secrets_current, config, path, written)
+                tg.start_soon(keep_secrets_current, config, path, values)
         await worker.run()
         tg.cancel_scope.cancel()
 
 
-def write_secrets(path: Path, values: dict[str, object]) -> bytes:
+def write_secrets(path: Path, values: dict[str, object]) -> None:
     """Replace the secrets file atomically (a reader sees the old file or the new one, never a part)."""
     data = json.dumps(values).encode()
     # Group-readable: on a root platform the server runs as another user of the instance's own group
@@ -76,10 +77,9 @@ def write_secrets(path: Path, values: dict[str, object]) -> bytes:
         mode = SECRETS_MODE
     write_private(path, data, mode=mode)
     log.info("wrote %d secrets to %s", len(values), path)
-    return data
 
 
-async def keep_secrets_current(config: SidecarConfig, path: Path, written: bytes) -> None:
+async def keep_secrets_current(config: SidecarConfig, path: Path, written: dict[str, object]) -> None:
     """Fetch the secrets every ``secrets_refresh`` seconds; rewrite the file when they changed.
 
     A failed fetch (the platform restarting, say) keeps the file as it is and is tried again sooner.
@@ -96,9 +96,9 @@ async def keep_secrets_current(config: SidecarConfig, path: Path, written: bytes
             continue
         backoff.reset()
         delay = config.secrets_refresh
-        data = json.dumps(values).encode()
-        if data != written:
-            written = write_secrets(path, values)
+        if values != written:
+            write_secrets(path, values)
+            written = values
 
 
 def build(environ: Mapping[str, str]) -> tuple[Sidecar, bool]:

@@ -189,12 +189,12 @@ async def test_secrets_are_written_for_the_instance_alone_before_the_server_star
         await wait_for(removed, what="the secrets file removed with the instance")
 
 
+#: The secrets-reading server, and workers that fetch secrets again every half second.
+REFRESHING = {"images.reads-secrets.command": json.dumps(READS_SECRETS), "plugins.compute.local.secrets_refresh": "0.5"}
+
+
 async def test_updated_secrets_reach_the_running_instance_within_seconds(tmp_path: Path) -> None:
-    settings = {
-        "images.reads-secrets.command": json.dumps(READS_SECRETS),
-        "plugins.compute.local.secrets_refresh": "0.5",
-    }
-    async with compute_platform(tmp_path, **settings) as p:
+    async with compute_platform(tmp_path, **REFRESHING) as p:
         body = function("rotating", containerImage="reads-secrets", secrets=[{"name": "token", "value": "first"}])
         fid, vid, d = await create(p.admin, body)
         await deploy(p.admin, d, spec())
@@ -223,11 +223,7 @@ async def test_updated_secrets_reach_the_running_instance_within_seconds(tmp_pat
 
 
 async def test_account_secrets_reach_the_instance_beside_its_own_and_follow_changes(tmp_path: Path) -> None:
-    settings = {
-        "images.reads-secrets.command": json.dumps(READS_SECRETS),
-        "plugins.compute.local.secrets_refresh": "0.5",
-    }
-    async with compute_platform(tmp_path, **settings) as p:
+    async with compute_platform(tmp_path, **REFRESHING) as p:
         account = [{"name": "region-key", "value": "acct-1"}, {"name": "token", "value": "account's"}]
         assert (await p.admin.put("/v2/nvcf/secrets/account", {"secrets": account})).status == 204
         body = function("with-account", containerImage="reads-secrets", secrets=[{"name": "token", "value": "own"}])

@@ -19,25 +19,12 @@ import pytest
 
 from nvcf_mono.examples.llm import embedding, generate
 from nvcf_mono.testing.platform import Api, wait_status
+from nvcf_mono.testing.running import LLM_FUNCTION
 from tests.integration.compute.conftest import compute_platform, spec
 from tests.integration.control.test_sharing import account_key, add_account
 
 pytestmark = pytest.mark.slow
 
-LLM_FUNCTION = {
-    "name": "tiny-llm",
-    "inferenceUrl": "/v1/chat/completions",
-    "inferencePort": 8000,
-    "containerImage": "llm",
-    "health": {
-        "protocol": "HTTP",
-        "uri": "/v2/health/ready",
-        "port": 8000,
-        "timeout": "PT5S",
-        "expectedStatusCode": 200,
-    },
-    "tags": ["model=tiny-llm"],
-}
 # 50 tokens a second: short answers stay quick, and a stream's pieces arrive visibly apart.
 FAST_LLM = {
     "images.llm.command": json.dumps(
@@ -144,14 +131,14 @@ async def streamed_chat(llm: openai.AsyncOpenAI) -> tuple[list[float], Any]:
 async def test_errors_are_openai_errors_and_other_accounts_models_are_invisible(tmp_path: Path) -> None:
     limited = {"plugins.invocation.llm_gateway.key_requests_per_minute": "3"}
     async with compute_platform(tmp_path, **FAST_LLM, **limited) as p:
-        await deploy_llm(p.admin)
+        fid = await deploy_llm(p.admin)
         await add_account(p, "acct-b")
         other_key = await account_key(p, "acct-b")
         async with client(p.key) as llm, client(p.key, "not-a-key") as stranger, client(p.key, other_key) as other:
-            await refusals(llm, stranger, other)
+            await refusals(llm, stranger, other, fid)
 
 
-async def refusals(llm: openai.AsyncOpenAI, stranger: openai.AsyncOpenAI, other: openai.AsyncOpenAI) -> None:
+async def refusals(llm: openai.AsyncOpenAI, stranger: openai.AsyncOpenAI, other: openai.AsyncOpenAI, fid: str) -> None:
     """Each refusal raises the exception OpenAI's client raises for it."""
     messages: Any = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.NotFoundError) as unknown:
@@ -170,6 +157,9 @@ async def refusals(llm: openai.AsyncOpenAI, stranger: openai.AsyncOpenAI, other:
     assert [m.id async for m in other.models.list()] == []
     with pytest.raises(openai.NotFoundError):
         await other.chat.completions.create(model="tiny-llm", messages=messages)
+    for by_id in ({"model": f"{fid}/tiny-llm"}, {"model": "x", "extra_headers": {"X-NVCF-Function-ID": fid}}):
+        with pytest.raises(openai.NotFoundError):  # naming the function's id does not reach it either
+            await other.chat.completions.create(messages=messages, **by_id)
 
     # The key's 3 requests a minute: refusals before a function was chosen cost nothing; the function's 400
     # above and two more calls are 3, and the 4th is refused until the bucket refills.
