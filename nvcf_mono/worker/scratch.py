@@ -2,14 +2,15 @@
 
 A request gets ``<base>/<request id>``. On a journalled file system making a directory and removing
 it again cost 150-250 µs of kernel time each, about a quarter of the worker's whole cost of a small
-request. So a directory the inference server left empty is not removed: it is kept as a spare and
-renamed to the next request's id (a rename within one directory costs a fraction of a mkdir). Ones
-with files in them are removed, in batches off the event loop.
+request. So a finished request's directory is not removed: it is kept, under its old name, as a
+spare, and when the next request comes it is looked at (still empty?) and renamed to the new id,
+all on the event loop: one directory read and one rename per request, no thread hand-off. A spare
+something wrote into after its request ended, and directories left with files in them, are removed
+in batches off the event loop.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 from typing import final
@@ -17,38 +18,40 @@ from typing import final
 import anyio
 import anyio.to_thread
 
-#: Spares are hidden names in the base directory, never a request id (ids are UUIDs).
-SPARE_PREFIX = ".spare-"
-
 
 @final
 class Scratch:
-    """Directories under one base, one per request, recycled; :meth:`run` does the clearing up."""
+    """Directories under one base, one per request, recycled; :meth:`run` removes what is not."""
 
-    #: How long finished directories gather before a batch goes to a thread.
+    #: How long directories to remove gather before a batch goes to a thread.
     BATCH_DELAY = 0.1
 
     def __init__(self, base: str, *, keep: int) -> None:
         self._base = base
         self._keep = keep
-        #: Empty directories ready to be renamed (appended by the clearing thread, popped on the loop).
-        self._spares: list[str] = []
+        #: Finished requests' directories, to be renamed for the next ones if still empty (a dict
+        #: for its order and a quick lookup: a redelivery may name one of them).
+        self._spares: dict[str, None] = {}
         self._pending: list[str] = []
         self._wake = anyio.Event()
-        self._names = itertools.count()
-        self._prefix = f"{SPARE_PREFIX}{os.getpid()}-"
 
     def make(self, name: str) -> str:
         """``<base>/<name>``, present (empty unless a redelivery left something); raises OSError."""
         path = os.path.join(self._base, name)
+        if path in self._spares:
+            del self._spares[path]
+            return path  # a redelivery: its own earlier attempt's directory, as that left it
         while self._spares:
-            spare = self._spares.pop()
+            spare, _ = self._spares.popitem()
+            if not _empty(spare):
+                self._remove_soon(spare)  # written into after its request ended
+                continue
             try:
                 os.rename(spare, path)  # onto nothing, or onto an empty directory of an earlier delivery
                 return path
             except OSError:
                 if os.path.isdir(spare):
-                    self._spares.append(spare)  # the path holds files of an earlier delivery: keep them
+                    self._spares[spare] = None  # the path holds files of an earlier delivery: keep them
                 break
         try:
             os.mkdir(path)
@@ -59,7 +62,13 @@ class Scratch:
         return path
 
     def release(self, path: str) -> None:
-        """The request is over: its directory is kept as a spare if empty, else removed (soon)."""
+        """The request is over: its directory is kept as a spare (looked at when reused) or removed soon."""
+        if len(self._spares) < self._keep:
+            self._spares[path] = None
+        else:
+            self._remove_soon(path)
+
+    def _remove_soon(self, path: str) -> None:
         self._pending.append(path)
         self._wake.set()
 
@@ -70,25 +79,17 @@ class Scratch:
                 self._wake = anyio.Event()
                 await anyio.sleep(self.BATCH_DELAY)
                 batch, self._pending = self._pending, []
-                await anyio.to_thread.run_sync(self._clear, batch)
+                await anyio.to_thread.run_sync(_remove_all, batch)
         finally:
-            self._clear(self._pending)  # stopping: whatever is left, now, and no spares kept
-            for spare in self._spares:
-                _remove(spare)
+            # Stopping: whatever is left, now, and no spares kept.
+            _remove_all([*self._pending, *self._spares])
+            self._pending.clear()
             self._spares.clear()
 
-    def _clear(self, paths: list[str]) -> None:
-        for path in paths:
-            if len(self._spares) < self._keep and _empty(path):
-                spare = os.path.join(self._base, f"{self._prefix}{next(self._names)}")
-                try:
-                    os.rename(path, spare)
-                except OSError:
-                    _remove(path)
-                else:
-                    self._spares.append(spare)
-            else:
-                _remove(path)
+
+def _remove_all(paths: list[str]) -> None:
+    for path in paths:
+        _remove(path)
 
 
 def _empty(path: str) -> bool:

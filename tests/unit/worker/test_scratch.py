@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from nvcf_mono.worker.scratch import SPARE_PREFIX, Scratch
+from nvcf_mono.worker.scratch import Scratch
 
 pytestmark = pytest.mark.anyio
 
@@ -39,15 +39,45 @@ async def test_an_empty_directory_is_reused_and_one_with_files_removed(tmp_path:
         assert inode is not None and first == str(tmp_path / "r1")
         scratch.release(first)
         await _cleared(scratch)
-        assert len(_names(tmp_path)) == 1 and next(iter(_names(tmp_path))).startswith(SPARE_PREFIX)
+        assert _names(tmp_path) == {"r1"}, "kept for the next request"
 
         second = scratch.make("r2")
         assert _inode(second) == inode, "the spare was renamed, not a new directory made"
         assert _names(tmp_path) == {"r2"}
         _write(Path(second, "large-output.bin"), "x")
         scratch.release(second)
+        third = scratch.make("r3")
+        assert _inode(third) != inode and _names(Path(third)) == set(), "a new, empty directory"
         await _cleared(scratch)
-        assert _names(tmp_path) == set(), "a directory with files in it is removed, not kept"
+        assert _names(tmp_path) == {"r3"}, "a directory with files in it is removed, not reused"
+        tg.cancel_scope.cancel()
+
+
+async def test_a_late_write_into_a_finished_requests_directory_never_reaches_the_next(tmp_path: Path) -> None:
+    scratch = Scratch(str(tmp_path), keep=2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scratch.run)
+        first = scratch.make("r1")
+        scratch.release(first)
+        _write(Path(first, "progress"), '{"id": "r1", "progress": 50}')  # the server, after its answer
+        second = scratch.make("r2")
+        assert _names(Path(second)) == set()
+        await _cleared(scratch)
+        assert _names(tmp_path) == {"r2"}
+        tg.cancel_scope.cancel()
+
+
+async def test_a_redelivery_of_a_kept_directorys_request_gets_it_back(tmp_path: Path) -> None:
+    scratch = Scratch(str(tmp_path), keep=4)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scratch.run)
+        scratch.release(scratch.make("r1"))
+        scratch.release(scratch.make("r2"))
+        assert scratch.make("r1") == str(tmp_path / "r1"), "its own directory, not another spare"
+        # The spare r2 goes to the next request; r1's directory, now in use again, is no spare.
+        assert scratch.make("r3") == str(tmp_path / "r3")
+        assert scratch.make("r4") == str(tmp_path / "r4")
+        assert _names(tmp_path) == {"r1", "r3", "r4"}
         tg.cancel_scope.cancel()
 
 
