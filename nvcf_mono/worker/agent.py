@@ -30,6 +30,7 @@ from nvcf_mono.bus.api import Bus, Delivery
 from nvcf_mono.bus.holding import hold_until_ready
 from nvcf_mono.contracts import streams, subjects
 from nvcf_mono.contracts.frames import Frame, FrameError, Request
+from nvcf_mono.grpc.batch import MOST, send_all
 from nvcf_mono.metrics import Metrics
 from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     BodyChunk,
@@ -47,7 +48,7 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     WorkerStatus,
 )
 from nvcf_mono.proto.serve_wire import NodeEnvelope, WorkerEnvelope
-from nvcf_mono.queues import eagerly
+from nvcf_mono.queues import batches
 from nvcf_mono.settlement import Policy, Settlement
 from nvcf_mono.worker import endpoint
 from nvcf_mono.worker.assets import AssetDownloadError, download_assets
@@ -293,8 +294,8 @@ class Worker:
 
                 async def sender() -> None:
                     async with recv:
-                        async for message in eagerly(recv):
-                            await stream.send_message(message)
+                        async for batch in batches(recv, MOST):
+                            await send_all(stream, batch)
                     await stream.end()  # drained: the node ends the session when it sees this
 
                 tg.start_soon(sender)

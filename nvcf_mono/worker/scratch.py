@@ -2,11 +2,11 @@
 
 A request gets ``<base>/<request id>``. On a journalled file system making a directory and removing
 it again cost 150-250 µs of kernel time each, about a quarter of the worker's whole cost of a small
-request. So a finished request's directory is not removed: it is kept, under its old name, as a
-spare, and when the next request comes it is looked at (still empty?) and renamed to the new id,
-all on the event loop: one directory read and one rename per request, no thread hand-off. A spare
-something wrote into after its request ended, and directories left with files in them, are removed
-in batches off the event loop.
+request. So a finished request's directory the server left empty is not removed: it is kept,
+under its old name, as a spare, and when the next request comes it is looked at again (a late
+write must not reach another request) and renamed to the new id, all on the event loop: two reads
+of an empty directory and one rename per request, no thread hand-off. Directories with files in
+them are removed in batches off the event loop.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ class Scratch:
         return path
 
     def release(self, path: str) -> None:
-        """The request is over: its directory is kept as a spare (looked at when reused) or removed soon."""
-        if len(self._spares) < self._keep:
+        """The request is over: its directory is kept as a spare if empty, else removed (soon)."""
+        if len(self._spares) < self._keep and _empty(path):
             self._spares[path] = None
         else:
             self._remove_soon(path)

@@ -34,6 +34,7 @@ from nvcf_mono.bus.holding import hold_until_ready
 from nvcf_mono.contracts import buckets, permissions, rpc, streams, subjects
 from nvcf_mono.contracts.frames import Frame, FrameError, Request, problem_frame
 from nvcf_mono.contracts.messages import SecretsFetch, SecretsReply
+from nvcf_mono.grpc.batch import MOST, send_all
 from nvcf_mono.late import Late
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
@@ -61,7 +62,7 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     TaskResultChunk,
 )
 from nvcf_mono.proto.serve_wire import NodeEnvelope, WorkerEnvelope
-from nvcf_mono.queues import eagerly
+from nvcf_mono.queues import batches
 from nvcf_mono.settlement import BROKEN_OFF, Policy, Settlement
 
 SESSION = permissions.WORKER_SESSION
@@ -327,8 +328,8 @@ class WorkerSession:
 
                 async def sender() -> None:
                     async with recv:
-                        async for message in eagerly(recv):
-                            await stream.send_message(message)
+                        async for batch in batches(recv, MOST):
+                            await send_all(stream, batch)
 
                 tg.start_soon(sender)
                 await send.send(
