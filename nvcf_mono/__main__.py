@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from nvcf_mono import heap
 from nvcf_mono.cli import main as cli_main
 from nvcf_mono.cli.context import CliContext
 
@@ -34,6 +35,7 @@ class _OnReady:
 
     def started(self, value: Endpoints | None = None) -> None:
         if value is not None:
+            heap.settle()  # what start-up built stays; serving collects less often
             self._callback(value)
 
 
@@ -91,6 +93,8 @@ async def _watch_worker_signals(worker: Sidecar, scope: anyio.CancelScope) -> No
 def run_worker(worker: Sidecar, secrets: bool) -> int:
     """Serve until drained (first signal) or stopped (second); 1 when the worker could not run."""
     from nvcf_mono.worker.main import run_worker as serve_worker
+
+    heap.settle()
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
