@@ -176,6 +176,9 @@ class Frame:
     #: Only on frames a nats-transport worker sends up its gRPC stream because the request's node
     #: went away: the capability of the request's reply subject, without which they are not kept.
     capability: str = ""
+    #: On the first frame of a response from the inference server, as the worker measured it (ms):
+    #: from taking the request to sending this frame, and of that the server's time to its head.
+    timing: tuple[float, float] | None = None
 
     @property
     def last(self) -> bool:
@@ -199,6 +202,8 @@ class Frame:
             header["tr"] = self.trailers
         if self.capability:
             header["k"] = self.capability
+        if self.timing is not None:
+            header["t"] = self.timing
         return _pack(header, self.body)
 
     @classmethod
@@ -219,9 +224,17 @@ class Frame:
                 percent=h.get("pc"),
                 trailers=tuple((str(k), str(v)) for k, v in h.get("tr", ())),
                 capability=str(h.get("k", "")),
+                timing=_timing(h.get("t")),
             )
         except (KeyError, TypeError, ValueError, IndexError) as err:
             raise FrameError(f"not a response frame: {err}") from err
+
+
+def _timing(value: Any) -> tuple[float, float] | None:
+    if value is None:
+        return None
+    worker, execution = value
+    return float(worker), float(execution)
 
 
 def problem_frame(request_id: str, status: int, detail: str) -> Frame:

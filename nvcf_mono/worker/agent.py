@@ -527,6 +527,7 @@ class Worker:
         held: Settlement | None = None,
     ) -> None:
         rid = request.request_id
+        received = time.perf_counter()
         channel, session, out, http = link.channel, link.session, link.out, link.http
 
         async def answer(frame: Frame) -> None:
@@ -569,9 +570,10 @@ class Worker:
                 if request.grpc:
                     await _relay(grpc_call(self.config, request, body, attempt=attempt), answer)
                 elif request.streaming:
-                    await _relay(call(http, self.config, request, body, headers, attempt=attempt), answer)
+                    frames = call(http, self.config, request, body, headers, attempt=attempt, received=received)
+                    await _relay(frames, answer)
                 else:
-                    frames = call(http, self.config, request, body, headers, attempt=attempt)
+                    frames = call(http, self.config, request, body, headers, attempt=attempt, received=received)
                     await self._with_progress(frames, request, attempt, output_dir, answer)
                 return
             except InferenceUnreachable as err:

@@ -7,6 +7,7 @@ the client event by event; the first frame carries the status and headers.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 
 import aiohttp
@@ -94,8 +95,12 @@ async def call(
     headers: Mapping[str, str],
     *,
     attempt: int,
+    received: float | None = None,
 ) -> AsyncIterator[Frame]:
     """Serve one request; yields its frames as the server writes.
+
+    The first frame carries the worker's timing (:attr:`Frame.timing`): since ``received`` (the
+    ``time.perf_counter()`` when the worker took the request) and the server's own time to its head.
 
     Raises :class:`InferenceUnreachable` when nothing could be sent (the server is not listening),
     :class:`InferenceCrashed` when the server went away during the call.
@@ -103,6 +108,7 @@ async def call(
     url = config.inference_base + request.path
     rid = request.request_id
     size = config.frame_size
+    called = time.perf_counter()
     try:
         async with session.request(
             request.method,
@@ -114,6 +120,8 @@ async def call(
             auto_decompress=False,
         ) as resp:
             head = tuple((k, v) for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP)
+            now = time.perf_counter()
+            timing = (round((now - (received or called)) * 1000, 3), round((now - called) * 1000, 3))
             length = resp.content_length
             content = resp.content
             seq = 0
@@ -140,6 +148,7 @@ async def call(
                     body=chunk,
                     end=done,
                     total_length=total if done else None,
+                    timing=timing if seq == 0 else None,
                 )
                 if done:
                     return

@@ -225,7 +225,10 @@ class Invoker:
             # The worker's progress report: the client polls for the rest.
             response = await self.waiting.accepted(pending, req, frame=first)
             return response
-        extra = {**inv.response_headers, "Server-Timing": timing.header(head_at)}
+        extra = {**inv.response_headers, "Server-Timing": timing.header(head_at, first.timing)}
+        phases = timing.phases(head_at, first.timing)
+        if phases is not None and self.metrics is not None:
+            self.metrics.phases(req.function_id, req.function_version_id, *phases)
         return await self.writer.stream(
             request, pending, first, extra=extra, buffered=inv.buffered, keep=keep, tap=inv.tap
         )
@@ -234,18 +237,39 @@ class Invoker:
 @final
 @attrs.frozen
 class Timing:
-    """When an invocation was received, began its durable publish, and was queued."""
+    """When an invocation was received, began its durable publish, and was stored in its queue."""
 
     started: float
     dispatching: float
     queued: float
 
-    def header(self, head_at: float) -> str:
-        """``Server-Timing``: queue (receipt to queued), dispatch (the durable publish), execution (to the head)."""
+    def phases(self, head_at: float, worker: tuple[float, float] | None) -> tuple[float, float] | None:
+        """(queue wait, execution) in seconds, from the worker's timing of the head's frame."""
+        if worker is None:
+            return None
+        taken_ms, execution_ms = worker
+        waited = max(0.0, head_at - self.queued - taken_ms / 1000)  # the hops there and back included
+        return waited, execution_ms / 1000
+
+    def header(self, head_at: float, worker: tuple[float, float] | None) -> str:
+        """``Server-Timing``: intake (received to stored), enqueue (the durable publish, part of intake),
+        queue (waiting to be taken by an instance: a cold start shows here), prepare (the worker's, before
+        the call: assets, health), execution (the function, to its response head).
+
+        Without the worker's timing the queue and the function cannot be told apart: one ``wait``.
+        """
+        intake = (
+            f'intake;desc="received to stored";dur={(self.queued - self.started) * 1000:.2f}, '
+            f"enqueue;dur={(self.queued - self.dispatching) * 1000:.2f}"
+        )
+        phases = self.phases(head_at, worker)
+        if worker is None or phases is None:
+            return f'{intake}, wait;desc="queue and function";dur={(head_at - self.queued) * 1000:.2f}'
+        taken_ms, execution_ms = worker
         return (
-            f"queue;dur={(self.queued - self.started) * 1000:.2f}, "
-            f"dispatch;dur={(self.queued - self.dispatching) * 1000:.2f}, "
-            f"execution;dur={(head_at - self.queued) * 1000:.2f}"
+            f'{intake}, queue;desc="waiting for an instance";dur={phases[0] * 1000:.2f}, '
+            f"prepare;dur={max(0.0, taken_ms - execution_ms):.2f}, "
+            f'execution;desc="the function until its response head";dur={execution_ms:.2f}'
         )
 
 

@@ -2,6 +2,8 @@
 
 ``function_request_latency`` (histogram), ``function_request`` and ``app_invocation_error``
 (counters) are recorded around every invocation entry point (pexec, exec, Host routing);
+``nvcf_invocation_queue_wait_seconds`` and ``nvcf_invocation_execution_seconds`` split a
+response's time to its head into the wait in the queue and the function's own time;
 ``nvcf_worker_nats_queue_depth_and_inflight`` is a gauge per deployed version, refreshed by one
 task every few seconds so a scrape costs no bus call. The same task drops every series of a
 version, and of a function, once it is deleted: /metrics holds what exists, not its history.
@@ -82,6 +84,18 @@ class InvocationMetrics:
             "Invocations answered with an error status (499: the client went away first).",
             ["http_status_code", "function_id"],
         )
+        self.queue_wait = registry.histogram(
+            "nvcf_invocation_queue_wait_seconds",
+            "Time a request waited in its queue (stored to taken by an instance, a cold start included).",
+            ["function_id", "function_version_id"],
+            buckets=REQUEST_LATENCY_BUCKETS,
+        )
+        self.execution = registry.histogram(
+            "nvcf_invocation_execution_seconds",
+            "The function's time to the head of its response, as its instance's worker measured it.",
+            ["function_id", "function_version_id"],
+            buckets=REQUEST_LATENCY_BUCKETS,
+        )
         self.queue_depth = registry.gauge(
             "nvcf_worker_nats_queue_depth_and_inflight",
             "Requests queued or in flight per function version (refreshed every few seconds).",
@@ -108,6 +122,11 @@ class InvocationMetrics:
             raise
         finally:
             self._record(obs, status, time.perf_counter() - started)
+
+    def phases(self, function_id: str, version_id: str, queue_wait: float, execution: float) -> None:
+        """A response's head came: how long its request waited in the queue and ran (seconds)."""
+        self.queue_wait.observe(queue_wait, function_id=function_id, function_version_id=version_id)
+        self.execution.observe(execution, function_id=function_id, function_version_id=version_id)
 
     def _record(self, obs: Observation, status: int, seconds: float) -> None:
         if obs.function_id:

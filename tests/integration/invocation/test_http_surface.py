@@ -22,6 +22,7 @@ from nvcf_mono.contracts import subjects
 from nvcf_mono.contracts.frames import Request
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.planes.invocation.host_routing import target
+from nvcf_mono.planes.invocation.http import Timing
 from nvcf_mono.planes.invocation.input_assets import parse_references
 from nvcf_mono.testing.platform import Api, Reply, wait_for
 from nvcf_mono.testing.running import ECHO_FUNCTION, Platform, agent, deployed, launching_agent, platform
@@ -69,7 +70,7 @@ async def test_exec_wraps_the_functions_answer_and_refuses_bad_input(tmp_path: P
         assert json.loads(seen["body"]) == {"hello": ["world", 1]}
         assert seen["headers"]["Content-Type"] == "application/json"
         assert "Authorization" not in seen["headers"]
-        assert re.search(r"queue;dur=[\d.]+, dispatch;dur=[\d.]+, execution;dur=[\d.]+", ok.headers["Server-Timing"])
+        assert set(_timings(ok.headers["Server-Timing"])) == {"intake", "enqueue", "queue", "prepare", "execution"}
 
         pinned = await p.key.post(
             f"{url}/versions/{vid}", {"requestBody": None, "requestHeader": {"pollDurationSeconds": 30}}
@@ -401,6 +402,61 @@ async def test_invocation_metrics_have_nvcf_names(tmp_path: Path) -> None:
 
         text = await wait_for(forgotten, timeout=15, what="the deleted function's series to go")
         assert 'app_invocation_error{http_status_code="404",function_id="unknown"} 1' in text
+
+
+def _timings(header: str) -> dict[str, float]:
+    """``Server-Timing`` as name -> milliseconds."""
+    found = {}
+    for entry in header.split(","):
+        name, *params = (part.strip() for part in entry.split(";"))
+        durations = [float(p[4:]) for p in params if p.startswith("dur=")]
+        assert len(durations) == 1, header
+        found[name] = durations[0]
+    return found
+
+
+@pytest.mark.slow
+async def test_server_timing_tells_the_wait_in_the_queue_from_the_functions_time(tmp_path: Path) -> None:
+    """One slot, two calls of 0.6 s at once: the second waits about 0.6 s in the queue, then runs 0.6 s."""
+    async with platform(tmp_path) as p, launching_agent(p, tmp_path / "instances"):
+        fid, vid = await deployed(p.admin, ECHO_FUNCTION, concurrency=1)
+        url = f"/v2/nvcf/pexec/functions/{fid}"
+        assert (await p.key.post(url, {"message": "warm"})).status == 200
+        replies: list[Reply] = []
+
+        async def call() -> None:
+            replies.append(await p.key.post(url, {"message": "m", "delay": 0.6}))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            await anyio.sleep(0.1)
+            tg.start_soon(call)
+        first, second = (_timings(r.headers["Server-Timing"]) for r in replies)
+        for timing in (first, second):
+            assert 600 <= timing["execution"] < 1500, timing
+            assert timing["enqueue"] <= timing["intake"], timing
+        assert first["queue"] < 300, first
+        assert 300 <= second["queue"] < 1200, second  # the first one's 0.6 s, less the 0.1 s between them
+
+        reply = await p.anonymous.get("/metrics")
+        labels = f'function_id="{fid}",function_version_id="{vid}"'
+        text = reply.body.decode()
+        assert f"nvcf_invocation_execution_seconds_count{{{labels}}} 3" in text, text
+        assert f"nvcf_invocation_queue_wait_seconds_count{{{labels}}} 3" in text, text
+        assert f'nvcf_invocation_queue_wait_seconds_bucket{{{labels},le="0.25"}} 2' in text, text
+
+
+def test_server_timing_without_the_workers_timing_is_one_wait() -> None:
+    timing = Timing(started=10.0, dispatching=10.001, queued=10.002)
+    assert _timings(timing.header(10.5, None)) == {"intake": 2.0, "enqueue": 1.0, "wait": 498.0}
+    # The worker took 100 ms of the head's 498 ms since stored, 80 of them in the function.
+    assert _timings(timing.header(10.5, (100.0, 80.0))) == {
+        "intake": 2.0,
+        "enqueue": 1.0,
+        "queue": 398.0,
+        "prepare": 20.0,
+        "execution": 80.0,
+    }
 
 
 def test_which_requests_host_routing_takes() -> None:
