@@ -373,6 +373,7 @@ class Host:
             metrics=self.metrics,
             log=logging.getLogger("nvcf_mono.http"),
             ssl_context=tls.http if tls is not None else None,
+            access_log=s.logging.access_log,
         )
         self.http = http
         await http.start()

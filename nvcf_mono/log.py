@@ -1,7 +1,14 @@
-"""Logging to stderr, as text for people or JSON lines for collectors."""
+"""Logging to stderr, as text for people or JSON lines for collectors.
+
+Every line written while a task serves one invocation names it: the invocation node and the worker
+bind the request id, function and version to the task (:func:`bind`, a context variable each task
+copies), and a filter on the handler puts them on the record. Text lines end with them in brackets;
+JSON lines carry them as fields, with whatever ``extra`` fields the call gave.
+"""
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import sys
@@ -10,9 +17,35 @@ from typing import IO, Any
 
 from nvcf_mono.config.model import LoggingSettings
 
+#: The invocation the current task serves: (request id, function id, function version id).
+_serving: contextvars.ContextVar[tuple[str, str, str] | None] = contextvars.ContextVar("nvcf_serving", default=None)
+#: The record fields the context adds, in the order they are written.
+CONTEXT_FIELDS = ("request_id", "function_id", "function_version_id")
+#: What every LogRecord has: anything else on one came from ``extra``.
+_STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "taskName"}
+
+
+def bind(request_id: str, function_id: str, version_id: str) -> contextvars.Token[tuple[str, str, str] | None]:
+    """Name the invocation this task serves in its log lines (until :func:`unbind`)."""
+    return _serving.set((request_id, function_id, version_id))
+
+
+def unbind(token: contextvars.Token[tuple[str, str, str] | None]) -> None:
+    _serving.reset(token)
+
+
+class RequestContext(logging.Filter):
+    """Puts the task's invocation on each record (unless the call named one in ``extra``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        serving = _serving.get()
+        if serving is not None and not hasattr(record, "request_id"):
+            record.request_id, record.function_id, record.function_version_id = serving
+        return True
+
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, msg (and exc when there is a traceback)."""
+    """One JSON object per line: ts, level, logger, msg, the invocation's and ``extra`` fields, exc."""
 
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, Any] = {
@@ -21,9 +54,25 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and key not in doc:
+                doc[key] = value
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc, ensure_ascii=False)
+        return json.dumps(doc, ensure_ascii=False, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """The classic line, ending with the invocation it was written for: ``[request … function … version …]``."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = super().formatMessage(record)
+        request_id = getattr(record, "request_id", None)
+        if request_id is None:
+            return line
+        function_id = getattr(record, "function_id", "")
+        version_id = getattr(record, "function_version_id", "")
+        return f"{line} [request {request_id} function {function_id} version {version_id}]"
 
 
 TEXT_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)-7s %(name)s: %(message)s"
@@ -37,16 +86,18 @@ def configure_logging(settings: LoggingSettings, *, stream: IO[str] | None = Non
             root.removeHandler(handler)
     handler = logging.StreamHandler(stream or sys.stderr)
     handler._nvcf_mono = True  # type: ignore[attr-defined]
+    handler.addFilter(RequestContext())
     if settings.format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter(TEXT_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
+        handler.setFormatter(TextFormatter(TEXT_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
     root.addHandler(handler)
     root.setLevel(settings.level)
     for name, level in settings.levels.items():
         logging.getLogger(name).setLevel(level)
     # Library chatter that would drown the platform's own logs at INFO.
     for noisy in ("aiohttp.access", "nats.aio.client"):
+        # (The platform's own access log is nvcf_mono.access, sampled by logging.access_log.)
         if noisy not in settings.levels:
             logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
 

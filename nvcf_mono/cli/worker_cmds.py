@@ -21,6 +21,7 @@ def register(sub: Any) -> None:
         "SIGTERM drains; a second one stops at once.",
     )
     worker.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO")
+    worker.add_argument("--log-format", choices=("text", "json"), default="text", help="json for log collectors")
     worker.set_defaults(func=_worker)
 
 
@@ -31,7 +32,7 @@ def _worker(args: argparse.Namespace, ctx: CliContext) -> int:
     from nvcf_mono.worker.config import WorkerConfigError
     from nvcf_mono.worker.main import build
 
-    configure_logging(LoggingSettings(level=args.log_level), stream=ctx.stderr)
+    configure_logging(LoggingSettings(level=args.log_level, format=args.log_format), stream=ctx.stderr)
     try:
         worker, secrets = build(dict(ctx.environ))
     except WorkerConfigError as err:

@@ -230,6 +230,12 @@ class LoggingSettings:
     level: LogLevel = setting("INFO", doc="Root log level.")
     format: Literal["text", "json"] = setting("text", doc="text for people, json for log collectors.")
     levels: Mapping[str, LogLevel] = setting(factory=dict, doc="Per-logger levels, e.g. {nvcf_mono.bus: DEBUG}.")
+    access_log: float = setting(
+        0.0,
+        doc="Share of HTTP requests written to the access log (logger nvcf_mono.access, INFO): 0 none, "
+        "1 every request, 0.01 one in a hundred.",
+        check=in_range(0.0, 1.0),
+    )
 
 
 _PLUGIN_REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -59,6 +60,10 @@ def _gate_middleware(owner: str, middleware: Any, is_running: IsRunning) -> Any:
     return gated
 
 
+#: The header an invocation's answer names its request with: the access log keeps it.
+REQUEST_ID_HEADER = "NVCF-REQID"
+
+
 @final
 class HttpServer:
     """One aiohttp application: host routes, plugin routes (gated by plugin state), shared middlewares."""
@@ -74,10 +79,14 @@ class HttpServer:
         metrics: Metrics,
         log: logging.Logger,
         ssl_context: ssl.SSLContext | None = None,
+        access_log: float = 0.0,
     ) -> None:
         self._settings = settings
         self._ssl = ssl_context
         self._log = log
+        #: The share of requests written to the access log (0: none).
+        self._access_share = access_log
+        self._access = logging.getLogger("nvcf_mono.access")
         self._inflight = inflight
         self._requests = metrics.counter(
             "http_requests_total", "HTTP requests answered.", ["method", "route", "status"]
@@ -118,9 +127,10 @@ class HttpServer:
 
     @web.middleware
     async def _outer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Counts in-flight work, renders every error as problem+json, records metrics."""
+        """Counts in-flight work, renders every error as problem+json, records metrics (and the access log)."""
         started = time.perf_counter()
         status = 500
+        request_id = None
         self._inflight.enter()
         try:
             try:
@@ -164,13 +174,35 @@ class HttpServer:
                     500, "internal error; the server log has the details", instance=request.path
                 )
             status = response.status
+            request_id = response.headers.get(REQUEST_ID_HEADER)
             return response
         finally:
             self._inflight.exit()
             resource = request.match_info.route.resource
             route = resource.canonical if resource is not None else "UNKNOWN"
+            seconds = time.perf_counter() - started
             self._requests.inc(method=request.method, route=route, status=str(status))
-            self._latency.observe(time.perf_counter() - started, method=request.method, route=route)
+            self._latency.observe(seconds, method=request.method, route=route)
+            if self._access_share and random.random() < self._access_share:
+                self._log_access(request, route, status, seconds, request_id)
+
+    def _log_access(
+        self, request: web.Request, route: str, status: int, seconds: float, request_id: str | None
+    ) -> None:
+        """One access log line; the query string is left out (it may carry credentials)."""
+        fields: dict[str, object] = {
+            "method": request.method,
+            "path": request.path,
+            "route": route,
+            "status": status,
+            "duration_ms": round(seconds * 1000, 3),
+            "remote": request.remote or "",
+        }
+        if request_id:
+            fields["request_id"] = request_id
+        self._access.info(
+            "%s %s %d %.2fms %s", request.method, request.path, status, seconds * 1000, fields["remote"], extra=fields
+        )
 
     async def start(self) -> int:
         """Bind and serve; returns the bound port."""

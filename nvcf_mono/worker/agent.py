@@ -31,6 +31,7 @@ from nvcf_mono.bus.holding import hold_until_ready
 from nvcf_mono.contracts import streams, subjects
 from nvcf_mono.contracts.frames import Frame, FrameError, Request
 from nvcf_mono.grpc.batch import MOST, send_all
+from nvcf_mono.log import bind, unbind
 from nvcf_mono.metrics import Metrics
 from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     BodyChunk,
@@ -501,6 +502,7 @@ class Worker:
         rid = request.request_id
         asset_dir = os.path.join(self.config.asset_dir, rid)
         output_dir = os.path.join(self.config.response_dir, rid)
+        token = bind(rid, request.function_id, request.function_version_id)  # named in every log line
         try:
             with scope:
                 await self._serve_request(request, attempt, link, asset_dir=asset_dir, output_dir=output_dir, held=held)
@@ -515,6 +517,7 @@ class Worker:
             self.outputs.release(output_dir)
             if request.asset_ids:
                 self.asset_dirs.release(asset_dir)
+            unbind(token)
 
     async def _serve_request(
         self,

@@ -25,6 +25,7 @@ from nvcf_mono.contracts.frames import Request
 from nvcf_mono.http.api import Call, Param, Routes
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late
+from nvcf_mono.log import bind, unbind
 from nvcf_mono.models.function import FunctionVersion
 from nvcf_mono.planes.invocation.answers import (
     DROPPED,
@@ -152,7 +153,27 @@ class Invoker:
         request_id: str | None = None,
         keep: bool = False,
     ) -> web.StreamResponse:
-        """Publish one request and answer it: streamed, or whole when buffered; ``keep`` stores it too."""
+        """Publish one request and answer it: streamed, or whole when buffered; ``keep`` stores it too.
+
+        Every log line written meanwhile names the request, its function and version.
+        """
+        request_id = request_id or str(uuid.uuid4())
+        token = bind(request_id, fv.id, fv.version_id)
+        try:
+            return await self._invoke(request, principal, fv, inv, request_id=request_id, keep=keep)
+        finally:
+            unbind(token)
+
+    async def _invoke(
+        self,
+        request: web.Request,
+        principal: Principal,
+        fv: FunctionVersion,
+        inv: Invocation,
+        *,
+        request_id: str,
+        keep: bool,
+    ) -> web.StreamResponse:
         method, path, headers, body = inv.method, inv.path, inv.headers, inv.body
         poll = inv.poll
         started = time.perf_counter()
@@ -166,7 +187,6 @@ class Invoker:
         streaming = wants_stream(headers)
         if poll is None:
             poll = poll_seconds(self.config, headers, streaming=streaming)
-        request_id = request_id or str(uuid.uuid4())
         if body is None:
             staged = await read_body(self.config, self.dispatcher, request, request_id)
         else:

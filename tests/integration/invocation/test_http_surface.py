@@ -7,7 +7,9 @@ got (``/echo-request``), or with the exact answer its JSON body asks for.
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import re
 import uuid
 from pathlib import Path
@@ -18,9 +20,11 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
+from nvcf_mono.config.model import LoggingSettings
 from nvcf_mono.contracts import subjects
 from nvcf_mono.contracts.frames import Request
 from nvcf_mono.http.problem import ProblemError
+from nvcf_mono.log import configure_logging
 from nvcf_mono.planes.invocation.host_routing import target
 from nvcf_mono.planes.invocation.http import Timing
 from nvcf_mono.planes.invocation.input_assets import parse_references
@@ -444,6 +448,32 @@ async def test_server_timing_tells_the_wait_in_the_queue_from_the_functions_time
         assert f"nvcf_invocation_execution_seconds_count{{{labels}}} 3" in text, text
         assert f"nvcf_invocation_queue_wait_seconds_count{{{labels}}} 3" in text, text
         assert f'nvcf_invocation_queue_wait_seconds_bucket{{{labels},le="0.25"}} 2' in text, text
+
+
+@pytest.mark.slow
+async def test_the_access_log_names_each_invocation_and_leaves_the_query_out(tmp_path: Path) -> None:
+    buffer = io.StringIO()
+    root = logging.getLogger()
+    level = root.level
+    configure_logging(LoggingSettings(format="json"), stream=buffer)
+    try:
+        async with platform(tmp_path, **{"logging.access_log": 1.0}) as p, launching_agent(p, tmp_path / "instances"):
+            fid, _ = await deployed(p.admin, ECHO_FUNCTION)
+            ok = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}?token=secret", {"message": "m"})
+            assert ok.status == 200
+            missing = await p.key.post(f"/v2/nvcf/pexec/functions/{uuid.uuid4()}", {"message": "m"})
+            assert missing.status == 404
+    finally:
+        for handler in [h for h in root.handlers if getattr(h, "_nvcf_mono", False)]:
+            root.removeHandler(handler)
+        root.setLevel(level)
+    access = [json.loads(line) for line in buffer.getvalue().splitlines() if '"nvcf_mono.access"' in line]
+    invocations = [a for a in access if a["path"].startswith("/v2/nvcf/pexec/")]
+    assert [a["status"] for a in invocations] == [200, 404], invocations
+    assert invocations[0]["request_id"] == ok.headers["NVCF-REQID"]
+    assert invocations[0]["route"] == "/v2/nvcf/pexec/functions/{functionId}"
+    assert invocations[0]["method"] == "POST" and invocations[0]["duration_ms"] > 0
+    assert not any("secret" in json.dumps(a) for a in access)
 
 
 def test_server_timing_without_the_workers_timing_is_one_wait() -> None:

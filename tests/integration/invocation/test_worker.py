@@ -354,7 +354,7 @@ async def test_a_request_that_kills_the_inference_server_fails_after_3_deliverie
     tmp_path: Path, transport: str
 ) -> None:
     async with platform(tmp_path, **{TRANSPORT: transport}) as p, restarting_agent(p, tmp_path / "instances") as fake:
-        fid, _ = await deployed(p.admin, min_instances=2, max_instances=2)
+        fid, vid = await deployed(p.admin, min_instances=2, max_instances=2)
 
         async def both_running() -> bool:
             return sum(i.state == states.RUNNING for i in fake.instances.values()) == 2
@@ -372,6 +372,10 @@ async def test_a_request_that_kills_the_inference_server_fails_after_3_deliverie
             return sum(one.restarts for one in launched) == 3
 
         await wait_for(three_crashes, timeout=20, what="three crashes (one per delivery)")
+        # The workers' log lines about it name the request, its function and version.
+        rid = reply.headers["NVCF-REQID"]
+        lines = [line for one in launched for line in one.log.read_text().splitlines() if f"request {rid}:" in line]
+        assert lines and all(line.endswith(f"[request {rid} function {fid} version {vid}]") for line in lines), lines
         after = await client.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "still here"})
         assert after.status == 200, after.body
         assert after.json["message"] == "still here"

@@ -1,0 +1,75 @@
+"""Log lines name the invocation their task serves; JSON lines keep ``extra`` fields."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from nvcf_mono.config.model import LoggingSettings
+from nvcf_mono.log import bind, configure_logging, unbind
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def captured() -> Iterator[io.StringIO]:
+    """A buffer for configure_logging's handler, which is removed after."""
+    root = logging.getLogger()
+    level = root.level
+    yield io.StringIO()
+    for handler in list(root.handlers):
+        if getattr(handler, "_nvcf_mono", False):
+            root.removeHandler(handler)
+    root.setLevel(level)
+
+
+def _install(buffer: io.StringIO, fmt: str) -> None:
+    configure_logging(LoggingSettings(level="INFO", format=fmt), stream=buffer)  # type: ignore[arg-type]
+
+
+async def test_each_task_names_its_own_request_and_nothing_leaks(captured: io.StringIO) -> None:
+    buffer = captured
+    _install(buffer, "text")
+    log = logging.getLogger("tests.log")
+
+    async def serve(rid: str, started: anyio.Event, other_started: anyio.Event) -> None:
+        token = bind(rid, f"fn-{rid}", f"v-{rid}")
+        started.set()
+        await other_started.wait()  # both bound at once: each line must still name its own
+        log.info("serving")
+        unbind(token)
+        log.info("after")
+
+    a, b = anyio.Event(), anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(serve, "r1", a, b)
+        tg.start_soon(serve, "r2", b, a)
+    log.info("outside")
+    lines = buffer.getvalue().splitlines()
+    assert sum(line.endswith("serving [request r1 function fn-r1 version v-r1]") for line in lines) == 1
+    assert sum(line.endswith("serving [request r2 function fn-r2 version v-r2]") for line in lines) == 1
+    assert [line for line in lines if "after" in line or "outside" in line] == [
+        line for line in lines if line.endswith((": after", ": outside"))
+    ]
+    assert len(lines) == 5
+
+
+async def test_json_lines_carry_the_request_and_extra_fields(captured: io.StringIO) -> None:
+    buffer = captured
+    _install(buffer, "json")
+    log = logging.getLogger("tests.log")
+    token = bind("r1", "fn", "v")
+    log.warning("slow call %s", "x", extra={"duration_ms": 12.5, "route": "/v2/x"})
+    unbind(token)
+    log.info("plain", extra={"request_id": "given"})  # a call's own request id wins
+    first, second = (json.loads(line) for line in buffer.getvalue().splitlines())
+    assert first["msg"] == "slow call x" and first["level"] == "WARNING"
+    assert (first["request_id"], first["function_id"], first["function_version_id"]) == ("r1", "fn", "v")
+    assert first["duration_ms"] == 12.5 and first["route"] == "/v2/x"
+    assert second["request_id"] == "given" and "function_id" not in second
+    assert not {"args", "levelno", "pathname", "exc_info", "taskName"} & set(first)
