@@ -27,6 +27,7 @@ import attrs
 from aiohttp import web
 from anyio.abc import TaskGroup, TaskStatus
 
+from nvcf_mono import tracing
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import Bus, ConnectionState
 from nvcf_mono.bus.embedded import EmbeddedInfo, EmbeddedNats
@@ -298,7 +299,7 @@ class Host:
             for err in real[1:]:
                 log.error("also failed: %s", err)
             raise HostFailed(str(real[0])) from real[0]
-        except (PluginFailed, BusError, TlsError) as err:
+        except (PluginFailed, BusError, TlsError, tracing.TracingUnavailable) as err:
             raise HostFailed(str(err)) from err
 
     async def _serve(self, started_at: float, task_status: TaskStatus[Endpoints]) -> None:
@@ -307,6 +308,16 @@ class Host:
             infra = await stack.enter_async_context(anyio.create_task_group())
             # Runs after everything entered below has closed (the bus included), so the server stops last.
             stack.callback(self._stop_infra, infra)
+            if s.tracing.otlp_endpoint:
+                tracing.setup(
+                    s.tracing.otlp_endpoint,
+                    s.tracing.service_name,
+                    sample=s.tracing.sample,
+                    export_delay=s.tracing.export_delay,
+                    resource={"service.instance.id": self.node_id},
+                )
+                # Last of all: what the stop itself traced goes out too (a thread: the export blocks).
+                stack.push_async_callback(_shielded, _stop_tracing, s.shutdown.plugin_grace)
             embedded: EmbeddedInfo | None = None
             if self.embedded is not None:
                 embedded = await infra.start(self.embedded.serve, name="host:embedded-nats")
@@ -579,6 +590,10 @@ class Host:
             if scope.cancelled_caught:
                 loaded.log.error("did not stop within %gs of being cancelled", grace)
             self._set_state(loaded, PluginState.STOPPED)
+
+
+async def _stop_tracing() -> None:
+    await anyio.to_thread.run_sync(tracing.shutdown)
 
 
 async def _shielded(fn: Any, timeout: float) -> None:

@@ -19,8 +19,6 @@ from nvcf_mono.config.model import LoggingSettings
 
 #: The invocation the current task serves: (request id, function id, function version id).
 _serving: contextvars.ContextVar[tuple[str, str, str] | None] = contextvars.ContextVar("nvcf_serving", default=None)
-#: The record fields the context adds, in the order they are written.
-CONTEXT_FIELDS = ("request_id", "function_id", "function_version_id")
 #: What every LogRecord has: anything else on one came from ``extra``.
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "taskName"}
 

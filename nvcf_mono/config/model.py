@@ -238,6 +238,25 @@ class LoggingSettings:
     )
 
 
+@attrs.frozen(kw_only=True)
+class TracingSettings:
+    """OpenTelemetry traces of every invocation (needs the ``otel`` extra: pip install 'nvcf-mono[otel]')."""
+
+    otlp_endpoint: str = setting(
+        "",
+        doc="OTLP/HTTP collector spans are sent to, e.g. http://127.0.0.1:4318 (its /v1/traces); empty: no "
+        "tracing. Instances' workers send theirs there too.",
+        check=optional(matches(r"https?://\S+", "an http:// or https:// URL")),
+    )
+    service_name: str = setting("nvcf-mono", doc="service.name of the platform's spans (workers add -worker).")
+    sample: float = setting(
+        1.0,
+        doc="Share of traces recorded when the caller's traceparent does not decide (0 to 1).",
+        check=in_range(0.0, 1.0),
+    )
+    export_delay: Seconds = setting(1.0, doc="How long finished spans gather before a batch is sent.", check=positive)
+
+
 _PLUGIN_REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
@@ -267,6 +286,7 @@ class Settings:
     startup: StartupSettings = setting(factory=StartupSettings, doc="Plugin start retries.")
     shutdown: ShutdownSettings = setting(factory=ShutdownSettings, doc="Graceful shutdown.")
     logging: LoggingSettings = setting(factory=LoggingSettings, doc="Logging.")
+    tracing: TracingSettings = setting(factory=TracingSettings, doc="OpenTelemetry tracing (off by default).")
     extra_plugins: tuple[str, ...] = setting(
         (),
         doc="Plugin classes to load besides the installed entry points, as 'package.module:Class'.",

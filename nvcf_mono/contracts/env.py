@@ -45,6 +45,7 @@ NVCF_FQDN_GRPC = "NVCF_FQDN_GRPC"
 NVCF_FQDN_GRPC_FILE = "NVCF_FQDN_GRPC_FILE"
 NVCF_FQDN_GRPC_TLS = "NVCF_FQDN_GRPC_TLS"
 NVCF_FQDN_GRPC_CA = "NVCF_FQDN_GRPC_CA"
+NVCF_TRACES_ENDPOINT = "NVCF_TRACES_ENDPOINT"
 NCA_ID = "NCA_ID"
 FUNCTION_ID = "FUNCTION_ID"
 FUNCTION_NAME = "FUNCTION_NAME"
@@ -126,6 +127,13 @@ CONTRACT: tuple[Var, ...] = (
         WORKER,
         "-",
         "PEM certificates the worker trusts for that TLS (unset: the system's CAs).",
+    ),
+    Var(
+        NVCF_TRACES_ENDPOINT,
+        CP,
+        WORKER,
+        "-",
+        "OTLP/HTTP collector the worker sends its spans to (the platform's tracing.otlp_endpoint; unset: none).",
     ),
     Var(
         NVCF_FQDN_GRPC_FILE,

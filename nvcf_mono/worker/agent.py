@@ -25,6 +25,7 @@ from grpclib.client import Channel
 from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
+from nvcf_mono import tracing
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import Bus, Delivery
 from nvcf_mono.bus.holding import hold_until_ready
@@ -503,10 +504,19 @@ class Worker:
         asset_dir = os.path.join(self.config.asset_dir, rid)
         output_dir = os.path.join(self.config.response_dir, rid)
         token = bind(rid, request.function_id, request.function_version_id)  # named in every log line
+        span = tracing.start(
+            "serve",
+            parent=tracing.extract(request.headers),
+            kind="consumer",
+            **{"nvcf.request_id": rid, "nvcf.attempt": attempt, "nvcf.instance_id": self.config.instance_id},
+        )
         try:
             with scope:
-                await self._serve_request(request, attempt, link, asset_dir=asset_dir, output_dir=output_dir, held=held)
+                await self._serve_request(
+                    request, attempt, link, asset_dir=asset_dir, output_dir=output_dir, held=held, span=span
+                )
         finally:
+            tracing.end(span)
             if held is not None:
                 self._held.pop(rid, None)
                 if not held.settled:  # cancelled or interrupted: let another instance have it now
@@ -528,6 +538,7 @@ class Worker:
         asset_dir: str,
         output_dir: str,
         held: Settlement | None = None,
+        span: tracing.Span | None = None,
     ) -> None:
         rid = request.request_id
         received = time.perf_counter()
@@ -569,6 +580,10 @@ class Worker:
             body: bytes | AsyncIterable[bytes] = (
                 request.body if request.body_object is None else self._body(channel, session, request)
             )
+            calling = tracing.start(f"call {request.method}", parent=span, kind="client", **{"url.path": request.path})
+            if calling is not None:  # the server's own spans join the trace under this one
+                headers = dict(tracing.replace_context(headers.items(), calling))
+            error: str | None = None
             try:
                 if request.grpc:
                     await _relay(grpc_call(self.config, request, body, attempt=attempt), answer)
@@ -592,9 +607,12 @@ class Worker:
                 return
             except (aiohttp.ClientError, TimeoutError) as err:
                 log.warning("request %s: calling the inference server failed: %s", rid, err)
+                error = str(err)
                 detail = "Inference connection error while making inference request"
                 await answer(problem_frame(rid, attempt, 500, detail, source=INFERENCE_CONNECTION))
                 return
+            finally:
+                tracing.end(calling, error=error)
 
     async def _prepare(self, request: Request, link: _Link, *, asset_dir: str, output_dir: str) -> dict[str, str]:
         """The request's output directory and assets, and the headers the inference server gets (raises

@@ -104,6 +104,8 @@ class WorkerConfig:
     secrets_refresh: float = contract(env.SECRETS_REFRESH_INTERVAL, 10.0, at_least(0))
     #: A file the agent keeps the platform's current address in (read before each connection).
     grpc_address_file: str | None = contract(env.NVCF_FQDN_GRPC_FILE, None)
+    #: The OTLP/HTTP collector this worker sends its spans to (None: no tracing).
+    traces_endpoint: str | None = contract(env.NVCF_TRACES_ENDPOINT, None)
     # Not from the environment:
     frame_size: int = 256 * 1024
     #: How often a running request's progress file is looked at.

@@ -12,6 +12,7 @@ from typing import Protocol
 import anyio
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
+from nvcf_mono import tracing
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.contracts import env
 from nvcf_mono.state_dir import write_private
@@ -50,8 +51,26 @@ class Sidecar(Protocol):
 
 
 async def run_worker(worker: Sidecar, *, secrets: bool) -> None:
-    """Health endpoints, secrets, then serve until drained or cancelled."""
+    """Health endpoints, secrets, then serve until drained or cancelled (traced when the platform traces)."""
     config = worker.config
+    if isinstance(config, WorkerConfig) and config.traces_endpoint:
+        tracing.setup(
+            config.traces_endpoint,
+            "nvcf-mono-worker",
+            resource={
+                "service.instance.id": config.instance_id,
+                "nvcf.function_id": config.function_id,
+                "nvcf.function_version_id": config.function_version_id,
+            },
+        )
+    try:
+        await _serve(worker, config, secrets=secrets)
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            await anyio.to_thread.run_sync(tracing.shutdown)  # what is left goes out
+
+
+async def _serve(worker: Sidecar, config: SidecarConfig, *, secrets: bool) -> None:
     async with anyio.create_task_group() as tg:
         port = await tg.start(serve_health, worker.state, config.own_health_port)
         log.info("health endpoints on port %d", port)

@@ -100,7 +100,7 @@ class Control:
     @property
     def worker_link(self) -> dict[str, str]:
         """How instances dial the WorkerService (environment contract): its address, and whether over TLS
-        trusting what.
+        trusting what; where their workers send spans when the platform traces.
         """
         own = not self.config.worker_grpc_address
         endpoints = self.parts.get().endpoints
@@ -109,6 +109,8 @@ class Control:
         ca = self.config.worker_grpc_ca_file or (Path(endpoints.ca_file) if own and endpoints.ca_file else None)
         if tls and ca is not None:
             link[env.NVCF_FQDN_GRPC_CA] = ca.read_text()
+        if self.settings.tracing.otlp_endpoint:
+            link[env.NVCF_TRACES_ENDPOINT] = self.settings.tracing.otlp_endpoint  # workers trace there too
         return link
 
     def poke(self) -> None:

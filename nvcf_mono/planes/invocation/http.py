@@ -19,6 +19,7 @@ from typing import final
 import attrs
 from aiohttp import web
 
+from nvcf_mono import tracing
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.auth.principal import Principal
 from nvcf_mono.contracts.frames import Request
@@ -159,9 +160,25 @@ class Invoker:
         """
         request_id = request_id or str(uuid.uuid4())
         token = bind(request_id, fv.id, fv.version_id)
+        span = tracing.start(
+            f"{request.method} {_route(request)}",
+            parent=tracing.extract(request.headers),
+            kind="server",
+            **{"nvcf.request_id": request_id, "nvcf.function_id": fv.id, "nvcf.function_version_id": fv.version_id},
+        )
+        status, error = 500, None
         try:
-            return await self._invoke(request, principal, fv, inv, request_id=request_id, keep=keep)
+            response = await self._invoke(request, principal, fv, inv, request_id=request_id, keep=keep, span=span)
+            status = response.status
+            return response
+        except ProblemError as err:
+            status, error = err.status, err.detail
+            raise
+        except BaseException as err:
+            error = type(err).__name__
+            raise
         finally:
+            tracing.end(span, error=error if status >= 500 else None, **{"http.response.status_code": status})
             unbind(token)
 
     async def _invoke(
@@ -173,6 +190,7 @@ class Invoker:
         *,
         request_id: str,
         keep: bool,
+        span: tracing.Span | None,
     ) -> web.StreamResponse:
         method, path, headers, body = inv.method, inv.path, inv.headers, inv.body
         poll = inv.poll
@@ -192,6 +210,10 @@ class Invoker:
         else:
             staged = await stage(self.dispatcher, self.dispatcher.inline_limit, request_id, body)
         pending = self.router.register(request_id, fv.version_id)
+        enqueue = tracing.start("enqueue", parent=span, kind="producer")
+        forwarded: Iterable[tuple[str, str]] = ((k, v) for k, v in headers.items() if k.lower() not in DROPPED)
+        if enqueue is not None:
+            forwarded = tracing.replace_context(forwarded, enqueue)  # the worker's spans follow this one
         req = new_request(
             principal,
             fv,
@@ -199,7 +221,7 @@ class Invoker:
             reply=pending.reply,
             method=method,
             path=path,
-            headers=((k, v) for k, v in headers.items() if k.lower() not in DROPPED),
+            headers=forwarded,
             body=staged,
             window=self.config.queue_deadline,
             poll_seconds=poll,
@@ -208,10 +230,13 @@ class Invoker:
         )
         try:
             dispatching = time.perf_counter()
-            await self.dispatcher.publish(req)
+            try:
+                await self.dispatcher.publish(req)
+            finally:
+                tracing.end(enqueue)
             queued = time.perf_counter()
             timing = Timing(started=started, dispatching=dispatching, queued=queued)
-            return await self.respond(request, pending, req, inv, poll=poll, timing=timing, keep=keep)
+            return await self.respond(request, pending, req, inv, poll=poll, timing=timing, keep=keep, span=span)
         except BaseException:
             if not pending.detached:
                 await self.dispatcher.cancel(fv.version_id, request_id, reason="the client went away")
@@ -231,6 +256,7 @@ class Invoker:
         poll: int,
         timing: Timing,
         keep: bool = False,
+        span: tracing.Span | None = None,
     ) -> web.StreamResponse:
         try:
             first = await pending.next(timeout=poll)
@@ -249,9 +275,19 @@ class Invoker:
         phases = timing.phases(head_at, first.timing)
         if phases is not None and self.metrics is not None:
             self.metrics.phases(req.function_id, req.function_version_id, *phases)
-        return await self.writer.stream(
-            request, pending, first, extra=extra, buffered=inv.buffered, keep=keep, tap=inv.tap
-        )
+        relay = tracing.start("relay", parent=span)
+        try:
+            return await self.writer.stream(
+                request, pending, first, extra=extra, buffered=inv.buffered, keep=keep, tap=inv.tap
+            )
+        finally:
+            tracing.end(relay)
+
+
+def _route(request: web.Request) -> str:
+    """The route a request matched, as declared (ids stay out of span names)."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "/"
 
 
 @final

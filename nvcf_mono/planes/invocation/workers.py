@@ -24,6 +24,7 @@ from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
+from nvcf_mono import tracing
 from nvcf_mono.auth.secret import Keyring
 from nvcf_mono.auth.tokens import WORKER, InvalidToken, TokenSigner
 from nvcf_mono.bus.api import Bus, Delivery
@@ -382,11 +383,19 @@ class WorkerSession:
         if await held.refused_on_arrival():
             return
         self.in_flight[request.request_id] = held
+        span = tracing.start(
+            "deliver",
+            parent=tracing.extract(request.headers),
+            kind="consumer",
+            **{"nvcf.request_id": request.request_id, "nvcf.attempt": delivery.num_delivered},
+        )
         envelope = NodeEnvelope(request=delivery.data, attempt=delivery.num_delivered)
         try:
             out.send_nowait(envelope)  # the usual case: room in the buffer, no extra loop turn
         except anyio.WouldBlock:
             await out.send(envelope)
+        finally:
+            tracing.end(span)
 
     async def _keepalive(self) -> None:
         while True:

@@ -1,0 +1,139 @@
+"""OpenTelemetry traces of invocations: one span per hop, one trace from the caller to the function.
+
+Off unless an OTLP endpoint is configured (``tracing.otlp_endpoint`` on the host,
+``NVCF_TRACES_ENDPOINT`` in a worker), and then only with the ``otel`` extra installed; switched
+off, every call here returns at once and nothing of OpenTelemetry is imported.
+
+The spans of one invocation (W3C trace context throughout):
+
+- ``<METHOD> <route>`` (server): the invocation node serving the caller, a child of the caller's
+  ``traceparent`` when it sent one;
+- ``enqueue`` (producer): the durable publish; its context rides in the request's headers, which
+  the worker gets on either transport (the stored request is never re-encoded on its way);
+- ``deliver`` (consumer): the node that took the request from the queue handing it to a worker;
+- ``serve`` (consumer, in the worker) and ``call`` (client): the worker's handling and its call to
+  the inference server, which gets the ``call`` span as its ``traceparent`` so its own spans join;
+- ``relay``: the node writing the response to the caller.
+
+The tracer is process-wide (like logging's root): one per host or worker process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Span as Span  # noqa: PLC0414 - re-exported for the planes and the worker
+    from opentelemetry.trace import Tracer
+
+#: The W3C trace context headers (lower case, as the spec writes them).
+TRACEPARENT, TRACESTATE = "traceparent", "tracestate"
+CONTEXT_HEADERS = frozenset({TRACEPARENT, TRACESTATE})
+
+_tracer: Tracer | None = None
+_provider: TracerProvider | None = None
+
+
+class TracingUnavailable(RuntimeError):
+    """Tracing is configured but OpenTelemetry is not installed."""
+
+
+def setup(
+    endpoint: str,
+    service_name: str,
+    *,
+    sample: float = 1.0,
+    export_delay: float = 1.0,
+    resource: Mapping[str, str] | None = None,
+) -> None:
+    """Send this process's spans to the OTLP/HTTP collector at ``endpoint`` (until :func:`shutdown`)."""
+    global _tracer, _provider
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+    except ImportError as err:
+        raise TracingUnavailable(
+            f"tracing is configured ({endpoint}) but OpenTelemetry is not installed: pip install 'nvcf-mono[otel]'"
+        ) from err
+    shutdown()
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service_name, **(resource or {})}),
+        sampler=ParentBased(TraceIdRatioBased(sample)),
+    )
+    exporter = OTLPSpanExporter(endpoint=endpoint.rstrip("/") + "/v1/traces", timeout=10)
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=export_delay * 1000))
+    _provider = provider
+    _tracer = provider.get_tracer("nvcf_mono")
+
+
+def shutdown() -> None:
+    """Send what is left and stop tracing (blocks for at most the exporter's timeout)."""
+    global _tracer, _provider
+    provider, _provider, _tracer = _provider, None, None
+    if provider is not None:
+        provider.shutdown()
+
+
+def enabled() -> bool:
+    return _tracer is not None
+
+
+def extract(headers: Iterable[tuple[str, str]] | Mapping[str, str]) -> Context | None:
+    """The trace context a caller's (or the platform's) ``traceparent`` header names; None without one."""
+    if _tracer is None:
+        return None
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    carrier = {k.lower(): v for k, v in pairs if k.lower() in CONTEXT_HEADERS}
+    if TRACEPARENT not in carrier:
+        return None
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator().extract(carrier)
+
+
+def start(name: str, *, parent: Context | Span | None = None, kind: str = "internal", **attributes: Any) -> Span | None:
+    """A started span (not made current: hops hand contexts on explicitly); None when tracing is off."""
+    if _tracer is None:
+        return None
+    from opentelemetry import trace
+
+    context = trace.set_span_in_context(parent) if isinstance(parent, trace.Span) else parent
+    return _tracer.start_span(name, context=context, kind=trace.SpanKind[kind.upper()], attributes=attributes)
+
+
+def end(span: Span | None, *, error: str | None = None, **attributes: Any) -> None:
+    """End ``span`` (nothing for None), marked failed with ``error``."""
+    if span is None:
+        return
+    if attributes:
+        span.set_attributes(attributes)
+    if error is not None:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_status(Status(StatusCode.ERROR, error))
+    span.end()
+
+
+def headers_of(span: Span | None) -> list[tuple[str, str]]:
+    """``traceparent`` (and ``tracestate``) naming ``span`` as the parent of what the receiver does."""
+    if span is None:
+        return []
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier, context=trace.set_span_in_context(span))
+    return list(carrier.items())
+
+
+def replace_context(headers: Iterable[tuple[str, str]], span: Span | None) -> list[tuple[str, str]]:
+    """``headers`` with their trace context replaced by ``span``'s (kept as they are without a span)."""
+    if span is None:
+        return list(headers)
+    return [(k, v) for k, v in headers if k.lower() not in CONTEXT_HEADERS] + headers_of(span)
