@@ -29,7 +29,7 @@ from nvcf_mono import tracing
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import Bus, Delivery
 from nvcf_mono.bus.holding import hold_until_ready
-from nvcf_mono.contracts import streams, subjects
+from nvcf_mono.contracts import streams, subjects, trace
 from nvcf_mono.contracts.frames import Frame, FrameError, Request
 from nvcf_mono.grpc.batch import MOST, send_all
 from nvcf_mono.log import bind, unbind
@@ -508,7 +508,7 @@ class Worker:
             "serve",
             parent=tracing.extract(request.headers),
             kind="consumer",
-            **{"nvcf.request_id": rid, "nvcf.attempt": attempt, "nvcf.instance_id": self.config.instance_id},
+            **{trace.REQUEST_ID: rid, trace.ATTEMPT: attempt, trace.INSTANCE_ID: self.config.instance_id},
         )
         try:
             with scope:
@@ -542,7 +542,7 @@ class Worker:
     ) -> None:
         rid = request.request_id
         received = time.perf_counter()
-        channel, session, out, http = link.channel, link.session, link.out, link.http
+        out = link.out
 
         async def answer(frame: Frame) -> None:
             if held is not None:
@@ -577,22 +577,10 @@ class Worker:
             if not await self._until_healthy(request):
                 await failed(f"the inference server was not healthy: {self.state.inference_detail}")
                 return
-            body: bytes | AsyncIterable[bytes] = (
-                request.body if request.body_object is None else self._body(channel, session, request)
-            )
-            calling = tracing.start(f"call {request.method}", parent=span, kind="client", **{"url.path": request.path})
-            if calling is not None:  # the server's own spans join the trace under this one
-                headers = dict(tracing.replace_context(headers.items(), calling))
-            error: str | None = None
             try:
-                if request.grpc:
-                    await _relay(grpc_call(self.config, request, body, attempt=attempt), answer)
-                elif request.streaming:
-                    frames = call(http, self.config, request, body, headers, attempt=attempt, received=received)
-                    await _relay(frames, answer)
-                else:
-                    frames = call(http, self.config, request, body, headers, attempt=attempt, received=received)
-                    await self._with_progress(frames, request, attempt, output_dir, answer)
+                await self._call_once(
+                    request, attempt, link, headers, output_dir=output_dir, answer=answer, received=received, span=span
+                )
                 return
             except InferenceUnreachable as err:
                 # Nothing reached the server: once it is back (restarted), trying again is safe.
@@ -607,12 +595,42 @@ class Worker:
                 return
             except (aiohttp.ClientError, TimeoutError) as err:
                 log.warning("request %s: calling the inference server failed: %s", rid, err)
-                error = str(err)
                 detail = "Inference connection error while making inference request"
                 await answer(problem_frame(rid, attempt, 500, detail, source=INFERENCE_CONNECTION))
                 return
-            finally:
-                tracing.end(calling, error=error)
+
+    async def _call_once(
+        self,
+        request: Request,
+        attempt: int,
+        link: _Link,
+        headers: dict[str, str],
+        *,
+        output_dir: str,
+        answer: Callable[[Frame], Awaitable[None]],
+        received: float,
+        span: tracing.Span | None,
+    ) -> None:
+        """Call the inference server once and relay its response (traced as ``call <method>``)."""
+        body: bytes | AsyncIterable[bytes] = (
+            request.body if request.body_object is None else self._body(link.channel, link.session, request)
+        )
+        calling = tracing.start(f"call {request.method}", parent=span, kind="client", **{"url.path": request.path})
+        if calling is not None:  # the server's own spans join the trace under this one
+            headers = dict(tracing.replace_context(headers.items(), calling))
+        try:
+            if request.grpc:
+                await _relay(grpc_call(self.config, request, body, attempt=attempt), answer)
+            elif request.streaming:
+                frames = call(link.http, self.config, request, body, headers, attempt=attempt, received=received)
+                await _relay(frames, answer)
+            else:
+                frames = call(link.http, self.config, request, body, headers, attempt=attempt, received=received)
+                await self._with_progress(frames, request, attempt, output_dir, answer)
+        except BaseException as err:
+            tracing.end(calling, error=f"{type(err).__name__}: {err}")
+            raise
+        tracing.end(calling)
 
     async def _prepare(self, request: Request, link: _Link, *, asset_dir: str, output_dir: str) -> dict[str, str]:
         """The request's output directory and assets, and the headers the inference server gets (raises

@@ -14,7 +14,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from nvcf_mono import tracing
 from nvcf_mono.backoff import Backoff
-from nvcf_mono.contracts import env
+from nvcf_mono.contracts import env, trace
 from nvcf_mono.state_dir import write_private
 from nvcf_mono.worker import endpoint
 from nvcf_mono.worker.agent import Worker, WorkerState, fetch_secrets
@@ -59,8 +59,8 @@ async def run_worker(worker: Sidecar, *, secrets: bool) -> None:
             "nvcf-mono-worker",
             resource={
                 "service.instance.id": config.instance_id,
-                "nvcf.function_id": config.function_id,
-                "nvcf.function_version_id": config.function_version_id,
+                trace.FUNCTION_ID: config.function_id,
+                trace.FUNCTION_VERSION_ID: config.function_version_id,
             },
         )
     try:

@@ -22,6 +22,7 @@ from aiohttp import web
 from nvcf_mono import tracing
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.auth.principal import Principal
+from nvcf_mono.contracts import trace
 from nvcf_mono.contracts.frames import Request
 from nvcf_mono.http.api import Call, Param, Routes
 from nvcf_mono.http.problem import ProblemError
@@ -164,7 +165,7 @@ class Invoker:
             f"{request.method} {_route(request)}",
             parent=tracing.extract(request.headers),
             kind="server",
-            **{"nvcf.request_id": request_id, "nvcf.function_id": fv.id, "nvcf.function_version_id": fv.version_id},
+            **{trace.REQUEST_ID: request_id, trace.FUNCTION_ID: fv.id, trace.FUNCTION_VERSION_ID: fv.version_id},
         )
         status, error = 500, None
         try:

@@ -32,7 +32,7 @@ from nvcf_mono.bus.callout import CalloutStatus, envelope
 from nvcf_mono.bus.codec import TypedKV
 from nvcf_mono.bus.errors import BusError, NotFound
 from nvcf_mono.bus.holding import hold_until_ready
-from nvcf_mono.contracts import buckets, permissions, rpc, streams, subjects
+from nvcf_mono.contracts import buckets, permissions, rpc, streams, subjects, trace
 from nvcf_mono.contracts.frames import Frame, FrameError, Request, problem_frame
 from nvcf_mono.contracts.messages import SecretsFetch, SecretsReply
 from nvcf_mono.grpc.batch import MOST, send_all
@@ -387,7 +387,7 @@ class WorkerSession:
             "deliver",
             parent=tracing.extract(request.headers),
             kind="consumer",
-            **{"nvcf.request_id": request.request_id, "nvcf.attempt": delivery.num_delivered},
+            **{trace.REQUEST_ID: request.request_id, trace.ATTEMPT: delivery.num_delivered},
         )
         envelope = NodeEnvelope(request=delivery.data, attempt=delivery.num_delivered)
         try:
