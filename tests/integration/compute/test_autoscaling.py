@@ -7,6 +7,7 @@ instances are real processes (the test echo server and its worker).
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -108,7 +109,11 @@ async def test_a_version_at_zero_wakes_on_a_request_goes_back_to_zero_and_wakes_
             return text if counts and float(counts[0].rsplit(" ", 1)[1]) >= 2 else None
 
         metrics = await wait_for(cold_starts, timeout=5, what="two cold starts measured")
-        assert 'nvcf_autoscaler_decisions_total{kind="wake"}' in metrics
+        assert re.search(
+            r'^nvcf_autoscaler_decisions_total\{function_id="[^"]+",function_version_id="[^"]+",kind="wake"\} ',
+            metrics,
+            re.M,
+        )
         assert first_cold < 30
 
 

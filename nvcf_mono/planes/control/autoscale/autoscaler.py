@@ -86,11 +86,12 @@ class Autoscaler:
             "nvcf_autoscaler_queue_depth", "Requests waiting or being served (consumer pending + unacked).", labels
         )
         self._decisions = metrics.counter(
-            "nvcf_autoscaler_decisions_total", "Changes of a version's desired instances, by kind.", ["kind"]
+            "nvcf_autoscaler_decisions_total", "Changes of a version's desired instances, by kind.", [*labels, "kind"]
         )
         self._cold_start = metrics.histogram(
             "nvcf_autoscaler_cold_start_seconds",
             "From the decision to scale a version up from zero to its first connected worker.",
+            labels,
             buckets=COLD_START_BUCKETS,
         )
 
@@ -112,7 +113,9 @@ class Autoscaler:
                     started = self._cold.get(v.function_version_id)
                     if started is not None and any(i.ready for i in v.instances):
                         del self._cold[v.function_version_id]
-                        self._cold_start.observe(now - started)
+                        self._cold_start.observe(
+                            now - started, function_id=v.function_id, function_version_id=v.function_version_id
+                        )
 
     # ---- deciding (the leader) ---------------------------------------------------------------------
 
@@ -182,8 +185,16 @@ class Autoscaler:
         for fvid in [v for v in self._labelled if v not in active]:
             # Series of versions no longer scaled go: /metrics grows with what runs, not with history.
             labels = self._labelled.pop(fvid)
-            for gauge in (self._desired, self._current, self._starting, self._utilization, self._queue):
-                gauge.forget(**labels)
+            for series in (
+                self._desired,
+                self._current,
+                self._starting,
+                self._utilization,
+                self._queue,
+                self._decisions,
+                self._cold_start,
+            ):
+                series.forget(**labels)
 
     async def _version(self, fv: FunctionVersion, dep: Deployment) -> None:
         inputs = await self._inputs(fv, dep)
@@ -278,7 +289,7 @@ class Autoscaler:
         self._last[fv.version_id] = total
         self._desired.set(total, **self._labels(fv))
         if changed and previous != total:
-            self._decisions.inc(kind=kind)
+            self._decisions.inc(1.0, kind=kind, **self._labels(fv))
             self._log.info(
                 "function %s version %s: %s -> %d instance(s): %s", fv.id, fv.version_id, previous, total, why
             )
