@@ -5,8 +5,9 @@
 #   docker run --rm -p 8080:8080 -p 8081:8081 -v nvcf-state:/var/lib/nvcf-mono nvcf-mono:0.1.0   # all-in-one
 FROM python:3.11-slim
 
-# EXTRAS=helm adds helm-python-sdk (Helm charts rendered in process); empty for the bare platform.
-ARG EXTRAS=helm
+# EXTRAS: helm adds helm-python-sdk (Helm charts rendered in process), otel OpenTelemetry's SDK and OTLP
+# exporter (tracing.otlp_endpoint; the worker sidecar traces with it too); empty for the bare platform.
+ARG EXTRAS=helm,otel
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

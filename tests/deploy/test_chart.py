@@ -8,6 +8,8 @@ own config loader, so a chart that writes a config the platform would refuse fai
 from __future__ import annotations
 
 import base64
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -328,6 +330,64 @@ async def test_gateway_api_routes(tmp_path: Path) -> None:
     host_routing = routes[f"{FULLNAME}-invocation"]["spec"]
     assert host_routing["hostnames"] == ["*.invocation.nvcf.example.com"]
     assert host_routing["parentRefs"] == [{"name": "gateway", "namespace": "gateway-system"}]
+
+
+def _declared_metrics() -> set[str]:
+    """Every metric name the platform declares (``.counter("name"``, gauges, histograms) in its source."""
+    pattern = re.compile(r"\.(?:counter|gauge|histogram)\(\s*\"([a-z_][a-z0-9_]*)\"")
+    return {name for path in (ROOT / "nvcf_mono").rglob("*.py") for name in pattern.findall(path.read_text())}
+
+
+def _queried_metrics(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads: a name followed by its selector, range or ``)``."""
+    bare = re.sub(r"\{[^}]*\}", "{}", re.sub(r"\bby \([^)]*\)", "", expr))  # no label names left
+    names = set(re.findall(r"(?<![\w$])([a-z_][a-z0-9_]*)(?=\{|\[|\))", bare))
+    return {re.sub(r"_(bucket|sum|count)$", "", n) if n.endswith(("_bucket", "_sum", "_count")) else n for n in names}
+
+
+async def test_prometheus_and_grafana_assets(tmp_path: Path) -> None:
+    values = {
+        "layout": "split",
+        "compute": SPLIT["compute"],
+        "metrics": {
+            "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+            "grafanaDashboard": {"enabled": True},
+        },
+    }
+    result = await _render(values)
+    # kubernetes-validate has no Prometheus Operator schemas: the rest is validated, the monitor checked here.
+    assert _schema_errors(tuple(o for o in result.objects if o["kind"] != "ServiceMonitor")) == []
+    (monitor,) = _by_kind(result, "ServiceMonitor").values()
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "30s"}]
+    services = _by_kind(result, "Service")
+    assert set(services) == {f"{FULLNAME}-control", f"{FULLNAME}-invocation"}
+    for service in services.values():  # the monitor selects each Service, which has the port it names
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+        assert "http" in {p["name"] for p in service["spec"]["ports"]}
+    for deployment in _by_kind(result, "Deployment").values():  # compute agents too: annotations
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        port = annotations["prometheus.io/port"]
+        assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/path"] == "/metrics"
+        assert any(p["name"] == "http" and str(p["containerPort"]) == port for p in _container(deployment)["ports"])
+
+    (dashboard,) = (c for c in _by_kind(result, "ConfigMap").values() if c["metadata"]["name"].endswith("-dashboard"))
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    doc = json.loads(dashboard["data"]["nvcf-mono.json"])
+    assert doc["uid"] == "nvcf-mono" and doc["title"] == "nvcf-mono"
+    exprs = [t["expr"] for panel in doc["panels"] for t in panel.get("targets", ())]
+    assert len(exprs) >= 20
+    queried = set().union(*(_queried_metrics(e) for e in exprs))
+    declared = _declared_metrics()
+    assert {"function_request", "nvcf_invocation_queue_wait_seconds", "nvcf_compute_gpus", "plugin_up"} <= queried
+    assert queried - declared == set(), "the dashboard reads metrics the platform does not have"
+    ids = [panel["id"] for panel in doc["panels"]]
+    assert len(ids) == len(set(ids))
+
+    plain = await _render({"metrics": {"scrapeAnnotations": False}})
+    assert not _by_kind(plain, "ServiceMonitor")
+    (deployment,) = _by_kind(plain, "Deployment").values()
+    assert "prometheus.io/scrape" not in deployment["spec"]["template"]["metadata"]["annotations"]
 
 
 @pytest.mark.parametrize(

@@ -213,6 +213,11 @@ metadata:
     {{- end }}
   annotations:
     checksum/config: {{ .configChecksum }}
+    {{- if $v.metrics.scrapeAnnotations }}
+    prometheus.io/scrape: "true"
+    prometheus.io/port: {{ $v.service.httpPort | quote }}
+    prometheus.io/path: /metrics
+    {{- end }}
     {{- with $v.podAnnotations }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
