@@ -238,6 +238,9 @@ class LoggingSettings:
     )
 
 
+_URL = matches(r"https?://\S+", "an http:// or https:// URL")
+
+
 @attrs.frozen(kw_only=True)
 class TracingSettings:
     """OpenTelemetry traces of every invocation (needs the ``otel`` extra: pip install 'nvcf-mono[otel]')."""
@@ -246,7 +249,7 @@ class TracingSettings:
         "",
         doc="OTLP/HTTP collector spans are sent to, e.g. http://127.0.0.1:4318 (its /v1/traces); empty: no "
         "tracing. Instances' workers send theirs there too.",
-        check=optional(matches(r"https?://\S+", "an http:// or https:// URL")),
+        check=lambda value: _URL(value) if value else None,
     )
     service_name: str = setting("nvcf-mono", doc="service.name of the platform's spans (workers add -worker).")
     sample: float = setting(

@@ -12,6 +12,8 @@ from nvcf_mono.structure import WireModel, wire
 
 LOAD_ALL = "nvcf.load.>"
 WAKE_ALL = "nvcf.wake.>"
+#: Upper bounds (ms) of the latency buckets a report counts answers in; one more bucket holds the rest.
+LATENCY_BOUNDS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000)
 
 
 def load_subject(node: str) -> str:
@@ -48,6 +50,10 @@ class VersionLoad(WireModel):
     slot_seconds: float
     invocations: int = 0
     instances: tuple[InstanceLoad, ...] = ()
+    #: Invocations this node answered with a status of 400 or more (the client's hang-up, 499, too).
+    errors: int = 0
+    #: How many answers took up to each of LATENCY_BOUNDS_MS, and more (empty: none answered).
+    latency: tuple[int, ...] = ()
 
 
 @wire

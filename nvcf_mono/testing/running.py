@@ -10,6 +10,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,16 @@ import aiohttp
 import anyio
 import attrs
 
+from nvcf_mono.auth import scopes
+from nvcf_mono.auth.keystore import API_KEY_STORE
 from nvcf_mono.bus.nats import NatsBus, open_nats_bus
 from nvcf_mono.config.model import BusSettings
+from nvcf_mono.contracts import buckets
 from nvcf_mono.host import Host
 from nvcf_mono.metrics import Metrics
+from nvcf_mono.models.account import Account
+from nvcf_mono.models.api_key import FUNCTIONS_SERVICE_ID, Authorizations, KeyResource, Policy
+from nvcf_mono.models.common import now_iso
 from nvcf_mono.testing.host import running_host
 from nvcf_mono.testing.openapi import ResponseChecker
 from nvcf_mono.testing.platform import Api, credentials, platform_config, wait_for
@@ -160,3 +167,23 @@ async def deployed(
 
     await wait_for(active, timeout=60, what="ACTIVE")
     return fid, vid
+
+
+async def other_account_key(p: Platform, nca_id: str) -> str:
+    """A function key of another account (written straight to the buckets)."""
+    accounts = buckets.typed(p.bus.kv(buckets.ACCOUNTS.name), buckets.ACCOUNT)
+    await accounts.put(nca_id, Account(nca_id=nca_id, name=nca_id, last_updated_at=now_iso()))
+    policy = Policy(
+        scopes=tuple(sorted(scopes.FUNCTION_KEY_SCOPES)),
+        resources=(KeyResource(id="*", type="account-functions"), KeyResource(id="*", type="authorized-functions")),
+    )
+    _, value = await p.host.services.get(API_KEY_STORE).create(
+        nca_id=nca_id,
+        owner_id=f"{nca_id}-user",
+        description="test key",
+        authorizations=Authorizations(policies=(policy,)),
+        expires_in=timedelta(hours=1),
+        issuer_service_id=FUNCTIONS_SERVICE_ID,
+        audience_service_ids=(FUNCTIONS_SERVICE_ID,),
+    )
+    return value

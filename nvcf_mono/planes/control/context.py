@@ -19,6 +19,7 @@ from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late
 from nvcf_mono.planes.control.config import ControlConfig
 from nvcf_mono.planes.control.store import ControlStore
+from nvcf_mono.planes.control.traffic import TrafficHistory
 from nvcf_mono.plugin import Endpoints
 from nvcf_mono.reval.engine import ChartRendering, Validator
 
@@ -45,6 +46,8 @@ class Control:
     settings: Settings
     log: logging.Logger
     wake: Signal = attrs.field(factory=Signal)
+    #: The last hour of traffic per version (fed by the autoscaler's load report listener).
+    traffic: TrafficHistory = attrs.field(factory=TrafficHistory)
     parts: Late[ControlParts] = attrs.field(factory=lambda: Late[ControlParts]("the control plane"))
 
     @property

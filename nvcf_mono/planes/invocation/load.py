@@ -8,6 +8,7 @@ with no running instance also sends a wake (at most one per version per ``WAKE_E
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections import Counter
@@ -63,6 +64,9 @@ class LoadMeter:
         self._placements = placements
         self._log = log
         self._invocations: Counter[tuple[str, str]] = Counter()
+        #: Per version since the last report: answers with an error status, and answers per latency bucket.
+        self._errors: Counter[tuple[str, str]] = Counter()
+        self._latency: dict[tuple[str, str], list[int]] = {}
         #: Per session: the busy counter and the time at the previous report.
         self._seen: dict[str, tuple[float, float]] = {}
         self._woken: dict[str, float] = {}
@@ -82,6 +86,16 @@ class LoadMeter:
             await self._bus.publish(load.wake_subject(function_version_id), function_id.encode())
         except BusError as err:  # the autoscaler's round sees the queue anyway
             self._log.debug("wake for %s not sent: %s", function_version_id, err)
+
+    def answered(self, function_id: str, function_version_id: str, status: int, seconds: float) -> None:
+        """An invocation was answered (its traffic for the console's charts)."""
+        key = (function_id, function_version_id)
+        counts = self._latency.get(key)
+        if counts is None:
+            counts = self._latency[key] = [0] * (len(load.LATENCY_BOUNDS_MS) + 1)
+        counts[bisect.bisect_left(load.LATENCY_BOUNDS_MS, seconds * 1000)] += 1
+        if status >= 400:
+            self._errors[key] += 1
 
     def report(self, now: float) -> load.LoadReport:
         """Load since the previous report (and forget sessions that are gone)."""
@@ -108,7 +122,9 @@ class LoadMeter:
         for gone in self._seen.keys() - alive:
             del self._seen[gone]
         invocations, self._invocations = self._invocations, Counter()
-        for key in invocations.keys() - versions.keys():
+        errors, self._errors = self._errors, Counter()
+        latency, self._latency = self._latency, {}
+        for key in (invocations.keys() | latency.keys()) - versions.keys():
             versions[key] = (0.0, 0.0, [])
         stale = now - 60.0
         self._woken = {k: t for k, t in self._woken.items() if t > stale}
@@ -124,6 +140,8 @@ class LoadMeter:
                     slot_seconds=round(slot_time, 6),
                     invocations=invocations.get((fid, fvid), 0),
                     instances=tuple(instances),
+                    errors=errors.get((fid, fvid), 0),
+                    latency=tuple(latency.get((fid, fvid), ())),
                 )
                 for (fid, fvid), (busy, slot_time, instances) in sorted(versions.items())
             ),

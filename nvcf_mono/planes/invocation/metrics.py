@@ -66,6 +66,8 @@ class InvocationMetrics:
 
     def __init__(self, registry: Metrics) -> None:
         self._registry = registry
+        #: Told of every answered invocation of a known version (the load reports' traffic counts).
+        self.on_answer: Callable[[str, str, int, float], None] | None = None
         #: (function id, version id) of every version with series, until it is deleted.
         self._recorded: set[tuple[str, str]] = set()
         self.latency = registry.histogram(
@@ -130,6 +132,8 @@ class InvocationMetrics:
 
     def _record(self, obs: Observation, status: int, seconds: float) -> None:
         if obs.function_id:
+            if self.on_answer is not None:
+                self.on_answer(obs.function_id, obs.version_id, status, seconds)
             self._recorded.add((obs.function_id, obs.version_id))
             self.requests.inc(function_id=obs.function_id, function_version_id=obs.version_id, nca_id=obs.nca_id)
             self.latency.observe(seconds, function_id=obs.function_id, function_version_id=obs.version_id)

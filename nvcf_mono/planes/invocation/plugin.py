@@ -115,6 +115,7 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
                 log=log,
             )
             dispatcher.on_queued = meter.queued
+            self.metrics.on_answer = meter.answered
             await tg.start(meter.run)
             relay = Relay(bus, router, log)
             sink = NodeSink(relay, results, dispatcher)

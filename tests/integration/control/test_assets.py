@@ -8,20 +8,15 @@ import io
 import os
 import time
 from collections.abc import AsyncIterator, Mapping
-from datetime import timedelta
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import anyio
 
-from nvcf_mono.auth import scopes
-from nvcf_mono.auth.keystore import API_KEY_STORE
 from nvcf_mono.auth.secret import KEYRING, b64u
 from nvcf_mono.contracts import buckets
-from nvcf_mono.models.account import Account
-from nvcf_mono.models.api_key import FUNCTIONS_SERVICE_ID, Authorizations, KeyResource, Policy
-from nvcf_mono.models.common import now_iso
 from nvcf_mono.testing.platform import Reply
+from nvcf_mono.testing.running import other_account_key
 
 from .conftest import Platform, platform
 
@@ -79,26 +74,6 @@ def with_query(url: str, **changes: str | None) -> str:
         else:
             query[key] = value
     return urlunsplit(parts._replace(query=urlencode(query)))
-
-
-async def other_account_key(p: Platform, nca_id: str) -> str:
-    """A function key of another account (written straight to the buckets)."""
-    accounts = buckets.typed(p.bus.kv(buckets.ACCOUNTS.name), buckets.ACCOUNT)
-    await accounts.put(nca_id, Account(nca_id=nca_id, name=nca_id, last_updated_at=now_iso()))
-    policy = Policy(
-        scopes=tuple(sorted(scopes.FUNCTION_KEY_SCOPES)),
-        resources=(KeyResource(id="*", type="account-functions"), KeyResource(id="*", type="authorized-functions")),
-    )
-    _, value = await p.host.services.get(API_KEY_STORE).create(
-        nca_id=nca_id,
-        owner_id=f"{nca_id}-user",
-        description="test key",
-        authorizations=Authorizations(policies=(policy,)),
-        expires_in=timedelta(hours=1),
-        issuer_service_id=FUNCTIONS_SERVICE_ID,
-        audience_service_ids=(FUNCTIONS_SERVICE_ID,),
-    )
-    return value
 
 
 async def test_a_20_mib_asset_round_trips_through_the_pre_signed_links(tmp_path: Path) -> None:

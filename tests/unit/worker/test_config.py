@@ -57,6 +57,7 @@ READS: dict[str, tuple[str, str, Any]] = {
     env.NVCF_FQDN_GRPC_TLS: ("TRUE", "grpc_tls", True),
     env.NVCF_FQDN_GRPC_CA: ("-----BEGIN CERTIFICATE-----", "grpc_ca", "-----BEGIN CERTIFICATE-----"),
     env.NVCF_FQDN_GRPC_FILE: ("/inst/grpc-address", "grpc_address_file", "/inst/grpc-address"),
+    env.NVCF_TRACES_ENDPOINT: ("http://collector:4318", "traces_endpoint", "http://collector:4318"),
 }
 
 

@@ -15,6 +15,7 @@ from nvcf_mono.planes.control.api import (
     registry_credentials,
     secrets,
     sharing,
+    stats,
     tasks,
 )
 
@@ -32,4 +33,5 @@ ALL = (
     instances,
     tasks,
     charts,
+    stats,
 )

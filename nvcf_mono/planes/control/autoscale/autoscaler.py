@@ -109,6 +109,7 @@ class Autoscaler:
                     continue
                 now = time.monotonic()
                 self._book.record(report, now)
+                self._ctl.traffic.record(report)
                 for v in report.versions:
                     started = self._cold.get(v.function_version_id)
                     if started is not None and any(i.ready for i in v.instances):
