@@ -63,6 +63,9 @@ def _serve(args: argparse.Namespace, ctx: CliContext, *, forced_role: str | None
         raise CliError("\n".join(err.problems)) from err
     endpoints_file = config.settings.state_dir / ENDPOINTS_FILE
 
+    control = config.plugins.get("control")
+    console = "control" in config.order and control is not None and bool(getattr(control.config, "console", False))
+
     def banner(ep: Endpoints) -> None:
         nats = ep.nats_url
         if host.embedded is not None:
@@ -75,6 +78,7 @@ def _serve(args: argparse.Namespace, ctx: CliContext, *, forced_role: str | None
             f"  gRPC        {ep.grpc_address}",
             f"  NATS        {nats}",
             f"  endpoints   {endpoints_file}",
+            *([f"  console     {ep.api_url.rstrip('/')}/console (sign in with a key or the admin token)"] if console else []),
             *([f"  TLS         HTTPS and gRPC; clients trust {ep.ca_file or 'the system CAs'}"] if ep.tls else []),
             *example_lines(ep),
             "Ctrl-C drains and stops.",

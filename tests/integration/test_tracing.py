@@ -23,7 +23,7 @@ from nvcf_mono import tracing
 from nvcf_mono.testing.platform import wait_for
 from nvcf_mono.testing.running import ECHO_FUNCTION, deployed, launching_agent, platform
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 MIRROR = {**ECHO_FUNCTION, "name": "mirror", "inferenceUrl": "/echo-request"}
 CLIENT_TRACE, CLIENT_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 

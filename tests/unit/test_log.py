@@ -13,8 +13,6 @@ import pytest
 from nvcf_mono.config.model import LoggingSettings
 from nvcf_mono.log import bind, configure_logging, unbind
 
-pytestmark = pytest.mark.anyio
-
 
 @pytest.fixture
 def captured() -> Iterator[io.StringIO]:

@@ -180,6 +180,9 @@ class ControlConfig:
         doc="Mint a function key and a task key at first start and write them to endpoints.json. "
         "Default: only in the all-in-one role.",
     )
+    console: bool = setting(
+        True, doc="Serve the web console at /console (it works through the public API with the user's credential)."
+    )
     example_function: bool | None = setting(
         None,
         doc="At first start, once a cluster has registered, register the echo example function and deploy it "

@@ -11,6 +11,7 @@ from typing import ClassVar
 import anyio
 from anyio.abc import TaskStatus
 
+from nvcf_mono import console
 from nvcf_mono.auth.keystore import API_KEY_STORE
 from nvcf_mono.auth.secret import KEYRING
 from nvcf_mono.auth.strategy import AUTHENTICATOR
@@ -77,6 +78,9 @@ class ControlPlane(BasePlugin[ControlConfig]):
         for module in API_MODULES:
             module.routes.bind(self.router, self.ctl)
         self.router.install(ctx)
+        if self.config.console:
+            for method, path, handler in console.routes():
+                ctx.add_route(method, path, handler)
 
     async def run(self, ctx: RunContext[ControlConfig], *, task_status: TaskStatus[None]) -> None:
         ctl = self.ctl

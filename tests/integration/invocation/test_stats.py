@@ -14,7 +14,7 @@ import pytest
 from nvcf_mono.testing.platform import wait_for
 from nvcf_mono.testing.running import ECHO_FUNCTION, deployed, launching_agent, other_account_key, platform
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 async def test_stats_count_the_callers_invocations_errors_and_latency(tmp_path: Path) -> None:

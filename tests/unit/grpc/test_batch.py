@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
-import pytest
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Handler
 from grpclib.server import Server, Stream
@@ -18,7 +17,6 @@ from nvcf_mono.grpc.batch import send_all
 from nvcf_mono.grpc.raw import RawMessage
 from nvcf_mono.queues import batches
 
-pytestmark = pytest.mark.anyio
 METHOD = "/test.Batch/Echo"
 
 

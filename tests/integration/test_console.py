@@ -1,0 +1,202 @@
+"""The web console in a real browser (Debian's chromium and chromedriver, driven by Selenium).
+
+The platform is the all-in-one host with its real cluster agent and local backend (instances are
+real processes, their logs real files). The browser signs in with the admin token, finds the echo
+function, scales it from zero and watches its instance come up, reads its logs, invokes it from the
+try-it panel; then signs in as another account and cannot see it. Screenshots of the main pages go
+to ``test-artifacts/console/`` (not committed) for a person to look at.
+
+CI installs chromium (``.ci/run``) and sets ``NVCF_MONO_REQUIRE_BROWSER=1``: there a missing browser
+fails the test; on a machine without one it is skipped, saying what to install.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+
+from nvcf_mono.testing.platform import credentials, wait_status
+from nvcf_mono.testing.running import other_account_key
+from tests.integration.compute.conftest import compute_platform, create, deploy, function, spec
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOTS = ROOT / "test-artifacts" / "console"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+if not (CHROMIUM and CHROMEDRIVER):
+    if os.environ.get("NVCF_MONO_REQUIRE_BROWSER") == "1":
+        raise RuntimeError("NVCF_MONO_REQUIRE_BROWSER=1 but chromium or chromedriver is missing")
+    pytest.skip("no browser here: apt-get install chromium chromium-driver", allow_module_level=True)
+
+
+def _browser() -> Any:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM or ""
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER or ""), options=options)
+
+
+class Page:
+    """The console in one browser tab, with waits that say what they waited for."""
+
+    def __init__(self, driver: Any, base: str) -> None:
+        from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        self.driver, self.base, self.by = driver, base, By
+        # Parts of the page are drawn again every 2 s: an element found a moment ago may be gone.
+        ignored = (NoSuchElementException, StaleElementReferenceException)
+        self.wait = WebDriverWait(driver, 60, poll_frequency=0.2, ignored_exceptions=ignored)
+
+    def open(self, fragment: str = "") -> None:
+        self.driver.get(f"{self.base}/console#{fragment}")
+
+    def find(self, css: str) -> Any:
+        return self.wait.until(lambda d: d.find_element(self.by.CSS_SELECTOR, css), message=f"no {css}")
+
+    def click(self, css: str) -> None:
+        """Click ``css`` (found again if it was drawn anew in between)."""
+
+        def clicked(d: Any) -> bool:
+            d.find_element(self.by.CSS_SELECTOR, css).click()
+            return True
+
+        self.wait.until(clicked, message=f"could not click {css}")
+
+    def text_of(self, css: str, pattern: str) -> str:
+        """The text of ``css`` once it matches ``pattern``."""
+
+        def matching(d: Any) -> str | None:
+            found = d.find_elements(self.by.CSS_SELECTOR, css)
+            return next((e.text for e in found if re.search(pattern, e.text)), None)
+
+        text: str = self.wait.until(matching, message=f"{css} never matched {pattern!r}")
+        return text
+
+    def sign_in(self, token: str, *, refused: bool = False) -> None:
+        """Sign in; unless ``refused``, wait for the dashboard it lands on."""
+        self.open("/signin")
+        field = self.find("#token")
+        field.clear()
+        field.send_keys(token)
+        self.click("#signin-submit")
+        if not refused:
+            self.text_of("#function-count", r"^\d+$")
+
+    def accept_confirmation(self) -> None:
+        from selenium.webdriver.support import expected_conditions
+
+        self.wait.until(expected_conditions.alert_is_present(), message="no confirmation asked")
+        self.driver.switch_to.alert.accept()
+
+    def screenshot(self, name: str) -> None:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        self.driver.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
+
+
+def _scenario(base: str, admin_token: str, other_key: str, fid: str, vid: str) -> None:
+    driver = _browser()
+    try:
+        page = Page(driver, base)
+        # A wrong credential is refused, and says why.
+        page.sign_in("nvapi-not-a-key", refused=True)
+        assert "refused" in page.text_of("#signin-error", "refused")
+
+        page.sign_in(admin_token)
+        page.text_of("#traffic h2", "Traffic")
+        page.screenshot("dashboard")
+        assert driver.execute_script("return sessionStorage.getItem('nvcf.console.token')") == admin_token
+        assert admin_token not in driver.current_url
+
+        page.open("/functions")
+        page.click('tr[data-function="echo"] a.function-link')
+        page.text_of("h1", "echo")
+        assert page.text_of("#specs td.min", r"^\d+$") == "0"
+        page.screenshot("function-at-zero")
+
+        # Scale from zero: an instance appears, runs, and has logs.
+        minimum = page.find("#scale-min")
+        minimum.clear()
+        minimum.send_keys("1")
+        page.click("#scale-submit")
+        page.accept_confirmation()
+        page.text_of("#specs td.min", r"^1$")
+        page.text_of("#instance-table td", r"^running$")
+        page.click("#instance-table .logs-button")
+        page.text_of("pre.log", r"\S")
+        page.text_of('pre.log[data-log="worker"]', "inference server healthy")
+        page.screenshot("function-running")
+
+        # The try-it panel invokes the version and shows what came back.
+        body = page.find("#try-body")
+        body.clear()
+        body.send_keys('{"message": "hello from the console"}')
+        page.click("#try-invoke")
+        assert page.text_of("#try-status", r"^\d{3}$") == "200"
+        assert "hello from the console" in page.text_of("#try-answer", "hello from the console")
+        assert UUID.match(page.text_of("#try-reqid", r"^[0-9a-f-]{36}$"))
+        assert "execution" in page.text_of("#try-timing", "execution")
+        page.screenshot("try-it")
+
+        page.open("/clusters")
+        page.text_of("table td", "H100")
+        page.screenshot("clusters")
+
+        # Another account: the function is not in its list, and its page is not found.
+        page.click("#signout")
+        page.sign_in(other_key)
+        page.open("/functions")
+        page.find("#functions")
+        time.sleep(0.5)  # the list is rendered: nothing more will come
+        assert not driver.find_elements(page.by.CSS_SELECTOR, 'tr[data-function="echo"]')
+        page.open(f"/functions/{fid}/versions/{vid}")
+        assert "not found" in page.text_of("#page-error", "(?i)not found").lower()
+    except Exception:
+        Page(driver, base).screenshot("failure")
+        raise
+    finally:
+        driver.quit()
+
+
+async def test_the_console_in_a_browser(tmp_path: Path) -> None:
+    async with compute_platform(tmp_path) as p:
+        creds = credentials(p.host)
+        fid, vid, d = await create(p.admin, function("echo"))
+        await deploy(p.admin, d, spec(min_instances=0, max_instances=1))
+        await wait_status(p.admin, d, "ACTIVE")
+        other = await other_account_key(p, "other-account")
+        base = p.host.endpoints.api_url.rstrip("/")
+        with anyio.fail_after(240):
+            await anyio.to_thread.run_sync(_scenario, base, creds["admin_token"], other, fid, vid)
+
+
+async def test_the_console_is_one_page_and_its_files_with_a_strict_policy(tmp_path: Path) -> None:
+    async with compute_platform(tmp_path) as p:
+        # Not API operations: fetched without the /v3/openapi check.
+        session, base = p.anonymous.session, p.host.endpoints.api_url.rstrip("/")
+        for path, kind in (("/console", "text/html"), ("/console/console.js", "text/javascript")):
+            async with session.get(f"{base}{path}") as reply:
+                assert reply.status == 200 and reply.headers["Content-Type"].startswith(kind)
+                policy = reply.headers["Content-Security-Policy"]
+                assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+                assert reply.headers["X-Content-Type-Options"] == "nosniff"
+        for missing in ("/console/..%2Fpyproject.toml", "/console/__init__.py", "/console/nope.js"):
+            async with session.get(f"{base}{missing}") as reply:
+                assert reply.status == 404, missing
+                assert reply.headers["Content-Type"].startswith("application/problem+json")
