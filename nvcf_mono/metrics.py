@@ -105,48 +105,15 @@ class _Metric:
         return head + "".join(line + "\n" for line in self.samples())
 
 
-@final
 @attrs.define
-class Counter(_Metric):
-    """A monotonically increasing count."""
-
-    _values: dict[LabelValues, float] = attrs.field(factory=dict, init=False)
-    kind = "counter"
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        """Add ``amount`` (default 1) to the series named by ``labels``."""
-        key = self._key(labels)
-        self._values[key] = self._values.get(key, 0.0) + amount
-
-    def _stored(self) -> dict[LabelValues, float]:
-        return self._values
-
-    def value(self, **labels: str) -> float:
-        """Current value of one series (0 when never incremented)."""
-        return self._values.get(self._key(labels), 0.0)
-
-    def samples(self) -> Iterable[str]:
-        if not self.label_names and not self._values:
-            yield f"{self.name} 0"
-        for key, value in sorted(self._values.items()):
-            yield f"{self.name}{_labels_text(self.label_names, key)} {_format_value(value)}"
-
-
-@final
-@attrs.define
-class Gauge(_Metric):
-    """A value that goes up and down, set directly or read from a callback at scrape time."""
+class _Scalar(_Metric):
+    """One number per series: stored, or read from a callback at every scrape."""
 
     _values: dict[LabelValues, float] = attrs.field(factory=dict, init=False)
     _callback: Callable[[], Iterable[tuple[LabelValues, float]]] | None = attrs.field(default=None, init=False)
-    kind = "gauge"
-
-    def set(self, value: float, **labels: str) -> None:
-        """Set the series named by ``labels``."""
-        self._values[self._key(labels)] = value
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
-        """Add to the series named by ``labels``."""
+        """Add ``amount`` (default 1) to the series named by ``labels``."""
         key = self._key(labels)
         self._values[key] = self._values.get(key, 0.0) + amount
 
@@ -167,6 +134,26 @@ class Gauge(_Metric):
             yield f"{self.name} 0"
         for key, value in items:
             yield f"{self.name}{_labels_text(self.label_names, key)} {_format_value(value)}"
+
+
+@final
+@attrs.define
+class Counter(_Scalar):
+    """A monotonically increasing count (incremented here, or a total another library keeps)."""
+
+    kind = "counter"
+
+
+@final
+@attrs.define
+class Gauge(_Scalar):
+    """A value that goes up and down, set directly or read from a callback at scrape time."""
+
+    kind = "gauge"
+
+    def set(self, value: float, **labels: str) -> None:
+        """Set the series named by ``labels``."""
+        self._values[self._key(labels)] = value
 
 
 @attrs.define

@@ -150,3 +150,6 @@ Catalogued  # unused class (tests/support/plugins.py:139)
 thing_id  # unused variable (tests/unit/http/test_openapi.py:18)
 large  # unused function (tests/unit/worker/test_inference.py:131)
 die  # unused function (tests/unit/worker/test_inference.py:151)
+binary_location  # selenium's ChromeOptions: the browser to start (tests/integration/test_console.py)
+p95_ms  # a wire field of GET /v2/nvcf/stats (nvcf_mono/planes/control/api/stats.py)
+step_seconds  # a wire field of GET /v2/nvcf/stats

@@ -147,7 +147,8 @@ class NatsBus:
             ("nats_in_bytes", "in_bytes", "Bytes received from NATS."),
             ("nats_out_bytes", "out_bytes", "Bytes sent to NATS."),
         ):
-            metrics.gauge(name, help_).set_function(self._stat_reader(key))
+            # Running totals: counters (a gauge would tell Prometheus they may go down).
+            metrics.counter(name, help_).set_function(self._stat_reader(key))
 
     def _stat_reader(self, key: str) -> Callable[[], list[tuple[tuple[str, ...], float]]]:
         return lambda: [((), float(self._nc.stats[key]))]

@@ -78,7 +78,7 @@ def _serve(args: argparse.Namespace, ctx: CliContext, *, forced_role: str | None
             f"  gRPC        {ep.grpc_address}",
             f"  NATS        {nats}",
             f"  endpoints   {endpoints_file}",
-            *([f"  console     {ep.api_url.rstrip('/')}/console (sign in with a key or the admin token)"] if console else []),
+            *([f"  console     {ep.api_url.rstrip('/')}/console (sign in with a key or the token)"] if console else []),
             *([f"  TLS         HTTPS and gRPC; clients trust {ep.ca_file or 'the system CAs'}"] if ep.tls else []),
             *example_lines(ep),
             "Ctrl-C drains and stops.",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -169,14 +169,24 @@ async def deployed(
     return fid, vid
 
 
-async def other_account_key(p: Platform, nca_id: str) -> str:
-    """A function key of another account (written straight to the buckets)."""
-    accounts = buckets.typed(p.bus.kv(buckets.ACCOUNTS.name), buckets.ACCOUNT)
-    await accounts.put(nca_id, Account(nca_id=nca_id, name=nca_id, last_updated_at=now_iso()))
-    policy = Policy(
-        scopes=tuple(sorted(scopes.FUNCTION_KEY_SCOPES)),
-        resources=(KeyResource(id="*", type="account-functions"), KeyResource(id="*", type="authorized-functions")),
-    )
+async def other_account_key(
+    p: Platform,
+    nca_id: str,
+    scope_names: Iterable[str] = scopes.FUNCTION_KEY_SCOPES,
+    *,
+    shared: bool = True,
+    create_account: bool = True,
+) -> str:
+    """An API key of the account ``nca_id`` (made straight in the buckets unless ``create_account`` is
+    False) holding ``scope_names``, over its own functions and, when ``shared``, those shared with it.
+    """
+    if create_account:
+        accounts = buckets.typed(p.bus.kv(buckets.ACCOUNTS.name), buckets.ACCOUNT)
+        await accounts.put(nca_id, Account(nca_id=nca_id, name=nca_id, last_updated_at=now_iso()))
+    resources = [KeyResource(id="*", type="account-functions")]
+    if shared:
+        resources.append(KeyResource(id="*", type="authorized-functions"))
+    policy = Policy(scopes=tuple(sorted(scope_names)), resources=tuple(resources))
     _, value = await p.host.services.get(API_KEY_STORE).create(
         nca_id=nca_id,
         owner_id=f"{nca_id}-user",

@@ -1,18 +1,24 @@
-"""The worker's own health endpoints (``HEALTH_PORT``): what probes and the agent look at."""
+"""The worker's own health endpoints and metrics (``HEALTH_PORT``): what probes, the agent and Prometheus look at."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import anyio
 from aiohttp import web
 from anyio.abc import TaskStatus
 
+from nvcf_mono.metrics import CONTENT_TYPE, Metrics
 from nvcf_mono.worker.agent import WorkerState
 
 
 async def serve_health(
     state: WorkerState, port: int, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED
 ) -> None:
-    """``/v1/health/live`` (the process runs) and ``/v1/health/ready`` (it serves); reports the port."""
+    """``/v1/health/live`` (the process runs), ``/v1/health/ready`` (it serves) and ``/metrics``
+    (Prometheus text, read from the worker's state at each scrape); reports the port.
+    """
+    registry = worker_metrics(state)
 
     async def live(_: web.Request) -> web.Response:
         return web.json_response({"status": "live"})
@@ -31,9 +37,13 @@ async def serve_health(
             body["detail"] = state.detail
         return web.json_response(body, status=200 if state.ready else 503)
 
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=registry.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+
     app = web.Application()
     app.router.add_get("/v1/health/live", live)
     app.router.add_get("/v1/health/ready", ready)
+    app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:
@@ -45,3 +55,31 @@ async def serve_health(
     finally:
         with anyio.move_on_after(2, shield=True):
             await runner.cleanup()
+
+
+def worker_metrics(state: WorkerState) -> Metrics:
+    """The worker's own series (NVCF's ``worker_thread_busy_seconds`` among them), read from its state."""
+    registry = Metrics()
+
+    def one(read: Callable[[], float]) -> Callable[[], list[tuple[tuple[str, ...], float]]]:
+        return lambda: [((), float(read()))]
+
+    registry.counter(
+        "worker_thread_busy_seconds", "Slot-seconds spent serving requests (the autoscaler's utilization)."
+    ).set_function(one(lambda: state.busy_seconds))
+    registry.counter("nvcf_worker_requests_total", "Requests this worker finished serving.").set_function(
+        one(lambda: state.served)
+    )
+    registry.gauge("nvcf_worker_requests_in_flight", "Requests being served now.").set_function(
+        one(lambda: state.in_flight)
+    )
+    registry.gauge(
+        "nvcf_worker_inference_healthy", "1 while the inference server answers its health check."
+    ).set_function(one(lambda: state.inference_healthy))
+    registry.gauge("nvcf_worker_connected", "1 while connected to the invocation plane.").set_function(
+        one(lambda: state.connected)
+    )
+    registry.counter("nvcf_worker_sessions_total", "Sessions opened with the invocation plane.").set_function(
+        one(lambda: state.sessions)
+    )
+    return registry

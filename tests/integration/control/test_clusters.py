@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nvcf_mono.auth.keystore import API_KEY_STORE
-from nvcf_mono.contracts import buckets
-from nvcf_mono.models.account import Account
-from nvcf_mono.models.api_key import FUNCTIONS_SERVICE_ID, Authorizations, KeyResource, Policy
-from nvcf_mono.models.common import now_iso
 from nvcf_mono.planes.control.icms import group_id
 from nvcf_mono.testing.platform import Api, wait_for
+from nvcf_mono.testing.running import other_account_key
 from nvcf_mono.testing.scripted_agent import gpu_inventory
 
 from .conftest import CONTAINER_FUNCTION, Platform, agent, platform
@@ -37,19 +32,7 @@ REGISTRATION = {
 
 async def account_client(p: Platform, nca_id: str, *scope_names: str) -> Api:
     """A client with a key of another account holding ``scope_names``."""
-    accounts = buckets.typed(p.bus.kv(buckets.ACCOUNTS.name), buckets.ACCOUNT)
-    await accounts.put(nca_id, Account(nca_id=nca_id, name=nca_id, last_updated_at=now_iso()))
-    policy = Policy(scopes=tuple(sorted(scope_names)), resources=(KeyResource(id="*", type="account-functions"),))
-    _, value = await p.host.services.get(API_KEY_STORE).create(
-        nca_id=nca_id,
-        owner_id=f"{nca_id}-user",
-        description="test key",
-        authorizations=Authorizations(policies=(policy,)),
-        expires_in=timedelta(hours=1),
-        issuer_service_id=FUNCTIONS_SERVICE_ID,
-        audience_service_ids=(FUNCTIONS_SERVICE_ID,),
-    )
-    return p.api(value)
+    return p.api(await other_account_key(p, nca_id, scope_names, shared=False))
 
 
 async def test_an_agents_cluster_shows_in_groups_listings_and_the_cluster_list(tmp_path: Path) -> None:

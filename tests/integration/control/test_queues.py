@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import uuid
 from contextlib import AsyncExitStack
-from datetime import timedelta
 from pathlib import Path
 
 import anyio
 
-from nvcf_mono.auth import scopes
-from nvcf_mono.auth.keystore import API_KEY_STORE
 from nvcf_mono.bus.api import Delivery, Stream
 from nvcf_mono.contracts import buckets, streams, subjects
-from nvcf_mono.models.account import Account
-from nvcf_mono.models.api_key import FUNCTIONS_SERVICE_ID, Authorizations, KeyResource, Policy
 from nvcf_mono.models.common import now_iso
 from nvcf_mono.structure import evolve
+from nvcf_mono.testing.running import other_account_key
 
 from .conftest import CONTAINER_FUNCTION, Platform, platform
 
@@ -102,25 +98,6 @@ async def take(stream: Stream, durable: str, count: int, stack: AsyncExitStack) 
             if len(out) == count:
                 break
     return out
-
-
-async def other_account_key(p: Platform, nca_id: str) -> str:
-    accounts = buckets.typed(p.bus.kv(buckets.ACCOUNTS.name), buckets.ACCOUNT)
-    await accounts.put(nca_id, Account(nca_id=nca_id, name=nca_id, last_updated_at=now_iso()))
-    policy = Policy(
-        scopes=tuple(sorted(scopes.FUNCTION_KEY_SCOPES)),
-        resources=(KeyResource(id="*", type="account-functions"), KeyResource(id="*", type="authorized-functions")),
-    )
-    _, value = await p.host.services.get(API_KEY_STORE).create(
-        nca_id=nca_id,
-        owner_id=f"{nca_id}-user",
-        description="test key",
-        authorizations=Authorizations(policies=(policy,)),
-        expires_in=timedelta(hours=1),
-        issuer_service_id=FUNCTIONS_SERVICE_ID,
-        audience_service_ids=(FUNCTIONS_SERVICE_ID,),
-    )
-    return value
 
 
 async def test_depth_and_positions_follow_the_request_stream(tmp_path: Path) -> None:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 
 from nvcf_mono.auth import scopes
-from nvcf_mono.auth.keystore import API_KEY_STORE
-from nvcf_mono.models.api_key import FUNCTIONS_SERVICE_ID, Authorizations, KeyResource, Policy
+from nvcf_mono.testing.running import other_account_key
 
 from .conftest import CONTAINER_FUNCTION, Platform, platform
 
@@ -23,22 +21,8 @@ async def add_account(p: Platform, nca_id: str, *, client_id: str | None = None)
 
 
 async def account_key(p: Platform, nca_id: str, scope_names: frozenset[str] = scopes.ACCOUNT_ADMIN_SCOPES) -> str:
-    """An API key of ``nca_id`` reaching its own and shared functions."""
-    store = p.host.services.get(API_KEY_STORE)
-    policy = Policy(
-        scopes=tuple(sorted(scope_names)),
-        resources=(KeyResource(id="*", type="account-functions"), KeyResource(id="*", type="authorized-functions")),
-    )
-    _, value = await store.create(
-        nca_id=nca_id,
-        owner_id=f"{nca_id}-user",
-        description="test key",
-        authorizations=Authorizations(policies=(policy,)),
-        expires_in=timedelta(hours=1),
-        issuer_service_id=FUNCTIONS_SERVICE_ID,
-        audience_service_ids=(FUNCTIONS_SERVICE_ID,),
-    )
-    return value
+    """An API key of ``nca_id`` (made through the API) reaching its own and shared functions."""
+    return await other_account_key(p, nca_id, scope_names, create_account=False)
 
 
 async def new_function(p: Platform, **changes: object) -> tuple[str, str]:

@@ -271,6 +271,11 @@ async def test_a_client_that_hangs_up_stops_the_call_to_the_inference_server(tmp
 
             tg.start_soon(slow_call)
             await wait_for(lambda: in_flight(1), timeout=15, what="the worker to hold the request")
+            # The worker's own metrics say the same (Prometheus text on its health port).
+            async with session.get(f"http://127.0.0.1:{launched.health_port}/metrics") as resp:
+                metrics = await resp.text()
+            assert "# TYPE worker_thread_busy_seconds counter" in metrics, metrics
+            assert "nvcf_worker_requests_in_flight 1" in metrics and "nvcf_worker_connected 1" in metrics, metrics
             tg.cancel_scope.cancel()  # the client hangs up
         await wait_for(lambda: in_flight(0), timeout=10, what="the worker to stop the call")
 
