@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import final
 
+import anyio
 import attrs
 from aiohttp import web
 
@@ -41,7 +42,7 @@ from nvcf_mono.planes.invocation.dispatch import Dispatcher
 from nvcf_mono.planes.invocation.idempotency import IDEMPOTENCY_KEY, Idempotency
 from nvcf_mono.planes.invocation.input_assets import ASSET_REFERENCES, InputAssets, parse_references
 from nvcf_mono.planes.invocation.intake import new_request, poll_seconds, read_body, stage
-from nvcf_mono.planes.invocation.metrics import Entry, InvocationMetrics, Observation
+from nvcf_mono.planes.invocation.metrics import CLIENT_GONE, Entry, InvocationMetrics, Observation
 from nvcf_mono.planes.invocation.ratelimit import RateLimiter
 from nvcf_mono.planes.invocation.responses import Pending, ResponseRouter
 from nvcf_mono.planes.invocation.results import ResultStore
@@ -174,6 +175,9 @@ class Invoker:
             return response
         except ProblemError as err:
             status, error = err.status, err.detail
+            raise
+        except anyio.get_cancelled_exc_class():
+            status = CLIENT_GONE  # the caller hung up
             raise
         except BaseException as err:
             error = type(err).__name__
