@@ -302,7 +302,10 @@ async function versionPage(fid, vid) {
   let shownLogs = null;
   const refresh = async () => {
     if (!live()) return;
-    try { queue.textContent = String((await get(`/v2/nvcf/queues/functions/${fid}/versions/${vid}`)).queues[0].queueDepth); } catch (e) { queue.textContent = "-"; }
+    try {
+      const q = (await get(`/v2/nvcf/queues/functions/${fid}/versions/${vid}`)).queues[0];
+      queue.textContent = q.waitReason ? `${q.queueDepth} (waiting: ${q.waitReason.replace("_", " ")})` : String(q.queueDepth);
+    } catch (e) { queue.textContent = "-"; }
     await renderDeployment(deployment, fn, base);
     await renderInstances(instances, fid, vid, (iid) => { shownLogs = iid; renderLogs(logs, iid); });
     if (shownLogs) await renderLogs(logs, shownLogs);

@@ -14,6 +14,7 @@ from nvcf_mono.contracts.buckets import RequestRecord
 from nvcf_mono.contracts.frames import Frame, Request
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.common import now_iso
+from nvcf_mono.models.wait_reason import wait_reason
 from nvcf_mono.planes.invocation.answers import (
     OWN_RESPONSE,
     PERCENT,
@@ -31,7 +32,6 @@ from nvcf_mono.planes.invocation.intake import poll_seconds
 from nvcf_mono.planes.invocation.responses import Pending
 from nvcf_mono.planes.invocation.results import QUEUED, ResultStore
 from nvcf_mono.planes.invocation.routing import RoutingTable
-from nvcf_mono.planes.invocation.wait_reason import wait_reason
 
 
 @final

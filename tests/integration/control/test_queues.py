@@ -165,6 +165,9 @@ async def test_a_stream_without_a_worker_durable_counts_every_stored_request(tmp
         whole = await p.key.get(f"{QUEUES}/functions/{fid}")
         assert {q["functionVersionId"]: q["queueDepth"] for q in whole.json["queues"]} == {first: 0, second: 3}
         assert [await position(p, rid) for rid in ids] == [1, 2, 3]
+        # Why they wait: the version is not deployed, so no instance runs or starts for it.
+        reasons = {q["functionVersionId"]: q.get("waitReason") for q in whole.json["queues"]}
+        assert reasons == {first: None, second: "cold_starting"}
 
 
 async def test_only_accounts_that_see_the_function_see_its_queues(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from nvcf_mono.contracts.load import InstanceLoad, LoadReport, VersionLoad, wake
 from nvcf_mono.models.placement import Phase, PlacedInstance, SpecPlacement
 from nvcf_mono.planes.invocation import load as load_module
 from nvcf_mono.planes.invocation.load import WAKE_EVERY, LoadMeter
-from nvcf_mono.planes.invocation.wait_reason import (
+from nvcf_mono.models.wait_reason import (
     COLD_STARTING,
     INSTANCE_FAILING,
     NO_CAPACITY,

@@ -16,6 +16,7 @@ from nvcf_mono.http.api import Call, Routes
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.common import is_uuid
 from nvcf_mono.models.function import FunctionStatus, FunctionVersion
+from nvcf_mono.models.wait_reason import wait_reason
 from nvcf_mono.planes.control.access import relation, restricted_out
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.service import find_version, not_found
@@ -35,6 +36,9 @@ class VersionQueue(WireModel):
     function_name: str
     function_status: FunctionStatus
     queue_depth: int
+    #: While requests wait: why (queued, cold_starting, no_capacity or instance_failing), as their
+    #: ``NVCF-WAIT-REASON`` says.
+    wait_reason: str | None = None
 
 
 @wire
@@ -89,11 +93,13 @@ async def depth(ctl: Control, fv: FunctionVersion) -> int:
 
 
 async def queue(ctl: Control, fv: FunctionVersion) -> VersionQueue:
+    waiting = await depth(ctl, fv)
     return VersionQueue(
         function_version_id=fv.version_id,
         function_name=fv.name,
         function_status=fv.status,
-        queue_depth=await depth(ctl, fv),
+        queue_depth=waiting,
+        wait_reason=wait_reason(ctl.store.placements_of(fv.version_id)) if waiting else None,
     )
 
 

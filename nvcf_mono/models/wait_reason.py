@@ -1,4 +1,5 @@
-"""Why a queued request is still waiting (``NVCF-WAIT-REASON``), read from its version's placements.
+"""Why a queued request is still waiting (``NVCF-WAIT-REASON``, and the queue API's ``waitReason``),
+read from its version's placements.
 
 ``queued``: an instance runs and the request waits for a free slot. ``cold_starting``: no instance
 runs yet and one is being started (or is about to be: the autoscaler was woken). ``no_capacity``:
