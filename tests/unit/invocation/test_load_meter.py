@@ -10,10 +10,8 @@ from typing import Any, cast
 import pytest
 
 from nvcf_mono.bus.api import Bus
-from nvcf_mono.contracts.load import InstanceLoad, LoadReport, VersionLoad, wake_subject
+from nvcf_mono.contracts.load import LATENCY_BOUNDS_MS, InstanceLoad, LoadReport, VersionLoad, wake_subject
 from nvcf_mono.models.placement import Phase, PlacedInstance, SpecPlacement
-from nvcf_mono.planes.invocation import load as load_module
-from nvcf_mono.planes.invocation.load import WAKE_EVERY, LoadMeter
 from nvcf_mono.models.wait_reason import (
     COLD_STARTING,
     INSTANCE_FAILING,
@@ -21,6 +19,8 @@ from nvcf_mono.models.wait_reason import (
     QUEUED,
     wait_reason,
 )
+from nvcf_mono.planes.invocation import load as load_module
+from nvcf_mono.planes.invocation.load import WAKE_EVERY, LoadMeter
 
 FID = "fn-1"
 FVID = "fv-1"
@@ -198,6 +198,19 @@ def test_session_that_disappears_is_forgotten() -> None:
 
 def test_no_sessions_and_no_invocations_is_an_empty_report() -> None:
     assert _meter().report(10.0).versions == ()
+
+
+def test_answers_are_counted_by_status_and_latency_bucket_once() -> None:
+    meter = _meter()
+    for status, seconds in ((200, 0.004), (200, 0.004), (503, 0.2), (499, 40.0), (200, 9999.0)):
+        meter.answered(FID, FVID, status, seconds)
+    v = _version(meter.report(10.0))
+    assert v.errors == 2 and sum(v.latency) == 5
+    assert len(v.latency) == len(LATENCY_BOUNDS_MS) + 1
+    assert v.latency[LATENCY_BOUNDS_MS.index(5)] == 2  # 4 ms: up to 5 ms
+    assert v.latency[LATENCY_BOUNDS_MS.index(250)] == 1 and v.latency[LATENCY_BOUNDS_MS.index(60000)] == 1
+    assert v.latency[-1] == 1  # beyond the last bound
+    assert meter.report(11.0).versions == ()
 
 
 # --- LoadMeter.queued ------------------------------------------------------------------------------
