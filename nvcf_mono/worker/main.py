@@ -66,8 +66,9 @@ async def run_worker(worker: Sidecar, *, secrets: bool) -> None:
     try:
         await _serve(worker, config, secrets=secrets)
     finally:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
-            await anyio.to_thread.run_sync(tracing.shutdown)  # what is left goes out
+        if tracing.enabled():
+            with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                await anyio.to_thread.run_sync(tracing.shutdown)  # what is left goes out
 
 
 async def _serve(worker: Sidecar, config: SidecarConfig, *, secrets: bool) -> None:
