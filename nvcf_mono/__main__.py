@@ -18,6 +18,7 @@ import anyio
 from nvcf_mono import heap
 from nvcf_mono.cli import main as cli_main
 from nvcf_mono.cli.context import CliContext
+from nvcf_mono.errors import NvcfMonoError
 
 if TYPE_CHECKING:
     from nvcf_mono.host import Host
@@ -73,7 +74,8 @@ def run_host(host: Host, on_ready: Callable[[Endpoints], None]) -> int:
         return 1
     except BaseExceptionGroup as group:
         for exc in group.exceptions:
-            log.error("stopped: %s", exc, exc_info=not isinstance(exc, HostFailed))
+            # The platform's own errors say what to do in their message: no traceback for them.
+            log.error("stopped: %s", exc, exc_info=not isinstance(exc, NvcfMonoError))
         return 1
     return 0
 

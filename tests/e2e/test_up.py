@@ -113,6 +113,14 @@ def test_after_sigkill_a_restart_reuses_the_store_without_a_second_server(tmp_pa
         doc = second.wait_ready()
         assert len(nats_servers_on(state)) == 1
         assert _read_back(doc["nats_url"], "SURVIVE") == (b"kept", b"v")
+        # A third on the same state directory is an operator's mistake: one clear line, no traceback.
+        third = Platform(["up", *fast_flags(state)], state)
+        try:
+            assert third.wait(timeout=30) == 1
+            assert "is in use by another nvcf-mono" in third.stderr(), third.stderr()
+            assert "Traceback" not in third.stderr(), third.stderr()
+        finally:
+            third.stop()
         second.signal(signal.SIGTERM)
         assert second.wait() == 0
         assert nats_servers_on(state) == []
