@@ -226,6 +226,8 @@ class HostHandle(Protocol):
 
     def set_credential(self, key: str, value: str) -> None: ...
 
+    def is_running(self, name: str) -> bool: ...
+
 
 @final
 class RunContext(Generic[C]):
@@ -282,6 +284,10 @@ class RunContext(Generic[C]):
     def set_credential(self, key: str, value: str) -> None:
         """Publish a credential in ``endpoints.json`` (e.g. ``admin_token``)."""
         self._host.set_credential(key, value)
+
+    def plugin_running(self, name: str) -> bool:
+        """Has the plugin ``name`` started (and not stopped)? False for one that is not enabled."""
+        return self._host.is_running(name)
 
 
 async def serve_forever(ctx: RunContext[Any], *, task_status: TaskStatus[None]) -> None:

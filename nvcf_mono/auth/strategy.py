@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, final
 
 from nvcf_mono.auth.principal import AuthError, Principal
@@ -45,16 +45,29 @@ def bearer_token(header: str | None) -> str:
     return token
 
 
+#: The status of a token that only a strategy still starting could have claimed: try again soon.
+STARTING = 503
+
+
 @final
 class Authenticator:
-    """Asks each strategy in order until one claims the token."""
+    """Asks each strategy in order until one claims the token.
+
+    A strategy is asked only once the plugin that contributed it runs (``ready``): a plugin's
+    strategy may need what its plugin loads when it starts. A token nobody else claimed while one
+    is still starting is a 503 (try again), not a 401.
+    """
 
     def __init__(self) -> None:
         self._strategies: tuple[AuthStrategy, ...] = ()
+        self._ready: Callable[[AuthStrategy], bool] = lambda _: True
 
-    def configure(self, strategies: Sequence[AuthStrategy]) -> None:
-        """Set the strategies, in the order they are asked."""
+    def configure(
+        self, strategies: Sequence[AuthStrategy], *, ready: Callable[[AuthStrategy], bool] | None = None
+    ) -> None:
+        """Set the strategies, in the order they are asked, and how to tell one can be asked yet."""
         self._strategies = tuple(strategies)
+        self._ready = ready or (lambda _: True)
 
     @property
     def strategies(self) -> tuple[AuthStrategy, ...]:
@@ -66,10 +79,16 @@ class Authenticator:
 
     async def authenticate_token(self, token: str) -> Principal:
         """The principal behind a bare token."""
+        starting = []
         for strategy in self._strategies:
+            if not self._ready(strategy):
+                starting.append(strategy.name)
+                continue
             principal = await strategy.authenticate(token)
             if principal is not None:
                 return principal
+        if starting:
+            raise AuthError(STARTING, f"authentication is still starting ({', '.join(starting)}); try again shortly")
         if not self._strategies:
             raise AuthError(401, "no authentication strategy is enabled on this node")
         raise AuthError(401, "the credential is not recognised")

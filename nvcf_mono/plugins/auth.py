@@ -73,8 +73,13 @@ class Auth(BasePlugin[AuthConfig]):
             raise PluginConfigError(str(err)) from err
         self.keyring.load(secret)
         ctx.log.info("platform secret %s (fingerprint %s)", self.path, secret.fingerprint())
-        strategies = {ext.value.name: ext.value for ext in ctx.services.extensions(AUTH_STRATEGIES)}
+        extensions = ctx.services.extensions(AUTH_STRATEGIES)
+        strategies = {ext.value.name: ext.value for ext in extensions}
+        owners = {id(ext.value): ext.owner for ext in extensions}
         ordered = [strategies.pop(name) for name in self.config.order if name in strategies]
-        self.authenticator.configure([*ordered, *strategies.values()])
+        # A plugin's strategy is asked once its plugin has started (it may load what it checks then).
+        self.authenticator.configure(
+            [*ordered, *strategies.values()], ready=lambda strategy: ctx.plugin_running(owners[id(strategy)])
+        )
         task_status.started()
         await ctx.wait_stopping()
