@@ -153,3 +153,5 @@ die  # unused function (tests/unit/worker/test_inference.py:151)
 binary_location  # selenium's ChromeOptions: the browser to start (tests/integration/test_console.py)
 p95_ms  # a wire field of GET /v2/nvcf/stats (nvcf_mono/planes/control/api/stats.py)
 step_seconds  # a wire field of GET /v2/nvcf/stats
+QueuePolicyPlugin  # loaded through its entry point (examples/autoscaling-policy/pyproject.toml)
+utilization  # ScalingInputs field for autoscaling policy plugins (nvcf_mono/autoscaling.py)

@@ -14,6 +14,7 @@ from anyio.abc import TaskStatus
 from nvcf_mono.auth import scopes
 from nvcf_mono.auth.principal import AuthError, Principal
 from nvcf_mono.auth.strategy import AUTH_STRATEGIES
+from nvcf_mono.autoscaling import AUTOSCALING_POLICIES, ScalingDecision, ScalingInputs
 from nvcf_mono.bus.api import BucketSpec, StreamSpec
 from nvcf_mono.models.account import DEFAULT_ACCOUNT
 from nvcf_mono.plugin import BasePlugin, PluginConfigError, PluginNotReady, PluginSpec, RunContext, SetupContext
@@ -187,3 +188,35 @@ class MyAuth(BasePlugin[None]):
 
     def setup(self, ctx: SetupContext) -> None:
         ctx.extend(AUTH_STRATEGIES, HeaderTokens())
+
+
+class _Broken:
+    """Raises for functions named ``broken``: the platform's algorithm must decide for them instead."""
+
+    name = "broken"
+
+    def decide(self, inputs: ScalingInputs) -> ScalingDecision | None:
+        if inputs.function_name == "broken":
+            raise RuntimeError("a bug in a policy plugin")
+        return None
+
+
+class _TwoForFixed:
+    """Two instances for functions named ``fixed``, whatever their load."""
+
+    name = "two_for_fixed"
+
+    def decide(self, inputs: ScalingInputs) -> ScalingDecision | None:
+        return ScalingDecision(2, "always two") if inputs.function_name == "fixed" else None
+
+
+class Policies(BasePlugin[None]):
+    """Contributes the two test policies above, in that order."""
+
+    spec: ClassVar[PluginSpec] = PluginSpec(
+        name="test_policies", description="test: autoscaling policies", requires=("control",)
+    )
+
+    def setup(self, ctx: SetupContext) -> None:
+        ctx.extend(AUTOSCALING_POLICIES, _Broken())
+        ctx.extend(AUTOSCALING_POLICIES, _TwoForFixed())

@@ -15,6 +15,7 @@ from nvcf_mono import console
 from nvcf_mono.auth.keystore import API_KEY_STORE
 from nvcf_mono.auth.secret import KEYRING
 from nvcf_mono.auth.strategy import AUTHENTICATOR
+from nvcf_mono.autoscaling import AUTOSCALING_POLICIES
 from nvcf_mono.bus.codec import TypedKV
 from nvcf_mono.contracts import buckets, streams
 from nvcf_mono.helm import CHART_RENDERER
@@ -126,7 +127,8 @@ class ControlPlane(BasePlugin[ControlConfig]):
             )
             scaling = self.config.autoscaler
             book = LoadBook(keep=scaling.lookback + scaling.utilization_window + scaling.sample_step)
-            autoscaler = Autoscaler(ctl, book, ctx.metrics, ctx.log.getChild("autoscaler"))
+            policies = [ext.value for ext in ctx.services.extensions(AUTOSCALING_POLICIES)]
+            autoscaler = Autoscaler(ctl, book, ctx.metrics, ctx.log.getChild("autoscaler"), policies)
             await tg.start(autoscaler.listen)
             reconciler = Reconciler(ctl, ctx.metrics, ctx.log, busy=lambda fvid: book.busy(fvid, scaling.worker_stale))
 

@@ -254,3 +254,31 @@ async def test_scaling_down_removes_the_idle_instance_and_lets_the_busy_one_fini
         assert all(answers[f"short-{i}"] == (200, f"short-{i}") for i in range(5)), answers
         # Idle past the timeout once the long one is done: zero.
         await placed(p.admin, d, 0, timeout=30)
+
+
+async def test_plugin_policies_decide_for_their_functions_and_a_failing_one_falls_back(tmp_path: Path) -> None:
+    plugin = {"extra_plugins": "[tests.support.plugins:Policies]", "plugins.test_policies.enabled": "true"}
+    cluster_id = str(uuid.uuid4())
+    async with compute_platform(tmp_path, clusters=[cluster("local", cluster_id)], **AUTOSCALE, **plugin) as p:
+        try:
+            _, _, fixed = await create(p.admin, function("fixed"))
+            await deploy(p.admin, fixed, spec(min_instances=0, max_instances=3))
+            _, _, broken = await create(p.admin, function("broken"))
+            await deploy(p.admin, broken, spec(min_instances=1, max_instances=3))
+
+            async def decided() -> tuple[dict[str, Any], dict[str, Any]] | None:
+                two, one = placement(await deployment(p.admin, fixed)), placement(await deployment(p.admin, broken))
+                done = two.get("runningInstances") == 2 and one.get("runningInstances") == 1
+                return (two, one) if done and one.get("autoscaler") else None
+
+            two, one = await wait_for(decided, timeout=40, what="both versions scaled")
+            assert (
+                two["autoscaler"].startswith("2 instance(s)")
+                and "policy two_for_fixed: always two" in two["autoscaler"]
+            )
+            assert "policy" not in one["autoscaler"], one  # the broken policy raised: NVCF's algorithm decided
+        finally:
+            with anyio.CancelScope(shield=True):
+                for d in (fixed, broken):
+                    await p.admin.delete(d)
+                await all_gone(cluster_pids(cluster_id), timeout=20)

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import final
 
 import anyio
 import attrs
 
+from nvcf_mono.autoscaling import AutoscalingPolicy, ScalingInputs
 from nvcf_mono.bus.errors import BusError, ConflictError
 from nvcf_mono.contracts import buckets, load, streams
 from nvcf_mono.contracts.messages import MessageError, decode
@@ -58,8 +60,17 @@ class Inputs:
 class Autoscaler:
     """Decides while leader; every control-plane process keeps the load book."""
 
-    def __init__(self, ctl: Control, book: LoadBook, metrics: Metrics, log: logging.Logger) -> None:
+    def __init__(
+        self,
+        ctl: Control,
+        book: LoadBook,
+        metrics: Metrics,
+        log: logging.Logger,
+        policies: Sequence[AutoscalingPolicy] = (),
+    ) -> None:
         self._ctl = ctl
+        #: Plugins' policies, asked before NVCF's algorithm (nvcf_mono/autoscaling.py).
+        self._policies = tuple(policies)
         self._book = book
         self._log = log
         self._cfg = ctl.config.autoscaler
@@ -199,6 +210,8 @@ class Autoscaler:
 
     async def _version(self, fv: FunctionVersion, dep: Deployment) -> None:
         inputs = await self._inputs(fv, dep)
+        if self._policies and await self._by_plugin(fv, dep, inputs):
+            return
         policy = version_policy(dep.deployment_specifications, self._cfg)
         last = self._last.get(fv.version_id, 0)
         if inputs.current == 0 and inputs.starting == 0:
@@ -237,6 +250,42 @@ class Autoscaler:
             estimate, wanted, desired, inputs, up=policy.scale_up_threshold, down=policy.scale_down_threshold
         )
         await self._apply(fv, dep, desired, kind, why)
+
+    async def _by_plugin(self, fv: FunctionVersion, dep: Deployment, inputs: Inputs) -> bool:
+        """Let the first plugin policy that answers decide; False when none does."""
+        specs = dep.deployment_specifications
+        asked = ScalingInputs(
+            function_id=fv.id,
+            function_version_id=fv.version_id,
+            function_name=fv.name,
+            nca_id=fv.nca_id,
+            current=inputs.current,
+            starting=inputs.starting,
+            in_flight=inputs.in_flight,
+            backlog=inputs.backlog,
+            slots_per_instance=inputs.slots_per_instance,
+            utilization=inputs.samples,
+            recently_invoked=inputs.recently_invoked,
+            min_instances=sum(s.min_instances for s in specs),
+            max_instances=sum(s.max_instances for s in specs),
+        )
+        for policy in self._policies:
+            try:
+                decision = policy.decide(asked)
+            except Exception:
+                self._log.exception("autoscaling policy %r failed for version %s", policy.name, fv.version_id)
+                return False  # NVCF's algorithm decides this round
+            if decision is None:
+                continue
+            labels = self._labels(fv)
+            self._current.set(inputs.current, **labels)
+            self._starting.set(inputs.starting, **labels)
+            self._queue.set(inputs.backlog, **labels)
+            # Never below what is starting or serving: a policy cannot cut an instance mid-request.
+            desired = max(int(decision.desired), inputs.starting + inputs.busy_instances, 0)
+            await self._apply(fv, dep, desired, "plugin", f"policy {policy.name}: {decision.reason}")
+            return True
+        return False
 
     async def _inputs(self, fv: FunctionVersion, dep: Deployment) -> Inputs:
         now = time.monotonic()
