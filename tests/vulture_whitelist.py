@@ -155,3 +155,4 @@ p95_ms  # a wire field of GET /v2/nvcf/stats (nvcf_mono/planes/control/api/stats
 step_seconds  # a wire field of GET /v2/nvcf/stats
 QueuePolicyPlugin  # loaded through its entry point (examples/autoscaling-policy/pyproject.toml)
 utilization  # ScalingInputs field for autoscaling policy plugins (nvcf_mono/autoscaling.py)
+Policies  # test plugin loaded by extra_plugins (tests/integration/compute/test_autoscaling.py)

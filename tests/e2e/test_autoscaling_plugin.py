@@ -109,6 +109,12 @@ def test_an_installed_policy_plugin_decides_for_the_functions_it_names(tmp_path:
             assert "policy queue_policy" in seen and placed == 3, (seen, placed)
             assert "in flight at 2 each" in seen
             assert all(call.result()[0] == 200 for call in calls)
+        # Undeployed before the platform stops: the local backend keeps instances for the next agent.
+        assert _call(base, admin, "DELETE", d)[0] == 200
+        deadline = time.monotonic() + 30
+        while _call(base, admin, "GET", f"/v2/nvcf/functions/{fid}/versions/{vid}/instances")[1]["instances"]:
+            assert time.monotonic() < deadline, "the instances outlived their deployment"
+            time.sleep(0.2)
     finally:
         platform.stop()
     assert "Traceback" not in platform.stderr(), platform.stderr()
