@@ -61,6 +61,14 @@ async def compute_platform(
     chosen = list(clusters) if clusters is not None else [cluster("local", CLUSTER_A)]
     values = {**FAST, "plugins.compute.clusters": json.dumps(chosen), **settings}
     async with platform(tmp_path, **values) as p:
+        # The host is ready before its agents have registered their clusters; a task launched in
+        # between is refused (no backend yet), so tests start once every cluster is known.
+        for entry in chosen:
+
+            async def registered(cluster_id: str = entry["id"]) -> bool:
+                return (await p.admin.get(f"/v1/accounts/nvcf-default/clusters/{cluster_id}")).status == 200
+
+            await wait_for(registered, timeout=30, what=f"cluster {entry['name']} to register")
         yield p
 
 
