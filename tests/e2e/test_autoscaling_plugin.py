@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -54,6 +56,20 @@ def _call(base: str, token: str, method: str, path: str, body: Any = None, timeo
             return resp.status, json.loads(raw) if raw else None
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read() or b"null")
+
+
+def _instance_processes(state: Path) -> list[int]:
+    """Processes working in an instance directory under ``state`` (the local backend's instances)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cwd = (entry / "cwd").resolve()
+            except OSError:
+                continue
+            if cwd.is_relative_to(state.resolve()) and "instances" in cwd.parts:
+                found.append(int(entry.name))
+    return found
 
 
 def test_an_installed_policy_plugin_decides_for_the_functions_it_names(tmp_path: Path) -> None:
@@ -109,12 +125,15 @@ def test_an_installed_policy_plugin_decides_for_the_functions_it_names(tmp_path:
             assert "policy queue_policy" in seen and placed == 3, (seen, placed)
             assert "in flight at 2 each" in seen
             assert all(call.result()[0] == 200 for call in calls)
-        # Undeployed before the platform stops: the local backend keeps instances for the next agent.
+        # Undeployed, and its processes gone, before the platform stops: the local backend keeps
+        # running instances for the next agent.
         assert _call(base, admin, "DELETE", d)[0] == 200
         deadline = time.monotonic() + 30
-        while _call(base, admin, "GET", f"/v2/nvcf/functions/{fid}/versions/{vid}/instances")[1]["instances"]:
+        while _instance_processes(state):
             assert time.monotonic() < deadline, "the instances outlived their deployment"
             time.sleep(0.2)
     finally:
         platform.stop()
+        for pid in _instance_processes(state):  # only after a failure above
+            os.kill(pid, signal.SIGKILL)
     assert "Traceback" not in platform.stderr(), platform.stderr()

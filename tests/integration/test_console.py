@@ -25,7 +25,16 @@ import pytest
 
 from nvcf_mono.testing.platform import credentials, wait_status
 from nvcf_mono.testing.running import other_account_key
-from tests.integration.compute.conftest import compute_platform, create, deploy, function, spec
+from tests.integration.compute.conftest import (
+    CLUSTER_A,
+    all_gone,
+    cluster_pids,
+    compute_platform,
+    create,
+    deploy,
+    function,
+    spec,
+)
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -182,8 +191,14 @@ async def test_the_console_in_a_browser(tmp_path: Path) -> None:
         await wait_status(p.admin, d, "ACTIVE")
         other = await other_account_key(p, "other-account")
         base = p.host.endpoints.api_url.rstrip("/")
-        with anyio.fail_after(240):
-            await anyio.to_thread.run_sync(_scenario, base, creds["admin_token"], other, fid, vid)
+        try:
+            with anyio.fail_after(240):
+                await anyio.to_thread.run_sync(_scenario, base, creds["admin_token"], other, fid, vid)
+        finally:
+            # Undeployed before the host stops: the local backend keeps instances for the next agent.
+            with anyio.CancelScope(shield=True):
+                await p.admin.delete(d)
+                await all_gone(cluster_pids(CLUSTER_A), timeout=20)
 
 
 async def test_the_console_is_one_page_and_its_files_with_a_strict_policy(tmp_path: Path) -> None:
