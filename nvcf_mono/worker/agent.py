@@ -504,11 +504,15 @@ class Worker:
         asset_dir = os.path.join(self.config.asset_dir, rid)
         output_dir = os.path.join(self.config.response_dir, rid)
         token = bind(rid, request.function_id, request.function_version_id)  # named in every log line
-        span = tracing.start(
-            "serve",
-            parent=tracing.extract(request.headers),
-            kind="consumer",
-            **{trace.REQUEST_ID: rid, trace.ATTEMPT: attempt, trace.INSTANCE_ID: self.config.instance_id},
+        span = (
+            tracing.start(
+                "serve",
+                parent=tracing.extract(request.headers),
+                kind="consumer",
+                **{trace.REQUEST_ID: rid, trace.ATTEMPT: attempt, trace.INSTANCE_ID: self.config.instance_id},
+            )
+            if tracing.enabled()
+            else None
         )
         try:
             with scope:
@@ -615,9 +619,10 @@ class Worker:
         body: bytes | AsyncIterable[bytes] = (
             request.body if request.body_object is None else self._body(link.channel, link.session, request)
         )
-        calling = tracing.start(f"call {request.method}", parent=span, kind="client", **{"url.path": request.path})
-        if calling is not None:  # the server's own spans join the trace under this one
-            headers = dict(tracing.replace_context(headers.items(), calling))
+        calling = None
+        if tracing.enabled():
+            calling = tracing.start(f"call {request.method}", parent=span, kind="client", **{"url.path": request.path})
+            headers = dict(tracing.replace_context(headers.items(), calling))  # the server's spans join under it
         try:
             if request.grpc:
                 await _relay(grpc_call(self.config, request, body, attempt=attempt), answer)

@@ -383,11 +383,15 @@ class WorkerSession:
         if await held.refused_on_arrival():
             return
         self.in_flight[request.request_id] = held
-        span = tracing.start(
-            "deliver",
-            parent=tracing.extract(request.headers),
-            kind="consumer",
-            **{trace.REQUEST_ID: request.request_id, trace.ATTEMPT: delivery.num_delivered},
+        span = (
+            tracing.start(
+                "deliver",
+                parent=tracing.extract(request.headers),
+                kind="consumer",
+                **{trace.REQUEST_ID: request.request_id, trace.ATTEMPT: delivery.num_delivered},
+            )
+            if tracing.enabled()
+            else None
         )
         envelope = NodeEnvelope(request=delivery.data, attempt=delivery.num_delivered)
         try:
