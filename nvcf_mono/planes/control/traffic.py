@@ -27,6 +27,8 @@ class TrafficHistory:
     def __init__(self, *, keep: int = KEEP) -> None:
         self._keep = keep
         self._versions: dict[str, dict[int, list[int]]] = {}
+        #: The minute of the last pruning: the hour is pruned once a minute, not on every report.
+        self._pruned = -1
 
     def record(self, report: LoadReport) -> None:
         minute = int(report.at // STEP)
@@ -41,7 +43,9 @@ class TrafficHistory:
             counts[_ERRORS] += v.errors
             for i, n in enumerate(v.latency[: _WIDTH - _LATENCY]):
                 counts[_LATENCY + i] += n
-        self._forget_before(minute - self._keep)
+        if minute > self._pruned:
+            self._pruned = minute
+            self._forget_before(minute - self._keep)
 
     def _forget_before(self, oldest: int) -> None:
         for version_id in list(self._versions):
