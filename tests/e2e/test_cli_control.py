@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -63,10 +64,14 @@ def flags(p: Platform) -> list[str]:
     return ["--api-url", p.host.endpoints.api_url, "--token", creds["admin_token"]]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@pytest.fixture
+def dead() -> Iterator[str]:
+    """The URL of a port bound and not listening: connections are refused, and while the test runs no
+    other server (its own platform included) can be given that port.
+    """
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{held.getsockname()[1]}"
 
 
 async def test_function_commands_with_flags(tmp_path: Path) -> None:
@@ -391,9 +396,8 @@ async def test_ctrl_c_stops_waiting_and_leaves_the_deployment(tmp_path: Path) ->
         assert dep.status == 200 and dep.json["deployment"]["functionStatus"] == "DEPLOYING"
 
 
-async def test_errors_and_credential_choice(tmp_path: Path) -> None:
+async def test_errors_and_credential_choice(tmp_path: Path, dead: str) -> None:
     env = env_for(tmp_path)
-    dead = f"http://127.0.0.1:{free_port()}"
     refused = await cli("function", "list", "--api-url", dead, "--token", "t", env=env)
     assert refused.returncode == 1
     assert refused.stderr.splitlines() == [
