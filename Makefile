@@ -13,10 +13,11 @@ RUNTIME_STAMP := $(VENV)/.installed-runtime
 DEV_STAMP     := $(VENV)/.installed-dev
 BENCH_STAMP   := $(VENV)/.installed-bench
 
-.PHONY: up test lint typecheck pytest proto proto-check bench bench-peers reference clean help
+.PHONY: up up-split test lint typecheck pytest proto proto-check bench bench-peers reference clean help
 
 help:
 	@echo "make up         start the all-in-one platform (ARGS='--set http.port=9000' to pass flags)"
+	@echo "make up-split   the control, invocation and compute roles as three processes, with a NATS"
 	@echo "make test       lint, typecheck and the whole test suite"
 	@echo "make lint       ruff, vulture (dead code)"
 	@echo "make typecheck  mypy --strict"
@@ -48,6 +49,9 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 
 up: $(RUNTIME_STAMP)
 	exec $(BIN)/nvcf-mono up $(ARGS)
+
+up-split: $(RUNTIME_STAMP)
+	exec $(BIN)/nvcf-mono up-split $(ARGS)
 
 test: $(DEV_STAMP) lint typecheck proto-check pytest
 

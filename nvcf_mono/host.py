@@ -37,11 +37,14 @@ from nvcf_mono.config.load import PluginEntry, ResolvedConfig
 from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.grpc.health import HealthServicer
 from nvcf_mono.grpc.server import GrpcServer
+from nvcf_mono.http.elsewhere import route_hint
 from nvcf_mono.http.server import HttpServer
 from nvcf_mono.lifecycle import InflightTracker, PluginState
 from nvcf_mono.log import plugin_logger
 from nvcf_mono.metrics import CONTENT_TYPE, Metrics
 from nvcf_mono.plugin import (
+    CONTROL_PLANE,
+    INVOCATION_PLANE,
     Contributions,
     Endpoints,
     Plugin,
@@ -385,6 +388,7 @@ class Host:
             log=logging.getLogger("nvcf_mono.http"),
             ssl_context=tls.http if tls is not None else None,
             access_log=s.logging.access_log,
+            route_hint=route_hint(s.role, self.config.order, lambda: self._endpoints),
         )
         self.http = http
         await http.start()
@@ -437,22 +441,28 @@ class Host:
         base = s.http.public_url or f"{scheme}://{http_host}:{http_port}"
         nats_url = embedded.client_url if embedded is not None else ",".join(servers)
         ca = tls.files.ca if tls is not None else None
+        runs = set(self.config.order)
+        grpc_address = s.grpc.public_address or f"{grpc_host}:{grpc_port}"
         return Endpoints(
-            api_url=base,
-            invocation_url=base,
-            grpc_address=s.grpc.public_address or f"{grpc_host}:{grpc_port}",
+            url=base,
+            grpc_address=grpc_address,
             nats_url=nats_url,
             tls=tls is not None,
             ca_file=str(ca) if ca is not None else None,
+            api_url=base if CONTROL_PLANE in runs else s.peers.api_url,
+            invocation_url=base if INVOCATION_PLANE in runs else s.peers.invocation_url,
+            invocation_grpc_address=grpc_address if INVOCATION_PLANE in runs else s.peers.invocation_grpc_address,
         )
 
     def _write_endpoints(self) -> None:
         ep = self.endpoints
         doc = {
             "version": ENDPOINTS_VERSION,
+            "role": self.settings.role,
+            "node_url": ep.url,
             "api_url": ep.api_url,
             "invocation_url": ep.invocation_url,
-            "grpc_url": ep.grpc_address,
+            "grpc_url": ep.invocation_grpc_address,
             "grpc_tls": ep.tls,
             "ca_file": ep.ca_file,
             "nats_url": ep.nats_url,

@@ -33,6 +33,9 @@ C = TypeVar("C")
 
 #: The roles every installation knows; plugins may name more in their spec.
 BUILTIN_ROLES = ("all-in-one", "control", "invocation", "compute", "custom")
+#: The plugins that serve the management API and the invocation API (endpoints.json says where they are).
+CONTROL_PLANE = "control"
+INVOCATION_PLANE = "invocation"
 
 
 class PluginNotReady(NvcfMonoError):
@@ -204,12 +207,17 @@ class SetupContext:
 @final
 @attrs.frozen(kw_only=True)
 class Endpoints:
-    """Where this host can be reached; known before any plugin runs."""
+    """Where this host can be reached, and where clients find each plane; known before any plugin runs."""
 
-    api_url: str
-    invocation_url: str
+    #: This node's HTTP server and gRPC port.
+    url: str
     grpc_address: str
     nats_url: str
+    #: The management API, the invocation API and its gRPC port: this node where it runs the plane, else
+    #: the deployment's other nodes (``peers.*``), else unknown.
+    api_url: str | None = None
+    invocation_url: str | None = None
+    invocation_grpc_address: str | None = None
     #: The gRPC port speaks TLS (the HTTP port too: both or neither).
     tls: bool = False
     #: What clients should trust for them (None: the system's CAs).

@@ -174,7 +174,7 @@ async def reap_orphan(pidfile: Path, config_path: Path, *, timeout: float, log: 
     await anyio.to_thread.run_sync(lambda: pidfile.unlink(missing_ok=True))
 
 
-def _child_setup(parent_pid: int) -> Callable[[], None]:
+def die_with_parent(parent_pid: int) -> Callable[[], None]:
     """Runs in the forked child before exec: die with the parent."""
     prctl = None
     if sys.platform.startswith("linux"):
@@ -189,7 +189,7 @@ def _child_setup(parent_pid: int) -> Callable[[], None]:
     return setup
 
 
-async def _jetstream_answers(url: str, timeout: int) -> bool:
+async def jetstream_answers(url: str, timeout: int) -> bool:
     """Whether a client connects to ``url`` and JetStream answers it (the server is ready)."""
 
     async def quiet(err: Exception) -> None:
@@ -418,7 +418,7 @@ class EmbeddedNats:
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_child_setup(os.getpid()),
+                preexec_fn=die_with_parent(os.getpid()),
                 start_new_session=True,  # a terminal's Ctrl-C reaches the host, which stops the server last
             )
         except OSError as err:
@@ -433,7 +433,7 @@ class EmbeddedNats:
                         raise EmbeddedNatsError(
                             f"nats-server exited with code {proc.returncode} while starting:\n{_tail(self.log_path)}"
                         )
-                    if await _jetstream_answers(client_url, timeout=2):
+                    if await jetstream_answers(client_url, timeout=2):
                         return
                     await anyio.sleep(0.02)
         except TimeoutError:

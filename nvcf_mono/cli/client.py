@@ -300,19 +300,30 @@ def _same_url(a: str, b: str) -> bool:
     return a.rstrip("/").lower() == b.rstrip("/").lower()
 
 
-def connect(args: argparse.Namespace, ctx: CliContext) -> ApiClient:
-    """The client the command line and environment describe; exit 2 when something is missing."""
+def connect(args: argparse.Namespace, ctx: CliContext, *, invocation: bool = False) -> ApiClient:
+    """The client the command line and environment describe; exit 2 when something is missing.
+
+    Without --api-url or NVCF_API_URL, ``endpoints.json`` says where to go: its ``api_url`` for the
+    management API, its ``invocation_url`` (an invocation node in a split deployment) for invocations.
+    """
     env = ctx.environ
     state_dir, state_origin = _state_dir(args, env)
     endpoints_path = state_dir / ENDPOINTS_FILE
     state = _read_endpoints(endpoints_path)
-    state_url = state.get("api_url") if state else None
+    field = "invocation_url" if invocation else "api_url"
+    state_url = state.get(field) if state else None
     if args.api_url:
         url, url_origin = args.api_url, "--api-url"
     elif env.get("NVCF_API_URL"):
         url, url_origin = env["NVCF_API_URL"], "env NVCF_API_URL"
     elif isinstance(state_url, str) and state_url:
         url, url_origin = state_url, str(endpoints_path)
+    elif state is not None:
+        what, peer = ("invocations", "peers.invocation_url") if invocation else ("the management API", "peers.api_url")
+        raise CliError(
+            f"{endpoints_path} is a {state.get('role', 'platform')} node's and does not say where {what} are "
+            f"served: pass --api-url, or set {peer} on that node"
+        )
     else:
         raise CliError(
             f"no API URL: pass --api-url, set NVCF_API_URL, or start the platform with `nvcf-mono up` "
@@ -331,8 +342,9 @@ def connect(args: argparse.Namespace, ctx: CliContext) -> ApiClient:
     if state is not None:
         creds = state.get("credentials")
         creds = creds if isinstance(creds, dict) else {}
-        # Never send a local platform's credentials to some other server.
-        if isinstance(state_url, str) and _same_url(state_url, url):
+        # Never send a local platform's credentials to some other server than its own nodes.
+        ours = [state.get(name) for name in ("api_url", "invocation_url", "node_url")]
+        if any(isinstance(known, str) and _same_url(known, url) for known in ours):
             origin = str(endpoints_path)
             layers.append((creds.get("admin_token"), creds.get("api_key"), origin, origin))
             ca = state.get("ca_file")

@@ -21,6 +21,11 @@ class Command(NamedTuple):
 COMMANDS = (
     Command("up", "nvcf_mono.cli.host_cmds", "start the all-in-one platform (embedded NATS, local compute)"),
     Command("run", "nvcf_mono.cli.host_cmds", "run any role from config files"),
+    Command(
+        "up-split",
+        "nvcf_mono.cli.split_cmds",
+        "run the control, invocation and compute roles as separate processes on this machine",
+    ),
     Command("config", "nvcf_mono.cli.config_cmds", "show, check or document the configuration"),
     Command(
         "plugins", "nvcf_mono.cli.plugins_cmds", "list installed plugins and whether the configuration enables them"

@@ -73,12 +73,13 @@ def _serve(args: argparse.Namespace, ctx: CliContext, *, forced_role: str | None
             nats = f"nats://{nats.removeprefix('nats://')} (embedded, store {config.settings.state_dir}/nats)"
         lines = [
             f"nvcf-mono is ready: role {config.settings.role}, plugins {', '.join(config.order) or 'none'}",
-            f"  API         {ep.api_url}",
-            f"  invocation  {ep.invocation_url}",
-            f"  gRPC        {ep.grpc_address}",
+            f"  API         {ep.api_url or 'not on this node (peers.api_url says where)'}",
+            f"  invocation  {ep.invocation_url or 'not on this node (peers.invocation_url says where)'}",
+            f"  gRPC        {ep.invocation_grpc_address or ep.grpc_address}",
+            *([f"  this node   {ep.url}"] if ep.url not in (ep.api_url, ep.invocation_url) else []),
             f"  NATS        {nats}",
             f"  endpoints   {endpoints_file}",
-            *([f"  console     {ep.api_url.rstrip('/')}/console (sign in with a key or the token)"] if console else []),
+            *([f"  console     {ep.url.rstrip('/')}/console (sign in with a key or the token)"] if console else []),
             *([f"  TLS         HTTPS and gRPC; clients trust {ep.ca_file or 'the system CAs'}"] if ep.tls else []),
             *example_lines(ep),
             "Ctrl-C drains and stops.",
@@ -87,7 +88,7 @@ def _serve(args: argparse.Namespace, ctx: CliContext, *, forced_role: str | None
 
     def example_lines(ep: Endpoints) -> list[str]:
         """How to invoke the example function, when this platform made one and it was not deleted."""
-        if "control" not in config.order:
+        if "control" not in config.order or ep.invocation_url is None:
             return []
         marker = read_marker(config.settings.state_dir / "plugins" / "control")
         if marker is None or marker.state == "removed":

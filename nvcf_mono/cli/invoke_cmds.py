@@ -179,7 +179,7 @@ def _write(ctx: CliContext, data: bytes, *, flush: bool) -> None:
 def _invoke(args: argparse.Namespace, ctx: CliContext) -> int:
     body, content_type = _body(args.data)
     extra = _headers(args.header)
-    client = connect(args, ctx)
+    client = connect(args, ctx, invocation=True)
     cred = client.credential()
     common = {
         "Authorization": f"Bearer {cred.value}",

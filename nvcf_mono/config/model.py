@@ -16,6 +16,8 @@ CONFIG_SCHEMA_VERSION = 1
 
 _TOKEN = matches(r"[A-Za-z0-9_-]+", "letters, digits, '-' or '_' (it is used in NATS subject tokens)")
 _PORT = in_range(0, 65535)
+_URL = matches(r"https?://\S+", "an http:// or https:// URL")
+_HOST_PORT = matches(r"[^\s:/]+:\d+", "host:port")
 
 
 @attrs.frozen(kw_only=True)
@@ -144,7 +146,7 @@ class HttpSettings:
     public_url: str | None = setting(
         None,
         doc="URL clients use to reach this server (behind a proxy or ingress). Default: from host and port.",
-        check=optional(matches(r"https?://\S+", "an http:// or https:// URL")),
+        check=optional(_URL),
     )
     max_request_body: ByteSize = setting(64 * 1024 * 1024, doc="Largest request body accepted.", check=positive)
     keepalive_timeout: Seconds = setting(75.0, doc="Idle keep-alive connections are closed after this.", check=positive)
@@ -159,7 +161,31 @@ class GrpcSettings:
     public_address: str | None = setting(
         None,
         doc="host:port workers and clients dial (behind a proxy or ingress). Default: from host and port.",
-        check=optional(matches(r"[^\s:/]+:\d+", "host:port")),
+        check=optional(_HOST_PORT),
+    )
+
+
+@attrs.frozen(kw_only=True)
+class PeerSettings:
+    """Where clients find the planes this node does not run (a split deployment); written to endpoints.json."""
+
+    api_url: str | None = setting(
+        None,
+        doc="The control nodes' management API. Default: this node when it runs the control plane, else none.",
+        check=optional(_URL),
+    )
+    invocation_url: str | None = setting(
+        None,
+        doc="The invocation nodes (pexec, exec, the LLM gateway). Default: this node when it runs the "
+        "invocation plane, else none.",
+        check=optional(_URL),
+    )
+    invocation_grpc_address: str | None = setting(
+        None,
+        doc="host:port of the invocation nodes' gRPC port (gRPC functions; instances dial it unless "
+        "plugins.control.worker_grpc_address says otherwise). Default: this node when it runs the invocation "
+        "plane, else none.",
+        check=optional(_HOST_PORT),
     )
 
 
@@ -238,9 +264,6 @@ class LoggingSettings:
     )
 
 
-_URL = matches(r"https?://\S+", "an http:// or https:// URL")
-
-
 @attrs.frozen(kw_only=True)
 class TracingSettings:
     """OpenTelemetry traces of every invocation (needs the ``otel`` extra: pip install 'nvcf-mono[otel]')."""
@@ -285,6 +308,7 @@ class Settings:
     embedded_nats: EmbeddedNatsSettings = setting(factory=EmbeddedNatsSettings, doc="The embedded nats-server.")
     http: HttpSettings = setting(factory=HttpSettings, doc="HTTP server.")
     grpc: GrpcSettings = setting(factory=GrpcSettings, doc="gRPC server.")
+    peers: PeerSettings = setting(factory=PeerSettings, doc="The other nodes of a split deployment.")
     tls: ListenerTlsSettings = setting(factory=ListenerTlsSettings, doc="TLS on the HTTP and gRPC listeners.")
     startup: StartupSettings = setting(factory=StartupSettings, doc="Plugin start retries.")
     shutdown: ShutdownSettings = setting(factory=ShutdownSettings, doc="Graceful shutdown.")

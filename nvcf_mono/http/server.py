@@ -80,8 +80,11 @@ class HttpServer:
         log: logging.Logger,
         ssl_context: ssl.SSLContext | None = None,
         access_log: float = 0.0,
+        route_hint: Callable[[str], str | None] = lambda _path: None,
     ) -> None:
         self._settings = settings
+        #: Where a path this server has no route for is served instead (a split deployment's other nodes).
+        self._route_hint = route_hint
         self._ssl = ssl_context
         self._log = log
         #: The share of requests written to the access log (0: none).
@@ -142,7 +145,8 @@ class HttpServer:
                     raise
                 detail = err.text if err.text and not err.text.startswith(f"{err.status}:") else err.reason
                 if err.status == 404 and request.match_info.route.resource is None:
-                    detail = f"no route for {request.method} {request.path}"
+                    hint = self._route_hint(request.path)
+                    detail = f"no route for {request.method} {request.path}" + (f"; {hint}" if hint else "")
                 elif err.status == 405:
                     detail = f"method {request.method} is not allowed on {request.path}"
                 elif err.status == 413:

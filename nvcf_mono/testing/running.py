@@ -63,7 +63,7 @@ async def platform(tmp_path: Path, **settings: Any) -> AsyncIterator[Platform]:
     config = platform_config(tmp_path / "state", settings=settings)
     async with running_host(config) as host, aiohttp.ClientSession() as session:
         creds = credentials(host)
-        base = host.endpoints.api_url
+        base = host.endpoints.url
         async with session.get(f"{base}/v3/openapi") as resp:
             checker = ResponseChecker(await resp.json())
         async with open_nats_bus(

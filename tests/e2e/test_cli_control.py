@@ -61,7 +61,7 @@ def kv(text: str) -> dict[str, str]:
 
 def flags(p: Platform) -> list[str]:
     creds = credentials(p.host)
-    return ["--api-url", p.host.endpoints.api_url, "--token", creds["admin_token"]]
+    return ["--api-url", p.host.endpoints.url, "--token", creds["admin_token"]]
 
 
 @pytest.fixture
@@ -156,7 +156,7 @@ async def test_function_commands_with_flags(tmp_path: Path) -> None:
 async def test_function_create_and_update_from_files_with_env_credentials(tmp_path: Path) -> None:
     chart = write_chart(tmp_path / "charts")
     async with platform(tmp_path, **{"plugins.control.helm.allow_local_charts": "true"}) as p:
-        env = env_for(tmp_path, NVCF_API_URL=p.host.endpoints.api_url, NVCF_TOKEN=credentials(p.host)["admin_token"])
+        env = env_for(tmp_path, NVCF_API_URL=p.host.endpoints.url, NVCF_TOKEN=credentials(p.host)["admin_token"])
         body = tmp_path / "fn.json"
         body.write_text(
             json.dumps(
@@ -429,7 +429,7 @@ async def test_errors_and_credential_choice(tmp_path: Path, dead: str) -> None:
     assert bare.returncode == 2 and "create" in bare.stdout
 
     async with platform(tmp_path) as p:
-        url = p.host.endpoints.api_url
+        url = p.host.endpoints.url
         creds = credentials(p.host)
         bad = await cli("function", "list", "--api-url", url, "--token", "not-a-token", env=env)
         assert bad.returncode == 1
@@ -465,7 +465,7 @@ async def test_api_key_commands(tmp_path: Path) -> None:
     env = env_for(tmp_path)
     async with platform(tmp_path) as p:
         conn = flags(p)
-        url = p.host.endpoints.api_url
+        url = p.host.endpoints.url
         fn = (await p.admin.post("/v2/nvcf/functions", CONTAINER_FUNCTION)).json["function"]
 
         made = await cli("api-key", "generate", "--description", "ci key", *conn, env=env)

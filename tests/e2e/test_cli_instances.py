@@ -61,7 +61,7 @@ async def test_cluster_status_and_instance_commands(tmp_path: Path) -> None:
     env = env_for(tmp_path)
     async with compute_platform(tmp_path, None, **{"images.ticking.command": json.dumps(TICKING)}) as p:
         creds = credentials(p.host)
-        url = ["--api-url", p.host.endpoints.api_url]
+        url = ["--api-url", p.host.endpoints.url]
         admin = [*url, "--token", creds["admin_token"]]
         user = [*url, "--api-key", creds["api_key"]]
         fid, vid, d = await create(p.admin, function("ticking", containerImage="ticking"))

@@ -41,7 +41,7 @@ async def invoke(*args: str, env: dict[str, str], timeout: float = 60) -> subpro
 
 
 def connection(p: Platform, api_key: str | None = None) -> list[str]:
-    return ["--api-url", p.host.endpoints.api_url, "--api-key", api_key or credentials(p.host)["api_key"]]
+    return ["--api-url", p.host.endpoints.url, "--api-key", api_key or credentials(p.host)["api_key"]]
 
 
 def ok(result: subprocess.CompletedProcess[bytes]) -> bytes:

@@ -170,7 +170,7 @@ async def put_result(p: Platform, task_id: str, name: str, content: bytes | None
 
 async def test_create_from_a_file_errors_and_credentials(tmp_path: Path) -> None:
     async with platform(tmp_path) as p, agent(p.bus):
-        url = p.host.endpoints.api_url
+        url = p.host.endpoints.url
         creds = credentials(p.host)
         env = task_env(tmp_path, NVCF_API_URL=url, NVCF_NVCT_API_KEY=creds["task_api_key"])
         body = tmp_path / "task.json"

@@ -74,7 +74,8 @@ def test_up_serves_writes_endpoints_and_stops_cleanly_on_sigterm(tmp_path: Path)
         doc = platform.wait_ready()
         assert stat.S_IMODE(platform.endpoints_path.stat().st_mode) == 0o600
         assert set(doc) == {
-            "version", "api_url", "invocation_url", "grpc_url", "grpc_tls", "ca_file", "nats_url", "credentials"
+            "version", "role", "node_url", "api_url", "invocation_url", "grpc_url", "grpc_tls", "ca_file", "nats_url",
+            "credentials",
         }  # fmt: skip
         assert doc["grpc_tls"] is False and doc["ca_file"] is None  # plaintext on loopback by default
         assert get(doc["api_url"] + "/health") == (200, b'{"status": "OK"}')

@@ -190,7 +190,7 @@ async def test_the_console_in_a_browser(tmp_path: Path) -> None:
         await deploy(p.admin, d, spec(min_instances=0, max_instances=1))
         await wait_status(p.admin, d, "ACTIVE")
         other = await other_account_key(p, "other-account")
-        base = p.host.endpoints.api_url.rstrip("/")
+        base = p.host.endpoints.url.rstrip("/")
         try:
             with anyio.fail_after(240):
                 await anyio.to_thread.run_sync(_scenario, base, creds["admin_token"], other, fid, vid)
@@ -204,7 +204,7 @@ async def test_the_console_in_a_browser(tmp_path: Path) -> None:
 async def test_the_console_is_one_page_and_its_files_with_a_strict_policy(tmp_path: Path) -> None:
     async with compute_platform(tmp_path) as p:
         # Not API operations: fetched without the /v3/openapi check.
-        session, base = p.anonymous.session, p.host.endpoints.api_url.rstrip("/")
+        session, base = p.anonymous.session, p.host.endpoints.url.rstrip("/")
         for path, kind in (("/console", "text/html"), ("/console/console.js", "text/javascript")):
             async with session.get(f"{base}{path}") as reply:
                 assert reply.status == 200 and reply.headers["Content-Type"].startswith(kind)

@@ -69,7 +69,7 @@ async def test_a_crashed_server_is_restarted_and_clients_reconnect(tmp_path: Pat
             os.kill(first, signal.SIGKILL)
             with anyio.fail_after(10):
                 while True:  # readiness follows the connection, and says why it is not ready
-                    async with http.get(f"{host.endpoints.api_url}/ready") as resp:
+                    async with http.get(f"{host.endpoints.url}/ready") as resp:
                         if resp.status == 503:
                             assert (await resp.json())["status"] == "reconnecting"
                             break

@@ -44,7 +44,7 @@ async def test_ready_host_serves_health_readiness_metrics_and_plugin_routes(
 ) -> None:
     config = _config(tmp_path, nats_server, RECORDER)
     async with running_host(config) as host, aiohttp.ClientSession() as http:
-        base = host.endpoints.api_url
+        base = host.endpoints.url
         with anyio.fail_after(10):
             async with http.get(f"{base}/health") as resp:
                 assert resp.status == 200
@@ -75,7 +75,7 @@ async def test_ready_host_serves_health_readiness_metrics_and_plugin_routes(
 
 async def test_errors_are_problem_json_and_hide_internals(tmp_path: Path, nats_server: NatsServer) -> None:
     async with running_host(_config(tmp_path, nats_server, RECORDER)) as host, aiohttp.ClientSession() as http:
-        base = host.endpoints.api_url
+        base = host.endpoints.url
         with anyio.fail_after(10):
             async with http.get(f"{base}/no/such/path") as resp:
                 assert resp.status == 404
@@ -127,7 +127,7 @@ async def test_plugin_not_ready_twice_is_retried_then_started(
         assert plugins.Flaky.attempts == 3
         assert host.plugin_state("flaky") is PluginState.RUNNING
         with anyio.fail_after(10):
-            async with http.get(f"{host.endpoints.api_url}/flaky") as resp:
+            async with http.get(f"{host.endpoints.url}/flaky") as resp:
                 assert resp.status == 200
     retries = [r for r in caplog.records if r.name == "nvcf_mono.plugin.flaky" and "not ready" in r.getMessage()]
     assert len(retries) == 2
@@ -142,7 +142,7 @@ async def test_routes_answer_503_while_their_plugin_is_retrying(tmp_path: Path, 
         with anyio.fail_after(10):
             while host.plugin_state("flaky") is not PluginState.RETRYING:
                 await anyio.sleep(0.02)
-            base = host.endpoints.api_url
+            base = host.endpoints.url
             async with http.get(f"{base}/flaky") as resp:
                 assert resp.status == 503
                 assert resp.headers["Retry-After"] == "1"
@@ -209,7 +209,7 @@ async def test_plugins_stop_in_reverse_order_after_in_flight_requests_drain(
     async with aiohttp.ClientSession() as http:
         async with running_host(config) as host:
             assert plugins.EVENTS.index("recorder:start") < plugins.EVENTS.index("after:start")
-            base = host.endpoints.api_url
+            base = host.endpoints.url
             results: list[int] = []
 
             async def slow() -> None:
@@ -241,7 +241,7 @@ async def test_endpoints_file_is_private_and_complete(tmp_path: Path, nats_serve
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         doc = json.loads(path.read_text())
         assert doc["version"] == 1
-        assert doc["api_url"] == host.endpoints.api_url
+        assert doc["api_url"] == host.endpoints.url
         assert doc["invocation_url"] == host.endpoints.invocation_url
         assert doc["grpc_url"] == host.endpoints.grpc_address
         assert doc["nats_url"] == nats_server.url

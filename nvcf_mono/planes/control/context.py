@@ -92,13 +92,15 @@ class Control:
     def api_url(self) -> str:
         if self.config.api_url:
             return self.config.api_url.rstrip("/")
-        return self.parts.get().endpoints.api_url.rstrip("/")
+        return self.parts.get().endpoints.url.rstrip("/")
 
     @property
     def worker_grpc_address(self) -> str:
         if self.config.worker_grpc_address:
             return self.config.worker_grpc_address
-        return self.parts.get().endpoints.grpc_address
+        endpoints = self.parts.get().endpoints
+        # The invocation nodes' port (peers.invocation_grpc_address in a split), else this node's.
+        return endpoints.invocation_grpc_address or endpoints.grpc_address
 
     @property
     def worker_link(self) -> dict[str, str]:

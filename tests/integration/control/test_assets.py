@@ -82,7 +82,7 @@ async def test_a_20_mib_asset_round_trips_through_the_pre_signed_links(tmp_path:
         asset_id = created["assetId"]
         assert created["contentType"] == "image/png" and created["description"] == "a large input"
         upload = created["uploadUrl"]
-        assert upload.startswith(f"{p.host.endpoints.api_url.rstrip('/')}{ASSETS}/{asset_id}/upload?")
+        assert upload.startswith(f"{p.host.endpoints.url.rstrip('/')}{ASSETS}/{asset_id}/upload?")
         assert {"expires", "signature"} <= set(parse_qs(urlsplit(upload).query))
 
         listed = await p.key.get(ASSETS)

@@ -36,7 +36,7 @@ async def two_control_planes(tmp_path: Path) -> AsyncIterator[tuple[NatsServer, 
                 )
                 hosts.append(await stack.enter_async_context(running_host(config)))
             session = await stack.enter_async_context(aiohttp.ClientSession())
-            apis = [Api(session, h.endpoints.api_url, credentials(h)["admin_token"]) for h in hosts]
+            apis = [Api(session, h.endpoints.url, credentials(h)["admin_token"]) for h in hosts]
             bus = await stack.enter_async_context(
                 open_nats_bus(
                     BusSettings(connect_retry_for=5.0),

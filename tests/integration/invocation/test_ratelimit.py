@@ -48,7 +48,7 @@ async def two_invocation_nodes(tmp_path: Path) -> AsyncIterator[tuple[Platform, 
         )
         async with running_host(config) as b:
             assert p.key.token is not None
-            yield p, b, Api(p.key.session, b.endpoints.api_url, p.key.token, checker=p.key.checker)
+            yield p, b, Api(p.key.session, b.endpoints.url, p.key.token, checker=p.key.checker)
 
 
 async def burst(nodes: tuple[Api, Api], path: str, count: int, *, interval: float = 0.01) -> tuple[list[Reply], int]:
