@@ -105,6 +105,8 @@ class ValidatorSettings:
     sanitize: SanitizeSettings = attrs.field(factory=SanitizeSettings)
     #: Charts may be local directories or archives (development), not only https/oci URLs.
     allow_local_charts: bool = False
+    #: Kinds allowed besides the built-in ones by every policy (MiniService extensions' kinds).
+    extra_types: tuple[ExtraType, ...] = ()
 
 
 def check_request(req: RevalRequest, *, render: bool) -> list[ValidationPolicy]:
@@ -231,14 +233,14 @@ class Validator:
             ExtraType(group=e.group, version=e.version, kind=e.kind, resource=e.resource)
             for e in policy.allowed_extra_kubernetes_types
         ]
-        kinds = unsupported_types(objects, extras)
+        kinds = unsupported_types(objects, [*self._settings.extra_types, *extras])
         if kinds is not None:
             return False, [kinds], [], []
         if policy.name == UNRESTRICTED:
             return True, [], [], list(objects)
         cleaned = sanitize(objects, self._settings.sanitize, self._rng)
         hard, security = object_errors(cleaned)
-        if target is not None and not extras:
+        if target is not None and not extras:  # a policy's extra kinds may serve the target (ReVal's rule)
             name, port = target
             hard += target_service_errors(list(objects), str(name), int(port or 0))
         warnings: list[str] = []

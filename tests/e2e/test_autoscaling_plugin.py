@@ -11,7 +11,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.cli import ROOT, Platform, cli_env, fast_flags
+from tests.support.packages import install_package
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 EXAMPLE = ROOT / "examples" / "autoscaling-policy"
@@ -33,16 +33,6 @@ FAST_AUTOSCALER = (
     "plugins.control.autoscaler.utilization_window=2",
     "plugins.control.autoscaler.idle_timeout=3",
 )
-
-
-def _install(target: Path) -> None:
-    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
-    if uv:
-        command = [uv, "pip", "install", "--python", sys.executable, "--no-deps", "--target", str(target), str(EXAMPLE)]
-    else:
-        command = [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(EXAMPLE)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
 
 
 def _call(base: str, token: str, method: str, path: str, body: Any = None, timeout: float = 30) -> tuple[int, Any]:
@@ -74,7 +64,7 @@ def _instance_processes(state: Path) -> list[int]:
 
 def test_an_installed_policy_plugin_decides_for_the_functions_it_names(tmp_path: Path) -> None:
     site = tmp_path / "site"
-    _install(site)
+    install_package(EXAMPLE, site)
     assert (site / "queue_policy.py").exists()
     env = cli_env(PYTHONPATH=f"{site}:{ROOT}")
 

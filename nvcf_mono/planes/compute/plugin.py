@@ -20,6 +20,7 @@ from nvcf_mono import __version__
 from nvcf_mono.bus.errors import BusError
 from nvcf_mono.contracts import buckets, streams
 from nvcf_mono.helm import CHART_RENDERER
+from nvcf_mono.miniservice_extensions import MINISERVICE_EXTENSIONS
 from nvcf_mono.planes.compute.agent import ClusterAgent
 from nvcf_mono.planes.compute.backends import COMPUTE_BACKENDS, Backend, BackendContext, WorkerEndpoint
 from nvcf_mono.planes.compute.backends.containers import ContainersProvider
@@ -104,6 +105,7 @@ class ComputePlane(BasePlugin[ComputeConfig]):
             cluster_ids=ids,
             charts=ctx.services.find(CHART_RENDERER),
             endpoint=endpoint,
+            miniservice_extensions=tuple(ext.value for ext in ctx.services.extensions(MINISERVICE_EXTENSIONS)),
         )
         return {name: providers[name].create(made) for name in wanted}
 

@@ -5,7 +5,7 @@ An invalid chart is a 400 whose ``validationErrors`` carry NVCF's texts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nvcf_mono.auth.secret import Keyring
@@ -16,6 +16,7 @@ from nvcf_mono.planes.control.config import ChartChecks
 from nvcf_mono.planes.control.registry import chart_credentials_for
 from nvcf_mono.planes.control.store import ControlStore
 from nvcf_mono.reval.engine import RevalRequest, RevalResult, Validator, ValidatorSettings
+from nvcf_mono.reval.objects import ExtraType
 from nvcf_mono.reval.sanitize import SanitizeSettings
 
 
@@ -26,10 +27,11 @@ class NoRenderer:
         raise HelmRenderError("Helm charts cannot be rendered on this node: enable the 'helm' plugin")
 
 
-def validator_settings(checks: ChartChecks) -> ValidatorSettings:
+def validator_settings(checks: ChartChecks, extra_types: Sequence[ExtraType] = ()) -> ValidatorSettings:
     return ValidatorSettings(
         enforce_security_context=checks.enforce_security_context,
         allow_local_charts=checks.allow_local_charts,
+        extra_types=tuple(extra_types),
         sanitize=SanitizeSettings(
             preserve_labels=checks.preserve_labels, preserve_annotations=checks.preserve_annotations
         ),

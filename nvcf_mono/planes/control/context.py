@@ -22,6 +22,7 @@ from nvcf_mono.planes.control.store import ControlStore
 from nvcf_mono.planes.control.traffic import TrafficHistory
 from nvcf_mono.plugin import Endpoints
 from nvcf_mono.reval.engine import ChartRendering, Validator
+from nvcf_mono.reval.objects import ExtraType
 
 
 @attrs.frozen
@@ -35,6 +36,8 @@ class ControlParts:
     endpoints: Endpoints
     #: Renders Helm charts (the ``helm`` plugin's); None where that plugin is not enabled.
     charts: ChartRendering | None = None
+    #: Kinds charts may contain besides the built-in ones (MiniService extensions).
+    chart_types: tuple[ExtraType, ...] = ()
 
 
 @final
@@ -82,7 +85,9 @@ class Control:
         """The Helm chart validator with this plane's settings (``plugins.control.helm``)."""
         from nvcf_mono.planes.control.charts import NoRenderer, validator_settings
 
-        return Validator(self.charts or NoRenderer(), validator_settings(self.config.helm))
+        return Validator(
+            self.charts or NoRenderer(), validator_settings(self.config.helm, self.parts.get().chart_types)
+        )
 
     @property
     def region(self) -> str:

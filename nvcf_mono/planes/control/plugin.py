@@ -20,6 +20,7 @@ from nvcf_mono.bus.codec import TypedKV
 from nvcf_mono.contracts import buckets, streams
 from nvcf_mono.helm import CHART_RENDERER
 from nvcf_mono.http.api import ApiRouter, Gatekeeper
+from nvcf_mono.miniservice_extensions import MINISERVICE_EXTENSIONS, chart_types
 from nvcf_mono.planes.control.api import ALL as API_MODULES
 from nvcf_mono.planes.control.autoscale.autoscaler import Autoscaler
 from nvcf_mono.planes.control.autoscale.observations import LoadBook
@@ -97,6 +98,7 @@ class ControlPlane(BasePlugin[ControlConfig]):
                     keys=keys,
                     endpoints=ctx.endpoints,
                     charts=ctx.services.find(CHART_RENDERER),
+                    chart_types=chart_types(ext.value for ext in ctx.services.extensions(MINISERVICE_EXTENSIONS)),
                 )
             )
 

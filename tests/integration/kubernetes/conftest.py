@@ -46,6 +46,7 @@ _BUILT_IN = (
     "apps/v1/statefulsets",
     "batch/v1/jobs",
     "batch/v1/cronjobs",
+    "policy/v1/poddisruptionbudgets",
     "rbac.authorization.k8s.io/v1/roles",
     "rbac.authorization.k8s.io/v1/rolebindings",
 )

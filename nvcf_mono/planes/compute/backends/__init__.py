@@ -22,6 +22,7 @@ import attrs
 from nvcf_mono.contracts.agent import AgentInstance, AgentLog, AgentProcess
 from nvcf_mono.contracts.messages import CreationMessage
 from nvcf_mono.helm import ChartRenderer
+from nvcf_mono.miniservice_extensions import MiniServiceExtension
 from nvcf_mono.planes.compute.config import ComputeConfig, Image
 from nvcf_mono.planes.compute.gpus import Allocation, Inventory
 from nvcf_mono.planes.compute.health import LaunchFailure, Observation
@@ -160,6 +161,8 @@ class BackendContext:
     charts: ChartRenderer | None = None
     #: The WorkerService address now, kept current by the cluster agents.
     endpoint: WorkerEndpoint = attrs.field(factory=WorkerEndpoint)
+    #: What plugins add to Helm installs (the Kubernetes backend's MiniServices).
+    miniservice_extensions: tuple[MiniServiceExtension, ...] = ()
 
 
 class BackendProvider(Protocol):

@@ -30,6 +30,7 @@ from nvcf_mono.contracts import env, pull_credentials, states
 from nvcf_mono.contracts.agent import AgentInstance, AgentLog, AgentProcess
 from nvcf_mono.contracts.messages import CreationMessage
 from nvcf_mono.errors import NvcfMonoError
+from nvcf_mono.miniservice_extensions import Install
 from nvcf_mono.models.cluster import parse_instance_type
 from nvcf_mono.models.common import now_iso
 from nvcf_mono.planes.compute import workload
@@ -43,6 +44,7 @@ from nvcf_mono.planes.compute.backends.kubernetes import (
     pod_health,
 )
 from nvcf_mono.planes.compute.backends.kubernetes.api import Kube, KubeError, Obj, PodCache, open_client
+from nvcf_mono.planes.compute.backends.kubernetes.extensions import ExtensionFailed, Extensions
 from nvcf_mono.planes.compute.config import ClusterSettings, ComputeConfig, KubernetesSettings
 from nvcf_mono.planes.compute.gpus import Inventory
 from nvcf_mono.planes.compute.health import LaunchFailure, Observation
@@ -52,6 +54,8 @@ __all__ = ["KubernetesBackend", "KubernetesProvider"]
 
 #: A created pod the watch has not shown yet after this long is missing.
 _UNSEEN_GRACE = 30.0
+#: Chart objects read for terminal conditions (their pods are watched anyway).
+_CONTROLLERS = ("deployments", "replicasets", "statefulsets", "jobs", "cronjobs")
 MS_RESOURCE = (miniservice.MS_GROUP, miniservice.MS_VERSION, miniservice.MS_PLURAL)
 SECRETS = ("", "v1", "secrets")
 PODS = ("", "v1", "pods")
@@ -91,9 +95,12 @@ class HelmInstall:
     namespace: str
     name: str
     by_worker_readiness: bool
-    #: (resource, name) of every chart object applied, in install order.
-    applied: list[tuple[tuple[str, str, str], str]] = attrs.field(factory=list)
+    #: What MiniService extensions are told about it.
+    install: Install
+    #: (resource, name, kind) of every chart object applied, in install order.
+    applied: list[tuple[tuple[str, str, str], str, str]] = attrs.field(factory=list)
     phase: str = miniservice.INSTALLING
+    #: The objects read every few looks: controllers (for terminal conditions) and what extensions judge.
     controllers: list[Obj] = attrs.field(factory=list)
     checked: float = 0.0
 
@@ -131,6 +138,7 @@ class KubernetesBackend:
 
     def __init__(self, ctx: BackendContext) -> None:
         self._charts = ctx.charts
+        self._extensions = Extensions(ctx.miniservice_extensions, ctx.log.getChild("kubernetes"))
         self._config: ComputeConfig = ctx.config
         self._log = ctx.log.getChild("kubernetes")
         self._clusters = [c for c in ctx.config.clusters if c.backend == self.name]
@@ -352,6 +360,7 @@ class KubernetesBackend:
                 namespace=namespace,
                 name=miniservice.miniservice_name(spec),
                 by_worker_readiness=config.by_worker_readiness,
+                install=self._extensions.install(spec, namespace, config.feature_flags),
             )
             await kube.create_tolerant(kube.core.create_namespace, miniservice.namespace(spec))
             made = await kube.create_or_apply(
@@ -367,12 +376,13 @@ class KubernetesBackend:
             )
             await kube.create_or_apply(worker, PODS, miniservice.FIELD_MANAGER)
             for obj in miniservice.apply_order(objects):
-                mutated = miniservice.mutate(
+                admitted = miniservice.mutate(
                     obj, spec, settings, pull_secrets=pulls, attributes=site.cluster.attributes
                 )
-                resource = miniservice.resource_of(mutated)
+                mutated = self._extensions.mutate(admitted, inst.helm.install)
+                resource = self._extensions.resource_of(mutated)
                 await kube.create_or_apply(mutated, resource, miniservice.FIELD_MANAGER)
-                inst.helm.applied.append((resource, mutated["metadata"]["name"]))
+                inst.helm.applied.append((resource, mutated["metadata"]["name"], str(mutated.get("kind", ""))))
             await self._phase(site, inst, miniservice.INSTALLED)
             self._log.info(
                 "instance %s: chart %s installed in %s (%d objects)",
@@ -383,7 +393,7 @@ class KubernetesBackend:
             )
         except KubeError as err:
             raise _Refused(states.FAILED, f"UnexpectedInstallError: {err}") from err
-        except ValueError as err:
+        except (ValueError, ExtensionFailed) as err:
             raise _Refused(states.FAILED, f"UnexpectedInstallError: {err}") from err
 
     async def _render(self, spec: LaunchSpec, namespace: str, allow_local: bool) -> tuple[list[Obj], Any]:
@@ -394,7 +404,9 @@ class KubernetesBackend:
         contract = launch.environment
         auth = pull_credentials.decode(contract.get(env.HELM_REGISTRIES_CREDENTIALS, ""))
         port = contract.get(env.INFERENCE_PORT, "")
-        validator = Validator(self._charts, ValidatorSettings(allow_local_charts=allow_local))
+        validator = Validator(
+            self._charts, ValidatorSettings(allow_local_charts=allow_local, extra_types=self._extensions.chart_types)
+        )
         try:
             result = await validator.render(
                 RevalRequest(
@@ -469,8 +481,8 @@ class KubernetesBackend:
         if now - helm.checked >= max(self._config.health.probe_interval * 5, 1.0):
             helm.checked = now
             found = []
-            for resource, name in helm.applied:
-                if resource[2] in ("deployments", "replicasets", "statefulsets", "jobs", "cronjobs"):
+            for resource, name, kind in helm.applied:
+                if resource[2] in _CONTROLLERS or kind in self._extensions.health_kinds:
                     try:
                         obj = await site.kube.get_object(resource, helm.namespace, name)
                     except KubeError:
@@ -478,12 +490,14 @@ class KubernetesBackend:
                     if obj is not None:
                         found.append(obj)
             helm.controllers = found
+        chart_pods = [p for p in pods if p.get("metadata", {}).get("name") != inst.instance_id]
         view = helm_health.observe_helm(
             worker=worker,
             worker_seen=inst.seen,
             worker_name=inst.instance_id,
-            pods=[p for p in pods if p.get("metadata", {}).get("name") != inst.instance_id],
-            controllers=helm.controllers,
+            pods=chart_pods,
+            controllers=[c for c in helm.controllers if c.get("kind") in helm_health.CONDITION_KINDS],
+            verdicts=self._extensions.verdicts([*chart_pods, *helm.controllers], helm.install),
             by_worker_readiness=helm.by_worker_readiness,
             task=inst.task,
             now=now,
@@ -499,7 +513,7 @@ class KubernetesBackend:
     async def _uninstall(self, site: Site, inst: KubeInstance, helm: HelmInstall, grace: float) -> None:
         """Workload objects first (their pods get the grace), then the worker, then the namespace."""
         kube = site.kube
-        for resource, name in reversed(helm.applied):
+        for resource, name, _ in reversed(helm.applied):
             try:
                 await kube.delete_object(resource, helm.namespace, name)
             except KubeError as err:

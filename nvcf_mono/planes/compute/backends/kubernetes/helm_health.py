@@ -15,10 +15,13 @@ import attrs
 
 from nvcf_mono.contracts import states
 from nvcf_mono.planes.compute.backends.kubernetes import miniservice as ms
+from nvcf_mono.planes.compute.backends.kubernetes.extensions import Verdicts
 from nvcf_mono.planes.compute.backends.kubernetes.pod_health import Thresholds, conditions_of, missing, observe_pod
 from nvcf_mono.planes.compute.health import Completion, LaunchFailure, Observation
 
 Obj = Mapping[str, Any]
+#: Kinds whose conditions the built-in rules read.
+CONDITION_KINDS = frozenset({"Deployment", "ReplicaSet", "StatefulSet", "Job", "CronJob"})
 
 
 @attrs.frozen(kw_only=True)
@@ -85,10 +88,11 @@ def observe_helm(
     task: bool,
     now: float,
     limits: Thresholds,
+    verdicts: Verdicts | None = None,
 ) -> HelmView:
-    """The instance's observation and phase from its namespace's objects."""
-    failures: list[str] = []
-    waiting: list[str] = []
+    """The instance's observation and phase from its namespace's objects (and extensions' verdicts)."""
+    failures: list[str] = list(verdicts.failures) if verdicts else []
+    waiting: list[str] = list(verdicts.waiting) if verdicts else []
     all_scheduled = True
     for pod in pods:
         failure, ready, scheduled = _pod_state(pod, now, limits)
