@@ -154,5 +154,6 @@ binary_location  # selenium's ChromeOptions: the browser to start (tests/integra
 p95_ms  # a wire field of GET /v2/nvcf/stats (nvcf_mono/planes/control/api/stats.py)
 step_seconds  # a wire field of GET /v2/nvcf/stats
 QueuePolicyPlugin  # loaded through its entry point (examples/autoscaling-policy/pyproject.toml)
+DisruptionBudgetsPlugin  # loaded through its entry point (examples/miniservice-extension/pyproject.toml)
 utilization  # ScalingInputs field for autoscaling policy plugins (nvcf_mono/autoscaling.py)
 Policies  # test plugin loaded by extra_plugins (tests/integration/compute/test_autoscaling.py)
