@@ -81,6 +81,18 @@ class KubernetesSettings:
     init_timeout: Seconds = setting(
         7200.0, doc="A pod not initialized this long is init-container-stuck.", check=positive
     )
+    pending_timeout: Seconds = setting(
+        3 * 3600.0,
+        doc="A Helm instance whose objects are not all ready this long (since it last was) fails "
+        "(ObjectsTimedOutPending).",
+        check=positive,
+    )
+    failing_object_backoff: Seconds = setting(
+        90.0,
+        doc="A Helm instance's object with a transient failure (FailedMount, FailedAttachVolume) still failing "
+        "after this long fails the instance.",
+        check=positive,
+    )
     stop_instances_on_shutdown: bool = setting(
         False,
         doc="Delete the cluster's pods when the agent stops. false (NVCA's way): pods outlive an agent restart or "

@@ -277,3 +277,39 @@ async def test_a_helm_task_gets_the_task_values_and_completes_with_its_job(tmp_p
                 return ns not in kc.objects("v1/namespaces", None)
 
             await wait_for(gone, timeout=20, what="the task's namespace deleted")
+
+
+@pytest.mark.slow
+async def test_a_terminal_warning_event_before_running_is_install_failed(tmp_path: Path) -> None:
+    chart = write_chart(tmp_path / "chart", templates={"i.yaml": INFERENCE, "s.yaml": SERVICE})
+    async with emulated_cluster(tmp_path) as kc:
+        await gpu_nodes(kc)
+        clusters = [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig, allow_local_charts=True)]
+        async with compute_platform(tmp_path, clusters, **LOCAL) as p:
+            await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
+            _, _, d = await create(p.admin, helm_function(chart))
+            await deploy(p.admin, d, spec("H100"))
+            ns, _ = await installed(kc, "deployments", "inference")
+            pods = [name for (res, n, name) in kc.server.objects if res.plural == "pods" and n == ns]
+            worker = next(name for name in pods if name.startswith("0-sr-"))
+            # The ReplicaSet cannot make its pods (a quota): the event the controller would record.
+            await kc._request(
+                "POST",
+                f"/api/v1/namespaces/{ns}/events",
+                {
+                    "apiVersion": "v1", "kind": "Event", "type": "Warning", "reason": "FailedCreate",
+                    "metadata": {"name": "inference-5d8.1", "namespace": ns},
+                    "involvedObject": {"kind": "ReplicaSet", "name": "inference-5d8", "namespace": ns},
+                    "message": 'Error creating: pods "inference-5d8-x" is forbidden: exceeded quota: gpu',
+                },
+            )  # fmt: skip
+
+            view = await ended(p, CLUSTER, worker, "failed")
+            assert "FailedCreate" in (view.instance.error_log or "") and "exceeded quota" in (
+                view.instance.error_log or ""
+            )
+            (ms,) = [
+                obj for (res, _, _), obj in kc.server.objects.items() if res.plural == "miniservices"
+            ]  # fmt: skip
+            phases = [(h.raw.get("status") or {}).get("phase") for h in ms.history if h is not None]
+            assert "InstallFailed" in phases and "Failed" not in phases and "Running" not in phases

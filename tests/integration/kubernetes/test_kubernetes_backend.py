@@ -104,7 +104,9 @@ async def test_a_function_instance_is_a_pod_that_runs_when_ready_and_goes_when_u
             async def request_running() -> bool:
                 (req,) = kc.objects(REQUESTS).values()
                 status = req.get("status", {})
-                return status.get("instances", {}).get(name, {}).get("status") == "running"
+                reported = status.get("instances", {}).get(name, {})
+                # The aggregate state (NVCA's Succeeded) and the instance state reported to the control plane.
+                return reported.get("status") == "Succeeded" and reported.get("lastReportedStatus") == "running"
 
             await wait_for(request_running, timeout=10, what="the ICMSRequest's status")
 

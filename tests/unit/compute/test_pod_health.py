@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from nvcf_mono.contracts import states
-from nvcf_mono.planes.compute.backends.kubernetes.pod_health import Thresholds, missing, observe_pod
+from nvcf_mono.planes.compute.backends.kubernetes.pod_health import RestartLog, Thresholds, missing, observe_pod
 
 NOW = time.time()
 LIMITS = Thresholds(scheduling=600, image_pull=60, init=7200, restarts=3)
@@ -137,3 +137,44 @@ def test_task_pods_complete_with_their_exit_code() -> None:
     assert late.completed is not None and late.completed.cause == states.EXCEEDED_MAX_RUNTIME
     running = observe_pod(task_pod("Running", None), now=NOW, limits=LIMITS, task=True)
     assert running.completed is None and running.failure is None
+
+
+def _restarted(count: int, finished_ago: float, now: float | None = None) -> dict[str, Any]:
+    finished = datetime.fromtimestamp((now or time.time()) - finished_ago, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return pod(
+        "Running",
+        conditions=[{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+        containerStatuses=[
+            {
+                "name": "inference",
+                "restartCount": count,
+                "state": {"running": {}},
+                "lastState": {"terminated": {"exitCode": 1, "finishedAt": finished}},
+            }
+        ],
+    )
+
+
+def test_restarts_count_towards_a_loop_only_within_the_window() -> None:
+    limits = Thresholds(scheduling=600, image_pull=60, init=7200, restarts=3, restart_window=600)
+    log = RestartLog()
+    now = time.time()
+    # One restart an hour, seen as they happen: never a loop.
+    for hour in range(4):
+        later = now + hour * 3600
+        obs = observe_pod(_restarted(hour + 1, 5, later), now=later, limits=limits, task=False, restarts=log)
+        assert obs.failure is None and obs.ready
+    # Then three within two minutes: a loop, and the detail says within what.
+    later = now + 4 * 3600
+    obs = observe_pod(_restarted(7, 5, later), now=later, limits=limits, task=False, restarts=log)
+    assert obs.failure is not None and obs.failure.cause == states.CONTAINER_RESTART_LOOP
+    assert "restarted 3 times within 600s" in obs.failure.detail
+
+
+def test_restarts_found_on_a_first_look_are_dated_by_the_last_exit() -> None:
+    limits = Thresholds(scheduling=600, image_pull=60, init=7200, restarts=3, restart_window=600)
+    now = time.time()
+    old = observe_pod(_restarted(5, 7200), now=now, limits=limits, task=False, restarts=RestartLog())
+    assert old.failure is None  # the last exit was two hours ago: not a loop now
+    fresh = observe_pod(_restarted(5, 30), now=now, limits=limits, task=False, restarts=RestartLog())
+    assert fresh.failure is not None and fresh.failure.cause == states.CONTAINER_RESTART_LOOP

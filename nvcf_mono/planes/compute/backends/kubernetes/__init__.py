@@ -82,6 +82,8 @@ class KubeInstance:
     extras: tuple[tuple[tuple[str, str, str], str], ...] = ()
     #: A Helm function or task: its MiniService.
     helm: HelmInstall | None = None
+    #: The pod's restarts, for the restart window.
+    restarts: pod_health.RestartLog = attrs.field(factory=pod_health.RestartLog)
 
     port: int | None = None
     health_port: int | None = None
@@ -102,7 +104,17 @@ class HelmInstall:
     phase: str = miniservice.INSTALLING
     #: The objects read every few looks: controllers (for terminal conditions) and what extensions judge.
     controllers: list[Obj] = attrs.field(factory=list)
+    #: The namespace's warning events, read with them.
+    events: list[Obj] = attrs.field(factory=list)
     checked: float = 0.0
+    #: Each pod's restarts (by pod name), for the restart window.
+    restarts: dict[str, pod_health.RestartLog] = attrs.field(factory=dict)
+    #: When each pod's transient failure (FailedMount, ...) was first seen.
+    transient: dict[str, float] = attrs.field(factory=dict)
+    #: Since when not every object has been ready (None: all ready at the last look).
+    pending_since: float | None = None
+    #: It was Running once: a failure now is Failed, before it InstallFailed.
+    ran: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -265,6 +277,8 @@ class KubernetesBackend:
         except _Refused as err:
             inst.failure = err.failure
             self._log.info("instance %s cannot start: %s", inst.instance_id, err.failure.detail)
+            if inst.helm is not None:
+                await self._phase(site, inst, miniservice.INSTALL_FAILED, [err.failure.detail])
         return inst
 
     async def _create(self, site: Site, spec: LaunchSpec, inst: KubeInstance) -> None:
@@ -455,6 +469,8 @@ class KubernetesBackend:
 
     async def _phase(self, site: Site, inst: KubeInstance, phase: str, conditions: Sequence[str] = ()) -> None:
         helm = inst.helm
+        if phase == miniservice.FAILED and helm is not None and not helm.ran:
+            phase = miniservice.INSTALL_FAILED  # terminal before Running
         if helm is None or (helm.phase == phase and not conditions):
             return
         helm.phase = phase
@@ -477,38 +493,65 @@ class KubernetesBackend:
         pods = site.pods.in_namespace(helm.namespace)
         worker = site.pods.get(inst.instance_id, helm.namespace)
         inst.seen = inst.seen or worker is not None
-        # Controllers (Deployments, Jobs, ...) are read for terminal conditions every few looks, not watched.
+        # Controllers (Deployments, Jobs, ...) and events are read every few looks, not watched.
         if now - helm.checked >= max(self._config.health.probe_interval * 5, 1.0):
             helm.checked = now
-            found = []
-            for resource, name, kind in helm.applied:
-                if resource[2] in _CONTROLLERS or kind in self._extensions.health_kinds:
-                    try:
-                        obj = await site.kube.get_object(resource, helm.namespace, name)
-                    except KubeError:
-                        obj = None
-                    if obj is not None:
-                        found.append(obj)
-            helm.controllers = found
+            await self._read_objects(site, helm)
         chart_pods = [p for p in pods if p.get("metadata", {}).get("name") != inst.instance_id]
+        names = {p.get("metadata", {}).get("name", "") for p in pods}
+        helm.restarts = {name: helm.restarts.get(name) or pod_health.RestartLog() for name in names}
+        unready = {p["metadata"]["name"] for p in chart_pods if not pod_health.is_ready(p)}
+        events = helm_health.event_verdicts(
+            helm.events, unready, now, site.settings.failing_object_backoff, helm.transient
+        )
+        pending = None if helm.pending_since is None else (now - helm.pending_since, site.settings.pending_timeout)
         view = helm_health.observe_helm(
             worker=worker,
             worker_seen=inst.seen,
             worker_name=inst.instance_id,
             pods=chart_pods,
             controllers=[c for c in helm.controllers if c.get("kind") in helm_health.CONDITION_KINDS],
-            verdicts=self._extensions.verdicts([*chart_pods, *helm.controllers], helm.install),
+            verdicts=(events, self._extensions.verdicts([*chart_pods, *helm.controllers], helm.install)),
             by_worker_readiness=helm.by_worker_readiness,
             task=inst.task,
             now=now,
             limits=self._limits(site, scheduling=site.settings.scheduling_timeout),
+            restarts=helm.restarts,
+            pending=pending,
         )
+        if view.phase in (miniservice.RUNNING, miniservice.COMPLETED):
+            helm.pending_since, helm.ran = None, True
+        elif helm.pending_since is None:
+            helm.pending_since = now
         await self._phase(site, inst, view.phase, view.objects if view.phase != helm.phase else ())
         obs = view.observation
         if helm.by_worker_readiness and view.objects and obs.failure is None and obs.completed is None:
             # The other objects do not decide; what they do is still shown.
             obs = attrs.evolve(obs, detail="; ".join(filter(None, [obs.detail, *view.objects])))
         return obs
+
+    async def _read_objects(self, site: Site, helm: HelmInstall) -> None:
+        """The install's controllers and the objects extensions judge, and its namespace's warning events."""
+        found = []
+        for resource, name, kind in helm.applied:
+            if resource[2] in _CONTROLLERS or kind in self._extensions.health_kinds:
+                try:
+                    obj = await site.kube.get_object(resource, helm.namespace, name)
+                except KubeError:
+                    obj = None
+                if obj is not None:
+                    found.append(obj)
+        helm.controllers = found
+        helm.events = await self._warnings(site, helm.namespace)
+
+    async def _warnings(self, site: Site, namespace: str) -> list[Obj]:
+        """The namespace's warning events (none when the API does not answer: the next look asks again)."""
+        try:
+            found = await site.kube.raw("GET", site.kube.path("", "v1", "events", namespace))
+        except KubeError as err:
+            self._log.debug("cannot list the events of %s: %s", namespace, err)
+            return []
+        return [e for e in found.get("items") or () if isinstance(e, dict) and e.get("type") == "Warning"]
 
     async def _uninstall(self, site: Site, inst: KubeInstance, helm: HelmInstall, grace: float) -> None:
         """Workload objects first (their pods get the grace), then the worker, then the namespace."""
@@ -550,7 +593,7 @@ class KubernetesBackend:
             obs = await self._observe_helm(site, inst, inst.helm, now)
             if obs.failure is not None and not inst.error_text:
                 inst.error_text = obs.failure.detail[-site.settings.error_log_bytes :]
-            await self._report_to_request(site, inst, obs)
+            await self._report_to_request(site, inst, obs, miniservice.AGGREGATE.get(inst.helm.phase, "Unknown"))
             return obs
         pod = site.pods.get(inst.instance_id)
         if pod is None:
@@ -561,12 +604,12 @@ class KubernetesBackend:
         else:
             inst.seen = True
             limits = self._limits(site, scheduling=self._scheduling_limit(inst, pod, site.settings.scheduling_timeout))
-            obs = pod_health.observe_pod(pod, now=now, limits=limits, task=inst.task)
+            obs = pod_health.observe_pod(pod, now=now, limits=limits, task=inst.task, restarts=inst.restarts)
         if (obs.failure is not None or (obs.completed is not None and not obs.completed.succeeded)) and not (
             inst.error_text
         ):
             inst.error_text = await self._explain(site, inst, pod, obs)
-        await self._report_to_request(site, inst, obs)
+        await self._report_to_request(site, inst, obs, pod_health.aggregate_state(pod, obs))
         return obs
 
     def _limits(self, site: Site, *, scheduling: float) -> pod_health.Thresholds:
@@ -576,6 +619,7 @@ class KubernetesBackend:
             image_pull=s.image_pull_timeout,
             init=s.init_timeout,
             restarts=self._config.health.restart_limit,
+            restart_window=self._config.health.restart_window,
         )
 
     @staticmethod
@@ -604,15 +648,17 @@ class KubernetesBackend:
                 parts.append(log)
         return "\n".join(p for p in parts if p)[-limit:]
 
-    async def _report_to_request(self, site: Site, inst: KubeInstance, obs: Observation) -> None:
-        """Mirror the instance's state on its ICMSRequest (best effort: the agent's record is the truth)."""
+    async def _report_to_request(self, site: Site, inst: KubeInstance, obs: Observation, aggregate: str) -> None:
+        """Mirror the instance's state on its ICMSRequest (best effort: the agent's record is the truth):
+        its aggregate state (Scheduling, Pending, Succeeded, Failed) and the instance state reported.
+        """
         if obs.failure is not None:
             state = obs.failure.cause
         elif obs.completed is not None:
             state = states.SUCCEEDED if obs.completed.succeeded else states.FAILED
         else:
             state = states.RUNNING if obs.ready else states.STARTING
-        if state == inst.reported:
+        if f"{state}|{aggregate}" == inst.reported:
             return
         bad = state in states.BAD_STATES
         status = {
@@ -626,7 +672,7 @@ class KubernetesBackend:
                 inst.instance_id: {
                     "id": inst.instance_id,
                     "instanceType": "MiniService" if inst.helm is not None else "Pod",
-                    "status": state,
+                    "status": aggregate,
                     "lastReportedStatus": state,
                     "lastReportedTimestamp": now_iso(),
                 }
@@ -634,7 +680,7 @@ class KubernetesBackend:
         }
         try:
             await site.kube.patch_request_status(manifests.request_name(inst.request_id), status)
-            inst.reported = state
+            inst.reported = f"{state}|{aggregate}"
         except KubeError as err:
             self._log.debug("cannot update ICMSRequest of %s: %s", inst.instance_id, err)
 

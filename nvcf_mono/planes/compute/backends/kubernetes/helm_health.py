@@ -8,7 +8,7 @@ of the instance's namespace in, an observation and the MiniService phase out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -16,12 +16,22 @@ import attrs
 from nvcf_mono.contracts import states
 from nvcf_mono.planes.compute.backends.kubernetes import miniservice as ms
 from nvcf_mono.planes.compute.backends.kubernetes.extensions import Verdicts
-from nvcf_mono.planes.compute.backends.kubernetes.pod_health import Thresholds, conditions_of, missing, observe_pod
+from nvcf_mono.planes.compute.backends.kubernetes.pod_health import (
+    RestartLog,
+    Thresholds,
+    conditions_of,
+    missing,
+    observe_pod,
+    parse_time,
+)
 from nvcf_mono.planes.compute.health import Completion, LaunchFailure, Observation
 
 Obj = Mapping[str, Any]
 #: Kinds whose conditions the built-in rules read.
 CONDITION_KINDS = frozenset({"Deployment", "ReplicaSet", "StatefulSet", "Job", "CronJob"})
+#: Warning events that fail an instance at once, and those that fail it only when they last (seed 003).
+TERMINAL_EVENTS = frozenset({"FailedCreate", "FailedUpdate", "ReplicaSetCreateError"})
+TRANSIENT_EVENTS = frozenset({"FailedMount", "FailedAttachVolume"})
 
 
 @attrs.frozen(kw_only=True)
@@ -51,6 +61,15 @@ def controller_failure(obj: Obj) -> str | None:
     return None
 
 
+def controller_waiting(obj: Obj) -> str | None:
+    """A Deployment, StatefulSet or ReplicaSet whose status shows fewer ready replicas than it wants."""
+    if obj.get("kind") not in ("Deployment", "StatefulSet", "ReplicaSet") or not obj.get("status"):
+        return None  # no status yet: its pods speak for it
+    wanted = int((obj.get("spec") or {}).get("replicas", 1))
+    ready = int(obj["status"].get("readyReplicas", 0))
+    return f"{_name(obj)}: {ready}/{wanted} replicas ready" if ready < wanted else None
+
+
 def _never_restarted_failure(pod: Obj) -> str | None:
     """A ``restartPolicy: Never`` container that exited non-zero (degraded at once)."""
     if (pod.get("spec") or {}).get("restartPolicy") != "Never":
@@ -62,7 +81,7 @@ def _never_restarted_failure(pod: Obj) -> str | None:
     return None
 
 
-def _pod_state(pod: Obj, now: float, limits: Thresholds) -> tuple[str | None, bool, bool]:
+def _pod_state(pod: Obj, now: float, limits: Thresholds, restarts: RestartLog | None) -> tuple[str | None, bool, bool]:
     """(failure in words or None, ready or done, scheduled) of one chart pod."""
     phase = pod.get("status", {}).get("phase")
     scheduled = conditions_of(pod).get("PodScheduled", {}).get("status") == "True" or phase not in (None, "Pending")
@@ -71,7 +90,7 @@ def _pod_state(pod: Obj, now: float, limits: Thresholds) -> tuple[str | None, bo
     never = _never_restarted_failure(pod)
     if never is not None:
         return never, False, scheduled
-    obs = observe_pod(pod, now=now, limits=limits, task=False)
+    obs = observe_pod(pod, now=now, limits=limits, task=False, restarts=restarts)
     if obs.failure is not None:
         return f"{_name(pod)}: {obs.failure.cause}: {obs.failure.detail}", False, scheduled
     return None, obs.ready, scheduled
@@ -88,23 +107,33 @@ def observe_helm(
     task: bool,
     now: float,
     limits: Thresholds,
-    verdicts: Verdicts | None = None,
+    verdicts: Sequence[Verdicts] = (),
+    restarts: Mapping[str, RestartLog] | None = None,
+    pending: tuple[float, float] | None = None,
 ) -> HelmView:
-    """The instance's observation and phase from its namespace's objects (and extensions' verdicts)."""
-    failures: list[str] = list(verdicts.failures) if verdicts else []
-    waiting: list[str] = list(verdicts.waiting) if verdicts else []
+    """The instance's observation and phase from its namespace's objects, and further verdicts (events,
+    extensions). ``restarts``: each pod's restart log, by name; ``pending``: (seconds the objects have
+    not all been ready, the limit).
+    """
+    failures: list[str] = [f for v in verdicts for f in v.failures]
+    waiting: list[str] = [w for v in verdicts for w in v.waiting]
     all_scheduled = True
     for pod in pods:
-        failure, ready, scheduled = _pod_state(pod, now, limits)
+        log = restarts.get(pod.get("metadata", {}).get("name", "")) if restarts is not None else None
+        failure, ready, scheduled = _pod_state(pod, now, limits, log)
         all_scheduled &= scheduled
         if failure is not None:
             failures.append(failure)
+        elif not scheduled:
+            waiting.append(f"{_name(pod)}: waiting for a node")
         elif not ready:
             waiting.append(f"{_name(pod)}: not ready")
     for obj in controllers:
         failure = controller_failure(obj)
         if failure is not None:
             failures.append(failure)
+        elif (short := controller_waiting(obj)) is not None:
+            waiting.append(short)
     notes = tuple(failures + waiting)
 
     if task:
@@ -119,7 +148,8 @@ def observe_helm(
         return HelmView(
             observation=Observation(ready=False, detail="the worker's pod is being created"), phase=ms.INSTALLED
         )
-    worker_obs = observe_pod(worker, now=now, limits=limits, task=False)
+    worker_log = restarts.get(worker_name) if restarts is not None else None
+    worker_obs = observe_pod(worker, now=now, limits=limits, task=False, restarts=worker_log)
     if worker_obs.failure is not None:
         return HelmView(
             observation=Observation(
@@ -141,9 +171,50 @@ def observe_helm(
     others_ready = by_worker_readiness or not waiting
     if worker_obs.ready and others_ready:
         return HelmView(observation=Observation(ready=True), phase=ms.RUNNING, objects=notes)
+    if pending is not None and not by_worker_readiness and pending[0] >= pending[1]:
+        detail = f"ObjectsTimedOutPending: not all objects ready within {pending[1]:g}s: " + "; ".join(
+            waiting or [f"worker: {worker_obs.detail}"]
+        )
+        timed_out = LaunchFailure(cause=states.FAILED, detail=detail)
+        return HelmView(observation=Observation(ready=False, failure=timed_out), phase=ms.FAILED, objects=notes)
     detail = worker_obs.detail if not worker_obs.ready else "WaitingOnObjectReadiness: " + "; ".join(waiting)
+    # NVCA's instance phases: Scheduling until every pod has a node, then Starting.
+    detail = ("Starting: " if all_scheduled else "Scheduling: ") + detail
     phase = ms.STARTING if all_scheduled else ms.INSTALLED
     return HelmView(observation=Observation(ready=False, detail=detail), phase=phase, objects=notes)
+
+
+def event_verdicts(
+    events: Sequence[Obj], unready: Collection[str], now: float, backoff: float, since: dict[str, float]
+) -> Verdicts:
+    """What the namespace's warning events say (seed 003): a terminal one (``FailedCreate``, a forbidden
+    error, ...) fails the instance; a transient one (``FailedMount``, ``FailedAttachVolume``) on a pod that
+    is still not ready fails it only after ``backoff`` seconds. ``since`` keeps when each pod's transient
+    failure was first seen (updated here; a pod that recovered is forgotten).
+    """
+    failures: list[str] = []
+    waiting: list[str] = []
+    failing: set[str] = set()
+    for event in events:
+        if event.get("type") != "Warning":
+            continue
+        involved = event.get("involvedObject") or {}
+        what = f"{involved.get('kind', '?')}/{involved.get('name', '?')}"
+        reason, message = str(event.get("reason", "")), str(event.get("message", ""))
+        if reason in TERMINAL_EVENTS or "forbidden:" in message:
+            failures.append(f"{what}: {reason}: {message}".rstrip(": "))
+        elif reason in TRANSIENT_EVENTS and involved.get("kind") == "Pod" and involved.get("name") in unready:
+            if what in failing:
+                continue
+            failing.add(what)
+            first = since.setdefault(what, parse_time(event.get("firstTimestamp")) or now)
+            if now - first >= backoff:
+                failures.append(f"{what}: {reason} for {now - first:.0f}s: {message}".rstrip(": "))
+            else:
+                waiting.append(f"ObjectsFailedWithinBackoffTimeout: {what}: {reason}: {message}".rstrip(": "))
+    for gone in set(since) - failing:
+        del since[gone]
+    return Verdicts(failures=tuple(failures), waiting=tuple(waiting))
 
 
 def _task_outcome(pods: Sequence[Obj], controllers: Sequence[Obj]) -> Completion | None:

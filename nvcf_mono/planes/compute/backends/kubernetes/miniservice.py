@@ -34,6 +34,18 @@ FIELD_MANAGER = "nvcf-mono-agent"
 # Phases (reference compute-plane §2).
 INSTALLING, INSTALLED, STARTING, RUNNING, COMPLETED = "Installing", "Installed", "Starting", "Running", "Completed"
 FAILED = "Failed"
+#: Terminal before ``Running`` (``Failed`` is terminal after it).
+INSTALL_FAILED = "InstallFailed"
+#: MiniService phase -> the instance's aggregate state on its ICMSRequest (reference compute-plane §2).
+AGGREGATE = {
+    INSTALLING: "Scheduling",
+    INSTALLED: "Scheduling",
+    STARTING: "Pending",
+    RUNNING: "Succeeded",
+    COMPLETED: "Succeeded",
+    FAILED: "Failed",
+    INSTALL_FAILED: "Failed",
+}
 
 #: kind -> (group, version, plural) of what charts may contain (what the validator allows).
 RESOURCES: dict[str, tuple[str, str, str]] = {

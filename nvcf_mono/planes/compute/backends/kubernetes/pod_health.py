@@ -30,6 +30,39 @@ class Thresholds:
     image_pull: float
     init: float
     restarts: int
+    #: Restarts count towards ``restarts`` only within this many seconds (a crash loop, not a restart a day).
+    restart_window: float = 600.0
+
+
+@attrs.define
+class RestartLog:
+    """When one pod's containers restarted, as the agent saw their ``restartCount`` grow.
+
+    A pod's status holds a count and the last exit only; the window needs times. A restart is dated
+    by the container's last exit (``lastState.terminated.finishedAt``) when that is newer than what was
+    seen before, else by the look that noticed it. Restarts found on the first look (an agent that
+    restarted) are all dated by the last exit: a long-running container that restarted a few times
+    over days is not a loop, one whose last exit was a minute ago with three restarts is.
+    """
+
+    counts: dict[str, int] = attrs.field(factory=dict)
+    times: dict[str, list[float]] = attrs.field(factory=dict)
+
+    def recent(self, pod: Mapping[str, Any], now: float, window: float) -> dict[str, int]:
+        """Container name -> restarts within ``window`` before ``now``."""
+        out = {}
+        for cs in [*_statuses(pod, "initContainerStatuses"), *_statuses(pod, "containerStatuses")]:
+            name, count = str(cs.get("name", "?")), int(cs.get("restartCount", 0))
+            grew = count - self.counts.get(name, 0)
+            if grew > 0:
+                last = parse_time(((cs.get("lastState") or {}).get("terminated") or {}).get("finishedAt"))
+                when = last if last is not None and name in self.counts else (last or now)
+                self.times.setdefault(name, []).extend([when] * grew)
+            self.counts[name] = count
+            kept = [t for t in self.times.get(name, ()) if now - t < window]
+            self.times[name] = kept
+            out[name] = len(kept)
+        return out
 
 
 def parse_time(text: str | None) -> float | None:
@@ -44,6 +77,10 @@ def parse_time(text: str | None) -> float | None:
 def conditions_of(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     """An object's status conditions by type (pods and controllers alike)."""
     return {c.get("type", ""): c for c in obj.get("status", {}).get("conditions") or ()}
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    return conditions_of(pod).get("Ready", {}).get("status") == "True"
 
 
 def started_at(pod: Mapping[str, Any]) -> float | None:
@@ -120,8 +157,12 @@ def _task_outcome(pod: Mapping[str, Any]) -> Observation | None:
     return Observation(ready=False, completed=Completion(exit_code=0 if phase == "Succeeded" else 1, detail=detail))
 
 
-def observe_pod(pod: Mapping[str, Any], *, now: float, limits: Thresholds, task: bool) -> Observation:
-    """The observation of one instance's pod at ``now`` (epoch seconds)."""
+def observe_pod(
+    pod: Mapping[str, Any], *, now: float, limits: Thresholds, task: bool, restarts: RestartLog | None = None
+) -> Observation:
+    """The observation of one instance's pod at ``now`` (epoch seconds); ``restarts`` dates the pod's
+    restarts for the window (without it, every restart counts).
+    """
     status = pod.get("status", {})
     phase = status.get("phase", "Pending")
     conditions = conditions_of(pod)
@@ -148,17 +189,16 @@ def observe_pod(pod: Mapping[str, Any], *, now: float, limits: Thresholds, task:
             return _failure(states.IMAGE_PULL_ISSUES, f"{name}: {reason}: {message}".rstrip(": "))
         if reason in _CREATE_ERRORS and age > limits.image_pull:
             return _failure(states.CREATE_CONTAINER_ERROR, f"{name}: {reason}: {message}".rstrip(": "))
-    for cs in init_statuses:
+    recent = restarts.recent(pod, now, limits.restart_window) if restarts is not None else None
+    for is_init, cs in [*((True, c) for c in init_statuses), *((False, c) for c in main_statuses)]:
+        count = recent.get(cs.get("name", "?"), 0) if recent is not None else int(cs.get("restartCount", 0))
+        if count < limits.restarts:
+            continue
         # A native sidecar (the task's worker) restarts like a container; other init containers loop.
-        sidecar = cs.get("name") == UTILS and task
-        if int(cs.get("restartCount", 0)) >= limits.restarts:
-            cause = states.CONTAINER_RESTART_LOOP if sidecar else states.INIT_CONTAINER_RESTART_LOOP
-            return _failure(cause, f"restarted {cs.get('restartCount')} times; last: {_last_exit(cs)}")
-    for cs in main_statuses:
-        if int(cs.get("restartCount", 0)) >= limits.restarts:
-            return _failure(
-                states.CONTAINER_RESTART_LOOP, f"restarted {cs.get('restartCount')} times; last: {_last_exit(cs)}"
-            )
+        init = is_init and not (cs.get("name") == UTILS and task)
+        cause = states.INIT_CONTAINER_RESTART_LOOP if init else states.CONTAINER_RESTART_LOOP
+        within = f" within {limits.restart_window:g}s" if recent is not None else ""
+        return _failure(cause, f"restarted {count} times{within}; last: {_last_exit(cs)}")
     initialized = conditions.get("Initialized", {})
     if initialized.get("status") == "False" and age > limits.init:
         return _failure(states.INIT_CONTAINER_STUCK, f"not initialized within {limits.init:g}s")
@@ -174,6 +214,19 @@ def observe_pod(pod: Mapping[str, Any], *, now: float, limits: Thresholds, task:
     else:
         detail = f"pod {phase.lower()}"
     return Observation(ready=False, detail=detail)
+
+
+def aggregate_state(pod: Mapping[str, Any] | None, obs: Observation) -> str:
+    """The instance's aggregate state on its ICMSRequest: Scheduling (no node yet), Pending (scheduled, not
+    ready), Succeeded (ready, or a task that succeeded) or Failed.
+    """
+    if obs.failure is not None or (obs.completed is not None and not obs.completed.succeeded):
+        return "Failed"
+    if obs.ready or obs.completed is not None:
+        return "Succeeded"
+    if pod is None or conditions_of(pod).get("PodScheduled", {}).get("status") != "True":
+        return "Scheduling"
+    return "Pending"
 
 
 def missing(name: str) -> Observation:
