@@ -175,6 +175,7 @@ class ClusterAgent:
 
     def registration(self) -> ClusterRegistration:
         """What the cluster registers: GPUs and instance types with NVCA's naming, attributes, capabilities."""
+        facts = self.backend.cluster_facts(self.cluster_id)
         return ClusterRegistration(
             cluster_id=self.cluster_id,
             cluster_name=self.ident.name,
@@ -183,11 +184,11 @@ class ClusterAgent:
             gpus=registered_gpus(self.allocator.inventory, self.cluster.cloud_provider),
             nca_id=self.cluster.nca_id,
             cloud_provider=self.cluster.cloud_provider,
-            attributes=self.cluster.attributes,
-            capabilities=self.backend.capabilities,
+            attributes=facts.attributes if facts.attributes is not None else self.cluster.attributes,
+            capabilities=facts.capabilities if facts.capabilities is not None else self.backend.capabilities,
             authorized_nca_ids=self.cluster.authorized_nca_ids,
             nvca_version=self.version,
-            k8s_version=self.backend.kubernetes_version(self.cluster_id),
+            k8s_version=facts.kubernetes_version,
         )
 
     def _note_endpoint(self, address: str | None) -> None:
@@ -248,10 +249,14 @@ class ClusterAgent:
     async def _rediscover(self) -> None:
         if self.cluster.gpu_discovery == "static":
             return
+        facts = self.backend.cluster_facts(self.cluster_id)
         found = await self._discover()
         if found != self.allocator.inventory:
             self.log.info("the GPUs changed: %s", ", ".join(f"{m.capacity}x {m.name}" for m in found.models))
             self.allocator.replace_inventory(found)
+            self._registered = False
+        if self.backend.cluster_facts(self.cluster_id) != facts:
+            self.log.info("the cluster's attributes or capabilities changed: registering again")
             self._registered = False
 
     # ---- intake: creation and termination messages -------------------------------------------------

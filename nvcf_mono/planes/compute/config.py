@@ -105,6 +105,15 @@ class KubernetesSettings:
         True, doc="Label GPU nodes nvca.nvcf.nvidia.io/instance-type=<PROVIDER>.GPU.<GPU> (pods require it)."
     )
     multi_node: bool = setting(True, doc="Register multi-node instance types <type>_<g>x.x<nodes> as well.")
+    nvcf_backend: bool = setting(
+        True,
+        doc="Take the cluster's attributes, GPU discovery and feature gates from its NVCFBackend object when "
+        "there is one (and report the agent's status in it).",
+    )
+    nvcf_backend_namespace: str = setting("nvca-operator", doc="Where the cluster's NVCFBackend object is.")
+    nvcf_backend_name: str | None = setting(
+        None, doc="Its name. Default: the only NVCFBackend in nvcf_backend_namespace."
+    )
     api_timeout: Seconds = setting(10.0, doc="Deadline of one call to the Kubernetes API.", check=positive)
     watch_timeout: Seconds = setting(
         240.0, doc="A watch is restarted after this long (with a fresh list), as client-go does.", check=positive

@@ -54,6 +54,7 @@ _CUSTOM = (
     "nvca.nvcf.nvidia.io/v2beta1/icmsrequests",
     "nvca.nvcf.nvidia.io/v1alpha1/miniservices",
     "resource.nvidia.com/v1beta1/computedomains",
+    "nvcf.nvidia.io/v1/nvcfbackends",
 )
 _CLUSTER_SCOPED = ("nodes", "namespaces", "miniservices")
 

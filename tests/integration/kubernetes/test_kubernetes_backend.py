@@ -72,6 +72,55 @@ async def test_gpu_nodes_register_instance_types_and_a_gpu_change_registers_agai
             assert "ON-PREM.GPU.H100_8x.x2" not in types
 
 
+def nvcf_backend(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "nvcf.nvidia.io/v1",
+        "kind": "NVCFBackend",
+        "metadata": {"name": "ncp-local", "namespace": "nvca-operator"},
+        "spec": {"clusterSource": "self-hosted", **spec},
+    }
+
+
+@pytest.mark.slow
+async def test_the_clusters_nvcfbackend_decides_attributes_discovery_and_helm_and_gets_the_agents_status(
+    tmp_path: Path,
+) -> None:
+    async with emulated_cluster(tmp_path) as kc:
+        await gpu_nodes(kc)
+        backend = nvcf_backend(
+            clusterConfig={"attributes": ["NVLinkOptimized=true"], "gpuDiscovery": {"dynamic": {}}},
+            featureGate={"values": ["-MultiNodeWorkloads", "-HelmMiniService"]},
+        )
+        path = "/apis/nvcf.nvidia.io/v1/namespaces/nvca-operator/nvcfbackends"
+        await kc._request("POST", path, backend)
+        clusters = [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig)]
+        async with compute_platform(tmp_path, clusters, **{"plugins.compute.inventory_interval": "0.5"}) as p:
+            first = await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
+            assert first["attributes"] == ["NVLinkOptimized=true"]
+            assert "HelmMiniService" not in first["capabilities"]
+            types = {t["name"] for g in first["gpus"] for t in g["instanceTypes"]}
+            assert "ON-PREM.GPU.H100_8x.x2" not in types  # MultiNodeWorkloads off
+
+            async def reported() -> dict[str, Any] | None:
+                status = kc.objects("nvcf.nvidia.io/v1/nvcfbackends", "nvca-operator")["ncp-local"].get("status")
+                return status if status and status.get("agentStatus") == "Healthy" else None
+
+            status = await wait_for(reported, timeout=15, what="the agent's status in the NVCFBackend")
+            assert status["lastUpdated"] and status["lastUpdatedAgentStatus"]
+
+            # The operator switches to static discovery with its own inventory (overrides win): registered again.
+            static = {"static": {"gpuConfig": [{"name": "A100", "capacity": 8,
+                                                "instanceTypes": [{"gpuCount": 4, "gpuMemory": "40GB"}]}]}}  # fmt: skip
+            await kc._request(
+                "PATCH", f"{path}/ncp-local", {"spec": {"overrides": {"clusterConfig": {"gpuDiscovery": static}}}},
+                "application/merge-patch+json",
+            )  # fmt: skip
+            again = await registered(p, CLUSTER, {"A100": 8})
+            assert {t["name"] for g in again["gpus"] for t in g["instanceTypes"]} == {
+                "ON-PREM.GPU.A100_1x", "ON-PREM.GPU.A100_2x", "ON-PREM.GPU.A100_4x",
+            }  # fmt: skip
+
+
 async def test_a_function_instance_is_a_pod_that_runs_when_ready_and_goes_when_undeployed(tmp_path: Path) -> None:
     async with emulated_cluster(tmp_path) as kc:
         await gpu_nodes(kc)

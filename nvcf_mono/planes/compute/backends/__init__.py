@@ -97,8 +97,8 @@ class Backend(Protocol):
         """
         ...
 
-    def kubernetes_version(self, cluster_id: str) -> str | None:
-        """The cluster's Kubernetes version, for its registration (None: not a Kubernetes cluster)."""
+    def cluster_facts(self, cluster_id: str) -> ClusterFacts:
+        """What the cluster says about itself, for its registration (as of the last ``discover``)."""
         ...
 
     def refuse(self, message: CreationMessage) -> LaunchFailure | None:
@@ -144,6 +144,18 @@ class Backend(Protocol):
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None: ...
+
+
+@attrs.frozen(kw_only=True)
+class ClusterFacts:
+    """What a backend learned of a cluster beyond its GPUs (a Kubernetes cluster's NVCFBackend object)."""
+
+    #: None: not a Kubernetes cluster.
+    kubernetes_version: str | None = None
+    #: The cluster's attributes (None: the configured ones).
+    attributes: tuple[str, ...] | None = None
+    #: What it registers (None: the backend's ``capabilities``).
+    capabilities: tuple[str, ...] | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -34,19 +34,20 @@ from nvcf_mono.miniservice_extensions import Install
 from nvcf_mono.models.cluster import parse_instance_type
 from nvcf_mono.models.common import now_iso
 from nvcf_mono.planes.compute import workload
-from nvcf_mono.planes.compute.backends import BackendContext, LaunchSpec
+from nvcf_mono.planes.compute.backends import BackendContext, ClusterFacts, LaunchSpec
 from nvcf_mono.planes.compute.backends.kubernetes import (
     discovery,
     helm_health,
     manifests,
     miniservice,
+    nvcf_backend,
     nvlink,
     pod_health,
 )
 from nvcf_mono.planes.compute.backends.kubernetes.api import Kube, KubeError, Obj, PodCache, open_client
 from nvcf_mono.planes.compute.backends.kubernetes.extensions import ExtensionFailed, Extensions
 from nvcf_mono.planes.compute.config import ClusterSettings, ComputeConfig, KubernetesSettings
-from nvcf_mono.planes.compute.gpus import Inventory
+from nvcf_mono.planes.compute.gpus import Inventory, static_inventory
 from nvcf_mono.planes.compute.health import LaunchFailure, Observation
 from nvcf_mono.reval.engine import RequestError, RevalRequest, Validator, ValidatorSettings
 
@@ -137,10 +138,19 @@ class Site:
         self.pods = PodCache(kube, {manifests.CLUSTER_LABEL: manifests.label_value(cluster_id)})
         self.namespace_ready = False
         self.version: str | None = None
+        #: What the cluster's NVCFBackend object says (None: there is none, or it is not read).
+        self.backend: nvcf_backend.BackendSettings | None = None
+        self.agent_status: str | None = None
 
     @property
     def settings(self) -> KubernetesSettings:
         return self.cluster.kubernetes
+
+    @property
+    def attributes(self) -> tuple[str, ...]:
+        if self.backend is not None and self.backend.attributes is not None:
+            return self.backend.attributes
+        return self.cluster.attributes
 
 
 class KubernetesBackend:
@@ -210,13 +220,25 @@ class KubernetesBackend:
     # ---- the cluster ---------------------------------------------------------------------------
 
     async def discover(self, cluster_id: str) -> Inventory | None:
-        """The GPUs of the cluster's nodes (labelling each GPU node with its instance type)."""
+        """The GPUs of the cluster's nodes (labelling each GPU node with its instance type), or the static
+        inventory its NVCFBackend names.
+        """
         site = self._site(cluster_id)
         try:
-            nodes = await site.kube.nodes()
             site.version = site.version or await site.kube.server_version()
+            await self._read_backend(site)
+            backend = site.backend
+            multi_node = site.settings.multi_node
+            if backend is not None:
+                multi_node = backend.multi_node if backend.multi_node is not None else multi_node
+                if backend.static_gpus is not None:
+                    return attrs.evolve(
+                        static_inventory(backend.static_gpus or site.cluster.gpus), multi_node=multi_node
+                    )
+            nodes = await site.kube.nodes()
         except KubeError as err:
             self._log.warning("cluster %s: cannot list nodes (%s); no GPUs until it answers", site.cluster.name, err)
+            await self._report_backend(site, healthy=False)
             return Inventory(models=(), multi_node=site.settings.multi_node)
         if site.settings.label_nodes:
             for node, value in discovery.instance_type_labels(nodes, site.cluster.cloud_provider).items():
@@ -224,12 +246,65 @@ class KubernetesBackend:
                     await site.kube.label_node(node, {manifests.INSTANCE_TYPE_LABEL: value})
                 except KubeError as err:
                     self._log.warning("cannot label node %s %s=%s: %s", node, manifests.INSTANCE_TYPE_LABEL, value, err)
-        found = discovery.inventory(nodes)
-        return attrs.evolve(found, multi_node=site.settings.multi_node)
+        await self._report_backend(site, healthy=True)
+        return attrs.evolve(discovery.inventory(nodes), multi_node=multi_node)
 
-    def kubernetes_version(self, cluster_id: str) -> str | None:
+    async def _read_backend(self, site: Site) -> None:
+        """The cluster's NVCFBackend, when it has one (no CRD, no object: the configuration alone)."""
+        settings = site.settings
+        if not settings.nvcf_backend:
+            return
+        try:
+            listed = await site.kube.raw("GET", site.kube.path(*nvcf_backend.RESOURCE, settings.nvcf_backend_namespace))
+        except KubeError as err:
+            if err.status not in (403, 404):
+                raise
+            self._log.debug("cluster %s: no NVCFBackend to read (%s)", site.cluster.name, err)
+            site.backend = None
+            return
+        items = [i for i in listed.get("items") or () if isinstance(i, dict)]
+        if settings.nvcf_backend_name:
+            items = [i for i in items if (i.get("metadata") or {}).get("name") == settings.nvcf_backend_name]
+        if len(items) > 1:
+            self._log.warning(
+                "cluster %s: %d NVCFBackend objects in %s; name one with nvcf_backend_name",
+                site.cluster.name, len(items), settings.nvcf_backend_namespace,
+            )  # fmt: skip
+            items = []
+        found = nvcf_backend.settings_of(items[0]) if items else None
+        if found != site.backend:
+            self._log.info("cluster %s: settings from NVCFBackend: %s", site.cluster.name, found or "none")
+        site.backend = found
+
+    async def _report_backend(self, site: Site, *, healthy: bool) -> None:
+        """The agent's status in the NVCFBackend it read (best effort)."""
+        if site.backend is None:
+            return
+        state = "Healthy" if healthy else "Unhealthy"
+        status = nvcf_backend.agent_status(
+            healthy=healthy, kubernetes_version=site.version, now=now_iso(), changed=state != site.agent_status
+        )
+        try:
+            await site.kube.patch_status(
+                nvcf_backend.RESOURCE, site.settings.nvcf_backend_namespace, site.backend.name, status
+            )
+            site.agent_status = state
+        except KubeError as err:
+            self._log.debug("cannot update NVCFBackend %s: %s", site.backend.name, err)
+
+    def cluster_facts(self, cluster_id: str) -> ClusterFacts:
         site = self._sites.get(cluster_id)
-        return site.version if site is not None else None
+        if site is None:
+            return ClusterFacts()
+        backend = site.backend
+        capabilities = self.capabilities
+        if backend is not None and not backend.helm:
+            capabilities = tuple(c for c in capabilities if c != "HelmMiniService")
+        return ClusterFacts(
+            kubernetes_version=site.version,
+            attributes=backend.attributes if backend is not None else None,
+            capabilities=capabilities,
+        )
 
     def refuse(self, message: CreationMessage) -> LaunchFailure | None:
         if message.launch_specification.helm_chart:
@@ -306,7 +381,7 @@ class KubernetesBackend:
                 pull_secrets=pulls,
                 ready_timeout=self._config.health.start_timeout + 60,
             )
-            if nvlink.nvlink_enabled(site.cluster.attributes):
+            if nvlink.nvlink_enabled(site.attributes):
                 pod = await self._nvlink(site, spec, pod, inst)
             await kube.create_pod(pod)
         except ValueError as err:
@@ -390,9 +465,7 @@ class KubernetesBackend:
             )
             await kube.create_or_apply(worker, PODS, miniservice.FIELD_MANAGER)
             for obj in miniservice.apply_order(objects):
-                admitted = miniservice.mutate(
-                    obj, spec, settings, pull_secrets=pulls, attributes=site.cluster.attributes
-                )
+                admitted = miniservice.mutate(obj, spec, settings, pull_secrets=pulls, attributes=site.attributes)
                 mutated = self._extensions.mutate(admitted, inst.helm.install)
                 resource = self._extensions.resource_of(mutated)
                 await kube.create_or_apply(mutated, resource, miniservice.FIELD_MANAGER)

@@ -30,7 +30,7 @@ from nvcf_mono.contracts.agent import AgentInstance, AgentLog, AgentProcess
 from nvcf_mono.contracts.messages import CreationMessage
 from nvcf_mono.models.common import duration_seconds
 from nvcf_mono.planes.compute import workload
-from nvcf_mono.planes.compute.backends import BackendContext, LaunchSpec, WorkerEndpoint
+from nvcf_mono.planes.compute.backends import BackendContext, ClusterFacts, LaunchSpec, WorkerEndpoint
 from nvcf_mono.planes.compute.backends.local import processes
 from nvcf_mono.planes.compute.backends.local.environment import (
     ADDRESS_FILE,
@@ -587,8 +587,8 @@ class LocalBackend:
     async def discover(self, cluster_id: str) -> Inventory | None:
         return None  # the agent's own: nvidia-smi, or the configured inventory
 
-    def kubernetes_version(self, cluster_id: str) -> str | None:
-        return None
+    def cluster_facts(self, cluster_id: str) -> ClusterFacts:
+        return ClusterFacts()
 
     async def logs(self, cluster_id: str, instance: AgentInstance, tail: int) -> tuple[AgentLog, ...]:
         if not instance.directory:
