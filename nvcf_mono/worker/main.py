@@ -75,12 +75,15 @@ async def _serve(worker: Sidecar, config: SidecarConfig, *, secrets: bool) -> No
     async with anyio.create_task_group() as tg:
         port = await tg.start(serve_health, worker.state, config.own_health_port)
         log.info("health endpoints on port %d", port)
-        if secrets and config.secrets_file:
+        if config.secrets_file:
             path = Path(config.secrets_file)
-            values = await fetch_secrets(config)
-            write_secrets(path, values)
+            written: dict[str, object] | None = None
+            if secrets:
+                written = await fetch_secrets(config)
+                write_secrets(path, written)
             if config.secrets_refresh > 0:
-                tg.start_soon(keep_secrets_current, config, path, values)
+                # Also without secrets at launch: the account's or function's first ones arrive the same way.
+                tg.start_soon(keep_secrets_current, config, path, written)
         await worker.run()
         tg.cancel_scope.cancel()
 
@@ -99,8 +102,9 @@ def write_secrets(path: Path, values: dict[str, object]) -> None:
     log.info("wrote %d secrets to %s", len(values), path)
 
 
-async def keep_secrets_current(config: SidecarConfig, path: Path, written: dict[str, object]) -> None:
-    """Fetch the secrets every ``secrets_refresh`` seconds; rewrite the file when they changed.
+async def keep_secrets_current(config: SidecarConfig, path: Path, written: dict[str, object] | None) -> None:
+    """Fetch the secrets every ``secrets_refresh`` seconds; rewrite the file when they changed (``written``
+    None: no file yet, made once there is a secret).
 
     A failed fetch (the platform restarting, say) keeps the file as it is and is tried again sooner.
     """
@@ -116,7 +120,7 @@ async def keep_secrets_current(config: SidecarConfig, path: Path, written: dict[
             continue
         backoff.reset()
         delay = config.secrets_refresh
-        if values != written:
+        if values != written and (values or written is not None):
             write_secrets(path, values)
             written = values
 

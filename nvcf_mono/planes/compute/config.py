@@ -105,6 +105,12 @@ class KubernetesSettings:
         True, doc="Label GPU nodes nvca.nvcf.nvidia.io/instance-type=<PROVIDER>.GPU.<GPU> (pods require it)."
     )
     multi_node: bool = setting(True, doc="Register multi-node instance types <type>_<g>x.x<nodes> as well.")
+    secrets_refresh: Seconds = setting(
+        30.0,
+        doc="How often the agent fetches each instance's secrets again and updates its Secret when they changed "
+        "(the kubelet then replaces the mounted file, within its sync period); 0: never.",
+        check=at_least(0),
+    )
     nvcf_backend: bool = setting(
         True,
         doc="Take the cluster's attributes, GPU discovery and feature gates from its NVCFBackend object when "

@@ -251,3 +251,26 @@ async def test_account_secrets_reach_the_instance_beside_its_own_and_follow_chan
         (bare,) = [v for v in await running(p.bus, CLUSTER_A) if v.instance.directory != view.instance.directory]
         found = json.loads((Path(bare.instance.directory or "") / "secrets.json").read_text())
         assert found == {"region-key": "acct-2", "token": "account's"}
+
+
+async def test_an_instance_started_without_secrets_gets_the_accounts_first_ones(tmp_path: Path) -> None:
+    async with compute_platform(tmp_path, **REFRESHING) as p:
+        _, _, d = await create(p.admin, function("none-yet"))  # echo: reads no secrets, needs none
+        await deploy(p.admin, d, spec())
+        await wait_status(p.admin, d, "ACTIVE")
+        (view,) = await running(p.bus, CLUSTER_A)
+        secrets = Path(view.instance.directory or "") / "secrets.json"
+        assert not secrets.exists()  # nothing to read yet: no file, as at launch
+        before = pids([view])
+
+        first = {"secrets": [{"name": "region-key", "value": "acct-1"}]}
+        assert (await p.admin.put("/v2/nvcf/secrets/account", first)).status == 204
+
+        async def arrived() -> bool:
+            return secrets.exists() and json.loads(secrets.read_text()) == {"region-key": "acct-1"}
+
+        await wait_for(arrived, timeout=15, what="the account's first secret in the running instance")
+        (again,) = await running(p.bus, CLUSTER_A)
+        assert again.instance.restarts == 0 and pids([again]) == before
+        assert (await p.admin.delete(d)).status == 200
+        await all_gone(before)

@@ -338,10 +338,11 @@ async def test_pods_outlive_an_agent_restart_and_the_next_agent_takes_them_over(
             assert len(kc.created(PODS)) == 1
 
 
-async def test_function_secrets_are_mounted_from_the_instances_secret(tmp_path: Path) -> None:
+async def test_function_secrets_are_mounted_from_the_instances_secret_and_kept_current(tmp_path: Path) -> None:
     async with emulated_cluster(tmp_path) as kc:
         await gpu_nodes(kc)
-        async with compute_platform(tmp_path, [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig)]) as p:
+        cluster = k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig, secrets_refresh="0.5")
+        async with compute_platform(tmp_path, [cluster]) as p:
             await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
             body = function("secretive", containerImage=IMAGE, secrets=[{"name": "API_KEY", "value": "s3cr3t"}])
             _, _, d = await create(p.admin, body)
@@ -354,3 +355,19 @@ async def test_function_secrets_are_mounted_from_the_instances_secret(tmp_path: 
             mounts = {m["name"]: m for c in pod["spec"]["containers"] for m in c["volumeMounts"]}
             assert mounts["secret-data"] == {"name": "secret-data", "mountPath": "/var/secrets", "readOnly": True}
             assert b"s3cr3t" not in json.dumps(pod).encode()
+            worker_env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][-1]["env"]}
+            assert worker_env["SECRETS_REFRESH_INTERVAL"] == "0"  # the mount is read-only: the agent updates it
+
+            # Rotated, and the account's first secret: the running instance's Secret follows (the kubelet
+            # then swaps the mounted file), without a redeploy.
+            fid, vid = d.rsplit("/", 3)[-3], d.rsplit("/", 1)[-1]
+            rotated = {"secrets": [{"name": "API_KEY", "value": "r0tated"}]}
+            assert (await p.admin.put(f"/v2/nvcf/secrets/functions/{fid}/versions/{vid}", rotated)).status == 204
+            shared = {"secrets": [{"name": "SHARED", "value": "acct"}]}
+            assert (await p.admin.put("/v2/nvcf/secrets/account", shared)).status == 204
+
+            async def updated() -> bool:
+                data = kc.objects("v1/secrets")[f"{name}-secrets"]["data"]["secrets.json"]
+                return json.loads(base64.b64decode(data)) == {"API_KEY": "r0tated", "SHARED": "acct"}
+
+            await wait_for(updated, timeout=15, what="the instance's Secret updated")

@@ -92,7 +92,8 @@ ACCOUNT_SECRETS = "/v2/nvcf/secrets/account"
 _ACCOUNT_DOC = (
     "Every instance and task of the account reads them in its SECRETS_FILE beside its own secrets (which win "
     "where a name is in both); running instances get changes within plugins.compute.local.secrets_refresh "
-    "seconds on the local and containers backends."
+    "seconds on the local and containers backends, and within the cluster's kubernetes.secrets_refresh plus the "
+    "kubelet's sync period on the Kubernetes backend, also instances that had no secrets when they started."
 )
 
 

@@ -14,6 +14,7 @@ stays in its KV bucket, as for every backend.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import time
@@ -44,7 +45,7 @@ from nvcf_mono.planes.compute.backends.kubernetes import (
     nvlink,
     pod_health,
 )
-from nvcf_mono.planes.compute.backends.kubernetes.api import Kube, KubeError, Obj, PodCache, open_client
+from nvcf_mono.planes.compute.backends.kubernetes.api import MERGE_PATCH, Kube, KubeError, Obj, PodCache, open_client
 from nvcf_mono.planes.compute.backends.kubernetes.extensions import ExtensionFailed, Extensions
 from nvcf_mono.planes.compute.config import ClusterSettings, ComputeConfig, KubernetesSettings
 from nvcf_mono.planes.compute.gpus import Inventory, static_inventory
@@ -85,6 +86,10 @@ class KubeInstance:
     helm: HelmInstall | None = None
     #: The pod's restarts, for the restart window.
     restarts: pod_health.RestartLog = attrs.field(factory=pod_health.RestartLog)
+    #: Where its secrets come from, its Secret (namespace, name), and the secrets it holds (None: unknown).
+    secrets_source: _SecretsSource | None = None
+    secret_ref: tuple[str, str] | None = None
+    secrets_json: str | None = None
 
     port: int | None = None
     health_port: int | None = None
@@ -187,6 +192,8 @@ class KubernetesBackend:
             try:
                 for site in self._sites.values():
                     await tg.start(site.pods.run)
+                    if site.settings.secrets_refresh > 0:
+                        tg.start_soon(self._keep_secrets_current, site, name=f"kubernetes:{site.cluster.name}:secrets")
             except BaseException:
                 tg.cancel_scope.cancel()
                 await tg.__aexit__(None, None, None)
@@ -330,6 +337,8 @@ class KubernetesBackend:
     # ---- one instance --------------------------------------------------------------------------
 
     def _hold(self, spec: LaunchSpec, *, seen: bool) -> KubeInstance:
+        helm = bool(spec.message.launch_specification.helm_chart)
+        namespace = miniservice.namespace_of(spec) if helm else self._site(spec.cluster_id).settings.namespace
         inst = KubeInstance(
             instance_id=spec.instance_id,
             request_id=spec.request_id,
@@ -337,6 +346,8 @@ class KubernetesBackend:
             task=manifests.is_task(spec.message),
             created_at=time.time(),
             seen=seen,
+            secrets_source=_secrets_source(spec),
+            secret_ref=(namespace, manifests.secret_name(spec.instance_id)),
         )
         self._held[inst.instance_id] = inst
         return inst
@@ -367,6 +378,7 @@ class KubernetesBackend:
             owner = manifests.owner_reference(request)
             secrets_json = await self._secrets(spec)
             await kube.create_secret(manifests.instance_secret(spec, settings, owner=owner, secrets_json=secrets_json))
+            inst.secrets_json = secrets_json or "{}"
             pulls = list(settings.image_pull_secrets)
             regcred = manifests.pull_secret(spec, settings, owner=owner)
             if regcred is not None:
@@ -417,19 +429,57 @@ class KubernetesBackend:
             return None
         from nvcf_mono.worker.agent import fetch_secrets
 
-        source = _SecretsSource(
-            grpc_address=contract.get(env.NVCF_FQDN_GRPC, ""),
-            worker_token=contract.get(env.NVCF_WORKER_TOKEN, ""),
-            grpc_tls=contract.get(env.NVCF_FQDN_GRPC_TLS, "false").lower() == "true",
-            grpc_ca=contract.get(env.NVCF_FQDN_GRPC_CA) or None,
-        )
+        source = _secrets_source(spec)
         try:
             values = await fetch_secrets(source)
         except Exception as err:  # grpclib's errors, OSError, a timeout: all mean "not now"
             raise _Refused(
                 states.FAILED, f"cannot fetch the instance's secrets from {source.grpc_address}: {err}"
             ) from err
-        return json.dumps(values)
+        return json.dumps(values, sort_keys=True)
+
+    async def _keep_secrets_current(self, site: Site) -> None:
+        """Every ``secrets_refresh``: each instance's secrets fetched again, its Secret updated when they changed
+        (rotation, and an account's first secrets). The kubelet replaces the mounted file atomically.
+        """
+        interval = site.settings.secrets_refresh
+        limiter = anyio.CapacityLimiter(8)
+        while True:
+            await anyio.sleep(interval)
+            held = [i for i in self._held.values() if i.cluster_id == site.cluster_id and i.failure is None]
+            async with anyio.create_task_group() as tg:
+                for inst in held:
+                    tg.start_soon(self._refresh_secrets, site, inst, limiter)
+
+    async def _refresh_secrets(self, site: Site, inst: KubeInstance, limiter: anyio.CapacityLimiter) -> None:
+        from nvcf_mono.worker.agent import fetch_secrets
+
+        if inst.secrets_source is None or inst.secret_ref is None:
+            return
+        async with limiter:
+            try:
+                with anyio.fail_after(site.settings.api_timeout):
+                    values = json.dumps(await fetch_secrets(inst.secrets_source), sort_keys=True)
+            except Exception as err:  # not now: the next round asks again
+                self._log.debug("instance %s: cannot fetch its secrets: %s", inst.instance_id, err)
+                return
+            if values == inst.secrets_json:
+                return
+            namespace, name = inst.secret_ref
+            patch = {"data": {manifests.SECRET_FILE_KEY: base64.b64encode(values.encode()).decode()}}
+            try:
+                await site.kube.raw("PATCH", site.kube.path("", "v1", "secrets", namespace, name), patch,
+                                    content_type=MERGE_PATCH)  # fmt: skip
+            except KubeError as err:
+                self._log.warning(
+                    "instance %s: cannot update its Secret %s/%s: %s", inst.instance_id, namespace, name, err
+                )
+                return
+            if inst.secrets_json is not None:
+                self._log.info(
+                    "instance %s: its secrets changed; Secret %s/%s updated", inst.instance_id, namespace, name
+                )
+            inst.secrets_json = values
 
     # ---- Helm: a MiniService ----------------------------------------------------------------------
 
@@ -459,6 +509,7 @@ class KubernetesBackend:
             secrets_json = await self._secrets(spec)
             secret = manifests.instance_secret(spec, local, owner=None, secrets_json=secrets_json)
             await kube.create_or_apply(secret, SECRETS, miniservice.FIELD_MANAGER)
+            inst.secrets_json = secrets_json or "{}"
             pulls = await self._helm_pull_secrets(site, spec, local)
             worker = miniservice.utils_pod(
                 spec, local, pull_secrets=pulls, ready_timeout=self._config.health.start_timeout + 60
@@ -845,6 +896,17 @@ class _Refused(Exception):
     def __init__(self, cause: str, detail: str) -> None:
         super().__init__(detail)
         self.failure = LaunchFailure(cause=cause, detail=detail)
+
+
+def _secrets_source(spec: LaunchSpec) -> _SecretsSource:
+    """How the agent fetches an instance's secrets: as its worker would, with its token."""
+    contract = spec.message.launch_specification.environment
+    return _SecretsSource(
+        grpc_address=contract.get(env.NVCF_FQDN_GRPC, ""),
+        worker_token=contract.get(env.NVCF_WORKER_TOKEN, ""),
+        grpc_tls=contract.get(env.NVCF_FQDN_GRPC_TLS, "false").lower() == "true",
+        grpc_ca=contract.get(env.NVCF_FQDN_GRPC_CA) or None,
+    )
 
 
 def _kube(handle: object) -> KubeInstance:

@@ -207,8 +207,10 @@ def _worker_env(spec: LaunchSpec, settings: KubernetesSettings, ready_timeout: f
             env.BASE_ASSET_DIR: f"{DATA_DIR}/assets",
             env.BASE_RESPONSE_DIR: f"{DATA_DIR}/responses",
             env.SECRETS_FILE: f"{SECRETS_DIR}/{SECRET_FILE_KEY}",
-            # The agent fetched the secrets into the instance's Secret: the worker does not fetch them again.
+            # The agent keeps the secrets in the instance's Secret (mounted, read-only): the worker neither
+            # fetches them nor rewrites the file.
             env.FUNCTION_SECRETS_PRESENT: "false",
+            env.SECRETS_REFRESH_INTERVAL: "0",
         }
     )
     if is_task(spec.message):
