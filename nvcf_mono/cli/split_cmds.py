@@ -13,9 +13,11 @@ import asyncio
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -150,6 +152,8 @@ async def _supervise(plan: _Plan, ctx: CliContext) -> int:
                 await _start(plan, procs, relays, out)
                 tg.start_soon(_watch_exits, procs, name="up-split:exits")
                 docs = await _wait_ready(plan)
+                with anyio.fail_after(plan.ready_timeout):
+                    await _wait_cluster(docs["control"])
                 print(_banner(plan, docs), file=ctx.stdout, flush=True)
                 await anyio.sleep_forever()
         except* _Failed as group:
@@ -157,7 +161,7 @@ async def _supervise(plan: _Plan, ctx: CliContext) -> int:
                 print(f"up-split: {err}", file=out, flush=True)
             return_code = 1
         except* TimeoutError:
-            print(f"up-split: NATS or a role was not ready within {plan.ready_timeout:g}s", file=out, flush=True)
+            print(f"up-split: NATS, a role or the cluster was not ready within {plan.ready_timeout:g}s", file=out, flush=True)
             return_code = 1
         finally:
             with anyio.CancelScope(shield=True):
@@ -246,6 +250,27 @@ async def _wait_ready(plan: _Plan) -> dict[str, Any]:
                         continue  # being written
             await anyio.sleep(0.2)
     return docs
+
+
+async def _wait_cluster(control: dict[str, Any]) -> None:
+    """Until the compute node's cluster has registered with the control node: ready means a deploy works."""
+    url = f"{control.get('api_url')}/v2/nvcf/clusterGroups"
+    token = (control.get("credentials") or {}).get("admin_token", "")
+    ca = control.get("ca_file")
+
+    def groups() -> list[Any]:
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+        context = ssl.create_default_context(cafile=ca) if ca else None
+        try:
+            with urllib.request.urlopen(request, timeout=5, context=context) as resp:
+                return list(json.loads(resp.read()).get("clusterGroups") or ())
+        except (OSError, ValueError):
+            return []
+
+    while True:
+        if any(group.get("clusters") for group in await anyio.to_thread.run_sync(groups)):
+            return
+        await anyio.sleep(0.2)  # an HTTP answer, not an event: asked again
 
 
 async def _stop(procs: dict[str, asyncio.subprocess.Process]) -> None:

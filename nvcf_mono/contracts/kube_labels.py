@@ -14,3 +14,6 @@ INSTANCE_TYPE_VALUE = "nvcf.nvidia.io/instance-type-value"
 ENVIRONMENT = "nvcf.nvidia.io/environment"
 #: How long a task's pod may wait for a node (its maxQueuedDuration, in seconds).
 MAX_QUEUED_SECONDS = "nvcf.nvidia.io/max-queued-seconds"
+
+#: The API group of the ``NVCFBackend`` object (deploy/crds/nvcfbackends.nvcf.nvidia.io.yaml), NVCA's.
+NVCF_BACKEND_GROUP = "nvcf.nvidia.io"

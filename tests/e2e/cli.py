@@ -108,7 +108,7 @@ class Platform:
                 raise AssertionError(f"nvcf-mono exited with {self.proc.returncode}:\n{self.stderr()}")
             if self.endpoints_path.exists():
                 doc: dict[str, Any] = json.loads(self.endpoints_path.read_text())
-                if get(doc["api_url"] + "/ready")[0] == 200:
+                if get(doc["node_url"] + "/ready")[0] == 200:
                     return doc
             time.sleep(0.05)
         raise AssertionError(f"not ready within {timeout}s:\n{self.stderr()}")

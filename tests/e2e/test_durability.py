@@ -159,7 +159,7 @@ async def test_queued_requests_survive_a_killed_platform(tmp_path: Path) -> None
 
             results: dict[str, bytes] = {}
             polls = [client, client.as_(key.json["value"])]
-            polls[1].base = ep_b["api_url"]
+            polls[1].base = ep_b["invocation_url"]
 
             async def collect(request_id: str, n: int) -> None:
                 api = polls[n % 2]  # half the results are fetched from the other invocation node

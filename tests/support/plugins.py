@@ -93,8 +93,8 @@ class Recorder(BasePlugin[Any]):
 
     async def run(self, ctx: RunContext[Any], *, task_status: TaskStatus[None]) -> None:
         EVENTS.append("recorder:start")
-        await ctx.bus.stream("RECORDER").publish("recorder.started", b"1")
-        try:
+        try:  # a stop while it still publishes (a loaded machine) is recorded too
+            await ctx.bus.stream("RECORDER").publish("recorder.started", b"1")
             task_status.started()
             await ctx.wait_stopping()
             EVENTS.append("recorder:stopping")

@@ -96,25 +96,16 @@ def _pod_state(pod: Obj, now: float, limits: Thresholds, restarts: RestartLog | 
     return None, obs.ready, scheduled
 
 
-def observe_helm(
-    *,
-    worker: Obj | None,
-    worker_seen: bool,
-    worker_name: str,
+def _objects_state(
     pods: Sequence[Obj],
     controllers: Sequence[Obj],
-    by_worker_readiness: bool,
-    task: bool,
+    *,
+    verdicts: Sequence[Verdicts],
+    restarts: Mapping[str, RestartLog] | None,
     now: float,
     limits: Thresholds,
-    verdicts: Sequence[Verdicts] = (),
-    restarts: Mapping[str, RestartLog] | None = None,
-    pending: tuple[float, float] | None = None,
-) -> HelmView:
-    """The instance's observation and phase from its namespace's objects, and further verdicts (events,
-    extensions). ``restarts``: each pod's restart log, by name; ``pending``: (seconds the objects have
-    not all been ready, the limit).
-    """
+) -> tuple[list[str], list[str], bool]:
+    """(failures, what is waiting, every pod scheduled) of the chart's objects, in words."""
     failures: list[str] = [f for v in verdicts for f in v.failures]
     waiting: list[str] = [w for v in verdicts for w in v.waiting]
     all_scheduled = True
@@ -134,6 +125,31 @@ def observe_helm(
             failures.append(failure)
         elif (short := controller_waiting(obj)) is not None:
             waiting.append(short)
+    return failures, waiting, all_scheduled
+
+
+def observe_helm(
+    *,
+    worker: Obj | None,
+    worker_seen: bool,
+    worker_name: str,
+    pods: Sequence[Obj],
+    controllers: Sequence[Obj],
+    by_worker_readiness: bool,
+    task: bool,
+    now: float,
+    limits: Thresholds,
+    verdicts: Sequence[Verdicts] = (),
+    restarts: Mapping[str, RestartLog] | None = None,
+    pending: tuple[float, float] | None = None,
+) -> HelmView:
+    """The instance's observation and phase from its namespace's objects, and further verdicts (events,
+    extensions). ``restarts``: each pod's restart log, by name; ``pending``: (seconds the objects have
+    not all been ready, the limit).
+    """
+    failures, waiting, all_scheduled = _objects_state(
+        pods, controllers, verdicts=verdicts, restarts=restarts, now=now, limits=limits
+    )
     notes = tuple(failures + waiting)
 
     if task:

@@ -16,9 +16,10 @@ from typing import Any
 
 import attrs
 
+from nvcf_mono.contracts import kube_labels
 from nvcf_mono.planes.compute.config import GpuSettings
 
-GROUP, VERSION, PLURAL = "nvcf.nvidia.io", "v1", "nvcfbackends"
+GROUP, VERSION, PLURAL = kube_labels.NVCF_BACKEND_GROUP, "v1", "nvcfbackends"
 RESOURCE = (GROUP, VERSION, PLURAL)
 
 
