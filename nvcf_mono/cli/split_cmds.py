@@ -161,7 +161,11 @@ async def _supervise(plan: _Plan, ctx: CliContext) -> int:
                 print(f"up-split: {err}", file=out, flush=True)
             return_code = 1
         except* TimeoutError:
-            print(f"up-split: NATS, a role or the cluster was not ready within {plan.ready_timeout:g}s", file=out, flush=True)
+            print(
+                f"up-split: NATS, a role or the cluster was not ready within {plan.ready_timeout:g}s",
+                file=out,
+                flush=True,
+            )
             return_code = 1
         finally:
             with anyio.CancelScope(shield=True):
