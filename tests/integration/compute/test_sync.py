@@ -24,6 +24,14 @@ async def test_an_instance_the_control_plane_forgot_is_stopped_and_replaced(tmp_
         _, vid, d = await create(p.admin, function())
         dep = await deploy(p.admin, d, spec())
         (first,) = await running(p.bus, CLUSTER_A)
+
+        async def reported() -> object:
+            # Its running state accepted first: a report still on its way would find the instance gone and be
+            # answered 412 (precondition failure), the other way NVCA drops an instance, not the one tested here.
+            (view,) = await instances(p.bus, CLUSTER_A)
+            return view if (view.instance.reported or "").endswith("|running") else None
+
+        first = await wait_for(reported, timeout=15, what="the instance's running state reported")
         # The ledger loses the instance (as if the control plane had given it up while the agent ran it).
         ledgers = TypedKV(p.bus.kv(buckets.PLACEMENTS.name), buckets.PLACEMENT)
         key = buckets.spec_key(vid, dep["deploymentSpecifications"][0]["gpuSpecificationId"])
