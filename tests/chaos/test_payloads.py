@@ -111,7 +111,7 @@ async def test_a_full_store_answers_503_and_loses_nothing_it_accepted(tmp_path: 
                     return
                 token = f"r{i}"
                 tally.sent += 1
-                body = {"message": token, "delay": 1.0, "pad": "z" * (2 * MiB)}
+                body = {"message": token, "delay": 0.25, "pad": "z" * (2 * MiB)}  # served slower than sent
                 reply = await _post_big(patient, path, body, headers={"NVCF-POLL-SECONDS": "1"})
                 if reply.status == 503:
                     assert reply.headers["Content-Type"] == "application/problem+json"

@@ -42,6 +42,9 @@ def _host(state: Path, *, keep_instances: bool) -> Platform:
         "grpc.port": "0",  # a free port each start: the restart is elsewhere
         "embedded_nats.port": "0",
         "plugins.compute.local.stop_instances_on_shutdown": str(not keep_instances).lower(),
+        # What the killed host had handed to a worker comes back after ack_wait: seconds here, not 30.
+        "plugins.invocation.ack_wait": "4",
+        "plugins.invocation.keepalive": "1",
         "plugins.compute.clusters": json.dumps([cluster("local", CLUSTER_A)]),
     }
     args = ["run", "--state-dir", str(state)]

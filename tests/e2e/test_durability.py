@@ -135,7 +135,7 @@ async def test_queued_requests_survive_a_killed_platform(tmp_path: Path) -> None
                 assert reply.status == 202, (reply.status, reply.body)
                 ids[reply.headers["NVCF-REQID"]] = f"m{i}"
 
-            limit = anyio.Semaphore(50)
+            limit = anyio.Semaphore(125)  # each enqueue waits its 1 s poll: 4 s for the 500
 
             async def bounded(i: int) -> None:
                 async with limit:
