@@ -12,10 +12,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from h2.settings import SettingCodes
+
 from nvcf_mono.grpc.raw import pack
 
 #: Most messages a sender takes into one write: bounds a write's size and its first message's wait.
 MOST = 64
+#: The largest HTTP/2 DATA frame a session's end accepts (HTTP/2's default is 16 KiB; h2 allows 16 MiB).
+LARGE_FRAME = 1024 * 1024
 
 
 async def send_all(stream: Any, messages: Sequence[Any]) -> None:
@@ -34,3 +38,18 @@ async def send_all(stream: Any, messages: Sequence[Any]) -> None:
         return
     codec, kind = stream._codec, stream._send_type
     await stream._stream.send_data(pack(codec.encode(m, kind) for m in messages))
+
+
+def accept_large_frames(stream: Any) -> None:
+    """Let the peer send DATA frames of up to :data:`LARGE_FRAME` on this stream's connection.
+
+    With HTTP/2's default of 16 KiB a 1 MiB request or response crosses a session as 64 frames, each
+    parsed by h2 in Python on both sides (measured: most of what a 1 MiB body added between platform
+    and worker). Each end says what it accepts (SETTINGS_MAX_FRAME_SIZE); grpclib then sends frames of
+    that size. ``stream`` is grpclib's client or server stream, read like :func:`send_all` reads it.
+    """
+    connection = stream._stream.connection
+    h2 = connection._connection
+    if h2.local_settings.max_frame_size < LARGE_FRAME:
+        h2.update_settings({SettingCodes.MAX_FRAME_SIZE: LARGE_FRAME})
+        connection.flush()

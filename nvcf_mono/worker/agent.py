@@ -31,7 +31,7 @@ from nvcf_mono.bus.api import Bus, Delivery
 from nvcf_mono.bus.holding import hold_until_ready
 from nvcf_mono.contracts import streams, subjects, trace
 from nvcf_mono.contracts.frames import Frame, FrameError, Request
-from nvcf_mono.grpc.batch import MOST, send_all
+from nvcf_mono.grpc.batch import MOST, accept_large_frames, send_all
 from nvcf_mono.log import bind, unbind
 from nvcf_mono.metrics import Metrics
 from nvcf_mono.proto.gen.nvcf.worker.v1 import (
@@ -285,6 +285,7 @@ class Worker:
                 max_concurrency=self.config.max_concurrency,
             )
             await stream.send_message(WorkerEnvelope(message=WorkerMessage(hello=hello)))
+            accept_large_frames(stream)
             self.state.connected = True
             self.state.connection_detail = ""
             log.info("serving function %s version %s", self.config.function_id, self.config.function_version_id)

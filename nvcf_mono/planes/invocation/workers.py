@@ -35,7 +35,7 @@ from nvcf_mono.bus.holding import hold_until_ready
 from nvcf_mono.contracts import buckets, permissions, rpc, streams, subjects, trace
 from nvcf_mono.contracts.frames import Frame, FrameError, Request, problem_frame
 from nvcf_mono.contracts.messages import SecretsFetch, SecretsReply
-from nvcf_mono.grpc.batch import MOST, send_all
+from nvcf_mono.grpc.batch import MOST, accept_large_frames, send_all
 from nvcf_mono.late import Late
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
@@ -336,6 +336,7 @@ class WorkerSession:
                 await send.send(
                     _message(NodeMessage(session=SessionInfo(session_id=self.id, max_concurrency=self.max_concurrency)))
                 )
+                accept_large_frames(stream)
                 if self.transport == "grpc":
                     # On the nats transport the worker pulls, keeps alive and hears cancels itself.
                     tg.start_soon(self._pull, send)

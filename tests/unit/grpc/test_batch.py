@@ -13,7 +13,7 @@ from grpclib.client import Channel
 from grpclib.const import Cardinality, Handler
 from grpclib.server import Server, Stream
 
-from nvcf_mono.grpc.batch import send_all
+from nvcf_mono.grpc.batch import LARGE_FRAME, accept_large_frames, send_all
 from nvcf_mono.grpc.raw import RawMessage
 from nvcf_mono.queues import batches
 
@@ -102,3 +102,52 @@ async def test_an_unstarted_stream_falls_back_to_send_message() -> None:
 
     await send_all(_Stream(), [1, 2, 3])
     assert sent == [1, 2, 3]
+
+
+class _LargeEcho:
+    """Accepts large frames, then echoes each message; remembers its connection's frame sizes."""
+
+    sizes: tuple[int, int] = (0, 0)
+
+    async def echo(self, stream: Stream[RawMessage, RawMessage]) -> None:
+        first = True
+        async for message in stream:
+            if first:
+                accept_large_frames(stream)
+                first = False
+            await stream.send_message(message)
+        h2 = stream._stream.connection._connection  # type: ignore[attr-defined]
+        _LargeEcho.sizes = (h2.local_settings.max_frame_size, h2.max_outbound_frame_size)
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {METHOD: Handler(self.echo, Cardinality.STREAM_STREAM, RawMessage, RawMessage)}
+
+
+async def test_both_ends_of_a_session_accept_and_send_large_frames() -> None:
+    server = Server([_LargeEcho()])
+    await server.start("127.0.0.1", 0)
+    port = server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    channel = Channel("127.0.0.1", port)
+    big = bytes(range(256)) * 4096  # 1 MiB
+    try:
+        with anyio.fail_after(10):
+            async with channel.request(METHOD, Cardinality.STREAM_STREAM, RawMessage, RawMessage) as stream:
+                await stream.send_message(RawMessage(b"hello"))
+                accept_large_frames(stream)
+                hello = await stream.recv_message()
+                assert hello is not None and hello.data == b"hello"
+                for _ in range(3):
+                    await stream.send_message(RawMessage(big))
+                    echoed = await stream.recv_message()
+                    assert echoed is not None and echoed.data == big
+                h2 = stream._stream.connection._connection
+                client = (h2.local_settings.max_frame_size, h2.max_outbound_frame_size)
+                await stream.end()
+                assert [m async for m in stream] == []
+    finally:
+        channel.close()
+        server.close()
+        await server.wait_closed()
+    # Each end accepts 1 MiB frames and was told the other does: 1 MiB crosses as one DATA frame.
+    assert client == (LARGE_FRAME, LARGE_FRAME)
+    assert _LargeEcho.sizes == (LARGE_FRAME, LARGE_FRAME)
