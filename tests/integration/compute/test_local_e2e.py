@@ -222,6 +222,7 @@ async def test_updated_secrets_reach_the_running_instance_within_seconds(tmp_pat
         assert not [f for f in secrets.parent.iterdir() if f.name.startswith(".secrets.json.")]  # no scratch left
 
 
+@pytest.mark.slow
 async def test_account_secrets_reach_the_instance_beside_its_own_and_follow_changes(tmp_path: Path) -> None:
     async with compute_platform(tmp_path, **REFRESHING) as p:
         account = [{"name": "region-key", "value": "acct-1"}, {"name": "token", "value": "account's"}]
