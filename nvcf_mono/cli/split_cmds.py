@@ -148,7 +148,7 @@ async def _supervise(plan: _Plan, ctx: CliContext) -> int:
     async with anyio.create_task_group() as relays:
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_until_signal, tg.cancel_scope, name="up-split:signals")
+                tg.start_soon(_until_signal, tg.cancel_scope, out, name="up-split:signals")
                 await _start(plan, procs, relays, out)
                 tg.start_soon(_watch_exits, procs, name="up-split:exits")
                 docs = await _wait_ready(plan)
@@ -196,10 +196,10 @@ async def _start(
         relays.start_soon(_relay, role, proc, out, name=f"up-split:{role}-output")
 
 
-async def _until_signal(scope: anyio.CancelScope) -> None:
+async def _until_signal(scope: anyio.CancelScope, out: IO[str]) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
-            print(f"up-split: {signal.Signals(signum).name}: draining the roles", file=sys.stderr, flush=True)
+            print(f"up-split: {signal.Signals(signum).name}: draining the roles", file=out, flush=True)
             scope.cancel()
             return
 

@@ -264,10 +264,11 @@ class KubernetesBackend:
         try:
             listed = await site.kube.raw("GET", site.kube.path(*nvcf_backend.RESOURCE, settings.nvcf_backend_namespace))
         except KubeError as err:
-            if err.status not in (403, 404):
-                raise
-            self._log.debug("cluster %s: no NVCFBackend to read (%s)", site.cluster.name, err)
-            site.backend = None
+            if err.status in (403, 404):  # no CRD, or not ours to read: the configuration alone
+                self._log.debug("cluster %s: no NVCFBackend to read (%s)", site.cluster.name, err)
+                site.backend = None
+            else:  # the API is having trouble: what was read last stays
+                self._log.warning("cluster %s: cannot read its NVCFBackend: %s", site.cluster.name, err)
             return
         items = [i for i in listed.get("items") or () if isinstance(i, dict)]
         if settings.nvcf_backend_name:

@@ -71,8 +71,8 @@ class Extensions:
                 changed = extension.mutate(copy.deepcopy(obj), install)
             except Exception as err:
                 raise ExtensionFailed(f"MiniService extension {extension.name}: {err}") from err
-            name = changed.get("metadata", {}).get("name") if isinstance(changed, dict) else None
-            if not name:
+            meta = changed.get("metadata") if isinstance(changed, dict) else None
+            if not isinstance(meta, dict) or not meta.get("name"):
                 raise ExtensionFailed(f"MiniService extension {extension.name} returned no named object")
             changed["metadata"]["namespace"] = install.namespace  # an extension never moves an object out
             obj = changed
