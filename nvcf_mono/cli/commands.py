@@ -49,6 +49,7 @@ COMMANDS = (
         "serve one instance's inference server (the sidecar; configured by the instance environment)",
     ),
     Command("invoke", "nvcf_mono.cli.invoke_cmds", "invoke a function and print its response"),
+    Command("example", "nvcf_mono.cli.example_cmds", "serve an example function (echo, sse, llm, grpc-echo)"),
 )
 
 _HELP = {command.name: command.help for command in COMMANDS}
