@@ -19,6 +19,7 @@ import base64
 import hashlib
 import json
 import math
+import os
 import random
 import struct
 import time
@@ -170,9 +171,11 @@ def responses_prompt(doc: dict[str, Any]) -> str:
 class Model:
     """The server's one model and its pace."""
 
-    def __init__(self, name: str, tokens_per_second: float) -> None:
+    def __init__(self, name: str, tokens_per_second: float, instance: str = "local") -> None:
         self.name = name
         self.interval = 1.0 / tokens_per_second if tokens_per_second > 0 else 0.0
+        #: OpenAI's system_fingerprint: here, which instance answered (its KV cache is per instance).
+        self.fingerprint = f"fp_{instance}"
 
     async def tokens(self, prompt: str, limit: int) -> AsyncIterator[str]:
         """The answer's words, paced."""
@@ -210,6 +213,7 @@ def data(doc: dict[str, Any]) -> str:
 
 def _chunk(model: Model, cid: str, created: int, **choice: Any) -> str:
     doc = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model.name}
+    doc["system_fingerprint"] = model.fingerprint
     doc["choices"] = [{"index": 0, "logprobs": None, "finish_reason": None, **choice}]
     return data(doc)
 
@@ -236,6 +240,7 @@ async def chat(model: Model, request: web.Request, doc: dict[str, Any]) -> web.S
     return web.json_response(
         {
             "id": cid, "object": "chat.completion", "created": created, "model": model.name,
+            "system_fingerprint": model.fingerprint,
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}],
             "usage": usage(prompt, limit),
         }
@@ -401,7 +406,8 @@ def main() -> None:
     parser.add_argument("--model", default="tiny-llm", help="the model name it serves (default: tiny-llm)")
     parser.add_argument("--tokens-per-second", type=float, default=100.0, help="output pace; 0: unpaced")
     args = parser.parse_args()
-    model = Model(args.model, args.tokens_per_second)
+    instance = os.environ.get("NVCF_INSTANCE_ID") or "local"  # noqa: TID251 - the instance contract
+    model = Model(args.model, args.tokens_per_second, instance)
     web.run_app(app(model), host=args.host, port=args.port, access_log=None, print=None)
 
 

@@ -37,6 +37,7 @@ from nvcf_mono.contracts.frames import Frame, FrameError, Request, problem_frame
 from nvcf_mono.contracts.messages import SecretsFetch, SecretsReply
 from nvcf_mono.grpc.batch import MOST, accept_large_frames, send_all
 from nvcf_mono.late import Late
+from nvcf_mono.planes.invocation.affinity import Affinity, session_key
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
 from nvcf_mono.planes.invocation.responses import Capabilities
@@ -97,6 +98,8 @@ class WorkerService:
         self._config = config
         self._log = log
         self.sessions: dict[str, WorkerSession] = {}
+        #: Which instance took each conversation's last turn (``x-multi-turn-session-id``).
+        self.affinity = Affinity()
         #: What calls need, set when the plugin runs (calls before that get UNAVAILABLE).
         self.deps: Late[WorkerDeps] = Late("the invocation plane")
         self._policy = Policy(max_deliver=config.max_deliver)
@@ -316,6 +319,8 @@ class WorkerSession:
         self.reported_in_flight = 0
         self.busy_seconds = 0.0
         self._log = service._log
+        #: Where messages to the worker go (set while the session runs): other sessions hand turns here.
+        self._out: MemoryObjectSendStream[NodeEnvelope] | None = None
 
     @property
     def serving(self) -> bool:
@@ -324,6 +329,7 @@ class WorkerSession:
 
     async def run(self, stream: Stream[WorkerEnvelope, NodeEnvelope]) -> None:
         send, recv = anyio.create_memory_object_stream[NodeEnvelope](self.max_concurrency + 16)
+        self._out = send
         try:
             async with send, anyio.create_task_group() as tg:
 
@@ -345,6 +351,7 @@ class WorkerSession:
                 await self._receive(stream, send)
                 tg.cancel_scope.cancel()
         finally:
+            self._out = None
             with anyio.move_on_after(10, shield=True):
                 await self._release()
 
@@ -383,6 +390,38 @@ class WorkerSession:
             return
         if await held.refused_on_arrival():
             return
+        key = session_key(request.headers)
+        if key is not None and await self._hand_over(key, held, delivery):
+            return
+        await self._deliver(held, delivery, out)
+
+    async def _hand_over(self, key: str, held: Settlement, delivery: Delivery) -> bool:
+        """Give a conversation's turn to the instance that took its last one, when it can take it now."""
+        svc, version = self._svc, self.function_version_id
+        preferred = svc.affinity.instance_of(version, key)
+        if preferred is not None and preferred != self.instance_id:
+            for other in list(svc.sessions.values()):
+                if (
+                    other.instance_id == preferred
+                    and other.function_version_id == version
+                    and other.transport == "grpc"
+                    and other.serving
+                    and other._out is not None
+                    and len(other.in_flight) < other.max_concurrency
+                ):
+                    try:
+                        await other._deliver(held, delivery, other._out)
+                    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                        other.in_flight.pop(held.request.request_id, None)
+                        break  # that session just ended: serve it here
+                    svc.affinity.took(version, key, preferred)
+                    return True
+        svc.affinity.took(version, key, self.instance_id)
+        return False
+
+    async def _deliver(self, held: Settlement, delivery: Delivery, out: MemoryObjectSendStream[NodeEnvelope]) -> None:
+        """Send a request to this session's worker; it is this session's until settled."""
+        request = held.request
         self.in_flight[request.request_id] = held
         span = (
             tracing.start(

@@ -211,3 +211,36 @@ async def test_bad_bodies_get_openai_errors_without_reaching_a_function(tmp_path
             assert resp.status == 400 and "not a valid id" in (await resp.json())["error"]["message"]
         async with aiohttp.ClientSession() as s, s.get(f"{p.key.base}/v1/models") as resp:
             assert resp.status == 401 and (await resp.json())["error"]["type"] == "authentication_error"
+
+
+async def test_a_conversations_turns_stay_on_the_instance_that_took_its_first(tmp_path: Path) -> None:
+    async with compute_platform(tmp_path, **FAST_LLM) as p:
+        created = await p.admin.post("/v2/nvcf/functions", LLM_FUNCTION)
+        fid, vid = created.json["function"]["id"], created.json["function"]["versionId"]
+        d = f"/v2/nvcf/deployments/functions/{fid}/versions/{vid}"
+        two = spec(min_instances=2, max_instances=2, maxRequestConcurrency=4)
+        assert (await p.admin.post(d, {"deploymentSpecifications": [two]})).status == 200
+
+        await wait_status(p.admin, d, "ACTIVE", timeout=60)
+        async with client(p.key) as llm:
+
+            async def turn(**extra: Any) -> str:
+                chat = await llm.chat.completions.create(
+                    model="tiny-llm", messages=[{"role": "user", "content": "hi"}], max_tokens=1, **extra
+                )
+                assert chat.system_fingerprint is not None
+                return chat.system_fingerprint
+
+            # Both instances serve: turns without a conversation go to either.
+            deadline = time.monotonic() + 30
+            seen: set[str] = set()
+            while len(seen) < 2:
+                assert time.monotonic() < deadline, f"only {seen} answered"
+                seen.add(await turn())
+            # A conversation (OpenAI's prompt_cache_key, or the header a client sends back) keeps its instance.
+            for name in ("conv-a", "conv-b", "conv-c", "conv-d"):
+                first = await turn(extra_body={"prompt_cache_key": name})
+                rest = [await turn(extra_body={"prompt_cache_key": name}) for _ in range(6)]
+                assert set(rest) == {first}, (name, first, rest)
+            by_header = {await turn(extra_headers={"x-multi-turn-session-id": "conv-e"}) for _ in range(6)}
+            assert len(by_header) == 1

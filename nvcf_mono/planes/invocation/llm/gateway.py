@@ -27,6 +27,7 @@ from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late, NotReady
 from nvcf_mono.metrics import Metrics
 from nvcf_mono.models.function import FunctionVersion
+from nvcf_mono.planes.invocation import affinity
 from nvcf_mono.planes.invocation.http import Invocation, Invoker
 from nvcf_mono.planes.invocation.idempotency import IDEMPOTENCY_KEY
 from nvcf_mono.planes.invocation.llm.errors import GatewayError, error_response, from_problem
@@ -184,6 +185,13 @@ class Gateway:
         }
         if IDEMPOTENCY_KEY in request.headers:
             headers[IDEMPOTENCY_KEY] = request.headers[IDEMPOTENCY_KEY]
+        # The conversation, for session affinity (and the function): OpenAI's prompt_cache_key, else the
+        # x-multi-turn-session-id a client sends back.
+        conversation = doc.get("prompt_cache_key")
+        if not isinstance(conversation, str) or not conversation.strip():
+            conversation = request.headers.get(affinity.HEADER)
+        if conversation:
+            headers[affinity.HEADER] = conversation
         meter = UsageMeter(streaming=streaming)
         inv = Invocation(
             method="POST",
