@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from nvcf_mono.helm import (
     render_chart,
 )
 from nvcf_mono.helm.source import chart_source
+from nvcf_mono.mappings import deep_merged
 
 _INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
 
@@ -176,7 +176,7 @@ def _values(files: list[Path], sets: list[str]) -> dict[str, Any]:
             continue
         if not isinstance(loaded, dict):
             raise CliError(f"values file {path} must hold a mapping, not a {type(loaded).__name__}")
-        _merge(values, loaded)
+        values = deep_merged(values, loaded)
     for item in sets:
         key, sep, text = item.partition("=")
         keys = key.strip().split(".")
@@ -190,14 +190,6 @@ def _values(files: list[Path], sets: list[str]) -> dict[str, Any]:
             node = child
         node[keys[-1]] = _typed(text)
     return values
-
-
-def _merge(into: dict[str, Any], layer: Mapping[str, Any]) -> None:
-    for key, value in layer.items():
-        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value
 
 
 def _typed(text: str) -> Any:

@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 
 from nvcf_mono.contracts import kube_labels
+from nvcf_mono.mappings import deep_merged
 from nvcf_mono.planes.compute.config import GpuSettings
 
 GROUP, VERSION, PLURAL = kube_labels.NVCF_BACKEND_GROUP, "v1", "nvcfbackends"
@@ -77,7 +78,7 @@ def _static_gpus(static: Mapping[str, Any]) -> tuple[GpuSettings, ...]:
 def settings_of(obj: Mapping[str, Any]) -> BackendSettings:
     """The agent's view of one NVCFBackend object."""
     raw = obj.get("spec") or {}
-    spec = _merge(raw, raw.get("overrides") or {}) if isinstance(raw, Mapping) else {}
+    spec = deep_merged(raw, raw.get("overrides") or {}) if isinstance(raw, Mapping) else {}
     cluster = spec.get("clusterConfig") or {}
     gates = _gates((spec.get("featureGate") or {}).get("values"))
     discovery = cluster.get("gpuDiscovery") or {}
