@@ -13,11 +13,9 @@ import asyncio
 import json
 import os
 import signal
-import ssl
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -258,18 +256,20 @@ async def _wait_ready(plan: _Plan) -> dict[str, Any]:
 
 async def _wait_cluster(control: dict[str, Any]) -> None:
     """Until the compute node's cluster has registered with the control node: ready means a deploy works."""
-    url = f"{control.get('api_url')}/v2/nvcf/clusterGroups"
-    token = (control.get("credentials") or {}).get("admin_token", "")
-    ca = control.get("ca_file")
+    from nvcf_mono.cli.client import ApiClient, Credential
+
+    origin = "the control node's endpoints.json"
+    token = Credential(str((control.get("credentials") or {}).get("admin_token", "")), "token", origin)
+    client = ApiClient(
+        str(control.get("api_url")), origin, token=token, api_key=None, timeout=5, proxies={},
+        ca_file=control.get("ca_file") or None,
+    )  # fmt: skip
 
     def groups() -> list[Any]:
-        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
-        context = ssl.create_default_context(cafile=ca) if ca else None
         try:
-            with urllib.request.urlopen(request, timeout=5, context=context) as resp:
-                return list(json.loads(resp.read()).get("clusterGroups") or ())
-        except (OSError, ValueError):
-            return []
+            return list((client.get("/v2/nvcf/clusterGroups") or {}).get("clusterGroups") or ())
+        except CliError:
+            return []  # not answering yet: asked again
 
     while True:
         if any(group.get("clusters") for group in await anyio.to_thread.run_sync(groups)):
