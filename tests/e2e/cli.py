@@ -157,9 +157,8 @@ def get(url: str, timeout: float = 5) -> tuple[int, bytes]:
         return 0, b""
 
 
-def nats_servers_on(state_dir: Path) -> list[int]:
-    """Pids of nats-server processes running on this state directory's store."""
-    marker = str(state_dir.resolve() / "nats")
+def processes_naming(text: str) -> list[int]:
+    """Pids of the live (not zombie) processes whose command line contains ``text``."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -168,6 +167,19 @@ def nats_servers_on(state_dir: Path) -> list[int]:
                 stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
             except (OSError, IndexError):
                 continue
-            if "nats-server" in cmd and marker in cmd and stat != "Z":
+            if text in cmd and stat != "Z":
                 found.append(int(entry.name))
     return found
+
+
+def nats_servers_on(state_dir: Path) -> list[int]:
+    """Pids of nats-server processes running on this state directory's store."""
+    marker = str(state_dir.resolve() / "nats")
+    return [pid for pid in processes_naming(marker) if "nats-server" in _cmdline(pid)]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.cli import ROOT, Platform, cli_env, get, nats_servers_on, run_cli
+from tests.e2e.cli import ROOT, Platform, cli_env, get, nats_servers_on, processes_naming, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nats, pytest.mark.slow]
 
@@ -123,20 +123,9 @@ def test_up_split_routes_each_command_to_its_node_and_stops_everything(tmp_path:
         for role in ("control", "invocation", "compute"):
             assert f"[{role}] " in err and "nvcf_mono.host: stopped" in err
         assert nats_servers_on(base) == []
-        assert not any(str(base) in _cmdline(pid) for pid in _pids()), "a process of the deployment is left"
+        assert processes_naming(str(base)) == [], "a process of the deployment is left"
     finally:
         platform.stop()
-
-
-def _pids() -> list[int]:
-    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def test_up_split_refuses_a_busy_nats_port_in_one_line(tmp_path: Path) -> None:
