@@ -39,7 +39,7 @@ from nvcf_mono.planes.invocation.answers import (
 )
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
-from nvcf_mono.planes.invocation.idempotency import IDEMPOTENCY_KEY, Idempotency
+from nvcf_mono.planes.invocation.idempotency import CLAIM_ATTEMPTS, IDEMPOTENCY_KEY, Idempotency
 from nvcf_mono.planes.invocation.input_assets import ASSET_REFERENCES, InputAssets, parse_references
 from nvcf_mono.planes.invocation.intake import new_request, poll_seconds, read_body, stage
 from nvcf_mono.planes.invocation.metrics import CLIENT_GONE, Entry, InvocationMetrics, Observation
@@ -137,9 +137,16 @@ class Invoker:
             return await self.invoke(request, principal, fv, inv)
         if inv.poll is None:
             inv = attrs.evolve(inv, poll=poll_seconds(self.config, inv.headers, streaming=wants_stream(inv.headers)))
-        claim = await self.idempotency.claim(principal.account, fv, raw_key.strip())
-        if not claim.owner:
-            return await self.waiting.replay(request, claim.request_id, poll=inv.poll or 1, buffered=inv.buffered)
+        for _ in range(CLAIM_ATTEMPTS):
+            claim = await self.idempotency.claim(principal.account, fv, raw_key.strip())
+            if claim.owner:
+                break
+            replayed = await self.waiting.replay(request, claim, poll=inv.poll or 1, buffered=inv.buffered)
+            if replayed is not None:
+                return replayed
+            # The request the key named was released (it never ran): claim the key again.
+        else:
+            raise ProblemError(409, f"concurrent requests with this {IDEMPOTENCY_KEY} keep failing; retry")
         try:
             return await self.invoke(request, principal, fv, inv, request_id=claim.request_id, keep=True)
         except BaseException:

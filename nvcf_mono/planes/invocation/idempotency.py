@@ -6,7 +6,8 @@ status poll would (its result, or 202 with its ``NVCF-REQID``). Before claiming 
 is recorded in ``nvcf_requests``, so whoever finds the key also finds the request; the node that
 serves it keeps its response as a result for the retries (bounded), also when it answered at once.
 A request that fails before it runs (bad input, a full queue, a client that hung up) releases the
-key. Requests without the header pay nothing.
+key; a retry that found the key just before that claims it again. Requests without the header pay
+nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from nvcf_mono.planes.invocation.results import QUEUED, ResultStore
 
 IDEMPOTENCY_KEY = "Idempotency-Key"
 MAX_KEY_LENGTH = 255
-_CLAIM_ATTEMPTS = 3
+CLAIM_ATTEMPTS = 3
 
 
 def key_digest(raw: str) -> str:
@@ -76,7 +77,7 @@ class Idempotency:
     async def claim(self, nca_id: str, fv: FunctionVersion, raw_key: str) -> Claim:
         """Our new request id when the key is new, else the one the key already names."""
         key = buckets.idempotency_key(nca_id, fv.id, key_digest(raw_key))
-        for _ in range(_CLAIM_ATTEMPTS):
+        for _ in range(CLAIM_ATTEMPTS):
             found = await self._kv.get(key)
             if found is not None:
                 return Claim(key=key, request_id=found.value.request_id)
@@ -106,6 +107,11 @@ class Idempotency:
                 continue
             return Claim(key=key, request_id=request_id, revision=revision)
         raise ProblemError(409, f"concurrent requests with this {IDEMPOTENCY_KEY} keep failing; retry")
+
+    async def names(self, claim: Claim) -> bool:
+        """Whether the key still names the claim's request (False once its owner released it)."""
+        found = await self._kv.get(claim.key)
+        return found is not None and found.value.request_id == claim.request_id
 
     async def release(self, claim: Claim) -> None:
         """The request will not run: free the key for a retry (best effort, bounded, shielded)."""

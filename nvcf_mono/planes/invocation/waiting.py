@@ -27,7 +27,7 @@ from nvcf_mono.planes.invocation.answers import (
 )
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
-from nvcf_mono.planes.invocation.idempotency import IDEMPOTENCY_KEY, Idempotency
+from nvcf_mono.planes.invocation.idempotency import IDEMPOTENCY_KEY, Claim, Idempotency
 from nvcf_mono.planes.invocation.intake import poll_seconds
 from nvcf_mono.planes.invocation.responses import Pending
 from nvcf_mono.planes.invocation.results import QUEUED, ResultStore
@@ -116,14 +116,21 @@ class Waiting:
             raise ProblemError(404, unknown_request(request_id))
         return await self.writer.render_result(request, *taken, buffered=buffered)
 
-    async def replay(self, request: web.Request, request_id: str, *, poll: int, buffered: bool) -> web.StreamResponse:
-        """A retry of an idempotent request: its kept result (left for the next retry), or 202 while it runs."""
+    async def replay(
+        self, request: web.Request, claim: Claim, *, poll: int, buffered: bool
+    ) -> web.StreamResponse | None:
+        """A retry of an idempotent request: its kept result (left for the next retry), or 202 while it runs;
+        None when the key no longer names the request (it was released: the caller claims it again).
+        """
         assert self.idempotency is not None
+        request_id = claim.request_id
         record = await self.results.record(request_id)
         if record is not None and not await self.results.wait(request_id, poll):
             return web.Response(status=202, headers=await self.wait_headers(request_id, record.function_version_id))
         stored = await self.idempotency.stored(request_id)
         if stored is None:
+            if not await self.idempotency.names(claim):
+                return None
             raise ProblemError(
                 409,
                 f"request '{request_id}' of this {IDEMPOTENCY_KEY} has finished and its result was already "

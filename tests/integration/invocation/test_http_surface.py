@@ -28,6 +28,7 @@ from nvcf_mono.log import configure_logging
 from nvcf_mono.planes.invocation.host_routing import target
 from nvcf_mono.planes.invocation.http import Timing
 from nvcf_mono.planes.invocation.input_assets import parse_references
+from nvcf_mono.planes.invocation.plugin import InvocationPlane
 from nvcf_mono.testing.platform import Api, Reply, wait_for
 from nvcf_mono.testing.running import ECHO_FUNCTION, Platform, agent, deployed, launching_agent, platform
 
@@ -356,6 +357,28 @@ async def test_idempotency_key_names_one_request(tmp_path: Path) -> None:
             lambda: _finished(call("order-6", {}, **{"NVCF-POLL-SECONDS": "1"})), timeout=30, what="a fresh run"
         )
         assert rerun.status == 200 and rerun.json["path"] == "/echo-request"  # run again, not the abandoned one
+
+
+async def test_a_retry_that_found_a_key_just_before_its_release_claims_it_again(tmp_path: Path) -> None:
+    """The race behind a retry racing a client that hung up: the retry finds the key, then the first
+    request releases it (key and record gone) before the retry reads the record. The retry must not
+    answer 409 "already fetched" for a request that never ran; it claims the key again."""
+    async with platform(tmp_path) as p, launching_agent(p, tmp_path / "instances"):
+        fid, vid = await deployed(p.admin, MIRROR)
+        plane = p.host.plugin("invocation")
+        assert isinstance(plane, InvocationPlane)
+        invoker = plane.invoker.get()
+        assert invoker.idempotency is not None
+        fv = invoker.routing.version(fid, vid)
+        assert fv is not None
+        first = await invoker.idempotency.claim("acct-x", fv, "order-race")
+        retry = await invoker.idempotency.claim("acct-x", fv, "order-race")
+        assert first.owner and not retry.owner and retry.request_id == first.request_id
+        request = make_mocked_request("POST", f"/v2/nvcf/pexec/functions/{fid}")
+        await invoker.idempotency.release(first)
+        assert await invoker.waiting.replay(request, retry, poll=1, buffered=True) is None
+        again = await invoker.idempotency.claim("acct-x", fv, "order-race")
+        assert again.owner and again.request_id != first.request_id
 
 
 async def _finished(pending: Any) -> Reply | None:
