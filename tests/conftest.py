@@ -13,6 +13,7 @@ from nvcf_mono.bus.nats import NatsBus, open_nats_bus
 from nvcf_mono.config.model import BusSettings
 from nvcf_mono.metrics import Metrics
 from nvcf_mono.testing.nats_server import NatsServer
+from tests.support.leftovers import kill, processes_under
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +24,15 @@ def nats_server() -> Iterator[NatsServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(autouse=True)
+def _nothing_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test that had a ``tmp_path``: kill what still runs in it (a failed test's instances)."""
+    yield
+    tmp = request.node.funcargs.get("tmp_path")
+    if tmp is not None:
+        kill(processes_under(tmp))
 
 
 @pytest.fixture

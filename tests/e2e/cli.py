@@ -132,9 +132,14 @@ class Platform:
         return self.proc.wait(timeout=timeout)
 
     def stop(self) -> None:
-        """Kill if still running (a test failed midway) and release the log files."""
+        """Stop it if still running (SIGTERM: it stops its embedded NATS too; SIGKILL if that hangs)
+        and release the log files."""
         if self.proc.poll() is None:
-            self.proc.kill()
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
         self.proc.wait()
         self._out.close()
         self._err.close()

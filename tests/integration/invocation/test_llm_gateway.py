@@ -96,9 +96,10 @@ async def test_streamed_chat_arrives_as_the_function_writes_it_and_ends_with_don
         await deploy_llm(p.admin)
         async with client(p.key) as llm:
             stamps, usage = await streamed_chat(llm)
-        assert len(stamps) == 20 and usage is not None and usage.completion_tokens == 20
-        # 20 tokens at 50 a second: a buffered answer would arrive at once, not over ~0.4 s.
-        assert stamps[-1] - stamps[0] > 0.2
+        assert len(stamps) == 40 and usage is not None and usage.completion_tokens == 40
+        # 40 tokens at 50 a second: a buffered answer would arrive at once, not over ~0.8 s (the margin
+        # lets a loaded machine stall the relay for a while without the stream looking buffered).
+        assert stamps[-1] - stamps[0] > 0.3
 
         # The raw stream: OpenAI's framing, data: [DONE] last.
         body = {"model": "tiny-llm", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "stream": True}
@@ -116,7 +117,7 @@ async def streamed_chat(llm: openai.AsyncOpenAI) -> tuple[list[float], Any]:
     stream = await llm.chat.completions.create(
         model="tiny-llm",
         messages=[{"role": "user", "content": "stream please"}],
-        max_tokens=20,
+        max_tokens=40,
         stream=True,
         stream_options={"include_usage": True},
     )
