@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -32,11 +33,11 @@ SETTINGS = {"plugins.invocation.rate_limit_timeout": "1"}
 
 
 @asynccontextmanager
-async def two_invocation_nodes(tmp_path: Path) -> AsyncIterator[tuple[Platform, Host, Api]]:
+async def two_invocation_nodes(tmp_path: Path, **more: str) -> AsyncIterator[tuple[Platform, Host, Api]]:
     """An all-in-one platform, and a second host with role invocation on the same NATS and secret."""
     secret = tmp_path / "platform-secret"
     PlatformSecret.generate().write(secret)
-    settings = {**SETTINGS, "node.id": "node-a", "plugins.auth.secret_file": str(secret)}
+    settings = {**SETTINGS, **more, "node.id": "node-a", "plugins.auth.secret_file": str(secret)}
     async with platform(tmp_path, **settings) as p:
         config = platform_config(
             tmp_path / "node-b",
@@ -44,7 +45,7 @@ async def two_invocation_nodes(tmp_path: Path) -> AsyncIterator[tuple[Platform, 
             role="invocation",
             node="node-b",
             secret_file=secret,
-            settings=SETTINGS,
+            settings={**SETTINGS, **more},
         )
         async with running_host(config) as b:
             assert p.key.token is not None
@@ -196,3 +197,33 @@ async def test_a_version_without_rate_limit_is_never_refused(tmp_path: Path) -> 
                 tg.start_soon(one)
         assert [r.status for r in replies] == [200] * 30
         assert await p.bus.kv(buckets.RATE_LIMITS.name).keys(f"*.{vid}.>") == []
+
+
+async def test_the_llm_gateways_limits_are_split_between_the_invocation_nodes(tmp_path: Path) -> None:
+    """4 requests a minute per account through the gateway, on 2 nodes: 4 in all, not 4 on each."""
+    limit = {"plugins.invocation.llm_gateway.requests_per_minute": "4"}
+    async with two_invocation_nodes(tmp_path, **limit) as (p, _, key_b), launching_agent(p, tmp_path / "instances"):
+        await deployed(p.admin, {**ECHO_FUNCTION, "tags": ["model=echo-model"]})
+        rl = p.bus.kv(buckets.RATE_LIMITS.name)
+
+        async def call(api: Api, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+            """The gateway's routes are OpenAI's, not in /v3/openapi: a plain request."""
+            headers = {"Authorization": f"Bearer {api.token}"}
+            async with api.session.request(method, api.base + path, json=body, headers=headers) as resp:
+                text = await resp.text()
+                return resp.status, json.loads(text) if text.startswith("{") else text
+
+        async def ready() -> bool:
+            for api in (p.key, key_b):
+                status, listed = await call(api, "GET", "/v1/models")
+                if status != 200 or [m["id"] for m in listed["data"]] != ["echo-model"]:
+                    return False
+            return len(await rl.keys(buckets.RATE_NODES_PATTERN)) == NODES
+
+        await wait_for(ready, timeout=30, what="the model on both nodes, and both nodes announced")
+        body = {"model": "echo-model", "messages": [{"role": "user", "content": "hi"}]}
+        replies = [await call(api, "POST", "/v1/chat/completions", body) for api in (p.key, key_b) * 4]
+        # Two admitted on each node (the echo function has no chat route: its own 404 comes back), then
+        # each node's share is spent.
+        assert [status for status, _ in replies] == [404] * 4 + [429] * 4, replies
+        assert "2 gateway nodes share it" in replies[-1][1]["error"]["message"]

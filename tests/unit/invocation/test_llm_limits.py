@@ -141,3 +141,31 @@ def test_a_call_refused_before_it_ran_gives_its_tokens_back() -> None:
     limits = Limits(LlmGatewaySettings(tokens_per_minute=100), Clock())
     limits.admit(caller(), 90).settle(0)  # what the gateway does when the invocation is refused
     limits.admit(caller(), 90)  # the bucket is whole again
+
+
+def test_n_invocation_nodes_each_hold_a_share_so_together_they_admit_the_limit() -> None:
+    nodes = [2]
+    clock = Clock()
+    limits = Limits(LlmGatewaySettings(requests_per_minute=6, tokens_per_minute=100), clock, nodes=lambda: nodes[0])
+    # 6 a minute on 2 nodes: this node admits 3, and says why it stops there.
+    for _ in range(3):
+        limits.admit(caller(), 1)
+    err = refused(limits, caller(), 1)
+    assert "limit 6 (2 gateway nodes share it)" in err.message
+    assert err.headers["Retry-After"] == "20"  # the share refills at 3 a minute
+    # Tokens too: 50 of 100 here.
+    limits.admit(caller("acct-b"), 30)
+    refused(limits, caller("acct-b"), 30)
+
+    # The other node left: the bucket keeps its fill (empty stays empty) and grows to the whole limit.
+    nodes[0] = 1
+    refused(limits, caller(), 1)
+    clock.now += 10  # 6 a minute now: one request back every 10 s
+    limits.admit(caller(), 1)
+    refused(limits, caller(), 1)
+
+
+def test_a_limit_that_does_not_divide_rounds_each_share_up() -> None:
+    limits = Limits(LlmGatewaySettings(requests_per_minute=1), Clock(), nodes=lambda: 3)
+    limits.admit(caller(), 1)  # each of 3 nodes admits one: at most one over the limit per node
+    refused(limits, caller(), 1)

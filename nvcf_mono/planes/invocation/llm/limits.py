@@ -2,8 +2,14 @@
 
 A call takes one request and its estimated tokens (prompt characters / 4, plus ``max_tokens``) when it
 is admitted; when it ends, the estimate is replaced by the usage the function reported. A bucket that
-cannot pay answers 429 with ``Retry-After``: the seconds until it can. Buckets live on one invocation
-node; a full bucket is forgotten, so memory follows the callers of the last minute.
+cannot pay answers 429 with ``Retry-After``: the seconds until it can. A full bucket is forgotten, so
+memory follows the callers of the last minute.
+
+Several invocation nodes. Buckets live on each node, with no I/O per call; each node holds
+``ceil(limit / N)`` of a limit, ``N`` being the invocation nodes the rate limiter counts (their
+announcements on the bus). Together the nodes never admit more than the limit (plus up to one per node
+where the limit does not divide), however the callers spread; a spread so uneven that one node gets all
+of an account's calls gets ``1/N`` of the limit there. When ``N`` changes, each bucket keeps its fill.
 """
 
 from __future__ import annotations
@@ -64,9 +70,15 @@ class Lease:
 class Limits:
     """The gateway's request and token limits."""
 
-    def __init__(self, settings: LlmGatewaySettings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        settings: LlmGatewaySettings,
+        clock: Callable[[], float] = time.monotonic,
+        nodes: Callable[[], int] = lambda: 1,
+    ) -> None:
         self.settings = settings
         self.clock = clock
+        self.nodes = nodes
         self._buckets: dict[tuple[str, str, str], Bucket] = {}
 
     def admit(self, principal: Principal, estimate: int) -> Lease:
@@ -76,18 +88,20 @@ class Limits:
         if principal.key_id is not None:
             tiers.append(("key", principal.key_id, s.key_requests_per_minute, s.key_tokens_per_minute))
         now = self.clock()
+        nodes = max(1, self.nodes())
         self._forget_full(now)
         charges: list[tuple[Bucket, float, str]] = []
         for scope, ident, requests, tokens in tiers:
             for kind, limit, cost in (("requests", requests, 1.0), ("tokens", tokens, float(estimate))):
                 if limit <= 0:
                     continue
-                bucket = self._bucket((scope, ident, kind), limit, now)
+                bucket = self._bucket((scope, ident, kind), math.ceil(limit / nodes), now)
                 wait = bucket.wait(cost)
                 if wait > 0:
+                    spread = f" ({nodes} gateway nodes share it)" if nodes > 1 else ""
                     raise GatewayError(
                         429,
-                        f"Rate limit reached for {kind} per minute on this {scope}: limit {limit}; "
+                        f"Rate limit reached for {kind} per minute on this {scope}: limit {limit}{spread}; "
                         f"try again in {math.ceil(wait)}s.",
                         headers={"Retry-After": str(max(1, math.ceil(wait)))},
                     )
@@ -98,8 +112,13 @@ class Limits:
 
     def _bucket(self, key: tuple[str, str, str], limit: int, now: float) -> Bucket:
         bucket = self._buckets.get(key)
-        if bucket is None or bucket.capacity != limit:
+        if bucket is None:
             bucket = self._buckets[key] = Bucket(capacity=float(limit), level=float(limit), at=now)
+        elif bucket.capacity != limit:
+            # Another share (nodes came or went) or another setting: the bucket keeps its fill.
+            bucket.refill(now)
+            bucket.level *= limit / bucket.capacity
+            bucket.capacity = float(limit)
         bucket.refill(now)
         return bucket
 

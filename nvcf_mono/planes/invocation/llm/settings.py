@@ -27,12 +27,15 @@ class LlmGatewaySettings:
         "(a function tag 'model=<name>' registers an alias too). The caller must still be allowed to invoke it.",
     )
     requests_per_minute: int = setting(
-        0, doc="Per account: requests a minute through the gateway (0: no limit).", check=at_least(0)
+        0,
+        doc="Per account: requests a minute through the gateway (0: no limit). Each of N invocation nodes "
+        "holds 1/N of it.",
+        check=at_least(0),
     )
     tokens_per_minute: int = setting(
         0,
         doc="Per account: tokens a minute, estimated before a call (prompt characters / 4 plus max_tokens) and "
-        "corrected by the usage the function reports (0: no limit). Kept by each invocation node.",
+        "corrected by the usage the function reports (0: no limit). Each of N invocation nodes holds 1/N of it.",
         check=at_least(0),
     )
     key_requests_per_minute: int = setting(0, doc="The same per API key (0: no limit).", check=at_least(0))
