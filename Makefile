@@ -5,9 +5,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
-# Parallel test processes: most tests wait on sockets and timers, so 4 keep 2 cores busy (on 2 cores the
-# suite took 3.8 minutes with 4, 4.75 with 3). Two per core, at most 8.
-TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n * 2 > 8 ? 8 : n * 2 )))
+# Parallel test processes: most tests wait on sockets and timers, so 3 keep 2 cores busy. 4 were faster
+# (fresh-clone CI pytest 322 s against 368 s with 3) but made a containers test flaky in a slow phase.
+TEST_JOBS ?= 3
 
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 DEV_STAMP     := $(VENV)/.installed-dev

@@ -16,12 +16,6 @@ from nvcf_mono.testing.nats_server import NatsServer
 from tests.support.leftovers import kill, processes_under
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` first (in their order), then the rest: with several test processes the
-    long scenarios start early and the short tests fill the end, instead of one long test finishing alone."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 @pytest.fixture(scope="session")
 def nats_server() -> Iterator[NatsServer]:
     """A real nats-server with JetStream, shared by the session (tests isolate by unique names)."""
