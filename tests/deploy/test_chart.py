@@ -19,6 +19,7 @@ import pytest
 from nvcf_mono.auth.secret import PlatformSecret
 from nvcf_mono.config.load import ConfigError, ConfigSources, ResolvedConfig, load_config
 from nvcf_mono.helm import HelmRenderError, RenderedChart, RenderRequest, render_chart
+from nvcf_mono.planes.invocation.llm.gateway import FORWARDED
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "nvcf-mono"
@@ -51,6 +52,16 @@ SPLIT = {
         "grpc": {"enabled": True},
     },
 }
+
+
+#: What the API host sends to the invocation nodes: pexec, exec and the LLM gateway's routes.
+INVOCATION_PATHS = (
+    "/v2/nvcf/pexec",
+    "/v2/nvcf/exec",
+    *FORWARDED,
+    "/v1/models",
+    "/v1/health/ready",
+)
 
 
 async def _render(values: dict[str, Any] | None = None) -> RenderedChart:
@@ -202,6 +213,12 @@ async def test_the_split_layout_with_a_gpu_cluster(tmp_path: Path) -> None:
         f"{FULLNAME}-invocation": [8080, 8081],
     }
     assert roles[f"{FULLNAME}-control"].settings.http.public_url == "https://nvcf.example.com"
+    # Each API node names the other for endpoints.json and its wrong-node 404s: the public URL, which the
+    # ingress routes to both.
+    control_peers = roles[f"{FULLNAME}-control"].settings.peers
+    assert control_peers.invocation_url == "https://nvcf.example.com"
+    assert control_peers.invocation_grpc_address == f"{FULLNAME}-invocation.{NAMESPACE}.svc:8081"
+    assert roles[f"{FULLNAME}-invocation"].settings.peers.api_url == "https://nvcf.example.com"
 
     # The agent: the Kubernetes backend in this cluster, through its service account and ClusterRole.
     agent = deployments[f"{FULLNAME}-compute-gpu-a"]
@@ -254,8 +271,7 @@ async def test_the_split_layout_with_a_gpu_cluster(tmp_path: Path) -> None:
     rules = ingresses[FULLNAME]["spec"]["rules"]
     paths = {p["path"]: p["backend"]["service"]["name"] for p in rules[0]["http"]["paths"]}
     assert paths == {
-        "/v2/nvcf/pexec": f"{FULLNAME}-invocation",
-        "/v2/nvcf/exec": f"{FULLNAME}-invocation",
+        **{path: f"{FULLNAME}-invocation" for path in INVOCATION_PATHS},
         "/": f"{FULLNAME}-control",
     }
     assert rules[1]["host"] == "*.invocation.nvcf.example.com"
@@ -327,6 +343,14 @@ async def test_gateway_api_routes(tmp_path: Path) -> None:
     api = routes[FULLNAME]["spec"]
     assert api["hostnames"] == ["nvcf.example.com"]
     assert [r["backendRefs"][0]["name"] for r in api["rules"]] == [f"{FULLNAME}-invocation", f"{FULLNAME}-control"]
+    assert [m["path"]["value"] for m in api["rules"][0]["matches"]] == list(INVOCATION_PATHS)
+    # Without a public URL the API nodes name each other by their Services.
+    configs = _configs(result, tmp_path)
+    deployments = _by_kind(result, "Deployment")
+    control = _mounted_config(deployments[f"{FULLNAME}-control"], configs).settings.peers
+    invocation = _mounted_config(deployments[f"{FULLNAME}-invocation"], configs).settings.peers
+    assert control.invocation_url == f"http://{FULLNAME}-invocation.{NAMESPACE}.svc:8080"
+    assert invocation.api_url == f"http://{FULLNAME}-control.{NAMESPACE}.svc:8080"
     host_routing = routes[f"{FULLNAME}-invocation"]["spec"]
     assert host_routing["hostnames"] == ["*.invocation.nvcf.example.com"]
     assert host_routing["parentRefs"] == [{"name": "gateway", "namespace": "gateway-system"}]

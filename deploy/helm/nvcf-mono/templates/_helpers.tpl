@@ -75,6 +75,24 @@ nvcf-mono.io/cluster: {{ .cluster }}
 {{- end -}}
 {{- end -}}
 
+{{/* Path prefixes the invocation nodes serve on the API host: pexec, exec and the LLM gateway (OpenAI's
+routes). Space-separated; at most 8, the Gateway API's limit of matches in one rule. */}}
+{{- define "nvcf-mono.invocationPaths" -}}
+/v2/nvcf/pexec /v2/nvcf/exec /v1/chat/completions /v1/completions /v1/embeddings /v1/responses /v1/models /v1/health/ready
+{{- end -}}
+
+{{/* URLs of the API nodes inside the cluster, for the peers.* settings of a split deployment: the public
+URL where one is set (the ingress routes each path to its nodes), else the Services. */}}
+{{- define "nvcf-mono.peerUrl" -}}
+{{- $root := index . 0 -}}
+{{- $service := index . 1 -}}
+{{- with include "nvcf-mono.publicUrl" $root -}}
+{{- . -}}
+{{- else -}}
+{{- printf "http://%s.%s.svc:%d" $service $root.Release.Namespace (int $root.Values.service.httpPort) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Where instances dial the WorkerService. The all-in-one pod's own local cluster dials it in-pod. */}}
 {{- define "nvcf-mono.workerGrpcAddress" -}}
 {{- if .Values.workerGrpcAddress -}}
