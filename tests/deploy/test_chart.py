@@ -219,6 +219,8 @@ async def test_the_split_layout_with_a_gpu_cluster(tmp_path: Path) -> None:
     assert control_peers.invocation_url == "https://nvcf.example.com"
     assert control_peers.invocation_grpc_address == f"{FULLNAME}-invocation.{NAMESPACE}.svc:8081"
     assert roles[f"{FULLNAME}-invocation"].settings.peers.api_url == "https://nvcf.example.com"
+    agent_peers = roles[f"{FULLNAME}-compute-gpu-a"].settings.peers
+    assert (agent_peers.api_url, agent_peers.invocation_url) == ("https://nvcf.example.com",) * 2
 
     # The agent: the Kubernetes backend in this cluster, through its service account and ClusterRole.
     agent = deployments[f"{FULLNAME}-compute-gpu-a"]
