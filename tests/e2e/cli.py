@@ -22,6 +22,7 @@ from typing import Any
 
 from nvcf_mono.cli import main
 from nvcf_mono.cli.context import CliContext
+from tests.support.procs import live_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -164,17 +165,7 @@ def get(url: str, timeout: float = 5) -> tuple[int, bytes]:
 
 def processes_naming(text: str) -> list[int]:
     """Pids of the live (not zombie) processes whose command line contains ``text``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if text in cmd and stat != "Z":
-                found.append(int(entry.name))
-    return found
+    return [proc.pid for proc in live_processes() if text in proc.cmdline().decode(errors="replace")]
 
 
 def nats_servers_on(state_dir: Path) -> list[int]:

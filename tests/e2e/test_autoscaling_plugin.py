@@ -23,6 +23,7 @@ import pytest
 
 from tests.e2e.cli import ROOT, Platform, cli_env, fast_flags
 from tests.support.packages import install_package
+from tests.support.procs import live_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 EXAMPLE = ROOT / "examples" / "autoscaling-policy"
@@ -50,16 +51,10 @@ def _call(base: str, token: str, method: str, path: str, body: Any = None, timeo
 
 def _instance_processes(state: Path) -> list[int]:
     """Processes working in an instance directory under ``state`` (the local backend's instances)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cwd = (entry / "cwd").resolve()
-            except OSError:
-                continue
-            if cwd.is_relative_to(state.resolve()) and "instances" in cwd.parts:
-                found.append(int(entry.name))
-    return found
+    root = state.resolve()
+    return [
+        p.pid for p in live_processes() if Path(p.cwd()).is_relative_to(root) and "instances" in Path(p.cwd()).parts
+    ]
 
 
 def test_an_installed_policy_plugin_decides_for_the_functions_it_names(tmp_path: Path) -> None:

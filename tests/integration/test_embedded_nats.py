@@ -18,23 +18,15 @@ from nvcf_mono.bus.api import BucketSpec, StreamSpec
 from nvcf_mono.bus.embedded import find_nats_server
 from nvcf_mono.host import Host
 from nvcf_mono.testing.host import config_for_test, running_host
+from tests.support.procs import live_processes
 
 pytestmark = pytest.mark.nats
 
 
 def _pids_on(store: Path) -> list[int]:
     """nats-server processes started with this state directory's config."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if "nats-server" in cmd and str(store) in cmd:
-            found.append(int(entry.name))
-    return found
+    marker = str(store).encode()
+    return [p.pid for p in live_processes() if b"nats-server" in (cmd := p.cmdline()) and marker in cmd]
 
 
 @pytest.mark.slow

@@ -9,26 +9,23 @@ import os
 import signal
 from pathlib import Path
 
+from tests.support.procs import live_processes
+
 
 def processes_under(directory: Path) -> list[int]:
     """Pids of live processes (not this one) that work in, or name, ``directory``."""
     root = str(directory.resolve())
     # The directory itself or a path inside it, never a sibling that merely starts with its name.
     markers = ((root + "/").encode(), (root + "\0").encode())
+
+    def in_it(text: bytes) -> bool:
+        return any(marker in text for marker in markers)
+
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                continue
-            cwd = os.readlink(entry / "cwd")
-            texts = [(entry / "cmdline").read_bytes() + b"\0", (entry / "environ").read_bytes() + b"\0"]
-            named = any(marker in text for marker in markers for text in texts)
-        except (OSError, IndexError):
-            continue
-        if named or cwd == root or cwd.startswith(root + "/"):
-            found.append(int(entry.name))
+    for proc in live_processes():
+        cwd = proc.cwd()
+        if cwd == root or cwd.startswith(root + "/") or in_it(proc.cmdline()) or in_it(b"\0".join(proc.environ())):
+            found.append(proc.pid)
     return found
 
 

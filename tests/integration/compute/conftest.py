@@ -19,8 +19,9 @@ from nvcf_mono.contracts import rpc, subjects
 from nvcf_mono.contracts.agent import AgentInstances, AgentInstanceView, AgentQuery
 from nvcf_mono.testing.platform import Api, wait_for
 from nvcf_mono.testing.running import ECHO_FUNCTION, Platform, platform
+from tests.support.procs import alive, live_processes
 
-__all__ = ["ECHO_FUNCTION", "Platform", "platform"]
+__all__ = ["ECHO_FUNCTION", "Platform", "alive", "platform"]
 
 #: Timers short enough to see restarts, failures and replacements within a test.
 FAST: dict[str, str] = {
@@ -120,32 +121,14 @@ async def running(bus: Bus, cluster_id: str, count: int = 1, timeout: float = 30
     return await wait_for(probe, timeout=timeout, what=f"{count} running instance(s)")
 
 
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie (checked without psutil)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
-
-
 def pids(views: Sequence[AgentInstanceView]) -> list[int]:
     return [p.pid for v in views for p in v.instance.processes]
 
 
 def cluster_pids(cluster_id: str) -> list[int]:
     """Every live process started for an instance of this cluster (their environment names it)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if f"NVCF_CLUSTER_ID={cluster_id}".encode() in environ.split(b"\0") and alive(int(entry.name)):
-            out.append(int(entry.name))
-    return out
+    entry = f"NVCF_CLUSTER_ID={cluster_id}".encode()
+    return [proc.pid for proc in live_processes() if entry in proc.environ()]
 
 
 async def all_gone(found: Sequence[int], timeout: float = 15.0) -> None:
