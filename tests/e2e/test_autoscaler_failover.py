@@ -162,7 +162,8 @@ def test_a_new_leader_keeps_scaling_after_the_old_one_is_killed(tmp_path: Path) 
         until(lambda: placement(api_a), 20, "ACTIVE")
         status, body = call("POST", f"{invoke_url}/v2/nvcf/pexec/functions/{fid}", token, {"message": "one"})
         assert status == 200 and body["message"] == "one", body
-        running = until(lambda: (p := placement(api_a)) and p["runningInstances"] == 1, 20, "one running instance")
+        # At least one: on a slow machine the cold start's backlog can rightly ask for the second (max 2).
+        running = until(lambda: (p := placement(api_a)) and p["runningInstances"] >= 1, 30, "a running instance")
         assert running
 
         a.signal(signal.SIGKILL)
