@@ -18,8 +18,9 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
+from functools import partial
 from typing import Any, final
 
 import anyio
@@ -475,14 +476,14 @@ class Host:
         c = self.contributions
         deadline = time.monotonic() + self.settings.startup.timeout
         backoff = Backoff(0.1, 2.0)
+        declarations: list[Callable[[], Awaitable[object]]] = [
+            *(partial(bus.ensure_stream, spec) for _, spec in c.streams.values()),
+            *(partial(bus.ensure_bucket, bucket) for _, bucket in c.buckets.values()),
+            *(partial(bus.ensure_object_store, store) for _, store in c.object_stores.values()),
+        ]
         while True:
             try:
-                for _, spec in c.streams.values():
-                    await bus.ensure_stream(spec)
-                for _, bucket in c.buckets.values():
-                    await bus.ensure_bucket(bucket)
-                for _, store in c.object_stores.values():
-                    await bus.ensure_object_store(store)
+                await _all_at_once(declarations)
                 return
             except (BusUnavailable, RequestTimeout) as err:
                 # JetStream may still be recovering its store after a restart; anything else is fatal.
@@ -619,3 +620,24 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
         else:
             out.append(exc)
     return out
+
+
+async def _all_at_once(calls: Sequence[Callable[[], Awaitable[object]]]) -> None:
+    """Run ``calls`` concurrently (each declaration is two round trips to JetStream, and a node declares
+    some thirty: one after another they were most of a start); raise the first error, a fatal one before one
+    worth retrying.
+    """
+    errors: list[Exception] = []
+
+    async def run(call: Callable[[], Awaitable[object]]) -> None:
+        try:
+            await call()
+        except Exception as err:  # kept for the caller, which decides whether to retry
+            errors.append(err)
+
+    async with anyio.create_task_group() as tg:
+        for call in calls:
+            tg.start_soon(run, call)
+    if errors:
+        errors.sort(key=lambda err: isinstance(err, (BusUnavailable, RequestTimeout)))
+        raise errors[0]

@@ -1,6 +1,6 @@
-"""Configuration: attrs-frozen settings from YAML files, the environment and command-line flags."""
+"""Configuration: attrs-frozen settings from YAML files, the environment and command-line flags.
 
-from nvcf_mono.config.load import ConfigError, ConfigSources, PluginEntry, ResolvedConfig, load_config
-from nvcf_mono.config.model import Settings
-
-__all__ = ["ConfigError", "ConfigSources", "PluginEntry", "ResolvedConfig", "Settings", "load_config"]
+``config.model`` holds the settings, ``config.load`` reads them. The package itself imports neither, so a
+process that only needs a settings class (a worker configuring its logging) does not load YAML, the plugin
+registry and the rest of the loader.
+"""

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import aiohttp
 import anyio
+import nats
 import pytest
 from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
+from nats.js.api import StorageType
 
 from nvcf_mono.host import Host, HostFailed, HostSetupError
 from nvcf_mono.lifecycle import PluginState
@@ -187,6 +189,22 @@ async def test_run_returning_without_started_is_a_failure(tmp_path: Path, nats_s
     config = _config(tmp_path, nats_server, "tests.support.plugins:NeverStarts")
     with anyio.fail_after(15), pytest.raises(HostFailed, match=r"without calling task_status\.started"):
         await Host(config).serve()
+
+
+async def test_a_declaration_that_conflicts_with_the_server_stops_the_host_at_once(tmp_path: Path) -> None:
+    """Declarations run concurrently; one that cannot be applied is fatal, named, and not retried."""
+    server = NatsServer().start()
+    try:
+        nc = await nats.connect(server.url)
+        try:  # the recorder's stream, already there in memory (the plugin declares it on file)
+            await nc.jetstream().add_stream(name="RECORDER", subjects=["recorder.>"], storage=StorageType.MEMORY)
+        finally:
+            await nc.close()
+        config = _config(tmp_path, server, RECORDER)
+        with anyio.fail_after(10), pytest.raises(HostFailed, match=r"stream RECORDER exists with a different storage"):
+            await Host(config).serve()
+    finally:
+        server.close()
 
 
 def test_plugin_config_error_in_setup_fails_before_any_io(tmp_path: Path) -> None:
