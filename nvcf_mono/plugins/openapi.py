@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
+import attrs
 from aiohttp import web
 from anyio.abc import TaskStatus
 
 from nvcf_mono import __version__
-from nvcf_mono.http.api import API_OPERATIONS
+from nvcf_mono.http.api import API_OPERATIONS, Call, Operation
 from nvcf_mono.http.openapi import build_document
 from nvcf_mono.plugin import BasePlugin, NoConfig, PluginSpec, RunContext, SetupContext
 
@@ -106,10 +107,34 @@ class OpenApi(BasePlugin[NoConfig]):
 
     async def run(self, ctx: RunContext[NoConfig], *, task_status: TaskStatus[None]) -> None:
         operations = [ext.value for ext in ctx.services.extensions(API_OPERATIONS)]
-        doc = build_document(operations, title="nvcf-mono", version=__version__, extra_paths=_HOST_ROUTES)
-        self._body = json.dumps(doc, separators=(",", ":")).encode()
+        self._body = _document(operations)
         task_status.started()
         await ctx.wait_stopping()
 
     async def document(self, request: web.Request) -> web.Response:
         return web.Response(body=self._body, content_type="application/json")
+
+
+async def _not_called(call: Call[Any]) -> None:
+    raise AssertionError("a stand-in for handlers in a document's key")
+
+
+#: Encoded documents by what they are built from (few: hosts in one process serve the same operations).
+_DOCUMENTS: dict[str, bytes] = {}
+
+
+def _document(operations: list[Operation]) -> bytes:
+    """The document, encoded; kept, as hosts in one process (tests, ``up-split``'s nodes) serve the same
+    operations and building it was most of this plugin's start. Keyed by the operations' repr without their
+    handlers, which are bound to each host's plugins and say nothing the document shows (a ``Param``
+    holds a schema dict, so the operations themselves are not hashable).
+    """
+    key = repr([attrs.evolve(op, handler=_not_called) for op in operations])
+    body = _DOCUMENTS.get(key)
+    if body is None:
+        doc = build_document(operations, title="nvcf-mono", version=__version__, extra_paths=_HOST_ROUTES)
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        if len(_DOCUMENTS) >= 4:
+            _DOCUMENTS.clear()
+        _DOCUMENTS[key] = body
+    return body

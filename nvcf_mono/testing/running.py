@@ -6,9 +6,11 @@ Every API client validates the responses it receives against the host's ``/v3/op
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import os
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -57,6 +59,13 @@ class Platform:
         return self.admin.as_(token)
 
 
+@functools.lru_cache(maxsize=8)
+def _document(body: bytes) -> Mapping[str, Any]:
+    """The parsed /v3/openapi, once per distinct document (a test process starts hundreds of platforms)."""
+    document: Mapping[str, Any] = json.loads(body)
+    return document
+
+
 @asynccontextmanager
 async def platform(tmp_path: Path, **settings: Any) -> AsyncIterator[Platform]:
     """An all-in-one host on its own embedded NATS, with admin, key and anonymous clients."""
@@ -65,7 +74,7 @@ async def platform(tmp_path: Path, **settings: Any) -> AsyncIterator[Platform]:
         creds = credentials(host)
         base = host.endpoints.url
         async with session.get(f"{base}/v3/openapi") as resp:
-            checker = ResponseChecker(await resp.json())
+            checker = ResponseChecker(_document(await resp.read()))
         async with open_nats_bus(
             BusSettings(connect_retry_for=5.0, request_timeout=5.0),
             servers=host.endpoints.nats_url.split(","),

@@ -39,7 +39,9 @@ async def test_stats_count_the_callers_invocations_errors_and_latency(tmp_path: 
         assert (version["functionId"], version["functionVersionId"], version["functionName"]) == (fid, vid, "echo")
         busy = [point for point in version["points"] if point["invocations"]]
         assert sum(point["invocations"] for point in busy) == 5  # the 400 was refused before it was queued
-        assert all(point.get("p50Ms") is not None and 25 <= point["p95Ms"] <= 1000 for point in busy), busy
+        # A request queued just before a minute ends is answered in the next: its latency counts there.
+        timed = [point for point in version["points"] if point.get("p50Ms") is not None]
+        assert timed and all(25 <= point["p95Ms"] <= 1000 for point in timed), version["points"]
 
         one = await p.key.get("/v2/nvcf/stats", params={"functionId": fid, "versionId": vid, "minutes": "1"})
         assert one.status == 200 and len(one.json["versions"]) == 1 and len(one.json["total"]) == 1
