@@ -140,12 +140,18 @@ async def test_a_crashing_image_is_a_restart_loop(tmp_path: Path, podman: str) -
         _, _, d = await create(p.admin, body)
         await deploy(p.admin, d, spec())
 
+        seen: list[Any] = []
+
         async def looping() -> list[Any] | None:
-            held = await instances(p.bus, cluster_id, finished=True)
+            held = seen[:] = await instances(p.bus, cluster_id, finished=True)
             failed = [v for v in held if v.instance.state == "container-restart-loop"]
             return failed or None
 
-        (failed, *_) = await wait_for(looping, timeout=60, what="a restart loop")
+        try:
+            (failed, *_) = await wait_for(looping, timeout=60, what="a restart loop")
+        except AssertionError as err:  # what the agent saw, and the instance's log, to tell why
+            logs = [(await p.admin.get(f"/v2/nvcf/instances/{v.instance.instance_id}/logs")).body for v in seen]
+            raise AssertionError(f"{err}\ninstances: {seen!r}\nlogs: {logs!r}"[-6000:]) from None
         assert failed.instance.restarts >= 3
         dep = await deployment(p.admin, d)
         last = dep["deploymentSpecifications"][0]["placement"]["lastFailure"]
