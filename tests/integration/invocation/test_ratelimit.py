@@ -27,9 +27,10 @@ LIMIT = 10
 NODES = 2
 #: The worst case the module documents for NODES nodes that know of each other (no syncCheck).
 BOUND = LIMIT + NODES * share(LIMIT, NODES)
-#: Long enough that a busy test machine never lets requests through fail-open; the fail-open
-#: metric is checked to be 0.
-SETTINGS = {"plugins.invocation.rate_limit_timeout": "1"}
+#: Long enough that a busy test machine never lets requests through fail-open (1 s was not, once, in
+#: CI: a compare-and-set round of the all-at-once burst took longer); the fail-open metric is checked
+#: to be 0. Below the 5 s a round may take at most.
+SETTINGS = {"plugins.invocation.rate_limit_timeout": "4"}
 
 
 @asynccontextmanager
