@@ -13,7 +13,7 @@ RUNTIME_STAMP := $(VENV)/.installed-runtime
 DEV_STAMP     := $(VENV)/.installed-dev
 BENCH_STAMP   := $(VENV)/.installed-bench
 
-.PHONY: up up-split test lint typecheck pytest proto proto-check bench bench-peers reference clean help
+.PHONY: up up-split bytecode test lint typecheck pytest proto proto-check bench bench-peers reference clean help
 
 help:
 	@echo "make up         start the all-in-one platform (ARGS='--set http.port=9000' to pass flags)"
@@ -50,11 +50,17 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 	$(call install,-e '.[test]')
 	@touch $@ $(RUNTIME_STAMP)
 
-up: $(RUNTIME_STAMP)
+up: $(RUNTIME_STAMP) bytecode
 	exec $(BIN)/nvcf-mono up $(ARGS)
 
-up-split: $(RUNTIME_STAMP)
+up-split: $(RUNTIME_STAMP) bytecode
 	exec $(BIN)/nvcf-mono up-split $(ARGS)
+
+# The project's bytecode, compiled up front (what is up to date is skipped): the platform and the
+# tests start many Python processes (each instance's worker among them) that would otherwise compile
+# it from source each time where PYTHONDONTWRITEBYTECODE is set or they cannot write beside it.
+bytecode: $(RUNTIME_STAMP)
+	@$(BIN)/python -m compileall -q -j 0 nvcf_mono tests >/dev/null
 
 test: $(DEV_STAMP) lint typecheck proto-check pytest
 
@@ -66,9 +72,7 @@ lint: $(DEV_STAMP)
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
 
-# The tests start hundreds of Python processes: the project's bytecode is compiled once, up front.
-pytest: $(DEV_STAMP)
-	$(BIN)/python -m compileall -q -j 0 nvcf_mono tests >/dev/null
+pytest: $(DEV_STAMP) bytecode
 	$(BIN)/pytest -n $(TEST_JOBS) --dist loadgroup $(ARGS)
 
 proto: $(DEV_STAMP)
