@@ -5,8 +5,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
-# Parallel test processes: most tests wait on sockets and timers, so 3 keep 2 cores busy. 4 were faster
-# (fresh-clone CI pytest 322 s against 368 s with 3) but made a containers test flaky in a slow phase.
+# Parallel test processes: most tests wait on sockets and timers, so 3 keep 2 cores busy. 4 are faster
+# (pytest 250 s against 280 s in the work tree) but twice made a containers test time out under the load.
 TEST_JOBS ?= 3
 
 RUNTIME_STAMP := $(VENV)/.installed-runtime
