@@ -119,15 +119,15 @@ async def _not_called(call: Call[Any]) -> None:
     raise AssertionError("a stand-in for handlers in a document's key")
 
 
-#: Encoded documents by what they are built from (few: hosts in one process serve the same operations).
+#: Encoded documents by what they are built from (few: the hosts of one process serve the same operations).
 _DOCUMENTS: dict[str, bytes] = {}
 
 
 def _document(operations: list[Operation]) -> bytes:
-    """The document, encoded; kept, as hosts in one process (tests, ``up-split``'s nodes) serve the same
-    operations and building it was most of this plugin's start. Keyed by the operations' repr without their
-    handlers, which are bound to each host's plugins and say nothing the document shows (a ``Param``
-    holds a schema dict, so the operations themselves are not hashable).
+    """The document, encoded; kept, as hosts started in one process (a test process starts hundreds) serve
+    the same operations and building it was most of this plugin's start. Keyed by the operations' repr
+    without their handlers, which are bound to each host's plugins and say nothing the document shows (a
+    ``Param`` holds a schema dict, so the operations themselves are not hashable).
     """
     key = repr([attrs.evolve(op, handler=_not_called) for op in operations])
     body = _DOCUMENTS.get(key)

@@ -195,12 +195,15 @@ async def test_a_declaration_that_conflicts_with_the_server_stops_the_host_at_on
     """Declarations run concurrently; one that cannot be applied is fatal, named, and not retried."""
     server = NatsServer().start()
     try:
-        nc = await nats.connect(server.url)
-        try:  # the recorder's stream, already there in memory (the plugin declares it on file)
-            await nc.jetstream().add_stream(name="RECORDER", subjects=["recorder.>"], storage=StorageType.MEMORY)
-        finally:
-            await nc.close()
+        with anyio.fail_after(5):
+            nc = await nats.connect(server.url)
+            try:  # the recorder's stream, already there in memory (the plugin declares it on file)
+                js = nc.jetstream()
+                await js.add_stream(name="RECORDER", subjects=["recorder.>"], storage=StorageType.MEMORY)
+            finally:
+                await nc.close()
         config = _config(tmp_path, server, RECORDER)
+        # Within half the startup timeout (20 s): a host retrying the declaration would still be at it.
         with anyio.fail_after(10), pytest.raises(HostFailed, match=r"stream RECORDER exists with a different storage"):
             await Host(config).serve()
     finally:
