@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from nvcf_mono.http.api import Call, Operation
 from nvcf_mono.http.openapi import build_document
 from nvcf_mono.models.common import KeyValue
+from nvcf_mono.plugins import openapi as openapi_plugin
 from nvcf_mono.structure import WireModel, wire
 from nvcf_mono.testing.openapi import ResponseChecker
 
@@ -61,3 +63,22 @@ def test_undocumented_statuses_and_routes_fail() -> None:
 def test_problem_bodies_are_closed_too() -> None:
     with pytest.raises(AssertionError, match="does not match"):
         _doc().check("GET", "/things/1", 400, "application/problem+json", {"status": 400, "title": "x", "trace": "..."})
+
+
+async def _other_handler(call: Call[None]) -> Thing:
+    raise NotImplementedError
+
+
+def test_the_plugins_kept_document_follows_the_operations_not_their_handlers() -> None:
+    """Hosts of one process share a built document only when they serve the same operations."""
+    get = Operation(method="GET", path="/things/{thingId}", handler=_handler, summary="s", tag="t", response=Thing)
+    same_elsewhere = Operation(
+        method="GET", path="/things/{thingId}", handler=_other_handler, summary="s", tag="t", response=Thing
+    )
+    delete = Operation(method="DELETE", path="/things/{thingId}", handler=_handler, summary="d", tag="t", status=204)
+    one = openapi_plugin._document([get])
+    assert openapi_plugin._document([same_elsewhere]) is one  # another host's handler: the same document
+    both = openapi_plugin._document([get, delete])
+    assert both != one and b'"delete"' in both and b'"delete"' not in one
+    described = openapi_plugin._document([attrs.evolve(get, summary="another summary")])
+    assert b"another summary" in described and described != one
