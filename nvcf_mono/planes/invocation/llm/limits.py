@@ -114,12 +114,12 @@ class Limits:
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = Bucket(capacity=float(limit), level=float(limit), at=now)
-        elif bucket.capacity != limit:
+            return bucket
+        bucket.refill(now)
+        if bucket.capacity != limit:
             # Another share (nodes came or went) or another setting: the bucket keeps its fill.
-            bucket.refill(now)
             bucket.level *= limit / bucket.capacity
             bucket.capacity = float(limit)
-        bucket.refill(now)
         return bucket
 
     def _forget_full(self, now: float) -> None:
