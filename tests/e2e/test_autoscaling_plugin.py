@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.cli import ROOT, Platform, cli_env, fast_flags
+from tests.support.leftovers import kill
 from tests.support.packages import install_package
 from tests.support.procs import live_processes
 
@@ -119,6 +118,5 @@ def test_an_installed_policy_plugin_decides_for_the_functions_it_names(tmp_path:
             time.sleep(0.2)
     finally:
         platform.stop()
-        for pid in _instance_processes(state):  # only after a failure above
-            os.kill(pid, signal.SIGKILL)
+        kill(_instance_processes(state))  # only after a failure above
     assert "Traceback" not in platform.stderr(), platform.stderr()

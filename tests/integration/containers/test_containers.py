@@ -6,12 +6,10 @@ The images are built offline (``images.py``); the backend starts ``podman system
 from __future__ import annotations
 
 import base64
-import os
-import signal
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +30,7 @@ from tests.integration.compute.conftest import (
 )
 from tests.integration.compute.test_autoscaling import AUTOSCALE, placed, placement
 from tests.integration.compute.test_tasks_local import finished, get_task, launch
+from tests.support.leftovers import kill
 
 from .conftest import containers_of
 
@@ -69,9 +68,7 @@ async def container_platform(tmp_path: Path, cluster_id: str, podman: str, **set
 
 
 def remove_leftovers(podman: str, cluster_id: str) -> None:
-    for pid in cluster_pids(cluster_id):
-        with suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    kill(cluster_pids(cluster_id))
     for name in containers_of(podman, cluster_id):
         subprocess.run([podman, "rm", "-f", "-t", "0", name], capture_output=True, check=False)
 
