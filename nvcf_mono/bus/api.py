@@ -287,6 +287,10 @@ class Delivery(Protocol):
         """Never redeliver, and do not count it as processed."""
         ...
 
+    def hand_off(self) -> None:
+        """Another connection settles it from now on (by :attr:`ack_subject`): free its slot here, send nothing."""
+        ...
+
 
 @attrs.frozen(kw_only=True)
 class ConsumerStatistics:

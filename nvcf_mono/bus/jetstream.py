@@ -521,6 +521,10 @@ class NatsDelivery:
         finally:
             self._settle()
 
+    def hand_off(self) -> None:
+        """Settled elsewhere from now on: its in-flight slot is free."""
+        self._settle()
+
 
 #: How long a consumer waits before asking again when a pull request was refused or could not be sent.
 REFUSED_PAUSE = 0.25

@@ -37,6 +37,7 @@ from nvcf_mono.bus.api import (
     StreamState,
 )
 from nvcf_mono.bus.errors import BusError, BusUnavailable, NoResponders, RemoteError, RequestTimeout
+from nvcf_mono.bus.handed import NAK
 from nvcf_mono.bus.jetstream import (
     NatsStream,
     ensure_stream_config,
@@ -52,8 +53,6 @@ from nvcf_mono.config.model import BusSettings
 from nvcf_mono.metrics import Metrics
 
 _EVENT_BUFFER = 64
-#: JetStream's negative acknowledgement: redeliver now.
-NAK = b"-NAK"
 
 
 def _to_msg(msg: NatsMsg) -> Msg:

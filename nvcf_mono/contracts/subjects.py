@@ -113,6 +113,15 @@ def cancel_subject(function_version_id: str) -> str:
     return f"nvcf.cancel.{function_version_id}"
 
 
+#: Invocation nodes tell each other which of their instances took a conversation's turn (session affinity).
+AFFINITY_TOOK = "nvcf.affinity.took"
+
+
+def affinity_take_subject(node: str) -> str:
+    """``nvcf.affinity.take.<node>``: another node hands a turn to an instance connected to this node."""
+    return f"nvcf.affinity.take.{node}"
+
+
 def response_prefix(inbox: str) -> str:
     """Where an invocation node receives response frames: ``nvcf.resp.<inbox>``."""
     return f"nvcf.resp.{inbox.replace('.', '_')}"

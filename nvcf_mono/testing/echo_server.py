@@ -11,7 +11,7 @@ and ``X-Echo-Assets`` (each input asset's digest, read from ``NVCF-ASSET-DIR``).
 /status/<code>`` answers that status. ``/health`` and ``/v2/health/ready`` are the health checks
 (``/health/fail`` turns them to 503, ``/health/recover`` back to 200). Any method on
 ``/echo-request`` or below answers the request it got as JSON (method, path, query, headers, body,
-and a per-process call count), or, for a JSON body with ``"answer": {"status", "body", "contentType",
+a per-process call count and the server's pid), or, for a JSON body with ``"answer": {"status", "body", "contentType",
 "headers", "delay"}``, exactly that answer.
 """
 
@@ -126,6 +126,7 @@ async def echo_request(request: web.Request) -> web.Response:
         "headers": dict(request.headers),
         "body": raw.decode(errors="replace"),
         "count": _calls["echo-request"],
+        "pid": os.getpid(),  # which server (so which instance) answered
     }
     return web.json_response(seen, headers=nvcf)
 

@@ -10,7 +10,7 @@ import functools
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +22,7 @@ import attrs
 
 from nvcf_mono.auth import scopes
 from nvcf_mono.auth.keystore import API_KEY_STORE
+from nvcf_mono.auth.secret import PlatformSecret
 from nvcf_mono.bus.nats import NatsBus, open_nats_bus
 from nvcf_mono.config.model import BusSettings
 from nvcf_mono.contracts import buckets
@@ -93,6 +94,28 @@ async def platform(tmp_path: Path, **settings: Any) -> AsyncIterator[Platform]:
 
 
 @asynccontextmanager
+async def two_invocation_nodes(tmp_path: Path, **settings: Any) -> AsyncIterator[tuple[Platform, Host, Api]]:
+    """An all-in-one platform (node ``node-a``), and a host with role invocation (``node-b``) on its NATS and
+    secret; yields the platform, the second host, and the key client pointed at the second host.
+    """
+    secret = tmp_path / "platform-secret"
+    PlatformSecret.generate().write(secret)
+    first = {**settings, "node.id": "node-a", "plugins.auth.secret_file": str(secret)}
+    async with platform(tmp_path, **first) as p:
+        config = platform_config(
+            tmp_path / "node-b",
+            nats_url=p.host.endpoints.nats_url,
+            role="invocation",
+            node="node-b",
+            secret_file=secret,
+            settings=settings,
+        )
+        async with running_host(config) as b:
+            assert p.key.token is not None
+            yield p, b, Api(p.key.session, b.endpoints.url, p.key.token, checker=p.key.checker)
+
+
+@asynccontextmanager
 async def agent(bus: NatsBus, **options: Any) -> AsyncIterator[ScriptedAgent]:
     """A scripted agent for the duration of the block (default: one node with 8 H100)."""
     options.setdefault("cluster_id", "6b1e4d3a-58a1-4a5e-9d58-2a1c0f000001")
@@ -133,12 +156,18 @@ LLM_FUNCTION = {
 
 
 @asynccontextmanager
-async def launching_agent(p: Platform, workdir: Path, **options: Any) -> AsyncIterator[ScriptedAgent]:
-    """A scripted agent that starts real instances: the test echo server and ``nvcf-mono worker``."""
+async def launching_agent(
+    p: Platform, workdir: Path, *, worker_addresses: Sequence[str] = (), **options: Any
+) -> AsyncIterator[ScriptedAgent]:
+    """A scripted agent that starts real instances: the test echo server and ``nvcf-mono worker``.
+
+    ``worker_addresses``: the invocation nodes' gRPC addresses, dialled by the instances in turn.
+    """
     options.setdefault("cluster_id", "6b1e4d3a-58a1-4a5e-9d58-2a1c0f000002")
     options.setdefault("cluster_name", "local")
     options.setdefault("gpus", [gpu_inventory("H100", 8)])
-    launcher = ProcessLauncher(workdir, environ=dict(os.environ))  # noqa: TID251 - child processes inherit it
+    environ = dict(os.environ)  # noqa: TID251 - child processes inherit it
+    launcher = ProcessLauncher(workdir, environ=environ, worker_addresses=worker_addresses)
     fake = ScriptedAgent(p.bus, behaviour="launch", launcher=launcher, **options)
     async with anyio.create_task_group() as tg:
         await tg.start(fake.run)

@@ -22,6 +22,7 @@ from anyio.abc import TaskStatus
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.embedded import free_port
 from nvcf_mono.contracts import rpc, states, streams, subjects
+from nvcf_mono.contracts.env import NVCF_FQDN_GRPC
 from nvcf_mono.contracts.messages import (
     AckRequest,
     ClusterRegistration,
@@ -348,8 +349,13 @@ class ProcessLauncher:
         environ: Mapping[str, str],
         ready_timeout: float = 30.0,
         restart_inference: bool = False,
+        worker_addresses: Sequence[str] = (),
     ) -> None:
         self.workdir = workdir
+        #: WorkerService addresses the instances' workers dial in turn (several invocation nodes); by
+        #: default the one the creation message names.
+        self.worker_addresses = tuple(worker_addresses)
+        self._launches = 0
         self.environ = dict(environ)
         self.ready_timeout = ready_timeout
         #: Start an instance's inference server again when it exits, as a real agent (a pod) does.
@@ -372,6 +378,9 @@ class ProcessLauncher:
                 "BASE_RESPONSE_DIR": str(self.workdir / "responses"),
             }
         )
+        if self.worker_addresses:
+            env[NVCF_FQDN_GRPC] = self.worker_addresses[self._launches % len(self.worker_addresses)]
+        self._launches += 1
         log = self.workdir / f"{msg.request_id}.log"
         self.workdir.mkdir(parents=True, exist_ok=True)
         out = log.open("ab")

@@ -2,21 +2,21 @@
 
 An LLM server keeps a conversation's KV cache; sending its next turn to the same instance reuses it.
 A request names its conversation with the ``x-multi-turn-session-id`` header (the LLM gateway sets it
-from ``prompt_cache_key``, or passes the header a client sent back; any pexec caller may set it). The
-invocation node remembers which instance took each conversation's last turn; when a worker session
-of this node pulls a turn that another instance of the same version took before, and that instance's
-session is on this node, serving and has a free slot, the turn is handed to it. Otherwise whoever
-pulled it serves it, and becomes the conversation's instance: affinity is a preference, never a wait.
-
-What this does not do: prefer an instance whose worker is connected to another invocation node (each
-node knows its own sessions only).
+from ``prompt_cache_key``, or passes the header a client sent back; any pexec caller may set it). Every
+invocation node remembers which instance took each conversation's last turn, and on which node that
+instance's worker is connected (nodes tell each other: :mod:`.handover`). When a worker session pulls
+a turn that another instance of the same version took before, the turn is handed to that instance if
+it is serving and has a free slot, on this node directly or through its node. Otherwise whoever pulled
+it serves it, and becomes the conversation's instance: affinity is a preference, never a wait.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import NamedTuple
 
 from nvcf_mono.contracts.frames import Headers
 
@@ -24,6 +24,9 @@ HEADER = "x-multi-turn-session-id"
 #: Conversations remembered per node (the oldest go first), and for how long after their last turn.
 MAX_SESSIONS = 10_000
 TTL = 600.0
+#: A node tells the others again about a conversation that stays on its instance this often, so their
+#: entries do not expire while it goes on (and a lost announcement is mended).
+REANNOUNCE = TTL / 4
 #: Longest key kept (a longer one is not a conversation id worth remembering).
 MAX_KEY = 256
 
@@ -37,28 +40,63 @@ def session_key(headers: Headers) -> str | None:
     return None
 
 
+class Place(NamedTuple):
+    """Where a conversation's last turn was served: the instance, and the node its worker is connected to."""
+
+    instance: str
+    node: str
+
+
+class _Entry(NamedTuple):
+    place: Place
+    at: float
+    announced: float
+
+
 class Affinity:
-    """Conversation -> the instance that took its last turn, per function version; bounded and expiring."""
+    """Conversation -> the instance that took its last turn, per function version; bounded and expiring.
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    ``node`` names this node among the invocation nodes (unique per process, so two processes
+    started with one configured node id are still two).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, *, node: str | None = None) -> None:
         self._clock = clock
-        self._last: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
+        self.node = node or uuid.uuid4().hex
+        self._last: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
 
-    def instance_of(self, version_id: str, key: str) -> str | None:
+    def place_of(self, version_id: str, key: str) -> Place | None:
         found = self._last.get((version_id, key))
         if found is None:
             return None
-        instance, at = found
-        if self._clock() - at > TTL:
+        if self._clock() - found.at > TTL:
             del self._last[(version_id, key)]
             return None
-        return instance
+        return found.place
 
-    def took(self, version_id: str, key: str, instance_id: str) -> None:
-        """``instance_id`` took the conversation's latest turn."""
-        entry = (version_id, key)
-        self._last[entry] = (instance_id, self._clock())
-        self._last.move_to_end(entry)
+    def took(self, version_id: str, key: str, instance_id: str) -> bool:
+        """An instance connected to this node took the conversation's latest turn.
+
+        True when the other nodes should be told: the conversation is new here or moved, or they were
+        last told long enough ago.
+        """
+        now, place = self._clock(), Place(instance_id, self.node)
+        before = self._last.get((version_id, key))
+        if before is not None and before.place == place and now - before.announced < REANNOUNCE:
+            self._put(version_id, key, _Entry(place, now, before.announced))
+            return False
+        self._put(version_id, key, _Entry(place, now, now))
+        return True
+
+    def heard(self, version_id: str, key: str, place: Place) -> None:
+        """Another node says one of its instances took the conversation's latest turn."""
+        if place.node != self.node:
+            now = self._clock()
+            self._put(version_id, key, _Entry(place, now, now))
+
+    def _put(self, version_id: str, key: str, entry: _Entry) -> None:
+        self._last[(version_id, key)] = entry
+        self._last.move_to_end((version_id, key))
         while len(self._last) > MAX_SESSIONS:
             self._last.popitem(last=False)
 

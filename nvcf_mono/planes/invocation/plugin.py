@@ -23,6 +23,7 @@ from nvcf_mono.planes.invocation.collector import Collector
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
 from nvcf_mono.planes.invocation.grpc_proxy import GrpcProxy
+from nvcf_mono.planes.invocation.handover import Handover
 from nvcf_mono.planes.invocation.idempotency import Idempotency
 from nvcf_mono.planes.invocation.input_assets import InputAssets
 from nvcf_mono.planes.invocation.llm.gateway import Gateway
@@ -129,7 +130,9 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
                 log=log,
             )
             tg.start_soon(retired.run)
-            self.workers.deps.set(self._worker_deps(ctx, routing, dispatcher, sink, capabilities))
+            handover = Handover(bus, self.workers.affinity, log)
+            await tg.start(handover.run, self.workers.take_handed)
+            self.workers.deps.set(self._worker_deps(ctx, routing, dispatcher, sink, capabilities, handover=handover))
             self.invoker.set(
                 http.Invoker(
                     config=self.config,
@@ -165,6 +168,8 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
         dispatcher: Dispatcher,
         sink: NodeSink,
         capabilities: Capabilities,
+        *,
+        handover: Handover,
     ) -> WorkerDeps:
         """What the WorkerService and the NATS worker transport serve workers with."""
         return WorkerDeps(
@@ -176,6 +181,7 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
             capabilities=capabilities,
             nats_url=self.config.worker_nats_url or _without_credentials(ctx.endpoints.nats_url),
             callout=ctx.services.find(NATS_AUTH),
+            handover=handover,
         )
 
 

@@ -40,6 +40,7 @@ from nvcf_mono.late import Late
 from nvcf_mono.planes.invocation.affinity import Affinity, session_key
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
+from nvcf_mono.planes.invocation.handover import Handover
 from nvcf_mono.planes.invocation.responses import Capabilities
 from nvcf_mono.planes.invocation.routing import RoutingTable
 from nvcf_mono.planes.invocation.settlement import NodeSink
@@ -88,6 +89,8 @@ class WorkerDeps:
     capabilities: Capabilities
     nats_url: str | None = None
     callout: CalloutStatus | None = None
+    #: Session affinity with the other invocation nodes (None: this node's sessions only).
+    handover: Handover | None = None
 
 
 @final
@@ -104,6 +107,37 @@ class WorkerService:
         self.deps: Late[WorkerDeps] = Late("the invocation plane")
         self._policy = Policy(max_deliver=config.max_deliver)
         self._tasks = TaskCalls(self._verify, lambda: self.deps.get().bus, log)
+
+    def serving_session(self, version_id: str, instance_id: str) -> WorkerSession | None:
+        """The grpc session of an instance that can take one more request of ``version_id`` now."""
+        for session in self.sessions.values():
+            if session.instance_id == instance_id and session.function_version_id == version_id and session.has_room:
+                return session
+        return None
+
+    async def took(self, version_id: str, key: str, instance_id: str) -> None:
+        """An instance connected here took a conversation's turn; the other nodes hear of it when they should."""
+        handover = self.deps.get().handover
+        if self.affinity.took(version_id, key, instance_id) and handover is not None:
+            await handover.announce(version_id, key, instance_id)
+
+    async def take_handed(self, version_id: str, instance_id: str, delivery: Delivery) -> bool:
+        """Another node hands a conversation's turn to an instance connected here; False if it cannot take it."""
+        session = self.serving_session(version_id, instance_id)
+        if session is None:
+            return False
+        try:
+            request = Request.decode(delivery.data)
+        except FrameError as err:
+            self._log.error("refusing a malformed request handed over from another node: %s", err)
+            return False
+        held = Settlement(delivery, request, policy=self._policy, sink=self.deps.get().sink)
+        if not await session.offer(held, delivery):
+            return False
+        key = session_key(request.headers)
+        if key is not None:
+            await self.took(version_id, key, instance_id)
+        return True
 
     def _transport(self, offered: list[str]) -> str:
         """The configured transport when the worker offers it and it can work here, else grpc."""
@@ -327,6 +361,28 @@ class WorkerSession:
         """Ready for requests (its inference server healthy) and not draining."""
         return self.ready.is_set() and not self.draining
 
+    @property
+    def has_room(self) -> bool:
+        """Can be given one more request now (grpc transport: the node holds its deliveries)."""
+        return (
+            self.transport == "grpc"
+            and self.serving
+            and self._out is not None
+            and len(self.in_flight) < self.max_concurrency
+        )
+
+    async def offer(self, held: Settlement, delivery: Delivery) -> bool:
+        """Give this session's worker a request another session pulled; False if it cannot take it now."""
+        out = self._out
+        if out is None or not self.has_room:
+            return False
+        try:
+            await self._deliver(held, delivery, out)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self.in_flight.pop(held.request.request_id, None)
+            return False  # the session just ended
+        return True
+
     async def run(self, stream: Stream[WorkerEnvelope, NodeEnvelope]) -> None:
         send, recv = anyio.create_memory_object_stream[NodeEnvelope](self.max_concurrency + 16)
         self._out = send
@@ -396,27 +452,24 @@ class WorkerSession:
         await self._deliver(held, delivery, out)
 
     async def _hand_over(self, key: str, held: Settlement, delivery: Delivery) -> bool:
-        """Give a conversation's turn to the instance that took its last one, when it can take it now."""
+        """Give a conversation's turn to the instance that took its last one, when it can take it now.
+
+        True when it is not this session's to serve: another session here or another node took it,
+        or another node may have (no answer), in which case it is left to redelivery.
+        """
         svc, version = self._svc, self.function_version_id
-        preferred = svc.affinity.instance_of(version, key)
-        if preferred is not None and preferred != self.instance_id:
-            for other in list(svc.sessions.values()):
-                if (
-                    other.instance_id == preferred
-                    and other.function_version_id == version
-                    and other.transport == "grpc"
-                    and other.serving
-                    and other._out is not None
-                    and len(other.in_flight) < other.max_concurrency
-                ):
-                    try:
-                        await other._deliver(held, delivery, other._out)
-                    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                        other.in_flight.pop(held.request.request_id, None)
-                        break  # that session just ended: serve it here
-                    svc.affinity.took(version, key, preferred)
+        place = svc.affinity.place_of(version, key)
+        if place is not None and place.instance != self.instance_id:
+            handover = svc.deps.get().handover
+            if place.node == svc.affinity.node:
+                other = svc.serving_session(version, place.instance)
+                if other is not None and await other.offer(held, delivery):
+                    await svc.took(version, key, place.instance)
                     return True
-        svc.affinity.took(version, key, self.instance_id)
+            elif handover is not None and await handover.offer(place, version, delivery) != "refused":
+                delivery.hand_off()  # its node settles it now (and announces the turn), or redelivery will
+                return True
+        await svc.took(version, key, self.instance_id)
         return False
 
     async def _deliver(self, held: Settlement, delivery: Delivery, out: MemoryObjectSendStream[NodeEnvelope]) -> None:

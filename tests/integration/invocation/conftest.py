@@ -6,6 +6,13 @@ messages from the bus like a real one and starts ``nvcf-mono worker`` beside the
 
 from __future__ import annotations
 
-from nvcf_mono.testing.running import ECHO_FUNCTION, Platform, deployed, launching_agent, platform
+from nvcf_mono.testing.running import (
+    ECHO_FUNCTION,
+    Platform,
+    deployed,
+    launching_agent,
+    platform,
+    two_invocation_nodes,
+)
 
-__all__ = ["ECHO_FUNCTION", "Platform", "deployed", "launching_agent", "platform"]
+__all__ = ["ECHO_FUNCTION", "Platform", "deployed", "launching_agent", "platform", "two_invocation_nodes"]

@@ -6,22 +6,18 @@ import json
 import math
 import re
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from nvcf_mono.auth.secret import PlatformSecret
 from nvcf_mono.contracts import buckets
 from nvcf_mono.host import Host
 from nvcf_mono.planes.invocation.ratelimit import share
-from nvcf_mono.testing.host import running_host
-from nvcf_mono.testing.platform import Api, Reply, platform_config, wait_for
+from nvcf_mono.testing.platform import Api, Reply, wait_for
 
-from .conftest import ECHO_FUNCTION, Platform, deployed, launching_agent, platform
+from .conftest import ECHO_FUNCTION, Platform, deployed, launching_agent, platform, two_invocation_nodes
 
 LIMIT = 10
 NODES = 2
@@ -31,26 +27,6 @@ BOUND = LIMIT + NODES * share(LIMIT, NODES)
 #: CI: a compare-and-set round of the all-at-once burst took longer); the fail-open metric is checked
 #: to be 0. Below the 5 s a round may take at most.
 SETTINGS = {"plugins.invocation.rate_limit_timeout": "4"}
-
-
-@asynccontextmanager
-async def two_invocation_nodes(tmp_path: Path, **more: str) -> AsyncIterator[tuple[Platform, Host, Api]]:
-    """An all-in-one platform, and a second host with role invocation on the same NATS and secret."""
-    secret = tmp_path / "platform-secret"
-    PlatformSecret.generate().write(secret)
-    settings = {**SETTINGS, **more, "node.id": "node-a", "plugins.auth.secret_file": str(secret)}
-    async with platform(tmp_path, **settings) as p:
-        config = platform_config(
-            tmp_path / "node-b",
-            nats_url=p.host.endpoints.nats_url,
-            role="invocation",
-            node="node-b",
-            secret_file=secret,
-            settings={**SETTINGS, **more},
-        )
-        async with running_host(config) as b:
-            assert p.key.token is not None
-            yield p, b, Api(p.key.session, b.endpoints.url, p.key.token, checker=p.key.checker)
 
 
 async def burst(nodes: tuple[Api, Api], path: str, count: int, *, interval: float = 0.01) -> tuple[list[Reply], int]:
@@ -111,7 +87,7 @@ def check_refusals(replies: list[Reply]) -> None:
 @pytest.mark.slow
 async def test_two_invocation_nodes_share_the_rate(tmp_path: Path) -> None:
     async with (
-        two_invocation_nodes(tmp_path) as (p, b, key_b),
+        two_invocation_nodes(tmp_path, **SETTINGS) as (p, b, key_b),
         launching_agent(p, tmp_path / "instances"),
     ):
         limited: dict[str, Any] = {**ECHO_FUNCTION, "rateLimit": {"rateLimit": f"{LIMIT}-S"}}
@@ -202,7 +178,7 @@ async def test_a_version_without_rate_limit_is_never_refused(tmp_path: Path) -> 
 
 async def test_the_llm_gateways_limits_are_split_between_the_invocation_nodes(tmp_path: Path) -> None:
     """4 requests a minute per account through the gateway, on 2 nodes: 4 in all, not 4 on each."""
-    limit = {"plugins.invocation.llm_gateway.requests_per_minute": "4"}
+    limit = {**SETTINGS, "plugins.invocation.llm_gateway.requests_per_minute": "4"}
     async with two_invocation_nodes(tmp_path, **limit) as (p, _, key_b), launching_agent(p, tmp_path / "instances"):
         await deployed(p.admin, {**ECHO_FUNCTION, "tags": ["model=echo-model"]})
         rl = p.bus.kv(buckets.RATE_LIMITS.name)

@@ -1,9 +1,9 @@
-"""The conversation -> instance table behind session affinity: per version, expiring, bounded."""
+"""The conversation -> instance table behind session affinity: per version, expiring, bounded, shared."""
 
 from __future__ import annotations
 
 from nvcf_mono.planes.invocation import affinity
-from nvcf_mono.planes.invocation.affinity import Affinity, session_key
+from nvcf_mono.planes.invocation.affinity import Affinity, Place, session_key
 
 
 def test_a_conversation_is_named_by_its_header_in_any_case_and_nothing_else() -> None:
@@ -15,14 +15,14 @@ def test_a_conversation_is_named_by_its_header_in_any_case_and_nothing_else() ->
 
 def test_the_last_instance_of_a_conversation_per_version_until_it_expires() -> None:
     now = [0.0]
-    table = Affinity(clock=lambda: now[0])
+    table = Affinity(clock=lambda: now[0], node="here")
     table.took("v1", "conv", "i1")
     table.took("v2", "conv", "i9")  # the same key on another version is another conversation
-    assert table.instance_of("v1", "conv") == "i1" and table.instance_of("v2", "conv") == "i9"
+    assert table.place_of("v1", "conv") == Place("i1", "here") and table.place_of("v2", "conv") == Place("i9", "here")
     table.took("v1", "conv", "i2")
-    assert table.instance_of("v1", "conv") == "i2"
+    assert table.place_of("v1", "conv") == Place("i2", "here")
     now[0] = affinity.TTL + 1
-    assert table.instance_of("v1", "conv") is None and len(table) == 1  # forgotten once looked up
+    assert table.place_of("v1", "conv") is None and len(table) == 1  # forgotten once looked up
 
 
 def test_the_table_keeps_the_most_recent_conversations_only() -> None:
@@ -30,4 +30,33 @@ def test_the_table_keeps_the_most_recent_conversations_only() -> None:
     for i in range(affinity.MAX_SESSIONS + 10):
         table.took("v", f"c{i}", "i")
     assert len(table) == affinity.MAX_SESSIONS
-    assert table.instance_of("v", "c0") is None and table.instance_of("v", f"c{affinity.MAX_SESSIONS + 9}") == "i"
+    assert table.place_of("v", "c0") is None
+    assert table.place_of("v", f"c{affinity.MAX_SESSIONS + 9}") == Place("i", table.node)
+
+
+def test_the_other_nodes_are_told_when_a_conversation_is_new_moves_or_was_told_long_ago() -> None:
+    now = [0.0]
+    table = Affinity(clock=lambda: now[0], node="here")
+    assert table.took("v", "conv", "i1")  # new
+    now[0] = 1.0
+    assert not table.took("v", "conv", "i1")  # the same instance again: nothing new
+    assert table.took("v", "conv", "i2")  # moved
+    now[0] = 1.0 + affinity.REANNOUNCE - 0.5
+    assert not table.took("v", "conv", "i2")  # turns keep it alive here, but not the others' entries...
+    now[0] = 1.0 + affinity.REANNOUNCE
+    assert table.took("v", "conv", "i2")  # ...so they are told again before theirs expire
+    assert affinity.REANNOUNCE < affinity.TTL
+
+
+def test_what_another_node_says_is_kept_and_what_names_this_node_is_not() -> None:
+    now = [0.0]
+    table = Affinity(clock=lambda: now[0], node="here")
+    table.heard("v", "conv", Place("i7", "there"))
+    assert table.place_of("v", "conv") == Place("i7", "there")
+    table.heard("v", "conv", Place("i8", "here"))  # an echo of this node's own: it knows better
+    assert table.place_of("v", "conv") == Place("i7", "there")
+    assert table.took("v", "conv", "i1")  # served here after all: the others must hear it moved
+    assert table.place_of("v", "conv") == Place("i1", "here")
+    now[0] = affinity.TTL + 1
+    assert table.place_of("v", "conv") is None
+    assert Affinity().node != Affinity().node  # one name per process, even with one configured node id
