@@ -1,16 +1,21 @@
-"""Container images for tests and benchmarks, built offline: busybox with ``httpd`` and CGI scripts.
+"""Container images for tests and benchmarks, built offline.
 
-No registry on the internet is reachable where the tests run, so images are assembled here from
-Debian's ``busybox-static``: small, and a real image with its own entrypoint, env and files.
+No registry on the internet is reachable where the tests run, so images are assembled here: from
+Debian's ``busybox-static`` (``httpd`` and CGI scripts: small, and a real image with its own
+entrypoint, env and files), and for the example model server from this machine's own Python.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import resource
 import shutil
 import socket
 import subprocess
+import sys
+import sysconfig
 import tarfile
 import tempfile
 import time
@@ -109,6 +114,85 @@ def build_echo_image(podman: str) -> str:
             changes += ["--change", "ENV IMAGE_ENV=from-the-image", *user]
             subprocess.run([podman, "import", *changes, str(archive), name], check=True, capture_output=True)
     return ECHO_IMAGE
+
+
+#: The example model server (``nvcf_mono.examples.llm``) on port 8000, as its own image.
+LLM_IMAGE = "localhost/nvcf-test/llm:1"
+#: Where the image keeps the example and the packages it imports (its PYTHONPATH).
+APP = "/app"
+#: Parts of the standard library the example never imports (tests, GUIs, build files, bundled wheels).
+_NOT_NEEDED = re.compile(
+    r"(^|/)(test|tests|idlelib|tkinter|turtledemo|ensurepip|lib2to3|site-packages|dist-packages|config-[^/]*)(/|$)"
+    r"|\.opt-[12]\.pyc$"
+)
+#: Prints the extension modules the example loads, and the top-level packages (or single modules) it
+#: imports from outside the standard library ({path: name}); run by the Python the image is made of.
+_IMPORTED = """
+import json, os, sys, sysconfig
+import nvcf_mono.examples.llm
+stdlib = sysconfig.get_path("stdlib")
+entries = sorted((os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)), key=len, reverse=True)
+roots, extensions = {}, []
+for module in list(sys.modules.values()):
+    file = getattr(module, "__file__", None)
+    if file and file.endswith(".so"):
+        extensions.append(file)
+    if not file or file.startswith(stdlib + os.sep):
+        continue
+    entry = next((e for e in entries if file.startswith(e + os.sep)), None)
+    if entry is not None:
+        top = file[len(entry) + 1 :].split(os.sep, 1)[0]
+        roots[os.path.join(entry, top)] = top
+print(json.dumps({"roots": roots, "extensions": extensions}))
+"""
+
+
+def _shared_libraries(binaries: list[str]) -> set[str]:
+    """The shared libraries ``binaries`` load (``ldd``), the dynamic loader included."""
+    found: set[str] = set()
+    for binary in binaries:
+        out = subprocess.run(["ldd", binary], capture_output=True, text=True, check=False).stdout
+        found.update(os.path.normpath(m.group(1)) for m in re.finditer(r"(?:=> )?(/\S+) \(0x", out))
+    return found
+
+
+def build_llm_image(podman: str) -> str:
+    """``LLM_IMAGE``: the example model server run by this machine's Python, copied into an image.
+
+    The interpreter, the shared libraries it and its extension modules load (at the same paths, so
+    its own library path finds them), the standard library without its tests, and the packages the
+    example imports (``aiohttp`` and its dependencies, ``nvcf_mono``) under APP. Built again each session.
+    """
+    python = os.path.realpath(sys.executable)
+    stdlib = sysconfig.get_path("stdlib")
+    found = subprocess.run([sys.executable, "-c", _IMPORTED], capture_output=True, text=True, check=True)
+    imported = json.loads(found.stdout)
+    packages: dict[str, str] = imported["roots"]
+    # What the interpreter and the extensions it loads need (not every extension of the standard library:
+    # _tkinter would bring X11).
+    libraries = _shared_libraries([python, *imported["extensions"]])
+
+    def lean(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        return None if _NOT_NEEDED.search(info.name) else info
+
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = Path(tmp) / "root.tar"
+        with tarfile.open(archive, "w") as tar:
+            for directory in ("tmp", APP.strip("/")):
+                info = tarfile.TarInfo(directory)
+                info.type, info.mode = tarfile.DIRTYPE, 0o1777 if directory == "tmp" else 0o755
+                tar.addfile(info)
+            tar.add(python, arcname=python)
+            for library in sorted(libraries):
+                tar.add(os.path.realpath(library), arcname=library)
+            tar.add(stdlib, arcname=stdlib, filter=lean)
+            for source, name in sorted(packages.items()):
+                tar.add(source, arcname=f"{APP}/{name}", filter=lean)
+        command = [python, "-m", "nvcf_mono.examples.llm", "--host", "0.0.0.0", "--port", "8000"]
+        changes = ["--change", f"CMD {json.dumps(command)}", "--change", f"ENV PYTHONPATH={APP}"]
+        changes += ["--change", "ENV PYTHONDONTWRITEBYTECODE=1"]
+        subprocess.run([podman, "import", *changes, str(archive), LLM_IMAGE], check=True, capture_output=True)
+    return LLM_IMAGE
 
 
 @contextmanager

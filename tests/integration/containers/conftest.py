@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nvcf_mono.testing.container_images import build_echo_image, write_containers_conf
+from nvcf_mono.testing.container_images import build_echo_image, build_llm_image, write_containers_conf
 
 
 @pytest.fixture(scope="session")
@@ -34,6 +34,12 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         if previous is None:
             os.environ.pop("CONTAINERS_CONF", None)
+
+
+@pytest.fixture(scope="session")
+def llm_image(podman: str) -> str:
+    """The example model server as an image made of this machine's Python (built once per session)."""
+    return build_llm_image(podman)
 
 
 def containers_of(podman: str, cluster_id: str) -> list[str]:

@@ -17,6 +17,7 @@ import pytest
 
 from nvcf_mono.testing.container_images import ECHO_IMAGE, ECHO_USER_IMAGE, private_registry
 from nvcf_mono.testing.platform import deployment, wait_for, wait_status
+from nvcf_mono.testing.running import LLM_FUNCTION
 from tests.integration.compute.conftest import (
     Platform,
     cluster,
@@ -30,6 +31,11 @@ from tests.integration.compute.conftest import (
 )
 from tests.integration.compute.test_autoscaling import AUTOSCALE, placed, placement
 from tests.integration.compute.test_tasks_local import finished, get_task, launch
+from tests.integration.invocation.test_llm_gateway import (
+    chat_completions_embeddings_and_responses,
+    client,
+    streamed_chat,
+)
 from tests.support.leftovers import kill
 
 from .conftest import containers_of
@@ -351,3 +357,32 @@ async def test_an_image_running_as_another_user_reads_its_secrets_and_writes_its
             return bool(again.status == 200 and again.json["secrets"] == {"api-key": "rotated"})
 
         await wait_for(rotated_seen, timeout=20, what="the rotated secret read by the image's user")
+
+
+async def test_the_example_model_in_its_image_answers_openai_clients_through_the_gateway(
+    tmp_path: Path, podman: str, llm_image: str
+) -> None:
+    """The LLM example as a container image (made of this machine's Python: no base image can be pulled
+    here), on the containers backend, called with OpenAI's client through the gateway.
+    """
+    cluster_id = str(uuid.uuid4())
+    async with container_platform(tmp_path, cluster_id, podman) as p:
+        fid, _, d = await create(p.admin, {**LLM_FUNCTION, "containerImage": llm_image})
+        await deploy(p.admin, d, spec())
+        await wait_status(p.admin, d, "ACTIVE", timeout=90)
+        (view,) = await running(p.bus, cluster_id, 1, timeout=60)
+        assert containers_of(podman, cluster_id) == [f"nvcf-{view.instance.instance_id}"]
+        async with client(p.key) as llm:
+            await chat_completions_embeddings_and_responses(llm, fid)
+            stamps, usage = await streamed_chat(llm)
+            assert len(stamps) == 40 and usage is not None and usage.completion_tokens == 40
+            chat = await llm.chat.completions.create(
+                model="tiny-llm", messages=[{"role": "user", "content": "where?"}], max_tokens=1
+            )
+        assert chat.system_fingerprint == f"fp_{view.instance.instance_id}"  # the model in the container answered
+        assert (await p.admin.delete(d)).status == 200
+
+        async def removed() -> bool:
+            return containers_of(podman, cluster_id) == [] and cluster_pids(cluster_id) == []
+
+        await wait_for(removed, timeout=60, what="the container and its worker to be gone")
