@@ -94,6 +94,10 @@ class Affinity:
             now = self._clock()
             self._put(version_id, key, _Entry(place, now, now))
 
+    def forget(self, version_id: str, key: str) -> None:
+        """The conversation's instance did not answer: its next turn goes wherever it is pulled."""
+        self._last.pop((version_id, key), None)
+
     def _put(self, version_id: str, key: str, entry: _Entry) -> None:
         self._last[(version_id, key)] = entry
         self._last.move_to_end((version_id, key))

@@ -12,7 +12,11 @@ The answer decides:
 - **refused** (the instance is busy, draining or gone; or nobody listens on that node's subject):
   served here, as without affinity;
 - **no answer in time**: the other node may have taken it, so serving it here as well could run it
-  twice. It is left alone: if nobody holds it, JetStream delivers it again after the ack wait.
+  twice. It is left alone: if nobody holds it, JetStream delivers it again after the ack wait (and
+  this node forgets the conversation's instance, so that delivery is served wherever it is pulled).
+
+A request too large to pass on in one message (its body inside, near the server's max payload) is
+served where it was pulled.
 
 Nothing is stored: affinity is a preference, and a node started later learns a conversation at its
 next turn.
@@ -49,6 +53,8 @@ _VERSION, _INSTANCE, _ACK, _SUBJECT, _COUNTS = (
     "Nvcf-Delivery",
 )
 _TAKEN, _REFUSED = b"taken", b"refused"
+#: Room left for the handover's headers beside the request in one message.
+_HEADROOM = 1024
 
 
 @final
@@ -100,6 +106,8 @@ class Handover:
             _SUBJECT: delivery.subject,
             _COUNTS: f"{delivery.num_delivered} {delivery.stream_seq} {delivery.consumer_seq} {delivery.num_pending}",
         }
+        if len(delivery.data) + _HEADROOM > self._bus.max_payload:
+            return "refused"  # too large to pass on in one message: served where it was pulled
         subject = subjects.affinity_take_subject(place.node)
         try:
             reply = await self._bus.request(subject, delivery.data, timeout=TIMEOUT, headers=headers)

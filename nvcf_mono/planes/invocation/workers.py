@@ -466,8 +466,10 @@ class WorkerSession:
                 if other is not None and await other.offer(held, delivery):
                     await svc.took(version, key, place.instance)
                     return True
-            elif handover is not None and await handover.offer(place, version, delivery) != "refused":
+            elif handover is not None and (outcome := await handover.offer(place, version, delivery)) != "refused":
                 delivery.hand_off()  # its node settles it now (and announces the turn), or redelivery will
+                if outcome == "unknown":
+                    svc.affinity.forget(version, key)
                 return True
         await svc.took(version, key, self.instance_id)
         return False

@@ -136,6 +136,10 @@ async def test_a_turn_is_taken_refused_or_left_to_redelivery_never_served_twice(
                 # No node listens for a node that is gone: refused at once, served here.
                 gone = Place("i-c", unique("gone"))
                 assert await node_a.offer(gone, "v1", again) == "refused"
+                # A request that would not fit in one message with the handover's headers is not offered.
+                huge = _handed(bus_a, again)
+                huge.data = b"x" * bus_a.max_payload
+                assert await node_a.offer(there, "v1", huge) == "refused" and answers == []
             tg.cancel_scope.cancel()
         assert (await stream.info()).messages == 0
 
