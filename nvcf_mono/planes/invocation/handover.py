@@ -71,6 +71,10 @@ class Handover:
         async with anyio.create_task_group() as tg:
             await tg.start(self._hear)
             await tg.start(partial(self._bus.serve, subject, partial(self._take, take), concurrency=64))
+            try:
+                await self._bus.flush(timeout=TIMEOUT)  # started: the server has both subscriptions
+            except BusError as err:
+                self._log.warning("session affinity: the bus did not confirm this node's subscriptions: %s", err)
             task_status.started()
 
     # ---- who took what --------------------------------------------------------------------------
