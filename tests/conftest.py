@@ -15,6 +15,23 @@ from nvcf_mono.metrics import Metrics
 from nvcf_mono.testing.nats_server import NatsServer
 from tests.support.leftovers import kill, processes_under
 
+#: Test directories whose tests start a platform, a host or a bus, and so talk to a real nats-server
+#: (except the modules named in _WITHOUT_NATS).
+_NATS_DIRS = frozenset({"integration", "e2e", "chaos"})
+_WITHOUT_NATS = frozenset({"tests/integration/test_grpc_server.py"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``nats`` every test that talks to a real nats-server (by directory, or by the ``nats_server``
+    fixture), so ``-m "not nats"`` runs the suite that needs none; modules may also say so themselves.
+    """
+    for item in items:
+        path = item.path.relative_to(config.rootpath).as_posix()
+        parts = path.split("/")
+        in_dir = len(parts) > 2 and parts[1] in _NATS_DIRS and path not in _WITHOUT_NATS
+        if in_dir or "nats_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.nats)
+
 
 @pytest.fixture(scope="session")
 def nats_server() -> Iterator[NatsServer]:
