@@ -37,6 +37,7 @@ from nvcf_mono.bus.api import Bus, Delivery, Msg
 from nvcf_mono.bus.errors import BusError, NoResponders
 from nvcf_mono.bus.handed import HandedDelivery
 from nvcf_mono.contracts import subjects
+from nvcf_mono.metrics import Metrics
 from nvcf_mono.planes.invocation.affinity import Affinity, Place
 
 #: How long a node waits for another to take a turn (it only has to put it in a worker's queue).
@@ -61,10 +62,18 @@ _HEADROOM = 1024
 class Handover:
     """A node's side of cross-node session affinity: announcements heard and sent, turns offered and taken."""
 
-    def __init__(self, bus: Bus, affinity: Affinity, log: logging.Logger) -> None:
+    def __init__(self, bus: Bus, affinity: Affinity, metrics: Metrics, log: logging.Logger) -> None:
         self._bus = bus
         self._affinity = affinity
         self._log = log
+        #: Turns given to their conversation's instance by the node that pulled them.
+        self.handovers = metrics.counter(
+            "nvcf_invocation_affinity_handovers_total",
+            "Conversation turns handed to the instance of the conversation's last turn: to a session of this "
+            "node (local), to another node that took it or refused it, or with no answer (unknown: left "
+            "to redelivery).",
+            ["outcome"],
+        )
 
     async def run(self, take: Take, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         subject = subjects.affinity_take_subject(self._affinity.node)
@@ -103,6 +112,11 @@ class Handover:
 
     async def offer(self, place: Place, version_id: str, delivery: Delivery) -> Outcome:
         """Ask ``place``'s node to give ``delivery`` to its instance."""
+        outcome = await self._offer(place, version_id, delivery)
+        self.handovers.inc(outcome=outcome)
+        return outcome
+
+    async def _offer(self, place: Place, version_id: str, delivery: Delivery) -> Outcome:
         headers = {
             _VERSION: version_id,
             _INSTANCE: place.instance,

@@ -130,7 +130,7 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
                 log=log,
             )
             tg.start_soon(retired.run)
-            handover = Handover(bus, self.workers.affinity, log)
+            handover = Handover(bus, self.workers.affinity, ctx.metrics, log)
             await tg.start(handover.run, self.workers.take_handed)
             self.workers.deps.set(self._worker_deps(ctx, routing, dispatcher, sink, capabilities, handover=handover))
             self.invoker.set(

@@ -464,6 +464,8 @@ class WorkerSession:
             if place.node == svc.affinity.node:
                 other = svc.serving_session(version, place.instance)
                 if other is not None and await other.offer(held, delivery):
+                    if handover is not None:
+                        handover.handovers.inc(outcome="local")
                     await svc.took(version, key, place.instance)
                     return True
             elif handover is not None and (outcome := await handover.offer(place, version, delivery)) != "refused":

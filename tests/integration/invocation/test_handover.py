@@ -22,6 +22,7 @@ from nvcf_mono.bus.handed import HandedDelivery
 from nvcf_mono.bus.nats import NatsBus
 from nvcf_mono.contracts import subjects
 from nvcf_mono.host import Host
+from nvcf_mono.metrics import Metrics
 from nvcf_mono.planes.invocation import affinity
 from nvcf_mono.planes.invocation import handover as handover_module
 from nvcf_mono.planes.invocation.affinity import Affinity, Place
@@ -110,7 +111,7 @@ async def test_a_turn_is_taken_refused_or_left_to_redelivery_never_served_twice(
     async with connect(nats_server.url) as bus_a, connect(nats_server.url) as bus_b:
         await _queue(bus_a, name, 3, ack_wait=1.5)
         a, b = Affinity(node=unique("a")), Affinity(node=unique("b"))
-        node_a, node_b = Handover(bus_a, a, log), Handover(bus_b, b, log)
+        node_a, node_b = Handover(bus_a, a, Metrics(), log), Handover(bus_b, b, Metrics(), log)
         there = Place("i-b", b.node)
         stream = bus_a.stream(name)
         async with anyio.create_task_group() as tg:
@@ -140,6 +141,8 @@ async def test_a_turn_is_taken_refused_or_left_to_redelivery_never_served_twice(
                 huge = _handed(bus_a, again)
                 huge.data = b"x" * bus_a.max_payload
                 assert await node_a.offer(there, "v1", huge) == "refused" and answers == []
+                counted = {o: node_a.handovers.value(outcome=o) for o in ("taken", "refused", "unknown")}
+                assert counted == {"taken": 1, "refused": 3, "unknown": 1}
             tg.cancel_scope.cancel()
         assert (await stream.info()).messages == 0
 
@@ -154,7 +157,7 @@ async def test_nodes_learn_which_instance_took_a_conversation_from_each_other(
 
     async with connect(nats_server.url) as bus_a, connect(nats_server.url) as bus_b:
         a, b = Affinity(node=unique("a")), Affinity(node=unique("b"))
-        node_a, node_b = Handover(bus_a, a, log), Handover(bus_b, b, log)
+        node_a, node_b = Handover(bus_a, a, Metrics(), log), Handover(bus_b, b, Metrics(), log)
         async with anyio.create_task_group() as tg:
             await tg.start(node_a.run, never)
             await tg.start(node_b.run, never)
@@ -211,3 +214,6 @@ async def test_a_conversations_turns_stay_on_its_instance_whichever_node_pulls_t
             for name in ("conv-a", "conv-b", "conv-c", "conv-d"):
                 served = [await turn(api, name) for api in (p.key, key_b) * 4]
                 assert len(set(served)) == 1, (name, served)
+            # Turns crossed between the nodes (each node counts what it handed over).
+            handed = [cast(Any, host.plugin("invocation")).workers for host in (p.host, b)]
+            assert sum(w.deps.get().handover.handovers.value(outcome="taken") for w in handed) > 0
