@@ -157,3 +157,4 @@ QueuePolicyPlugin  # loaded through its entry point (examples/autoscaling-policy
 DisruptionBudgetsPlugin  # loaded through its entry point (examples/miniservice-extension/pyproject.toml)
 utilization  # ScalingInputs field for autoscaling policy plugins (nvcf_mono/autoscaling.py)
 Policies  # test plugin loaded by extra_plugins (tests/integration/compute/test_autoscaling.py)
+pytest_collection_modifyitems  # unused function (tests/conftest.py:24): a pytest hook
