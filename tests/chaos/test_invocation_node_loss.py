@@ -30,7 +30,7 @@ from nvcf_mono.testing.scripted_agent import ProcessLauncher, ScriptedAgent, gpu
 from tests.chaos.tally import Tally
 from tests.e2e.cli import Platform, cli_env
 
-pytestmark = [pytest.mark.nats, pytest.mark.slow, pytest.mark.chaos, pytest.mark.e2e]
+pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.e2e]
 
 
 def _node(nats: NatsServer, state: Path, secret: Path, role: str, grpc_port: int, worker_address: str) -> Platform:

@@ -16,7 +16,7 @@ import pytest
 from tests.chaos.many_versions import many_versions
 from tests.chaos.tally import SCALE, scaled
 
-pytestmark = [pytest.mark.nats, pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(120 + 60 * SCALE)]
+pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.timeout(120 + 60 * SCALE)]
 
 
 async def test_versions_cost_what_is_queued_and_leave_nothing_behind(tmp_path: Path) -> None:

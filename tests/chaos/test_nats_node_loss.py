@@ -19,7 +19,7 @@ from nvcf_mono.testing.platform import Api
 from nvcf_mono.testing.running import deployed, launching_agent, platform
 from tests.chaos.tally import Tally, scaled
 
-pytestmark = [pytest.mark.nats, pytest.mark.slow, pytest.mark.chaos]
+pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
 
 async def _leader(url: str, stream: str) -> str:

@@ -15,7 +15,7 @@ from nvcf_mono.contracts.messages import CreationMessage
 from nvcf_mono.testing.platform import Api, wait_for
 from nvcf_mono.testing.running import ECHO_FUNCTION, agent, platform
 
-pytestmark = [pytest.mark.nats, pytest.mark.chaos]
+pytestmark = pytest.mark.chaos
 
 SPEC = {"gpu": "H100", "instanceType": "ON-PREM.GPU.H100_1x", "minInstances": 1, "maxInstances": 1}
 

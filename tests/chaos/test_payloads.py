@@ -20,7 +20,7 @@ from nvcf_mono.testing.platform import Api, Reply, wait_for
 from nvcf_mono.testing.running import deployed, launching_agent, platform
 from tests.chaos.tally import Tally
 
-pytestmark = [pytest.mark.nats, pytest.mark.chaos]
+pytestmark = pytest.mark.chaos
 
 MiB = 1024 * 1024
 

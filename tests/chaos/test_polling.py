@@ -17,7 +17,7 @@ from nvcf_mono.testing.platform import Api
 from nvcf_mono.testing.running import deployed, launching_agent, platform
 from tests.chaos.tally import Tally, scaled
 
-pytestmark = [pytest.mark.nats, pytest.mark.slow, pytest.mark.chaos]
+pytestmark = [pytest.mark.slow, pytest.mark.chaos]
 
 RESULTS_STREAM = f"KV_{buckets.RESULTS.name}"
 

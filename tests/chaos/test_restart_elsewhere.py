@@ -31,7 +31,7 @@ from tests.integration.compute.conftest import (
     spec,
 )
 
-pytestmark = [pytest.mark.nats, pytest.mark.slow, pytest.mark.chaos, pytest.mark.e2e]
+pytestmark = [pytest.mark.slow, pytest.mark.chaos, pytest.mark.e2e]
 
 
 def _host(state: Path, *, keep_instances: bool) -> Platform:

@@ -24,8 +24,6 @@ from tests.function_charts import write_chart
 from tests.integration.control.conftest import CONTAINER_FUNCTION, Platform, agent, platform
 from tests.integration.control.test_secrets import fetch, worker_token
 
-pytestmark = pytest.mark.nats  # each test's platform runs its own nats-server
-
 H100 = ["--gpu", "H100", "--instance-type", "ON-PREM.GPU.H100_1x"]
 # The developer's own settings must not leak into the command.
 _OURS = ("NVCF_API_URL", "NVCF_TOKEN", "NVCF_API_KEY", "NVCF_MONO_STATE_DIR")

@@ -31,7 +31,7 @@ from tests.integration.compute.conftest import (
     spec,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.nats]  # a child process (--follow); the platform's nats-server
+pytestmark = [pytest.mark.e2e]  # a child process (--follow); the platform's nats-server
 
 #: The echo example, printing a numbered tick every 0.2 s (so a follower has something new to show).
 TICKING = ["{python}", "-c", "import runpy, sys, threading, time; print('hello-1'); print('hello-2', flush=True); "

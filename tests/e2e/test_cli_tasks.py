@@ -23,8 +23,6 @@ from nvcf_mono.testing.platform import credentials, wait_for
 from tests.e2e.test_cli_control import cli, env_for, flags, kv, ok
 from tests.integration.control.conftest import Platform, agent, platform
 
-pytestmark = pytest.mark.nats  # each test's platform runs its own nats-server
-
 H100 = ["--gpu", "H100", "--instance-type", "ON-PREM.GPU.H100_1x"]
 TASKS = "/v1/nvct/tasks"
 

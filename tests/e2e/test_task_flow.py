@@ -11,7 +11,7 @@ import pytest
 
 from tests.e2e.cli import Platform, cli_env, fast_flags, run_cli
 
-pytestmark = [pytest.mark.e2e, pytest.mark.nats, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_create_wait_results_and_logs_of_the_example_task(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.e2e.cli import ROOT, Platform, cli_env, fast_flags, get, nats_servers_on
 
-pytestmark = [pytest.mark.e2e, pytest.mark.nats]
+pytestmark = pytest.mark.e2e
 
 
 def _publish_and_store(nats_url: str, stream: str) -> None:

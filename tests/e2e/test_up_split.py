@@ -20,7 +20,7 @@ import yaml
 
 from tests.e2e.cli import ROOT, Platform, cli_env, get, nats_servers_on, processes_naming, run_cli
 
-pytestmark = [pytest.mark.e2e, pytest.mark.nats, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def _free_ports(count: int) -> list[int]:

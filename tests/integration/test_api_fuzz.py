@@ -31,7 +31,7 @@ from schemathesis.specs.openapi.checks import (
 
 from nvcf_mono.testing.running import CONTAINER_FUNCTION, platform
 
-pytestmark = [pytest.mark.nats, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 #: Examples per operation and mode, per caller: enough to reach every handler's checks, small enough to keep

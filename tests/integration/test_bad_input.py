@@ -16,8 +16,6 @@ import pytest
 from nvcf_mono.testing.platform import Api, Reply
 from nvcf_mono.testing.running import CONTAINER_FUNCTION, agent, deployed, platform
 
-pytestmark = pytest.mark.nats
-
 FUNCTIONS = "/v2/nvcf/functions"
 CLUSTERS = "/v1/accounts/nvcf-default/clusters"
 SPEC = {"gpu": "H100", "instanceType": "ON-PREM.GPU.H100_1x", "minInstances": 0, "maxInstances": 1}

@@ -13,8 +13,6 @@ from nvcf_mono.bus.codec import SchemaVersionError, TypedKV, VersionedCodec
 from nvcf_mono.testing.nats_server import NatsServer
 from tests.conftest import connect
 
-pytestmark = pytest.mark.nats
-
 
 @attrs.frozen(kw_only=True)
 class FunctionV2:

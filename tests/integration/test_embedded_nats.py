@@ -20,8 +20,6 @@ from nvcf_mono.host import Host
 from nvcf_mono.testing.host import config_for_test, running_host
 from tests.support.procs import live_processes
 
-pytestmark = pytest.mark.nats
-
 
 def _pids_on(store: Path) -> list[int]:
     """nats-server processes started with this state directory's config."""

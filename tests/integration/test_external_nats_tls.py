@@ -22,8 +22,6 @@ from nvcf_mono.config.model import TlsSettings
 from nvcf_mono.testing.host import config_for_test, running_host
 from tests.conftest import connect
 
-pytestmark = pytest.mark.nats
-
 
 def _key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())

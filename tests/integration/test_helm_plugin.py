@@ -24,8 +24,6 @@ from nvcf_mono.testing.host import config_for_test, running_host
 from nvcf_mono.testing.nats_server import NatsServer
 from tests.unit.helm.charts import write_chart
 
-pytestmark = pytest.mark.nats
-
 RESULTS: list[RenderedChart] = []
 
 

@@ -25,8 +25,6 @@ from nvcf_mono.testing.host import config_for_test, running_host
 from nvcf_mono.testing.nats_server import NatsServer
 from tests.support import plugins
 
-pytestmark = pytest.mark.nats
-
 RECORDER = "tests.support.plugins:Recorder"
 
 

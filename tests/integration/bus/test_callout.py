@@ -27,8 +27,6 @@ from nvcf_mono.bus.callout import (
 from nvcf_mono.bus.embedded import find_nats_server, free_port
 from nvcf_mono.testing.nats_server import raw_client
 
-pytestmark = pytest.mark.nats
-
 
 def _server(tmp_path: Path, issuer: Issuer) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port("127.0.0.1")

@@ -14,8 +14,6 @@ from nvcf_mono.bus.nats import NatsBus
 from nvcf_mono.testing.nats_server import NatsServer
 from tests.conftest import connect
 
-pytestmark = pytest.mark.nats
-
 
 async def _work_queue(bus: NatsBus, name: str, *, ack_wait: float = 30.0, **kw: object) -> None:
     await bus.ensure_stream(StreamSpec(name=name, subjects=(f"{name.lower()}.>",), retention=Retention.WORK_QUEUE))

@@ -14,8 +14,6 @@ from nvcf_mono.bus.errors import BusUnavailable, NoResponders, RemoteError, Requ
 from nvcf_mono.testing.nats_server import NatsServer
 from tests.conftest import connect
 
-pytestmark = pytest.mark.nats
-
 
 async def test_1000_messages_arrive_in_publish_order(nats_server: NatsServer, unique: Callable[[str], str]) -> None:
     subject = unique("order")

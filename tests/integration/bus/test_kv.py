@@ -14,8 +14,6 @@ from nvcf_mono.testing.nats_server import NatsServer
 from nvcf_mono.testing.platform import wait_for
 from tests.conftest import connect
 
-pytestmark = pytest.mark.nats
-
 
 async def _next(entries: AsyncIterator[Entry], n: int = 1, timeout: float = 10) -> list[Entry]:
     with anyio.fail_after(timeout):

@@ -6,15 +6,12 @@ from collections.abc import Callable
 
 import anyio
 import attrs
-import pytest
 
 from nvcf_mono.bus.api import BucketSpec
 from nvcf_mono.bus.codec import VersionedCodec
 from nvcf_mono.bus.mirror import KvMirror
 from nvcf_mono.testing.nats_server import NatsServer
 from tests.conftest import connect
-
-pytestmark = pytest.mark.nats
 
 
 @attrs.frozen

@@ -15,8 +15,6 @@ from nvcf_mono.bus.errors import NotFound, ObjectCorrupted, RequestTimeout
 from nvcf_mono.testing.nats_server import NatsServer
 from tests.conftest import connect
 
-pytestmark = pytest.mark.nats
-
 MiB = 1024 * 1024
 
 

@@ -17,8 +17,6 @@ from nvcf_mono.bus.errors import RequestTimeout
 from nvcf_mono.testing.nats_server import NatsServer
 from tests.conftest import connect
 
-pytestmark = pytest.mark.nats
-
 
 @pytest.fixture
 def restartable(nats_server: NatsServer) -> Iterator[NatsServer]:

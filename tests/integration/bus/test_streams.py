@@ -14,8 +14,6 @@ from nvcf_mono.bus.nats import CoreSubscription, NatsBus
 from nvcf_mono.testing.nats_server import NatsServer
 from tests.conftest import connect
 
-pytestmark = pytest.mark.nats
-
 
 def _spec(name: str, **kw: object) -> StreamSpec:
     return StreamSpec(name=name, subjects=(f"{name.lower()}.>",), **kw)  # type: ignore[arg-type]

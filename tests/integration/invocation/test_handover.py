@@ -33,8 +33,6 @@ from tests.conftest import connect
 
 from .conftest import ECHO_FUNCTION, deployed, launching_agent, two_invocation_nodes
 
-pytestmark = pytest.mark.nats
-
 log = logging.getLogger("tests.handover")
 
 

@@ -47,8 +47,6 @@ from tests.integration.control.test_sharing import account_key, add_account
 
 from .conftest import Platform, deployed, launching_agent, platform
 
-pytestmark = pytest.mark.nats
-
 # Bodies past 1 KiB go through the object store, so the body fetch is attacked too.
 NATS = {"plugins.invocation.transport": "nats", "plugins.invocation.inline_body_limit": "1024"}
 ACCOUNT_B = "acct-b"

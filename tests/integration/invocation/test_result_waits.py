@@ -7,14 +7,12 @@ import time
 from collections.abc import Callable
 
 import anyio
-import pytest
 
 from nvcf_mono.bus.api import BucketSpec
 from nvcf_mono.planes.invocation.result_waits import ResultWaits
 from nvcf_mono.testing.nats_server import NatsServer
 from tests.conftest import connect
 
-pytestmark = pytest.mark.nats
 log = logging.getLogger("tests.waits")
 
 
