@@ -117,6 +117,8 @@ class Handover:
         return outcome
 
     async def _offer(self, place: Place, version_id: str, delivery: Delivery) -> Outcome:
+        if len(delivery.data) + _HEADROOM > self._bus.max_payload:
+            return "refused"  # too large to pass on in one message: served where it was pulled
         headers = {
             _VERSION: version_id,
             _INSTANCE: place.instance,
@@ -124,8 +126,6 @@ class Handover:
             _SUBJECT: delivery.subject,
             _COUNTS: f"{delivery.num_delivered} {delivery.stream_seq} {delivery.consumer_seq} {delivery.num_pending}",
         }
-        if len(delivery.data) + _HEADROOM > self._bus.max_payload:
-            return "refused"  # too large to pass on in one message: served where it was pulled
         subject = subjects.affinity_take_subject(place.node)
         try:
             reply = await self._bus.request(subject, delivery.data, timeout=TIMEOUT, headers=headers)
