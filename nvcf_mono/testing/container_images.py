@@ -137,12 +137,15 @@ for module in list(sys.modules.values()):
     file = getattr(module, "__file__", None)
     if file and file.endswith(".so"):
         extensions.append(file)
-    if not file or file.startswith(stdlib + os.sep):
-        continue
+    if not file or (file.startswith(stdlib + os.sep) and "-packages" + os.sep not in file):
+        continue  # the standard library (copied whole), not packages installed inside it
     entry = next((e for e in entries if file.startswith(e + os.sep)), None)
     if entry is not None:
         top = file[len(entry) + 1 :].split(os.sep, 1)[0]
         roots[os.path.join(entry, top)] = top
+        vendored = os.path.join(entry, top + ".libs")  # a wheel's own shared libraries, beside it
+        if os.path.isdir(vendored):
+            roots[vendored] = top + ".libs"
 print(json.dumps({"roots": roots, "extensions": extensions}))
 """
 
