@@ -56,6 +56,7 @@ from nvcf_mono.worker import endpoint
 from nvcf_mono.worker.assets import AssetDownloadError, download_assets
 from nvcf_mono.worker.config import WorkerConfig
 from nvcf_mono.worker.grpc_relay import grpc_call
+from nvcf_mono.worker.http1 import BadResponse, Http1Client
 from nvcf_mono.worker.inference import (
     INFERENCE_CONNECTION,
     WORKER_SERVICE,
@@ -93,7 +94,7 @@ class _Link:
     channel: Channel
     session: ConnectResponse
     out: Out
-    http: aiohttp.ClientSession
+    http: Http1Client
 
 
 @final
@@ -176,7 +177,12 @@ class Worker:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         for base in (self.config.asset_dir, self.config.response_dir):
             os.makedirs(base, exist_ok=True)
-        async with inference_session() as http:
+        async with (
+            inference_session() as http,
+            Http1Client(
+                self.config.inference_host, self.config.inference_port, connect_timeout=self.config.health_timeout
+            ) as calls,
+        ):
             await self._wait_healthy(http)
             task_status.started()
             async with anyio.create_task_group() as tg:
@@ -184,7 +190,7 @@ class Worker:
                 tg.start_soon(self.progress.run)
                 tg.start_soon(self.outputs.run)
                 tg.start_soon(self.asset_dirs.run)
-                await self._serve_forever(http)
+                await self._serve_forever(calls)
                 tg.cancel_scope.cancel()
 
     # ---- health of the inference server ---------------------------------------------------------
@@ -231,7 +237,7 @@ class Worker:
 
     # ---- the connection to the invocation plane --------------------------------------------------
 
-    async def _serve_forever(self, http: aiohttp.ClientSession) -> None:
+    async def _serve_forever(self, http: Http1Client) -> None:
         while not self._drain.is_set():
             connected_at: float | None = None
             why = "the invocation node ended the session"
@@ -274,7 +280,7 @@ class Worker:
                     raise ConnectionError("ConnectOnce ended without an answer")
                 return reply
 
-    async def _serve(self, channel: Channel, session: ConnectResponse, http: aiohttp.ClientSession) -> None:
+    async def _serve(self, channel: Channel, session: ConnectResponse, http: Http1Client) -> None:
         # The hot messages (requests down, frames up) use the Serve stream's fast codec.
         async with channel.request(
             f"{SERVICE}/Serve", Cardinality.STREAM_STREAM, WorkerEnvelope, NodeEnvelope
@@ -598,7 +604,7 @@ class Worker:
                 self._set_health(False, f"the inference server failed during a request: {err}")
                 await failed(str(err))
                 return
-            except (aiohttp.ClientError, TimeoutError) as err:
+            except (aiohttp.ClientError, BadResponse, TimeoutError) as err:
                 log.warning("request %s: calling the inference server failed: %s", rid, err)
                 detail = "Inference connection error while making inference request"
                 await answer(problem_frame(rid, attempt, 500, detail, source=INFERENCE_CONNECTION))

@@ -1,7 +1,8 @@
 """Calling the inference server: health checks, and one request turned into response frames.
 
-Frames are produced as the server writes (``iter_any``), so a server-sent-event stream reaches
-the client event by event; the first frame carries the status and headers.
+Frames are produced as the server writes, so a server-sent-event stream reaches the client event by
+event; the first frame carries the status and headers. Requests go through the worker's lean HTTP/1.1
+client (:mod:`.http1`); health checks through aiohttp.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import aiohttp
 from nvcf_mono.contracts.frames import Frame, Request
 from nvcf_mono.http.problem import PROBLEM_CONTENT_TYPE, reason
 from nvcf_mono.worker.config import WorkerConfig
+from nvcf_mono.worker.http1 import Broken, Http1Client, Unreachable
 
 #: Headers the worker sets toward the inference server; a client's copies are dropped.
 OWN_HEADERS = frozenset(
@@ -88,7 +90,7 @@ async def check_health(session: aiohttp.ClientSession, config: WorkerConfig) -> 
 
 
 async def call(
-    session: aiohttp.ClientSession,
+    client: Http1Client,
     config: WorkerConfig,
     request: Request,
     body: bytes | AsyncIterable[bytes],
@@ -105,25 +107,16 @@ async def call(
     Raises :class:`InferenceUnreachable` when nothing could be sent (the server is not listening),
     :class:`InferenceCrashed` when the server went away during the call.
     """
-    url = config.inference_base + request.path
     rid = request.request_id
     size = config.frame_size
     called = time.perf_counter()
     try:
-        async with session.request(
-            request.method,
-            url,
-            data=body,
-            headers=dict(headers),
-            allow_redirects=False,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.health_timeout),
-            auto_decompress=False,
-        ) as resp:
-            head = tuple((k, v) for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP)
+        async with client.request(request.method, request.path, headers, body) as resp:
+            head = tuple((k, v) for k, v in resp.headers if k.lower() not in HOP_BY_HOP)
             now = time.perf_counter()
             timing = (round((now - (received or called)) * 1000, 3), round((now - called) * 1000, 3))
             length = resp.content_length
-            content = resp.content
+            content = resp
             seq = 0
             total = 0
             while True:
@@ -153,9 +146,9 @@ async def call(
                 if done:
                     return
                 seq += 1
-    except aiohttp.ClientConnectorError as err:
-        raise InferenceUnreachable(f"cannot connect to the inference server at {url}: {err}") from err
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError) as err:
+    except Unreachable as err:
+        raise InferenceUnreachable(str(err)) from err
+    except (Broken, OSError) as err:
         raise InferenceCrashed(f"{type(err).__name__}: {err}") from err
 
 

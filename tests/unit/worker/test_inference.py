@@ -8,7 +8,6 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import aiohttp
 import anyio
 import attrs
 import pytest
@@ -17,11 +16,11 @@ from aiohttp import web
 from nvcf_mono.bus.embedded import free_port
 from nvcf_mono.contracts.frames import Frame, Request
 from nvcf_mono.worker.config import WorkerConfig
+from nvcf_mono.worker.http1 import Http1Client
 from nvcf_mono.worker.inference import (
     InferenceCrashed,
     InferenceUnreachable,
     call,
-    inference_session,
     problem_frame,
     request_headers,
 )
@@ -40,6 +39,10 @@ def config(port: int, *, frame_size: int = 256 * 1024) -> WorkerConfig:
         frame_size=frame_size,
         health_timeout=2.0,
     )
+
+
+def client(cfg: WorkerConfig) -> Http1Client:
+    return Http1Client(cfg.inference_host, cfg.inference_port, connect_timeout=cfg.health_timeout)
 
 
 def request(path: str, *, asset_ids: tuple[str, ...] = ()) -> Request:
@@ -76,7 +79,7 @@ async def server(routes: web.RouteTableDef) -> AsyncIterator[int]:
 async def frames_of(port: int, path: str, *, frame_size: int = 256 * 1024) -> list[tuple[float, Frame]]:
     cfg = config(port, frame_size=frame_size)
     out = []
-    async with aiohttp.ClientSession() as http:
+    async with client(cfg) as http:
         with anyio.fail_after(10):
             async for frame in call(http, cfg, request(path), b"", {}, attempt=2):
                 out.append((time.monotonic(), frame))
@@ -219,7 +222,7 @@ async def test_a_cookie_one_caller_got_never_goes_out_with_the_next_callers_requ
         # By host name, as a Kubernetes service or Helm chart is reached (a jar keeps no cookies of IPs).
         cfg = attrs.evolve(config(port), inference_host="localhost")
         seen = []
-        async with inference_session() as http:
+        async with client(cfg) as http:
             for _ in range(2):
                 async for frame in call(http, cfg, request("/login"), b"", {}, attempt=1):
                     seen.append(frame.body)
