@@ -140,3 +140,13 @@ DisruptionBudgetsPlugin  # loaded through its entry point (examples/miniservice-
 utilization  # ScalingInputs field for autoscaling policy plugins (nvcf_mono/autoscaling.py)
 Policies  # test plugin loaded by extra_plugins (tests/integration/compute/test_autoscaling.py)
 pytest_collection_modifyitems  # unused function (tests/conftest.py:24): a pytest hook
+_.on_header  # unused method (nvcf_mono/worker/http1.py): httptools' parser callback
+_.on_headers_complete  # unused method (nvcf_mono/worker/http1.py): httptools' parser callback
+_.on_body  # unused method (nvcf_mono/worker/http1.py): httptools' parser callback
+_.on_message_complete  # unused method (nvcf_mono/worker/http1.py): httptools' parser callback
+_.eof_received  # unused method (nvcf_mono/worker/http1.py): asyncio.Protocol
+_.pause_writing  # unused method (nvcf_mono/worker/http1.py): asyncio.Protocol
+_.resume_writing  # unused method (nvcf_mono/worker/http1.py): asyncio.Protocol
+_.connection_made  # unused method (nvcf_mono/worker/http1.py): asyncio.Protocol
+_.data_received  # unused method (nvcf_mono/worker/http1.py): asyncio.Protocol
+_.connection_lost  # unused method (nvcf_mono/worker/http1.py): asyncio.Protocol
