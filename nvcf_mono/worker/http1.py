@@ -203,6 +203,11 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.lost = False
         self._parser = httptools.HttpResponseParser(self)
+        # As lenient as aiohttp's client was: real servers write bare LFs (busybox httpd's CGI headers)
+        # and other small liberties.
+        self._parser.set_dangerous_leniencies(
+            lenient_headers=True, lenient_optional_cr_before_lf=True, lenient_spaces_after_chunk_size=True
+        )
         self._response: Response | None = None
         self._reading_paused = False
         self._write_paused = False

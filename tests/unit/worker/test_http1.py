@@ -114,6 +114,13 @@ async def test_a_body_without_a_length_ends_with_the_connection() -> None:
         assert await call(client_of(seen)) == (200, {}, b"until the end")
 
 
+async def test_a_head_with_bare_line_feeds_is_read_as_aiohttp_read_it() -> None:
+    # What busybox httpd sends for a CGI script: its status line, then the script's own LF-only headers.
+    cgi = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\n\n{}"
+    async with raw_server(lambda head: cgi, close_after=True) as seen:
+        assert await call(client_of(seen)) == (200, {"Content-Type": "application/json"}, b"{}")
+
+
 async def test_interim_responses_are_skipped_and_head_has_no_body() -> None:
     def answer(head: bytes) -> bytes:
         if head.startswith(b"HEAD"):
