@@ -28,6 +28,8 @@ OWN_HEADERS = frozenset(
         "Transfer-Encoding", "Connection",
     )
 )  # fmt: skip
+#: The request header that turns the worker's compatibility mode off for one request.
+COMPATIBILITY_OFF = "nvcf-feature-disable-worker-compatibility"
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"})
 
 
@@ -59,7 +61,18 @@ def request_headers(config: WorkerConfig, request: Request, *, asset_dir: str, o
     )
     if request.asset_ids:
         headers["NVCF-FUNCTION-ASSET-IDS"] = ",".join(request.asset_ids)
+    if compatible(request) and not any(k.lower() == "content-type" for k in headers):
+        headers["Content-Type"] = "application/json"  # compatibility mode's default
     return headers
+
+
+def compatible(request: Request) -> bool:
+    """NVCF's worker compatibility mode: on unless the client streams (``Accept: text/event-stream``) or
+    turns it off (``nvcf-feature-disable-worker-compatibility: true``).
+    """
+    if request.streaming:
+        return False
+    return not any(k.lower() == COMPATIBILITY_OFF and v.strip().lower() == "true" for k, v in request.headers)
 
 
 def inference_session() -> aiohttp.ClientSession:

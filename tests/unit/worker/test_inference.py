@@ -194,6 +194,18 @@ def test_request_headers_are_the_clients_plus_the_workers_own() -> None:
     assert [k for k in headers if k.lower() == "nvcf-reqid"] == ["NVCF-REQID"]
 
 
+def test_a_request_without_a_content_type_goes_as_json_in_compatibility_mode() -> None:
+    def content_type(**changes: object) -> list[str]:
+        built = attrs.evolve(request("/x"), **changes)
+        sent = request_headers(config(8000), built, asset_dir="/a", output_dir="/o")
+        return [v for k, v in sent.items() if k.lower() == "content-type"]
+
+    assert content_type() == ["application/json"]  # NVCF's compatibility mode, on by default
+    assert content_type(headers=(("content-type", "text/plain"),)) == ["text/plain"]  # the client's own
+    assert content_type(streaming=True) == []  # Accept: text/event-stream: bytes as they are
+    assert content_type(headers=(("NVCF-Feature-Disable-Worker-Compatibility", "true"),)) == []
+
+
 async def test_a_body_already_read_in_full_still_goes_out_whole() -> None:
     routes = web.RouteTableDef()
     blob = os.urandom(100 * 1024)
