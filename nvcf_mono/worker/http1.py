@@ -158,10 +158,12 @@ class Response:
         self._wake()
 
     def _complete(self, keep_alive: bool) -> None:
-        if self._interim:
+        if self._interim:  # what the interim response said is not the real response's
             self._interim = False
             self.headers.clear()
             self._head_size = 0
+            self.content_length = None
+            self._chunked = False
             return
         self._finish(keep_alive=keep_alive)
 

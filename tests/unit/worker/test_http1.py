@@ -125,7 +125,9 @@ async def test_interim_responses_are_skipped_and_head_has_no_body() -> None:
     def answer(head: bytes) -> bytes:
         if head.startswith(b"HEAD"):
             return b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n"  # the length a GET would have
-        return b"HTTP/1.1 100 Continue\r\nX-Interim: yes\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 4\r\n\r\ndone"
+        interim = b"HTTP/1.1 100 Continue\r\nX-Interim: yes\r\n\r\n"
+        interim += b"HTTP/1.1 103 Early Hints\r\nContent-Length: 9\r\n\r\n"  # a length that is not the answer's
+        return interim + b"HTTP/1.1 201 Created\r\nContent-Length: 4\r\n\r\ndone"
 
     async with raw_server(answer) as seen:
         client = client_of(seen)
