@@ -15,20 +15,7 @@ from aiohttp import web
 
 from nvcf_mono.bus.embedded import free_port
 from nvcf_mono.worker.http1 import BadResponse, Broken, Http1Client, Unreachable
-
-
-@asynccontextmanager
-async def aiohttp_server(routes: web.RouteTableDef) -> AsyncIterator[int]:
-    app = web.Application()
-    app.add_routes(routes)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port("127.0.0.1")
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield port
-    finally:
-        await runner.cleanup()
+from tests.unit.worker.servers import aiohttp_server
 
 
 @asynccontextmanager

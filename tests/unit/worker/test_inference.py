@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import anyio
 import attrs
@@ -24,6 +22,7 @@ from nvcf_mono.worker.inference import (
     problem_frame,
     request_headers,
 )
+from tests.unit.worker.servers import aiohttp_server
 
 
 def config(port: int, *, frame_size: int = 256 * 1024) -> WorkerConfig:
@@ -62,20 +61,6 @@ def request(path: str, *, asset_ids: tuple[str, ...] = ()) -> Request:
     )
 
 
-@asynccontextmanager
-async def server(routes: web.RouteTableDef) -> AsyncIterator[int]:
-    app = web.Application()
-    app.add_routes(routes)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port("127.0.0.1")
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield port
-    finally:
-        await runner.cleanup()
-
-
 async def frames_of(port: int, path: str, *, frame_size: int = 256 * 1024) -> list[tuple[float, Frame]]:
     cfg = config(port, frame_size=frame_size)
     out = []
@@ -93,7 +78,7 @@ async def test_a_small_response_is_one_frame_with_its_end() -> None:
     async def small(_: web.Request) -> web.Response:
         return web.json_response({"ok": True}, status=201, headers={"X-Thing": "1"})
 
-    async with server(routes) as port:
+    async with aiohttp_server(routes) as port:
         frames = [f for _, f in await frames_of(port, "/small")]
     assert len(frames) == 1
     (frame,) = frames
@@ -118,7 +103,7 @@ async def test_a_stream_goes_out_as_it_is_written() -> None:
         await response.write_eof()
         return response
 
-    async with server(routes) as port:
+    async with aiohttp_server(routes) as port:
         frames = await frames_of(port, "/sse")
     bodies = [f.body for _, f in frames]
     assert b"".join(bodies) == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
@@ -137,7 +122,7 @@ async def test_a_large_body_is_cut_into_full_frames() -> None:
     async def large(_: web.Request) -> web.Response:
         return web.Response(body=blob)
 
-    async with server(routes) as port:
+    async with aiohttp_server(routes) as port:
         frames = [f for _, f in await frames_of(port, "/large", frame_size=1024 * 1024)]
     assert b"".join(f.body for f in frames) == blob
     assert all(len(f.body) <= 1024 * 1024 for f in frames)
@@ -163,7 +148,7 @@ async def test_a_server_dying_mid_response_is_a_crash() -> None:
         request.transport.abort()
         return response
 
-    async with server(routes) as port:
+    async with aiohttp_server(routes) as port:
         with pytest.raises(InferenceCrashed) as caught:
             await frames_of(port, "/die")
     assert not isinstance(caught.value, InferenceUnreachable)
@@ -214,7 +199,7 @@ async def test_a_body_already_read_in_full_still_goes_out_whole() -> None:
     async def buffered(_: web.Request) -> web.Response:
         return web.Response(body=blob)
 
-    async with server(routes) as port:
+    async with aiohttp_server(routes) as port:
         frames = [f for _, f in await frames_of(port, "/buffered", frame_size=4096)]
     # The end is only marked once every byte is out, however much sits in the buffer at once.
     assert b"".join(f.body for f in frames) == blob
@@ -230,7 +215,7 @@ async def test_a_cookie_one_caller_got_never_goes_out_with_the_next_callers_requ
         # Answers the Cookie header it got, and sets a session cookie for whoever called.
         return web.Response(text=request.headers.get("Cookie", "none"), headers={"Set-Cookie": "session=alice; Path=/"})
 
-    async with server(routes) as port:
+    async with aiohttp_server(routes) as port:
         # By host name, as a Kubernetes service or Helm chart is reached (a jar keeps no cookies of IPs).
         cfg = attrs.evolve(config(port), inference_host="localhost")
         seen = []
