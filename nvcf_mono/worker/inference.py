@@ -76,10 +76,9 @@ def compatible(request: Request) -> bool:
 
 
 def inference_session() -> aiohttp.ClientSession:
-    """The worker's client to its inference server: one per worker, kept-alive connections, no limit.
+    """The worker's aiohttp client for its health checks (requests go through :mod:`.http1`).
 
-    No cookie jar: a cookie the server sets in one caller's response must never go out with the next
-    caller's request (the server may be reached by a host name, where a jar would keep them).
+    No cookie jar: nothing a server sets may go out again with a later call.
     """
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), cookie_jar=aiohttp.DummyCookieJar())
 
