@@ -417,12 +417,19 @@ class EmbeddedNats:
                 str(self.config_path),
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
+                env=self._environment(),
                 stderr=subprocess.STDOUT,
                 preexec_fn=die_with_parent(os.getpid()),
                 start_new_session=True,  # a terminal's Ctrl-C reaches the host, which stops the server last
             )
         except OSError as err:
             raise EmbeddedNatsError(f"cannot start {binary}: {err}") from err
+
+    def _environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self._settings.gomaxprocs is not None:
+            env["GOMAXPROCS"] = str(self._settings.gomaxprocs)
+        return env
 
     async def _wait_ready(self, proc: asyncio.subprocess.Process, client_url: str) -> None:
         """Until a client gets a JetStream answer (what the monitoring port's /healthz checks)."""

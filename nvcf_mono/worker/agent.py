@@ -16,7 +16,6 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Protocol, final
 
-import aiohttp
 import anyio
 import attrs
 from anyio.abc import TaskGroup, TaskStatus
@@ -64,7 +63,7 @@ from nvcf_mono.worker.inference import (
     InferenceUnreachable,
     call,
     check_health,
-    inference_session,
+    health_client,
     problem_frame,
     request_headers,
 )
@@ -178,7 +177,7 @@ class Worker:
         for base in (self.config.asset_dir, self.config.response_dir):
             os.makedirs(base, exist_ok=True)
         async with (
-            inference_session() as http,
+            health_client(self.config) as http,
             Http1Client(
                 self.config.inference_host, self.config.inference_port, connect_timeout=self.config.health_timeout
             ) as calls,
@@ -195,8 +194,11 @@ class Worker:
 
     # ---- health of the inference server ---------------------------------------------------------
 
-    async def _wait_healthy(self, http: aiohttp.ClientSession) -> None:
+    async def _wait_healthy(self, http: Http1Client) -> None:
         deadline = time.monotonic() + self.config.ready_timeout
+        # The server usually starts beside the worker: checked often at first (a cold start waits on
+        # this), then every half second at most.
+        pause = Backoff(0.02, min(self.config.health_interval, 0.5), factor=1.5, jitter=0.1)
         while True:
             healthy, why = await check_health(http, self.config)
             if healthy:
@@ -205,9 +207,9 @@ class Worker:
             self.state.inference_detail = why
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the inference server was not healthy within {self.config.ready_timeout:g}s: {why}")
-            await anyio.sleep(min(self.config.health_interval, 0.5))
+            await anyio.sleep(pause.next())
 
-    async def _watch_health(self, http: aiohttp.ClientSession) -> None:
+    async def _watch_health(self, http: Http1Client) -> None:
         while True:
             await anyio.sleep(self.config.health_interval)
             healthy, why = await check_health(http, self.config)
@@ -604,7 +606,7 @@ class Worker:
                 self._set_health(False, f"the inference server failed during a request: {err}")
                 await failed(str(err))
                 return
-            except (aiohttp.ClientError, BadResponse, TimeoutError) as err:
+            except (BadResponse, TimeoutError) as err:
                 log.warning("request %s: calling the inference server failed: %s", rid, err)
                 detail = "Inference connection error while making inference request"
                 await answer(problem_frame(rid, attempt, 500, detail, source=INFERENCE_CONNECTION))

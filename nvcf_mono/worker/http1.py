@@ -4,7 +4,7 @@ aiohttp's client spends about 100 µs of CPU on a small call on the reference ma
 response objects, its connector's bookkeeping, timers, trace hooks); this client about 25 µs. It
 keeps connections to that one server alive, writes a request in one piece, parses responses with
 httptools (llhttp, the parser under uvicorn) and hands the body out as it arrives, with backpressure
-on large bodies. Health checks and every other call still use aiohttp.
+on large bodies. The health checks of the inference server use it too.
 
 What it does not do (the inference server is a local process, not the web): redirects, cookies,
 proxies, TLS, decompression, upgrades. A response to ``HEAD``, an upgrade, an error or an unread

@@ -2,7 +2,7 @@
 
 Frames are produced as the server writes, so a server-sent-event stream reaches the client event by
 event; the first frame carries the status and headers. Requests go through the worker's lean HTTP/1.1
-client (:mod:`.http1`); health checks through aiohttp.
+client (:mod:`.http1`), health checks too.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import json
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 
-import aiohttp
+import anyio
 
 from nvcf_mono.contracts.frames import Frame, Request
-from nvcf_mono.http.problem import PROBLEM_CONTENT_TYPE, reason
+from nvcf_mono.contracts.problems import PROBLEM_CONTENT_TYPE, reason
 from nvcf_mono.worker.config import WorkerConfig
-from nvcf_mono.worker.http1 import Broken, Http1Client, Unreachable
+from nvcf_mono.worker.http1 import BadResponse, Broken, Http1Client, Unreachable
 
 #: Headers the worker sets toward the inference server; a client's copies are dropped.
 OWN_HEADERS = frozenset(
@@ -75,15 +75,12 @@ def compatible(request: Request) -> bool:
     return not any(k.lower() == COMPATIBILITY_OFF and v.strip().lower() == "true" for k, v in request.headers)
 
 
-def inference_session() -> aiohttp.ClientSession:
-    """The worker's aiohttp client for its health checks (requests go through :mod:`.http1`).
-
-    No cookie jar: nothing a server sets may go out again with a later call.
-    """
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), cookie_jar=aiohttp.DummyCookieJar())
+def health_client(config: WorkerConfig) -> Http1Client:
+    """The worker's client for its health checks: the inference server's health port, kept alive."""
+    return Http1Client(config.inference_host, config.health_port, connect_timeout=config.health_timeout)
 
 
-async def check_health(session: aiohttp.ClientSession, config: WorkerConfig) -> tuple[bool, str]:
+async def check_health(client: Http1Client, config: WorkerConfig) -> tuple[bool, str]:
     """One health check of the inference server (HTTP, or grpc.health.v1): (healthy, why not)."""
     if config.health_protocol == "grpc":
         from nvcf_mono.worker.grpc_relay import check_grpc_health  # it imports this module
@@ -91,13 +88,16 @@ async def check_health(session: aiohttp.ClientSession, config: WorkerConfig) -> 
         return await check_grpc_health(config)
     url = f"http://{config.inference_host}:{config.health_port}{config.health_endpoint}"
     try:
-        timeout = aiohttp.ClientTimeout(total=config.health_timeout)
-        async with session.get(url, timeout=timeout) as resp:
-            await resp.read()
-            if resp.status == config.health_expected_status:
-                return True, ""
-            return False, f"{url} answered {resp.status}, expected {config.health_expected_status}"
-    except (aiohttp.ClientError, TimeoutError, OSError) as err:
+        with anyio.fail_after(config.health_timeout):
+            async with client.request("GET", config.health_endpoint, {}, b"") as resp:
+                while await resp.read(1 << 16):
+                    pass  # read whole, so the connection serves the next check
+        if resp.status == config.health_expected_status:
+            return True, ""
+        return False, f"{url} answered {resp.status}, expected {config.health_expected_status}"
+    except TimeoutError:
+        return False, f"{url}: no answer within {config.health_timeout:g}s"
+    except (Unreachable, Broken, BadResponse, OSError, ValueError) as err:
         return False, f"{url}: {type(err).__name__}: {err}"
 
 

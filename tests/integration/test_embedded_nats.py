@@ -173,3 +173,20 @@ async def test_monitoring_when_asked_is_on_loopback_and_says_it_is_unauthenticat
             async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/varz") as resp:
                 assert resp.status == 200
     assert any("no authentication" in r.getMessage() and str(port) in r.getMessage() for r in caplog.records)
+
+
+def _environment(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.decode().split("=", 1) for item in raw.split(b"\0") if b"=" in item)
+
+
+@pytest.mark.parametrize(("setting", "expected"), [(None, "1"), ("3", "3"), ("null", None)])
+async def test_the_servers_go_runtime_gets_the_cores_it_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str | None, expected: str | None
+) -> None:
+    """One core by default (GOMAXPROCS=1); null: what the host's environment says (here: the Go default)."""
+    monkeypatch.delenv("GOMAXPROCS", raising=False)
+    settings = {} if setting is None else {"embedded_nats.gomaxprocs": setting}
+    async with running_host(config_for_test(tmp_path / "state", settings=settings)) as host:
+        assert host.embedded is not None and host.embedded.pid is not None
+        assert _environment(host.embedded.pid).get("GOMAXPROCS") == expected

@@ -16,7 +16,8 @@ from multidict import CIMultiDict
 from nvcf_mono.bus.errors import BusError
 from nvcf_mono.contracts.buckets import StoredResult
 from nvcf_mono.contracts.frames import Frame
-from nvcf_mono.http.problem import PROBLEM_CONTENT_TYPE, ProblemError, problem_body
+from nvcf_mono.contracts.problems import PROBLEM_CONTENT_TYPE, problem_body
+from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.planes.invocation.responses import Pending
 from nvcf_mono.planes.invocation.results import ResultStore
 

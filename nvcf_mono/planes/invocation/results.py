@@ -23,7 +23,7 @@ from nvcf_mono.bus.errors import BusError, BusUnavailable, ConflictError, NotFou
 from nvcf_mono.contracts import buckets
 from nvcf_mono.contracts.buckets import RequestRecord, StoredResult
 from nvcf_mono.contracts.frames import Frame, Headers
-from nvcf_mono.http.problem import PROBLEM_CONTENT_TYPE, problem_body
+from nvcf_mono.contracts.problems import PROBLEM_CONTENT_TYPE, problem_body
 from nvcf_mono.models.common import now_iso
 from nvcf_mono.planes.invocation.result_waits import ResultWaits
 from nvcf_mono.structure import evolve

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-from nvcf_mono.http.problem import PROBLEM_CONTENT_TYPE
+from nvcf_mono.contracts.problems import PROBLEM_CONTENT_TYPE
 
 _TYPES = {
     400: "invalid_request_error",
