@@ -425,11 +425,11 @@ class EmbeddedNats:
         except OSError as err:
             raise EmbeddedNatsError(f"cannot start {binary}: {err}") from err
 
-    def _environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        if self._settings.gomaxprocs is not None:
-            env["GOMAXPROCS"] = str(self._settings.gomaxprocs)
-        return env
+    def _environment(self) -> dict[str, str] | None:
+        """The host's environment (None: inherited as it is), with GOMAXPROCS when the setting has one."""
+        if self._settings.gomaxprocs is None:
+            return None
+        return {**os.environ, "GOMAXPROCS": str(self._settings.gomaxprocs)}  # noqa: TID251 - passed on, not read
 
     async def _wait_ready(self, proc: asyncio.subprocess.Process, client_url: str) -> None:
         """Until a client gets a JetStream answer (what the monitoring port's /healthz checks)."""
