@@ -42,6 +42,7 @@ from nvcf_mono.bus.errors import (
     StoreFull,
     StreamFull,
 )
+from nvcf_mono.bus.replies import Replies
 
 # JetStream API error codes (nats-server's errors.json).
 _STREAM_NOT_FOUND = 10059
@@ -289,8 +290,9 @@ def _consumer_state(info: api.ConsumerInfo) -> ConsumerState:
 class NatsStream:
     """A handle on one stream."""
 
-    def __init__(self, js: JetStreamContext, name: str, timeout: float) -> None:
+    def __init__(self, js: JetStreamContext, replies: Replies, name: str, timeout: float) -> None:
         self._js = js
+        self._replies = replies
         self.name = name
         self._timeout = timeout
 
@@ -312,12 +314,12 @@ class NatsStream:
             # JetStream TTLs are whole seconds; round up so a value never lives shorter than asked.
             hdrs[api.Header.MSG_TTL] = f"{max(1, math.ceil(ttl))}s"
         try:
-            ack = await self._js.publish(
-                subject, data, timeout=timeout or self._timeout, stream=self.name, headers=hdrs or None
+            seq, duplicate = await self._replies.publish(
+                subject, data, stream=self.name, timeout=timeout or self._timeout, headers=hdrs
             )
         except _NATS_ERRORS as err:
             raise translate(err, f"publish to {self.name}") from err
-        return PubAck(stream=ack.stream, seq=ack.seq, duplicate=bool(ack.duplicate))
+        return PubAck(stream=self.name, seq=seq, duplicate=duplicate)
 
     async def info(self) -> StreamState:
         """Current counts of the stream."""

@@ -18,6 +18,7 @@ from nats.js.kv import KeyValue as NatsKV
 from nvcf_mono.bus.api import BucketSpec, Entry, KvOp
 from nvcf_mono.bus.errors import ConflictError, InvalidKey, RequestTimeout
 from nvcf_mono.bus.jetstream import translate
+from nvcf_mono.bus.replies import Replies
 
 _KV_OP = "KV-Operation"
 _WRONG_LAST_SEQUENCE = (10071, 10164)
@@ -124,8 +125,11 @@ def _entry(bucket: str, raw: NatsKV.Entry) -> Entry:
 class NatsKeyValue:
     """A handle on one bucket."""
 
-    def __init__(self, js: JetStreamContext, bucket: str, timeout: float, *, deleted_ttl: float = 900.0) -> None:
+    def __init__(
+        self, js: JetStreamContext, replies: Replies, bucket: str, timeout: float, *, deleted_ttl: float = 900.0
+    ) -> None:
         self._js = js
+        self._replies = replies
         self._deleted_ttl = _ttl_header(deleted_ttl)
         self.bucket = bucket
         self._stream = f"KV_{bucket}"
@@ -135,12 +139,8 @@ class NatsKeyValue:
 
     async def _publish(self, key: str, value: bytes, headers: dict[str, str]) -> int:
         try:
-            ack = await self._js.publish(
-                self._prefix + check_key(key),
-                value,
-                timeout=self._timeout,
-                stream=self._stream,
-                headers=headers or None,
+            seq, _ = await self._replies.publish(
+                self._prefix + check_key(key), value, stream=self._stream, timeout=self._timeout, headers=headers
             )
         except js_errors.APIError as err:
             if err.err_code in _WRONG_LAST_SEQUENCE:
@@ -148,7 +148,7 @@ class NatsKeyValue:
             raise translate(err, f"write {self.bucket}/{key}") from err
         except _NATS_ERRORS as err:
             raise translate(err, f"write {self.bucket}/{key}") from err
-        return ack.seq
+        return seq
 
     async def _last(self, key: str) -> tuple[Entry | None, int]:
         """The newest revision of ``key`` (possibly a delete marker) and its sequence (0 if none)."""

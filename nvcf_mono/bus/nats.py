@@ -49,6 +49,7 @@ from nvcf_mono.bus.jetstream import (
 )
 from nvcf_mono.bus.kv import NatsKeyValue, bucket_stream_config
 from nvcf_mono.bus.objects import NatsObjectStore, object_store_stream_config
+from nvcf_mono.bus.replies import Replies
 from nvcf_mono.config.model import BusSettings
 from nvcf_mono.metrics import Metrics
 
@@ -128,6 +129,7 @@ class NatsBus:
     def __init__(self, nc: NatsClient, settings: BusSettings, metrics: Metrics, log: logging.Logger) -> None:
         self._nc = nc
         self._js = nc.jetstream(timeout=settings.request_timeout)
+        self._replies = Replies(nc)
         self._settings = settings
         self._log = log
         self._events = _Events()
@@ -255,7 +257,7 @@ class NatsBus:
         """One request, one reply."""
         deadline = timeout if timeout is not None else self._settings.request_timeout
         try:
-            reply = await self._nc.request(subject, data, timeout=deadline, headers=dict(headers) if headers else None)
+            reply = await self._replies.request(subject, data, timeout=deadline, headers=headers)
         except nats.errors.NoRespondersError as err:
             raise NoResponders(f"nobody serves {subject!r}") from err
         except nats.errors.TimeoutError as err:
@@ -351,7 +353,7 @@ class NatsBus:
         """A handle on a stream (no I/O)."""
         handle = self._streams.get(name)
         if handle is None:
-            handle = self._streams[name] = NatsStream(self._js, name, self._settings.request_timeout)
+            handle = self._streams[name] = NatsStream(self._js, self._replies, name, self._settings.request_timeout)
         return handle
 
     async def delete_stream(self, name: str) -> bool:
@@ -382,7 +384,11 @@ class NatsBus:
         handle = self._kv.get(bucket)
         if handle is None:
             handle = self._kv[bucket] = NatsKeyValue(
-                self._js, bucket, self._settings.request_timeout, deleted_ttl=self._settings.deleted_key_ttl
+                self._js,
+                self._replies,
+                bucket,
+                self._settings.request_timeout,
+                deleted_ttl=self._settings.deleted_key_ttl,
             )
         return handle
 
@@ -396,7 +402,11 @@ class NatsBus:
         handle = self._objects.get(bucket)
         if handle is None:
             handle = self._objects[bucket] = NatsObjectStore(
-                self._js, bucket, self._settings.request_timeout, deleted_ttl=self._settings.deleted_key_ttl
+                self._js,
+                self._replies,
+                bucket,
+                self._settings.request_timeout,
+                deleted_ttl=self._settings.deleted_key_ttl,
             )
         return handle
 

@@ -24,6 +24,7 @@ from nats.nuid import NUID
 from nvcf_mono.bus.api import ObjectInfo, ObjectStoreSpec
 from nvcf_mono.bus.errors import NotFound, ObjectCorrupted, RequestTimeout
 from nvcf_mono.bus.jetstream import translate
+from nvcf_mono.bus.replies import Replies
 
 DEFAULT_CHUNK_SIZE = 128 * 1024
 _DIGEST_PREFIX = "SHA-256="
@@ -102,8 +103,11 @@ class NatsObjectReader:
 class NatsObjectStore:
     """A handle on one object store bucket."""
 
-    def __init__(self, js: JetStreamContext, bucket: str, timeout: float, *, deleted_ttl: float = 300.0) -> None:
+    def __init__(
+        self, js: JetStreamContext, replies: Replies, bucket: str, timeout: float, *, deleted_ttl: float = 300.0
+    ) -> None:
         self._js = js
+        self._replies = replies
         self.bucket = bucket
         self._stream = f"OBJ_{bucket}"
         self._timeout = timeout
@@ -139,7 +143,7 @@ class NatsObjectStore:
 
     async def _publish(self, subject: str, data: bytes, headers: dict[str, str] | None = None) -> None:
         try:
-            await self._js.publish(subject, data, timeout=self._timeout, stream=self._stream, headers=headers)
+            await self._replies.publish(subject, data, stream=self._stream, timeout=self._timeout, headers=headers)
         except _NATS_ERRORS as err:
             raise translate(err, f"write to {self.bucket}") from err
 
