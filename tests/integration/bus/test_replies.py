@@ -103,9 +103,10 @@ async def test_jetstream_publishes_are_stored_deduplicated_and_refused_as_nats_p
         other = unique("OTHER")
         await bus.ensure_stream(StreamSpec(name=other, subjects=(f"{other.lower()}.>",)))
         replies = Replies(nc)
+        once = {"Nats-Msg-Id": "m"}
         with anyio.fail_after(10):
-            first = await replies.publish(f"{name.lower()}.a", b"1", stream=name, timeout=5, headers={"Nats-Msg-Id": "m"})
-            again = await replies.publish(f"{name.lower()}.a", b"1", stream=name, timeout=5, headers={"Nats-Msg-Id": "m"})
+            first = await replies.publish(f"{name.lower()}.a", b"1", stream=name, timeout=5, headers=once)
+            again = await replies.publish(f"{name.lower()}.a", b"1", stream=name, timeout=5, headers=once)
             second = await replies.publish(f"{name.lower()}.b", b"2", stream=name, timeout=5)
             assert (first, again, second) == ((1, False), (1, True), (2, False))
             with pytest.raises(js_errors.APIError) as refused:  # the subject is another stream's
