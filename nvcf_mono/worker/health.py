@@ -9,6 +9,7 @@ every cold start's path.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 
 import anyio
@@ -18,6 +19,8 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from nvcf_mono.contracts.problems import PROBLEM_CONTENT_TYPE, problem_body, reason
 from nvcf_mono.metrics import CONTENT_TYPE, Metrics
 from nvcf_mono.worker.agent import WorkerState
+
+log = logging.getLogger("nvcf_mono.worker")
 
 #: Longest request head read; a probe's is a few hundred bytes.
 MAX_HEAD = 16 * 1024
@@ -63,7 +66,7 @@ async def serve_health(
                 with anyio.fail_after(CLIENT_TIMEOUT):
                     head = await BufferedByteReceiveStream(client).receive_until(b"\r\n\r\n", MAX_HEAD)
                     method, path = _request_line(head)
-                    await client.send(_response(method, *_route(routes, method, path)))
+                    await client.send(_response(method, *_answer(routes, method, path)))
             except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, anyio.DelimiterNotFound):
                 pass  # the client went away, or sent no HTTP head
             except (TimeoutError, OSError):
@@ -82,6 +85,15 @@ def _request_line(head: bytes) -> tuple[str, str]:
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
         return "", ""
     return parts[0].decode("latin-1"), parts[1].decode("latin-1").split("?", 1)[0]
+
+
+def _answer(routes: dict[str, Callable[[], _Answer]], method: str, path: str) -> _Answer:
+    """The route's answer; a route that fails is a 500 for this request, never the end of the port."""
+    try:
+        return _route(routes, method, path)
+    except Exception as err:
+        log.exception("the health port could not answer %s %s", method, path)
+        return _problem(500, f"{type(err).__name__} while answering {path}")
 
 
 def _route(routes: dict[str, Callable[[], _Answer]], method: str, path: str) -> _Answer:

@@ -132,3 +132,20 @@ def test_the_worker_process_does_not_import_aiohttp() -> None:
     code = "import sys, nvcf_mono.worker.main; print(sorted(m for m in sys.modules if m.split('.')[0] == 'aiohttp'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(out.stdout.replace("'", '"')) == [], out.stdout
+
+
+async def test_a_route_that_fails_is_a_500_and_the_port_keeps_serving(monkeypatch: pytest.MonkeyPatch) -> None:
+    state = WorkerState()
+    async with anyio.create_task_group() as tg, aiohttp.ClientSession() as session:
+        port = await tg.start(serve_health, state, 0)
+
+        def broken() -> float:
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(WorkerState, "busy_seconds", property(lambda _: broken()))
+        async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+            assert resp.status == 500 and "RuntimeError" in (await resp.json(content_type=None))["detail"]
+        monkeypatch.undo()
+        async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+            assert resp.status == 200
+        tg.cancel_scope.cancel()
