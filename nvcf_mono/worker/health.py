@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 
 import anyio
-from anyio.abc import SocketAttribute, SocketStream, TaskStatus
+from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from nvcf_mono.contracts.problems import PROBLEM_CONTENT_TYPE, problem_body, reason
@@ -24,6 +24,8 @@ log = logging.getLogger("nvcf_mono.worker")
 
 #: Longest request head read; a probe's is a few hundred bytes.
 MAX_HEAD = 16 * 1024
+#: Connections served at once; more wait to be accepted.
+MAX_CLIENTS = 32
 #: How long a connection may take to send its request head, and to take the answer.
 CLIENT_TIMEOUT = 10.0
 
@@ -60,6 +62,8 @@ async def serve_health(
 
     routes: dict[str, Callable[[], _Answer]] = {"/v1/health/live": live, "/v1/health/ready": ready, "/metrics": metrics}
 
+    room = anyio.Semaphore(MAX_CLIENTS)
+
     async def serve(client: SocketStream) -> None:
         async with client:
             try:
@@ -71,12 +75,23 @@ async def serve_health(
                 pass  # the client went away, or sent no HTTP head
             except (TimeoutError, OSError):
                 pass
+            finally:
+                room.release()
 
     # Port 0 (tests, the process backend's auto ports): loopback only; a fixed port is for probes from outside.
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1" if port == 0 else "0.0.0.0", local_port=port)
-    async with listener:
+    listeners = await anyio.create_tcp_listener(local_host="127.0.0.1" if port == 0 else "0.0.0.0", local_port=port)
+    (listener,) = listeners.listeners  # one address: one socket, accepted from here to bound the clients
+    assert isinstance(listener, SocketListener)
+    async with listeners, anyio.create_task_group() as tg:
         task_status.started(int(listener.extra(SocketAttribute.local_port)))
-        await listener.serve(serve)
+        while True:
+            await room.acquire()  # a flood of connections waits in the listen backlog, not in memory
+            try:
+                client = await listener.accept()
+            except BaseException:
+                room.release()
+                raise
+            tg.start_soon(serve, client)
 
 
 def _request_line(head: bytes) -> tuple[str, str]:

@@ -149,3 +149,22 @@ async def test_a_route_that_fails_is_a_500_and_the_port_keeps_serving(monkeypatc
         async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
             assert resp.status == 200
         tg.cancel_scope.cancel()
+
+
+async def test_silent_connections_beyond_the_limit_wait_to_be_accepted_and_are_answered_in_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(health, "MAX_CLIENTS", 2)
+    monkeypatch.setattr(health, "CLIENT_TIMEOUT", 0.5)
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(serve_health, WorkerState(), 0)
+        silent = [await anyio.connect_tcp("127.0.0.1", port) for _ in range(3)]  # two served, one waits
+        with anyio.fail_after(5):
+            answer = await raw(port, b"GET /v1/health/live HTTP/1.1\r\n\r\n")  # once the silent ones time out
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer
+        for stream in silent[:2]:  # answered only after the server let the first two go
+            with anyio.fail_after(0.2), pytest.raises((anyio.EndOfStream, ConnectionResetError)):
+                await stream.receive()
+        for stream in silent:
+            await stream.aclose()
+        tg.cancel_scope.cancel()
