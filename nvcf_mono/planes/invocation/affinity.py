@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
 
-from nvcf_mono.contracts.frames import Headers
+from nvcf_mono.contracts.frames import Request
 
 HEADER = "x-multi-turn-session-id"
 #: Conversations remembered per node (the oldest go first), and for how long after their last turn.
@@ -31,12 +31,17 @@ REANNOUNCE = TTL / 4
 MAX_KEY = 256
 
 
-def session_key(headers: Headers) -> str | None:
-    """The conversation a request belongs to, when it says."""
-    for name, value in headers:
+def session_key(request: Request) -> str | None:
+    """The conversation a request belongs to, when it says, within its caller's account.
+
+    Two accounts calling a shared function with the same session id are two conversations: one
+    cannot steer the other's turns onto an instance (where a server that shares its prefix cache
+    between requests would let cache timing tell one caller about another's prompts).
+    """
+    for name, value in request.headers:
         if len(name) == len(HEADER) and name.lower() == HEADER:
             value = value.strip()
-            return value if 0 < len(value) <= MAX_KEY else None
+            return f"{request.nca_id}/{value}" if 0 < len(value) <= MAX_KEY else None
     return None
 
 

@@ -134,7 +134,7 @@ class WorkerService:
         held = Settlement(delivery, request, policy=self._policy, sink=self.deps.get().sink)
         if not await session.offer(held, delivery):
             return False
-        key = session_key(request.headers)
+        key = session_key(request)
         if key is not None:
             await self.took(version_id, key, instance_id)
         return True
@@ -446,7 +446,7 @@ class WorkerSession:
             return
         if await held.refused_on_arrival():
             return
-        key = session_key(request.headers)
+        key = session_key(request)
         if key is not None and await self._hand_over(key, held, delivery):
             return
         await self._deliver(held, delivery, out)

@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+from nvcf_mono.contracts.frames import Headers, Request
 from nvcf_mono.planes.invocation import affinity
 from nvcf_mono.planes.invocation.affinity import Affinity, Place, session_key
 
 
-def test_a_conversation_is_named_by_its_header_in_any_case_and_nothing_else() -> None:
-    assert session_key((("Content-Type", "a"), ("X-Multi-Turn-Session-Id", " conv-1 "))) == "conv-1"
-    assert session_key((("x-multi-turn-session-id", ""),)) is None
-    assert session_key((("x-multi-turn-session-id", "x" * 300),)) is None  # not an id worth keeping
-    assert session_key(()) is None
+def request(headers: Headers, *, account: str = "acct-a") -> Request:
+    return Request(
+        request_id="r",
+        nca_id=account,
+        function_id="f",
+        function_version_id="v",
+        method="POST",
+        path="/",
+        headers=headers,
+        reply="x",
+        time_ms=0,
+        deadline_ms=0,
+        poll_seconds=0,
+    )
+
+
+def test_a_conversation_is_named_by_its_header_in_any_case_within_its_callers_account() -> None:
+    assert session_key(request((("Content-Type", "a"), ("X-Multi-Turn-Session-Id", " conv-1 ")))) == "acct-a/conv-1"
+    assert session_key(request((("x-multi-turn-session-id", ""),))) is None
+    assert session_key(request((("x-multi-turn-session-id", "x" * 300),))) is None  # not an id worth keeping
+    assert session_key(request(())) is None
+    # A shared function's callers from two accounts with one session id: two conversations.
+    same = (("x-multi-turn-session-id", "conv-1"),)
+    assert session_key(request(same, account="acct-a")) != session_key(request(same, account="acct-b"))
 
 
 def test_the_last_instance_of_a_conversation_per_version_until_it_expires() -> None:
