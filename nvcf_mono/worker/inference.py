@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 
 import anyio
+from yarl import URL
 
 from nvcf_mono.contracts.frames import Frame, Request
 from nvcf_mono.contracts.problems import PROBLEM_CONTENT_TYPE, reason
@@ -30,6 +31,9 @@ OWN_HEADERS = frozenset(
 )  # fmt: skip
 #: The request header that turns the worker's compatibility mode off for one request.
 COMPATIBILITY_OFF = "nvcf-feature-disable-worker-compatibility"
+#: Redirects a health check follows on the server (Go's HTTP client, NVCF's worker, follows up to 10).
+MAX_REDIRECTS = 10
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"})
 
 
@@ -81,17 +85,31 @@ def health_client(config: WorkerConfig) -> Http1Client:
 
 
 async def check_health(client: Http1Client, config: WorkerConfig) -> tuple[bool, str]:
-    """One health check of the inference server (HTTP, or grpc.health.v1): (healthy, why not)."""
+    """One health check of the inference server (HTTP, or grpc.health.v1): (healthy, why not).
+
+    Redirects on the server itself are followed, as HTTP clients do (a framework's trailing-slash
+    redirect must not make a server unhealthy), up to :data:`MAX_REDIRECTS`; the status that counts
+    is the last one.
+    """
     if config.health_protocol == "grpc":
         from nvcf_mono.worker.grpc_relay import check_grpc_health  # it imports this module
 
         return await check_grpc_health(config)
-    url = f"http://{config.inference_host}:{config.health_port}{config.health_endpoint}"
+    origin = URL.build(scheme="http", host=config.inference_host, port=config.health_port)
+    url = origin.join(URL(config.health_endpoint))
     try:
         with anyio.fail_after(config.health_timeout):
-            async with client.request("GET", config.health_endpoint, {}, b"") as resp:
-                while await resp.read(1 << 16):
-                    pass  # read whole, so the connection serves the next check
+            for _ in range(MAX_REDIRECTS + 1):
+                async with client.request("GET", url.raw_path_qs, {}, b"") as resp:
+                    while await resp.read(1 << 16):
+                        pass  # read whole, so the connection serves the next check
+                location = _header(resp.headers, "location")
+                if resp.status not in _REDIRECTS or location is None or resp.status == config.health_expected_status:
+                    break
+                target = url.join(URL(location))
+                if target.origin() != origin:
+                    return False, f"{url} redirects to another server ({target}); health checks stay on {origin}"
+                url = target
         if resp.status == config.health_expected_status:
             return True, ""
         return False, f"{url} answered {resp.status}, expected {config.health_expected_status}"
@@ -99,6 +117,10 @@ async def check_health(client: Http1Client, config: WorkerConfig) -> tuple[bool,
         return False, f"{url}: no answer within {config.health_timeout:g}s"
     except (Unreachable, Broken, BadResponse, OSError, ValueError) as err:
         return False, f"{url}: {type(err).__name__}: {err}"
+
+
+def _header(headers: list[tuple[str, str]], name: str) -> str | None:
+    return next((value for key, value in headers if key.lower() == name), None)
 
 
 async def call(

@@ -168,3 +168,42 @@ async def test_silent_connections_beyond_the_limit_wait_to_be_accepted_and_are_a
         for stream in silent:
             await stream.aclose()
         tg.cancel_scope.cancel()
+
+
+async def test_health_checks_follow_redirects_on_the_server_only() -> None:
+    routes = web.RouteTableDef()
+    seen: list[str] = []
+
+    @routes.get("/v2/health/ready")
+    async def slash(_: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect("ready/")  # a framework's trailing-slash redirect, relative
+
+    @routes.get("/v2/health/ready/")
+    async def ready(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        return web.Response(text="ok")
+
+    @routes.get("/loop")
+    async def loop(_: web.Request) -> web.Response:
+        raise web.HTTPFound("/loop")
+
+    @routes.get("/away")
+    async def away(_: web.Request) -> web.Response:
+        raise web.HTTPFound("http://198.51.100.7/health")
+
+    async with aiohttp_server(routes) as port:
+        cfg = config(port)
+        async with health_client(cfg) as client:
+            assert await check_health(client, cfg) == (True, "")
+            assert seen == ["/v2/health/ready/"]
+            healthy, why = await check_health(client, attrs.evolve(cfg, health_endpoint="/loop"))
+            assert not healthy and "answered 302, expected 200" in why, why
+            healthy, why = await check_health(client, attrs.evolve(cfg, health_endpoint="/away"))
+            assert not healthy and "redirects to another server" in why, why
+            # A redirect that is the expected answer is not followed.
+            assert await check_health(
+                client, attrs.evolve(cfg, health_endpoint="/away", health_expected_status=302)
+            ) == (
+                True,
+                "",
+            )
