@@ -227,8 +227,10 @@ class ClusterAgent:
                 failing = False
                 backoff.reset()
             except (RpcError, BusError) as err:
-                if not failing:
+                if not failing and not self._intake.cancel_called:
                     self.log.warning("cannot reach the control plane (%s); retrying", err)
+                elif not failing:  # the host is stopping: its control plane may have gone first
+                    self.log.debug("cannot reach the control plane while stopping (%s)", err)
                 failing = True
                 await anyio.sleep(backoff.next())
                 continue
