@@ -26,6 +26,8 @@ log = logging.getLogger("nvcf_mono.worker")
 MAX_HEAD = 16 * 1024
 #: Connections served at once; more wait to be accepted.
 MAX_CLIENTS = 32
+#: Pause after a failed accept (no file descriptor left) before the next.
+ACCEPT_PAUSE = 0.1
 #: How long a connection may take to send its request head, and to take the answer.
 CLIENT_TIMEOUT = 10.0
 
@@ -71,7 +73,13 @@ async def serve_health(
                     head = await BufferedByteReceiveStream(client).receive_until(b"\r\n\r\n", MAX_HEAD)
                     method, path = _request_line(head)
                     await client.send(_response(method, *_answer(routes, method, path)))
-            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, anyio.DelimiterNotFound):
+            except (
+                anyio.EndOfStream,
+                anyio.IncompleteRead,
+                anyio.BrokenResourceError,
+                anyio.ClosedResourceError,
+                anyio.DelimiterNotFound,
+            ):
                 pass  # the client went away, or sent no HTTP head
             except (TimeoutError, OSError):
                 pass
@@ -88,6 +96,11 @@ async def serve_health(
             await room.acquire()  # a flood of connections waits in the listen backlog, not in memory
             try:
                 client = await listener.accept()
+            except OSError as err:  # out of file descriptors, say: the port lives on, and tries again
+                room.release()
+                log.warning("the health port could not accept a connection: %s", err)
+                await anyio.sleep(ACCEPT_PAUSE)
+                continue
             except BaseException:
                 room.release()
                 raise

@@ -4,6 +4,7 @@ start: the worker process does not import aiohttp.
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import anyio
 import attrs
 import pytest
 from aiohttp import web
+from anyio.abc import SocketStream
 
 from nvcf_mono.worker import health
 from nvcf_mono.worker.agent import WorkerState
@@ -207,3 +209,26 @@ async def test_health_checks_follow_redirects_on_the_server_only() -> None:
                 True,
                 "",
             )
+
+
+async def test_the_port_outlives_a_failed_accept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed accept (EMFILE: no file descriptor left) is logged and tried again; it does not end the worker."""
+    from anyio._backends._asyncio import TCPSocketListener
+
+    monkeypatch.setattr(health, "ACCEPT_PAUSE", 0.01)
+    real = TCPSocketListener.accept
+    failures = [3]
+
+    async def accept(self: TCPSocketListener) -> SocketStream:
+        if failures[0]:
+            failures[0] -= 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return await real(self)
+
+    monkeypatch.setattr(TCPSocketListener, "accept", accept)
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(serve_health, WorkerState(), 0)
+        with anyio.fail_after(5):
+            assert (await raw(port, b"GET /v1/health/live HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 200 OK")
+        assert failures == [0]
+        tg.cancel_scope.cancel()
