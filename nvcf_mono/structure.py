@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import attrs
-import yaml
 
 from nvcf_mono.errors import NvcfMonoError
 
@@ -290,6 +289,8 @@ def _describe(value: Any) -> str:
 
 def _from_text(value: Text) -> Any:
     """Read env/CLI text the way YAML would read it (``[a, b]``, ``{k: v}``, ``true``)."""
+    import yaml  # here: the worker reads its settings without it, and starts faster for it
+
     try:
         return yaml.safe_load(str(value))
     except yaml.YAMLError:
