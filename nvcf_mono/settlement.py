@@ -24,14 +24,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Literal, Protocol, final
+from typing import TYPE_CHECKING, Literal, Protocol, final
 
 import attrs
 
-from nvcf_mono.bus.api import Delivery
 from nvcf_mono.bus.errors import BusError
-from nvcf_mono.contracts import streams
+from nvcf_mono.contracts import redelivery
 from nvcf_mono.contracts.frames import Frame, Request, problem_frame
+
+if TYPE_CHECKING:
+    from nvcf_mono.bus.api import Delivery
 
 Outcome = Literal["ok", "gone", "orphaned"]
 
@@ -84,8 +86,8 @@ class Settlement:
 
     async def refused_on_arrival(self) -> bool:
         """End it unserved if it is past its deadline or its deliveries (True: do not serve it)."""
-        if streams.given_up(self.attempt, self._policy.max_deliver):
-            await self.refuse(500, streams.given_up_detail(self.attempt))
+        if redelivery.given_up(self.attempt, self._policy.max_deliver):
+            await self.refuse(500, redelivery.given_up_detail(self.attempt))
             return True
         if self.request.deadline_ms and self.request.deadline_ms < time.time() * 1000:
             await self.refuse(504, EXPIRED)

@@ -9,11 +9,14 @@ short while serves it as soon as the instance is back, which is usually sooner.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 
-from nvcf_mono.bus.api import Delivery
 from nvcf_mono.bus.errors import BusError
+
+if TYPE_CHECKING:
+    from nvcf_mono.bus.api import Delivery
 
 
 async def hold_until_ready(

@@ -71,25 +71,6 @@ def request_stream(region: str, function_version_id: str, *, max_msgs: int, max_
     )
 
 
-#: Seconds a delivery that reaches an instance as it pauses waits for it (then it goes back).
-PAUSED_HOLD = 10.0
-
-#: Deliveries beyond ``max_deliver`` a request may use up without a failure being seen: an instance
-#: that paused for health hands back what it had just fetched, and a worker killed outright lets
-#: its delivery time out. Past that the request is given up (answered 500), never left unanswered.
-UNSEEN_FAILURE_SLACK = 5
-
-
-def given_up(num_delivered: int, max_deliver: int) -> bool:
-    """Whether a delivery is past every retry the platform allows (it is answered, not served)."""
-    return num_delivered > max_deliver + UNSEEN_FAILURE_SLACK
-
-
-def given_up_detail(num_delivered: int) -> str:
-    """The 500 problem's detail for a request given up."""
-    return f"the request was delivered {num_delivered} times and never answered (instances lost while serving it)"
-
-
 def request_consumer(region: str, function_version_id: str, *, ack_wait: float) -> ConsumerSpec:
     """The durable the invocation plane pulls for the version's workers (reference: ack wait 30 s).
 

@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
-from typing import Protocol, final
+from typing import TYPE_CHECKING, Protocol, final
 
 import anyio
 import attrs
@@ -26,9 +26,8 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from nvcf_mono import tracing
 from nvcf_mono.backoff import Backoff
-from nvcf_mono.bus.api import Bus, Delivery
 from nvcf_mono.bus.holding import hold_until_ready
-from nvcf_mono.contracts import streams, subjects, trace
+from nvcf_mono.contracts import redelivery, subjects, trace
 from nvcf_mono.contracts.frames import Frame, FrameError, Request
 from nvcf_mono.grpc.batch import MOST, accept_large_frames, send_all
 from nvcf_mono.log import bind, unbind
@@ -70,6 +69,9 @@ from nvcf_mono.worker.inference import (
 from nvcf_mono.worker.nats_transport import WorkerSink
 from nvcf_mono.worker.progress import PROGRESS_FILE, ProgressMonitor, ProgressReports
 from nvcf_mono.worker.scratch import Scratch
+
+if TYPE_CHECKING:
+    from nvcf_mono.bus.api import Bus, Delivery
 
 SERVICE = "/nvcf.worker.v1.WorkerService"
 log = logging.getLogger("nvcf_mono.worker")
@@ -418,7 +420,7 @@ class Worker:
                             async for delivery in deliveries:
                                 if not self.state.inference_healthy and not self._drain.is_set():
                                     await hold_until_ready(
-                                        lambda: self._healthy, delivery, within=streams.PAUSED_HOLD, keepalive=keep
+                                        lambda: self._healthy, delivery, within=redelivery.PAUSED_HOLD, keepalive=keep
                                     )
                                 if not self.state.inference_healthy or self._drain.is_set():
                                     await delivery.nak()  # still paused, or stopping: another instance takes it

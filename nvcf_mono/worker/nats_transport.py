@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import final
+from typing import TYPE_CHECKING, final
 
-from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.errors import BusError, NoResponders, RequestTimeout
 from nvcf_mono.contracts import subjects
 from nvcf_mono.contracts.frames import Frame, Request
 from nvcf_mono.proto.serve_wire import WorkerEnvelope
 from nvcf_mono.settlement import Outcome
 from nvcf_mono.structure import evolve
+
+if TYPE_CHECKING:
+    from nvcf_mono.bus.api import Bus
 
 log = logging.getLogger("nvcf_mono.worker.nats")
 OK = b"ok"

@@ -32,7 +32,7 @@ from nvcf_mono.bus.callout import CalloutStatus, envelope
 from nvcf_mono.bus.codec import TypedKV
 from nvcf_mono.bus.errors import BusError, NotFound
 from nvcf_mono.bus.holding import hold_until_ready
-from nvcf_mono.contracts import buckets, permissions, rpc, streams, subjects, trace
+from nvcf_mono.contracts import buckets, permissions, redelivery, rpc, subjects, trace
 from nvcf_mono.contracts.frames import Frame, FrameError, Request, problem_frame
 from nvcf_mono.contracts.messages import SecretsFetch, SecretsReply
 from nvcf_mono.grpc.batch import MOST, accept_large_frames, send_all
@@ -438,7 +438,7 @@ class WorkerSession:
             return
         if not self.ready.is_set() and not self.draining:
             await hold_until_ready(
-                lambda: self.ready, delivery, within=streams.PAUSED_HOLD, keepalive=self._svc._config.keepalive
+                lambda: self.ready, delivery, within=redelivery.PAUSED_HOLD, keepalive=self._svc._config.keepalive
             )
         held = Settlement(delivery, request, policy=self._svc._policy, sink=self._svc.deps.get().sink)
         if self.draining or not self.ready.is_set():
