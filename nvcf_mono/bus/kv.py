@@ -15,6 +15,7 @@ import nats.js.errors as js_errors
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue as NatsKV
 
+from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import BucketSpec, Entry, KvOp
 from nvcf_mono.bus.errors import ConflictError, InvalidKey, RequestTimeout
 from nvcf_mono.bus.jetstream import translate
@@ -244,15 +245,23 @@ class NatsKeyValue:
 
         nats-py can end the initial load early: messages already sent to the subscription but not yet
         through its callback are not counted (nats-io/nats.py#842), so a watch (and ``keys()``) may
-        miss keys that exist. The consumer says which stream sequence it delivered last; read on until
-        that one has arrived. A straggler that never comes (a marker nats-py drops) ends the wait.
+        miss keys that exist. The consumer says what it still has to send and which stream sequence
+        it sent last: once nothing is left to send, read on until that one has arrived. A straggler
+        that never comes (a marker nats-py drops) ends the wait at the deadline.
         """
-        try:
-            info = await watcher._sub.consumer_info()
-        except _NATS_ERRORS as err:
-            raise translate(err, f"watch {self.bucket}: consumer info") from err
-        delivered = info.delivered.stream_seq or 0
         with anyio.move_on_after(self._timeout):
+            backoff = Backoff(0.002, 0.05)
+            while True:
+                try:
+                    info = await watcher._sub.consumer_info()
+                except _NATS_ERRORS as err:
+                    raise translate(err, f"watch {self.bucket}: consumer info") from err
+                # Values the server has not sent yet are part of the initial load too; until it has
+                # sent them the last sequence it names is not the last one.
+                if not info.num_pending:
+                    break
+                await anyio.sleep(backoff.next())
+            delivered = info.delivered.stream_seq or 0
             while last_seen() < delivered:
                 try:
                     raw = await watcher.updates(timeout=self._timeout)
