@@ -4,9 +4,10 @@ A request gets ``<base>/<request id>``. On a journalled file system making a dir
 it again cost 150-250 µs of kernel time each, about a quarter of the worker's whole cost of a small
 request. So a finished request's directory the server left empty is not removed: it is kept,
 under its old name, as a spare, and when the next request comes it is looked at again (a late
-write must not reach another request) and renamed to the new id, all on the event loop: two reads
-of an empty directory and one rename per request, no thread hand-off. Directories with files in
-them are removed in batches off the event loop.
+write must not reach another request) and renamed to the new id, all on the event loop, no thread
+hand-off. Whether a directory is still empty is inotify's answer where it can give one
+(:mod:`.dir_events`: one read of its queue), else a read of the directory. Directories with files
+in them are removed in batches off the event loop.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import final
 
 import anyio
 import anyio.to_thread
+
+from nvcf_mono.worker.dir_events import DirEvents
 
 
 @final
@@ -34,6 +37,7 @@ class Scratch:
         self._spares: dict[str, None] = {}
         self._pending: list[str] = []
         self._wake = anyio.Event()
+        self._events = DirEvents()
 
     def make(self, name: str) -> str:
         """``<base>/<name>``, present (empty unless a redelivery left something); raises OSError."""
@@ -43,11 +47,12 @@ class Scratch:
             return path  # a redelivery: its own earlier attempt's directory, as that left it
         while self._spares:
             spare, _ = self._spares.popitem()
-            if not _empty(spare):
+            if not self._still_empty(spare):
                 self._remove_soon(spare)  # written into after its request ended
                 continue
             try:
                 os.rename(spare, path)  # onto nothing, or onto an empty directory of an earlier delivery
+                self._events.moved(spare, path)
                 return path
             except OSError:
                 if os.path.isdir(spare):
@@ -55,6 +60,8 @@ class Scratch:
                 break
         try:
             os.mkdir(path)
+            if self._keep:
+                self._events.track(path)  # found empty when its request ends, then cheap to recycle
         except FileExistsError:
             pass  # a redelivery to this instance
         except FileNotFoundError:
@@ -63,12 +70,22 @@ class Scratch:
 
     def release(self, path: str) -> None:
         """The request is over: its directory is kept as a spare if empty, else removed (soon)."""
-        if len(self._spares) < self._keep and _empty(path):
+        if len(self._spares) < self._keep and self._still_empty(path):
             self._spares[path] = None
         else:
             self._remove_soon(path)
 
+    def _still_empty(self, path: str) -> bool:
+        if self._events.unchanged(path):
+            return True
+        self._events.track(path)  # before the read: what is added after it is in the event queue
+        if not _empty(path):
+            return False
+        self._events.found_empty(path)
+        return True
+
     def _remove_soon(self, path: str) -> None:
+        self._events.forget(path)
         self._pending.append(path)
         self._wake.set()
 
@@ -85,6 +102,7 @@ class Scratch:
             _remove_all([*self._pending, *self._spares])
             self._pending.clear()
             self._spares.clear()
+            self._events.close()
 
 
 def _remove_all(paths: list[str]) -> None:

@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import anyio
 import pytest
 
+from nvcf_mono.worker import scratch as scratch_module
+from nvcf_mono.worker.dir_events import DirEvents
 from nvcf_mono.worker.scratch import Scratch
 
 pytestmark = pytest.mark.anyio
+LINUX = sys.platform == "linux"
+
+
+@pytest.fixture(autouse=True, params=["inotify", "reads"])
+def emptiness(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every behaviour holds with inotify's answers and with directory reads alone (no inotify)."""
+    if request.param == "reads":
+        monkeypatch.setattr(DirEvents, "_open", lambda self: False)
+    return str(request.param)
 
 
 async def _cleared(scratch: Scratch) -> None:
@@ -113,3 +125,47 @@ async def test_a_base_removed_under_it_is_made_again(tmp_path: Path) -> None:
     base = tmp_path / "responses"
     scratch = Scratch(str(base), keep=1)
     assert _inode(scratch.make("r1")) is not None
+
+
+async def test_a_recycled_directory_is_not_read_again_while_nothing_is_written_into_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, emptiness: str
+) -> None:
+    reads: list[str] = []
+    real = scratch_module._empty
+
+    def counted(path: str) -> bool:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(scratch_module, "_empty", counted)
+    scratch = Scratch(str(tmp_path), keep=2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scratch.run)
+        first = scratch.make("r0")
+        for i in range(1, 11):
+            path = scratch.make(f"r{i}") if i > 1 else first
+            scratch.release(path)
+        expected = 1 if emptiness == "inotify" and LINUX else 19  # the new directory's first release
+        assert len(reads) == expected
+        # A file written while a request runs is seen, and its directory goes.
+        busy = scratch.make("busy")
+        _write(Path(busy, "out.bin"), "x")
+        scratch.release(busy)
+        await _cleared(scratch)
+        assert "busy" not in _names(tmp_path)
+        tg.cancel_scope.cancel()
+
+
+async def test_a_file_the_server_wrote_and_removed_leaves_its_directory_reusable(tmp_path: Path) -> None:
+    scratch = Scratch(str(tmp_path), keep=2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scratch.run)
+        first = scratch.make("r1")
+        inode = _inode(first)
+        scratch.release(first)
+        second = scratch.make("r2")
+        _write(Path(second, "progress"), "{}")
+        os.unlink(os.path.join(second, "progress"))
+        scratch.release(second)  # read again (something was added), found empty: kept
+        assert _inode(scratch.make("r3")) == inode
+        tg.cancel_scope.cancel()
