@@ -11,7 +11,6 @@ queue overflowed, the answer is "unknown" and the caller reads the directory its
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import struct
@@ -105,9 +104,11 @@ class DirEvents:
             except BlockingIOError:
                 return
             except OSError as err:
-                if err.errno == errno.EINTR:
-                    continue
-                raise
+                # Never a request's failure: without its answers each directory is read instead.
+                log.warning("inotify failed (%s): request directories are read each time from now on", err)
+                self.close()
+                self._unavailable = True
+                return
             offset = 0
             while offset < len(data):
                 wd, mask, _, size = _EVENT.unpack_from(data, offset)

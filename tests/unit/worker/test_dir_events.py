@@ -58,3 +58,25 @@ def test_without_inotify_nothing_is_known(tmp_path: Path, monkeypatch: pytest.Mo
     events.found_empty(str(tmp_path))
     assert not events.unchanged(str(tmp_path))
     events.close()
+
+
+@pytest.mark.skipif(not LINUX, reason="inotify is Linux's")
+def test_a_failing_event_queue_turns_inotify_off_instead_of_failing_a_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = DirEvents()
+    try:
+        events.track(str(tmp_path))
+        events.found_empty(str(tmp_path))
+
+        def broken(fd: int, size: int) -> bytes:
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr("nvcf_mono.worker.dir_events.os.read", broken)
+        assert not events.unchanged(str(tmp_path)), "unknown: the directory is read instead"
+        monkeypatch.undo()
+        events.track(str(tmp_path))
+        events.found_empty(str(tmp_path))
+        assert not events.unchanged(str(tmp_path)), "inotify stays off"
+    finally:
+        events.close()
