@@ -574,7 +574,7 @@ class Host:
     async def _drain(self, http: HttpServer, grpc: GrpcServer) -> None:
         grace = self.settings.shutdown.drain_grace
         log.info(
-            "draining: no new connections; waiting up to %gs for %d requests in flight",
+            "draining: no new connections; waiting up to %gs for %d requests or jobs in flight",
             grace,
             self.inflight.count,
         )
