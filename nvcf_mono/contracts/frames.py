@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -21,6 +22,11 @@ import orjson
 
 _LEN = struct.Struct(">I")
 Headers = tuple[tuple[str, str], ...]
+
+
+def header_value(headers: Iterable[tuple[str, str]], name: str) -> str | None:
+    """The first value of the header ``name`` (given in lower case), its name matched in any case."""
+    return next((value for key, value in headers if key.lower() == name), None)
 
 
 class FrameError(ValueError):

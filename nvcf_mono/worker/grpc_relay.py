@@ -20,7 +20,7 @@ from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from grpclib.metadata import encode_bin_value
 
-from nvcf_mono.contracts.frames import Frame, Headers, Request
+from nvcf_mono.contracts.frames import Frame, Headers, Request, header_value
 from nvcf_mono.grpc.raw import (
     DETAILS,
     GRPC_CONTENT_TYPE,
@@ -76,7 +76,7 @@ def _metadata(config: WorkerConfig, request: Request) -> list[tuple[str, str | b
 
 def _timeout(request: Request) -> float | None:
     """What is left of the client's deadline (None: it gave none)."""
-    if not any(k.lower() == TIMEOUT_HEADER for k, _ in request.headers):
+    if header_value(request.headers, TIMEOUT_HEADER) is None:
         return None
     return max(request.deadline_ms / 1000 - time.time(), 0.001)
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Mapping
 import anyio
 from yarl import URL
 
-from nvcf_mono.contracts.frames import Frame, Request
+from nvcf_mono.contracts.frames import Frame, Request, header_value
 from nvcf_mono.contracts.problems import PROBLEM_CONTENT_TYPE, reason
 from nvcf_mono.worker.config import WorkerConfig
 from nvcf_mono.worker.http1 import BadResponse, Broken, Http1Client, Unreachable
@@ -103,7 +103,7 @@ async def check_health(client: Http1Client, config: WorkerConfig) -> tuple[bool,
                 async with client.request("GET", url.raw_path_qs, {}, b"") as resp:
                     while await resp.read(1 << 16):
                         pass  # read whole, so the connection serves the next check
-                location = _header(resp.headers, "location")
+                location = header_value(resp.headers, "location")
                 if resp.status not in _REDIRECTS or location is None or resp.status == config.health_expected_status:
                     break
                 target = url.join(URL(location))
@@ -117,10 +117,6 @@ async def check_health(client: Http1Client, config: WorkerConfig) -> tuple[bool,
         return False, f"{url}: no answer within {config.health_timeout:g}s"
     except (Unreachable, Broken, BadResponse, OSError, ValueError) as err:
         return False, f"{url}: {type(err).__name__}: {err}"
-
-
-def _header(headers: list[tuple[str, str]], name: str) -> str | None:
-    return next((value for key, value in headers if key.lower() == name), None)
 
 
 async def call(

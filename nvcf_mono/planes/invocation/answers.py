@@ -15,7 +15,7 @@ from multidict import CIMultiDict
 
 from nvcf_mono.bus.errors import BusError
 from nvcf_mono.contracts.buckets import StoredResult
-from nvcf_mono.contracts.frames import Frame
+from nvcf_mono.contracts.frames import Frame, header_value
 from nvcf_mono.contracts.problems import PROBLEM_CONTENT_TYPE, problem_body
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.planes.invocation.responses import Pending
@@ -109,7 +109,7 @@ class ReplyWriter:
         headers[REQID] = first.request_id
         headers[STATUS] = nvcf_status(status)
         headers.update(extra)
-        length = next((v for k, v in first.headers if k.lower() == "content-length"), None)
+        length = header_value(first.headers, "content-length")
         if first.last and first.problem is None:
             if keep:
                 await self.keep(first, first.body)
