@@ -79,10 +79,10 @@ async def serve_health(
                 anyio.BrokenResourceError,
                 anyio.ClosedResourceError,
                 anyio.DelimiterNotFound,
+                TimeoutError,
+                OSError,
             ):
-                pass  # the client went away, or sent no HTTP head
-            except (TimeoutError, OSError):
-                pass
+                pass  # the client went away, was too slow, or sent no HTTP head
             finally:
                 room.release()
 
