@@ -124,6 +124,13 @@ def _max_tokens(doc: dict[str, Any], *names: str) -> int:
     return DEFAULT_MAX_TOKENS
 
 
+def _one_choice(doc: dict[str, Any]) -> None:
+    """The model writes one answer per request: ``n`` above 1 is refused, not silently ignored."""
+    n = doc.get("n")
+    if n is not None and (isinstance(n, bool) or n != 1):
+        raise BadRequest("'n' must be 1: this model writes one choice per request", "n")
+
+
 def _text(content: Any, where: str) -> str:
     """A message's content: a string, or a list of ``{"type": "text"|"input_text", "text"}`` parts."""
     if isinstance(content, str):
@@ -219,6 +226,7 @@ def _chunk(model: Model, cid: str, created: int, **choice: Any) -> str:
 
 
 async def chat(model: Model, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
+    _one_choice(doc)
     prompt, limit = chat_prompt(doc), _max_tokens(doc, "max_completion_tokens", "max_tokens")
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if doc.get("stream"):
@@ -248,6 +256,7 @@ async def chat(model: Model, request: web.Request, doc: dict[str, Any]) -> web.S
 
 
 async def completions(model: Model, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
+    _one_choice(doc)
     prompt, limit = completion_prompt(doc), _max_tokens(doc, "max_tokens")
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     head = {"id": cid, "object": "text_completion", "created": created, "model": model.name}

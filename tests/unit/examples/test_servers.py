@@ -19,7 +19,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server
 
-from nvcf_mono.examples import echo, grpc_echo, sse
+from nvcf_mono.examples import echo, grpc_echo, llm, sse
 from nvcf_mono.proto.gen.examples.echo.v1 import EchoRequest, EchoServiceStub, EchoStreamRequest
 from nvcf_mono.proto.gen.grpc.health.v1 import HealthCheckRequest, HealthCheckResponseServingStatus, HealthStub
 from nvcf_mono.testing.platform import wait_for
@@ -104,6 +104,27 @@ async def test_sse_streams_words_then_done() -> None:
             assert len(events(await r.text())) == len(sse.DEFAULT_TEXT.split()) + 1
         async with http.post(f"{base}/stream", json={"interval": -1}) as r:
             assert r.status == 400 and "'interval'" in (await r.json())["detail"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+        ("/v1/completions", {"prompt": "hi", "n": 3}, "n"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": True}, "n"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
+        ("/v1/embeddings", {"input": [], "model": "tiny-llm"}, "input"),
+    ],
+)
+async def test_llm_refuses_what_it_cannot_do_in_openais_shape(path: str, body: dict[str, object], param: str) -> None:
+    async with serving(llm.app(llm.Model("tiny-llm", 0))) as base, aiohttp.ClientSession() as http:
+        async with http.post(base + path, json=body) as r:
+            doc = await r.json()
+        assert r.status == 400 and doc["error"]["param"] == param and f"'{param}'" in doc["error"]["message"]
+        # n of 1 is what it does
+        if param == "n":
+            async with http.post(base + path, json={**body, "n": 1, "max_tokens": 2}) as r:
+                assert r.status == 200 and len((await r.json())["choices"]) == 1
 
 
 async def test_grpc_echo_unary_streaming_health_and_bad_input() -> None:
