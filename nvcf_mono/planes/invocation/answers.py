@@ -125,8 +125,11 @@ class ReplyWriter:
         kept: list[bytes] | None = [] if keep else None
         kept_size = 0
         try:
-            async for chunk in self._chunks(pending, first):
-                await response.write(chunk)
+            async for chunk, last in self._chunks(pending, first):
+                if last:
+                    await response.write_eof(chunk)  # the last piece and the body's end in one write
+                else:
+                    await response.write(chunk)
                 if tap is not None:
                     tap(chunk)
                 if kept is not None:
@@ -148,8 +151,9 @@ class ReplyWriter:
             await self.keep(first, b"".join(kept))
         return response
 
-    async def _chunks(self, pending: Pending, first: Frame) -> AsyncIterator[bytes]:
-        """The body pieces of a response; ResponseBroken on a gap, a problem, a short body or silence.
+    async def _chunks(self, pending: Pending, first: Frame) -> AsyncIterator[tuple[bytes, bool]]:
+        """The body pieces of a response, each with whether it is the last; ResponseBroken on a gap, a
+        problem, a short body or silence.
 
         Frames already waiting are joined into one piece (up to ``COALESCE``): a stream of small
         events arriving faster than the client is written to costs one write per batch, not per event.
@@ -173,11 +177,11 @@ class ReplyWriter:
                 if frame.total_length is not None and frame.total_length != written:
                     raise ResponseBroken(f"{written} bytes arrived of {frame.total_length}")
                 if batch:
-                    yield _joined(batch)
+                    yield _joined(batch), True
                 return
             expected += 1
             if batch and (not pending.queued or batched >= COALESCE):
-                yield _joined(batch)
+                yield _joined(batch), False
                 batch, batched = [], 0
             try:
                 frame = await pending.next(timeout=self._frame_timeout)
@@ -198,7 +202,7 @@ class ReplyWriter:
         parts: list[bytes] = []
         size = 0
         try:
-            async for chunk in self._chunks(pending, first):
+            async for chunk, _ in self._chunks(pending, first):
                 size += len(chunk)
                 if size > BUFFER_LIMIT:
                     if keep:

@@ -29,7 +29,7 @@ async def test_frames_already_queued_go_out_as_one_piece() -> None:
         await pending.put(_frame(seq, b"e%d;" % seq))
     await pending.put(_frame(4, b"", end=True, total=12))
     pieces = [piece async for piece in _writer()._chunks(pending, _frame(0, b"e0;"))]
-    assert pieces == [b"e0;e1;e2;e3;"]
+    assert pieces == [(b"e0;e1;e2;e3;", True)], "one piece, known to be the last: written with the body's end"
 
 
 async def test_a_piece_goes_out_before_waiting_for_the_next_frame() -> None:
@@ -38,8 +38,9 @@ async def test_a_piece_goes_out_before_waiting_for_the_next_frame() -> None:
     async with anyio.create_task_group() as tg:
 
         async def read() -> None:
-            async for piece in _writer()._chunks(pending, _frame(0, b"first")):
+            async for piece, last in _writer()._chunks(pending, _frame(0, b"first")):
                 seen.append(piece)
+                assert last == (piece == b"second")
 
         tg.start_soon(read)
         await anyio.sleep(0.05)
