@@ -13,7 +13,8 @@ and this process as the client. In one run:
 - **uvicorn, 2 workers** (``nvcf_mono.testing.asgi_echo``; a common production setting, and one that
   writes head and body separately): the same paired calls, and how many took over 20 ms (a stall);
 - **streaming**: server-sent events of 128 bytes at saturation, events per second through the platform
-  against the server called directly;
+  against the server called directly: 100 events per stream (the budget's figure: each stream also
+  pays a whole request's cost), and 1,000 (the relay of events alone, as in a long LLM answer);
 - **1 MiB request body**: paired calls, added p50 against the direct call's p50.
 
 Budgets (issue 18): CPU per request over platform, worker and nats-server <= 0.6 ms at 16 connections;
@@ -46,8 +47,15 @@ from nvcf_mono.testing.running import ECHO_FUNCTION, deployed
 
 BODY = b'{"pad": "' + b"x" * 52 + b'"}'  # 64 bytes
 MIB = os.urandom(1024 * 1024)
-#: About 128 bytes per event: ``data: {"index": N, "message": "..."}`` and its blank line.
-SSE_REQUEST = json.dumps({"stream": True, "repeats": 100, "message": "m" * 90}).encode()
+#: Events per stream: the budget's short streams, and long ones.
+SSE_EVENTS = (100, 1000)
+
+
+def sse_request(events: int) -> bytes:
+    """About 128 bytes per event: ``data: {"index": N, "message": "..."}`` and its blank line."""
+    return json.dumps({"stream": True, "repeats": events, "message": "m" * 90}).encode()
+
+
 UVICORN_FUNCTION = {**ECHO_FUNCTION, "name": "echo-uvicorn", "containerImage": "echo-uvicorn"}
 
 
@@ -324,16 +332,23 @@ async def throughput(
 
 
 async def streaming(
-    session: aiohttp.ClientSession, url: str, headers: dict[str, str], clients: int, seconds: float
+    session: aiohttp.ClientSession,
+    url: str,
+    headers: dict[str, str],
+    clients: int,
+    seconds: float,
+    *,
+    per_stream: int = SSE_EVENTS[0],
 ) -> float:
     """Server-sent events per second received by ``clients`` concurrent streaming calls."""
+    body = sse_request(per_stream)
     events = 0
     stop = time.perf_counter() + seconds
 
     async def client() -> None:
         nonlocal events
         while time.perf_counter() < stop:
-            async with session.post(url, data=SSE_REQUEST, headers={**headers, "Accept": "text/event-stream"}) as resp:
+            async with session.post(url, data=body, headers={**headers, "Accept": "text/event-stream"}) as resp:
                 if resp.status != 200:
                     raise RuntimeError(f"{url} answered {resp.status}")
                 async for line in resp.content:
@@ -381,9 +396,14 @@ async def run(quick: bool = False, *settings: str) -> dict[str, Any]:
             if uvicorn:
                 await paired(session, urls["echo-uvicorn"], key, 50)
                 results["uvicorn"] = await paired(session, urls["echo-uvicorn"], key, n // 2)
-            sse_direct = await streaming(session, direct, {}, 16, seconds / 2)
-            sse_through = await streaming(session, through, key, 16, seconds / 2)
-            results["sse"] = {"direct": sse_direct, "through": sse_through, "loss": 1 - sse_through / sse_direct}
+            for events in SSE_EVENTS:
+                sse_direct = await streaming(session, direct, {}, 16, seconds / 2, per_stream=events)
+                sse_through = await streaming(session, through, key, 16, seconds / 2, per_stream=events)
+                results[f"sse_{events}"] = {
+                    "direct": sse_direct,
+                    "through": sse_through,
+                    "loss": 1 - sse_through / sse_direct,
+                }
             results["mib"] = await paired(session, urls["echo"], key, 20 if quick else 50, body=MIB)
     report(results)
     return results
@@ -411,11 +431,12 @@ def report(results: dict[str, Any]) -> None:
         print(line("uvicorn --workers 2", results["uvicorn"]))
     else:
         print("invoke uvicorn: skipped (uvicorn is not installed: pip install -e '.[bench]')")
-    sse = results["sse"]
-    print(
-        f"invoke SSE 128 B events, 16 streams: direct {sse['direct']:.0f}/s, through the platform "
-        f"{sse['through']:.0f}/s, loss {sse['loss'] * 100:.0f} %"
-    )
+    for events in SSE_EVENTS:
+        sse = results[f"sse_{events}"]
+        print(
+            f"invoke SSE 128 B events, 16 streams of {events}: direct {sse['direct']:.0f}/s, through the "
+            f"platform {sse['through']:.0f}/s, loss {sse['loss'] * 100:.0f} %"
+        )
     mib = results["mib"]
     print(line("1 MiB body", mib) + f" | added p50 / direct p50 {mib['added_p50_ms'] / mib['direct_p50_ms']:.2f}x")
 
