@@ -573,11 +573,14 @@ class Host:
 
     async def _drain(self, http: HttpServer, grpc: GrpcServer) -> None:
         grace = self.settings.shutdown.drain_grace
-        log.info(
-            "draining: no new connections; waiting up to %gs for %d requests or jobs in flight",
-            grace,
-            self.inflight.count,
-        )
+        if self.inflight.count:
+            log.info(
+                "draining: no new connections; waiting up to %gs for what is in flight: %s",
+                grace,
+                self.inflight.describe(),
+            )
+        else:
+            log.info("draining: no new connections; nothing in flight")
         self._stopping.set()
         self._health.notify()
         with anyio.CancelScope(shield=True):
@@ -586,7 +589,7 @@ class Host:
         with anyio.move_on_after(grace) as scope:  # not shielded: a second signal cuts the drain short
             await self.inflight.wait_idle()
         if scope.cancelled_caught:
-            log.warning("%d requests or jobs still in flight after %gs; cancelling them", self.inflight.count, grace)
+            log.warning("still in flight after %gs, cancelling: %s", grace, self.inflight.describe())
 
     async def _stop_plugins(self) -> None:
         grace = self.settings.shutdown.plugin_grace

@@ -9,6 +9,9 @@ from typing import final
 
 import anyio
 
+#: Kinds of in-flight work (:class:`InflightTracker`), as a log line names them.
+HTTP_REQUEST, GRPC_CALL, GRPC_STREAM, PLUGIN_JOB = "HTTP request", "gRPC call", "gRPC stream", "plugin job"
+
 
 class PluginState(enum.Enum):
     """Where a plugin stands (PENDING, STARTING and RETRYING may still reach RUNNING)."""
@@ -24,10 +27,14 @@ class PluginState(enum.Enum):
 
 @final
 class InflightTracker:
-    """Counts work in progress (HTTP requests, gRPC calls, plugin jobs) so shutdown can wait for it."""
+    """Counts work in progress (HTTP requests, gRPC calls, plugin jobs) so shutdown can wait for it.
+
+    Each unit has a kind (:data:`HTTP_REQUEST`, ...), so shutdown can say what it is waiting for.
+    """
 
     def __init__(self) -> None:
         self._count = 0
+        self._kinds: dict[str, int] = {}
         self._idle = anyio.Event()
         self._idle.set()
 
@@ -36,26 +43,38 @@ class InflightTracker:
         """Units of work in progress now."""
         return self._count
 
-    def enter(self) -> None:
-        """One more unit of work started."""
+    def enter(self, kind: str = PLUGIN_JOB) -> None:
+        """One more unit of work of ``kind`` started."""
         if self._count == 0:
             self._idle = anyio.Event()
         self._count += 1
+        self._kinds[kind] = self._kinds.get(kind, 0) + 1
 
-    def exit(self) -> None:
-        """One unit of work finished."""
+    def exit(self, kind: str = PLUGIN_JOB) -> None:
+        """One unit of work of ``kind`` finished."""
         self._count -= 1
+        left = self._kinds[kind] - 1
+        if left:
+            self._kinds[kind] = left
+        else:
+            del self._kinds[kind]
         if self._count == 0:
             self._idle.set()
 
     @contextmanager
-    def track(self) -> Iterator[None]:
-        """Count the enclosed block as in-flight work."""
-        self.enter()
+    def track(self, kind: str = PLUGIN_JOB) -> Iterator[None]:
+        """Count the enclosed block as in-flight work of ``kind``."""
+        self.enter(kind)
         try:
             yield
         finally:
-            self.exit()
+            self.exit(kind)
+
+    def describe(self) -> str:
+        """What is in flight, for a log line: ``2 HTTP requests, 1 gRPC stream`` (``nothing`` when idle)."""
+        if not self._kinds:
+            return "nothing"
+        return ", ".join(f"{n} {kind}{'' if n == 1 else 's'}" for kind, n in sorted(self._kinds.items()))
 
     async def wait_idle(self) -> None:
         """Return once nothing is in flight."""

@@ -27,7 +27,7 @@ from nvcf_mono.config.model import GrpcSettings
 from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.grpc.raw import RawMessage, encode_status
 from nvcf_mono.late import NotReady
-from nvcf_mono.lifecycle import InflightTracker
+from nvcf_mono.lifecycle import GRPC_CALL, GRPC_STREAM, InflightTracker
 from nvcf_mono.metrics import Metrics
 
 IsRunning = Callable[[str], bool]
@@ -106,12 +106,14 @@ def _wrap(
     path: str, owner: str, handler: Handler, *, is_running: IsRunning, inflight: InflightTracker, calls: Any
 ) -> Handler:
     func = handler.func
+    # A streaming call may last as long as its peer stays (a worker's session does): say which it is.
+    kind = GRPC_CALL if handler.cardinality is Cardinality.UNARY_UNARY else GRPC_STREAM
 
     async def gated(stream: Stream[Any, Any]) -> None:
         if not is_running(owner):
             raise GRPCError(Status.UNAVAILABLE, f"served by plugin {owner!r}, which is not running")
         status = "OK"
-        with inflight.track():
+        with inflight.track(kind):
             try:
                 try:
                     await func(stream)

@@ -19,7 +19,7 @@ from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.http.bad_requests import ProblemAppRunner
 from nvcf_mono.http.problem import ProblemError, problem_response
 from nvcf_mono.late import NotReady
-from nvcf_mono.lifecycle import InflightTracker
+from nvcf_mono.lifecycle import HTTP_REQUEST, InflightTracker
 from nvcf_mono.metrics import Metrics
 from nvcf_mono.plugin import Contributions, Route
 
@@ -134,7 +134,7 @@ class HttpServer:
         started = time.perf_counter()
         status = 500
         request_id = None
-        self._inflight.enter()
+        self._inflight.enter(HTTP_REQUEST)
         try:
             try:
                 response = await handler(request)
@@ -181,7 +181,7 @@ class HttpServer:
             request_id = response.headers.get(REQUEST_ID_HEADER)
             return response
         finally:
-            self._inflight.exit()
+            self._inflight.exit(HTTP_REQUEST)
             resource = request.match_info.route.resource
             route = resource.canonical if resource is not None else "UNKNOWN"
             seconds = time.perf_counter() - started

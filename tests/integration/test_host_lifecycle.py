@@ -222,8 +222,9 @@ def test_plugin_config_error_in_setup_fails_before_any_io(tmp_path: Path) -> Non
 
 
 async def test_plugins_stop_in_reverse_order_after_in_flight_requests_drain(
-    tmp_path: Path, nats_server: NatsServer
+    tmp_path: Path, nats_server: NatsServer, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="nvcf_mono.host")
     config = _config(tmp_path, nats_server, RECORDER, "tests.support.plugins:After")
     async with aiohttp.ClientSession() as http:
         async with running_host(config) as host:
@@ -249,6 +250,8 @@ async def test_plugins_stop_in_reverse_order_after_in_flight_requests_drain(
                     async with aiohttp.ClientSession() as fresh, fresh.get(f"{base}/health"):
                         pass
         assert results == [200]
+    # The drain says what it waits for.
+    assert "for what is in flight: 1 HTTP request\n" in caplog.text
     events = plugins.EVENTS
     assert events.index("recorder:slow:end") < events.index("after:stop") < events.index("recorder:stop")
     assert "recorder:stopping" in events
