@@ -43,6 +43,10 @@ class InflightTracker:
         """Units of work in progress now."""
         return self._count
 
+    def of(self, kind: str) -> int:
+        """Units of ``kind`` in progress now."""
+        return self._kinds.get(kind, 0)
+
     def enter(self, kind: str = PLUGIN_JOB) -> None:
         """One more unit of work of ``kind`` started."""
         if self._count == 0:

@@ -100,6 +100,10 @@ class Route:
     name: str | None = None
 
 
+#: Sees each HTTP response just before its head is sent (:meth:`SetupContext.add_response_hook`).
+ResponseHook = Callable[[web.Request, web.StreamResponse], None]
+
+
 @final
 @attrs.define
 class Contributions:
@@ -107,6 +111,7 @@ class Contributions:
 
     routes: list[Route] = attrs.field(factory=list)
     middlewares: list[tuple[str, int, Any]] = attrs.field(factory=list)
+    response_hooks: list[tuple[str, ResponseHook]] = attrs.field(factory=list)
     servicers: list[tuple[str, Any]] = attrs.field(factory=list)
     streams: dict[str, tuple[str, StreamSpec]] = attrs.field(factory=dict)
     buckets: dict[str, tuple[str, BucketSpec]] = attrs.field(factory=dict)
@@ -172,6 +177,13 @@ class SetupContext:
         """Add an aiohttp middleware (lower ``order`` runs first); skipped until this plugin runs."""
         self._contrib.check_open()
         self._contrib.middlewares.append((self.name, order, middleware))
+
+    def add_response_hook(self, hook: ResponseHook) -> None:
+        """Call ``hook(request, response)`` as each HTTP response's head is about to be sent (answers,
+        streams and error documents alike, so it may still set headers); skipped until this plugin runs.
+        """
+        self._contrib.check_open()
+        self._contrib.response_hooks.append((self.name, hook))
 
     def add_servicer(self, servicer: Any) -> None:
         """Serve a grpclib servicer (anything with ``__mapping__``) on the host's gRPC port."""

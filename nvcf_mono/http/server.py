@@ -98,7 +98,7 @@ class HttpServer:
             "http_request_duration_seconds", "Time to the response head.", ["method", "route"]
         )
         self._pending = metrics.gauge("http_requests_pending", "HTTP requests in progress.")
-        self._pending.set_function(lambda: [((), float(self._inflight.count))])
+        self._pending.set_function(lambda: [((), float(self._inflight.of(HTTP_REQUEST)))])
         middlewares = [self._outer]
         for owner, _order, mw in sorted(contributions.middlewares, key=lambda item: item[1]):
             middlewares.append(_gate_middleware(owner, mw, is_running))
@@ -107,6 +107,15 @@ class HttpServer:
             client_max_size=settings.max_request_body,
             handler_args={"keepalive_timeout": settings.keepalive_timeout},
         )
+        if contributions.response_hooks:
+            hooks = tuple(contributions.response_hooks)
+
+            async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
+                for owner, hook in hooks:
+                    if is_running(owner):
+                        hook(request, response)
+
+            self.app.on_response_prepare.append(on_prepare)
         seen: dict[tuple[str, str], str] = {}
         for method, path, handler in host_routes:
             seen[(method, path)] = "host"

@@ -17,6 +17,7 @@ async def test_it_counts_by_kind_and_is_idle_when_all_have_ended() -> None:
     tracker.enter(HTTP_REQUEST)
     with tracker.track(GRPC_STREAM):
         assert tracker.describe() == "2 HTTP requests, 1 gRPC stream" and tracker.count == 3
+        assert tracker.of(HTTP_REQUEST) == 2 and tracker.of(GRPC_STREAM) == 1
     tracker.exit(HTTP_REQUEST)
     assert tracker.describe() == "1 HTTP request"
     with anyio.move_on_after(0.05) as scope:

@@ -57,6 +57,12 @@ def target(request: web.Request) -> tuple[str, str | None] | None:
     return found["fid"].lower(), None if version_id is None else version_id.lower()
 
 
+def host_routed(request: web.Request) -> bool:
+    """Whether the request names its function by header or Host (without checking the ids it names)."""
+    headers = request.headers
+    return FUNCTION_ID in headers or _HOST.match(headers.get("Host", "")) is not None
+
+
 def passthrough_path(request: web.Request) -> str:
     """The client's path and query, verbatim (``/`` for an empty path)."""
     raw = request.raw_path

@@ -18,7 +18,7 @@ from nvcf_mono.bus.callout import NATS_AUTH
 from nvcf_mono.contracts import buckets
 from nvcf_mono.http.api import ApiRouter, Gatekeeper
 from nvcf_mono.late import Late
-from nvcf_mono.planes.invocation import exec_api, host_routing, http
+from nvcf_mono.planes.invocation import cors, exec_api, host_routing, http
 from nvcf_mono.planes.invocation.collector import Collector
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
@@ -76,6 +76,8 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
         self.router.install(ctx)
         self.authenticator: Late[Authenticator] = Late("authentication")
         ctx.add_middleware(host_routing.middleware(self.invoker.get, self.authenticator.get))
+        ctx.add_middleware(cors.middleware(), order=1)  # inside host routing: never sees host-routed calls
+        ctx.add_response_hook(cors.on_response)
         self.metrics = InvocationMetrics(ctx.metrics)
         if self.config.llm_gateway.enabled:
             gateway = Gateway(self.config.llm_gateway, self.invoker, self.authenticator, ctx.metrics, ctx.log)
