@@ -164,11 +164,31 @@ class Worker:
         self.progress = ProgressMonitor(config.progress_interval)
         #: Requests' output directories (recycled) and input asset directories (removed after). Spares
         #: come back a clearing batch later, so enough are kept for a batch's worth of requests.
-        self.outputs = Scratch(config.response_dir, keep=max(256, 4 * config.max_concurrency))
+        self.outputs = Scratch(
+            config.response_dir, keep=max(256, 4 * config.max_concurrency), on_left=self._outputs_left
+        )
         self.asset_dirs = Scratch(config.asset_dir, keep=0)
         #: nats transport: requests pulled from JetStream and not settled yet.
         self._held: dict[str, Settlement] = {}
         self._pull_watchers: list[anyio.CancelScope] = []
+
+    def _outputs_left(self, path: str) -> None:
+        """Say once that files a request leaves in its output directory are not returned to its caller."""
+        try:
+            with os.scandir(path) as entries:
+                names = sorted(e.name for e in entries if e.name != PROGRESS_FILE)
+        except OSError:
+            return
+        if names:
+            self.outputs.on_left = None  # once per worker: a function that writes there does it every time
+            log.warning(
+                "request %s left %d file(s) in its output directory (NVCF-LARGE-OUTPUT-DIR), e.g. %s: they are "
+                "removed, not returned to the caller (large outputs as a zipped 302 answer are not supported); "
+                "said once per instance",
+                os.path.basename(path),
+                len(names),
+                ", ".join(names[:3]),
+            )
 
     def request_drain(self) -> None:
         """Finish what is held, take nothing new, then stop."""

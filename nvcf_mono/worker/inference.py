@@ -19,14 +19,16 @@ from nvcf_mono.contracts.problems import PROBLEM_CONTENT_TYPE, reason
 from nvcf_mono.worker.config import WorkerConfig
 from nvcf_mono.worker.http1 import BadResponse, Broken, Http1Client, Unreachable
 
-#: Headers the worker sets toward the inference server; a client's copies are dropped.
+#: Headers of NVCF's worker contract toward the inference server; a client's copies are dropped (also
+#: of those this worker does not set: NVCF-MAX-RESPONSE-SIZE-BYTES, NVCF-NSPECTID, NVCF-ENV and
+#: NVCF-INVOCATION-REGION, so a function never takes a caller's forgery for the platform's word).
 OWN_HEADERS = frozenset(
     h.lower()
     for h in (
         "NVCF-REQID", "NVCF-SUB", "NVCF-NCAID", "NVCF-FUNCTION-NAME", "NVCF-FUNCTION-ID",
         "NVCF-FUNCTION-VERSION-ID", "NVCF-ASSET-DIR", "NVCF-LARGE-OUTPUT-DIR", "NVCF-MAX-RESPONSE-SIZE-BYTES",
-        "NVCF-BACKEND", "NVCF-INSTANCETYPE", "NVCF-REGION", "NVCF-FUNCTION-ASSET-IDS", "Host", "Content-Length",
-        "Transfer-Encoding", "Connection",
+        "NVCF-NSPECTID", "NVCF-BACKEND", "NVCF-INSTANCETYPE", "NVCF-REGION", "NVCF-ENV", "NVCF-FUNCTION-ASSET-IDS",
+        "NVCF-INVOCATION-REGION", "Host", "Content-Length", "Transfer-Encoding", "Connection",
     )
 )  # fmt: skip
 #: The request header that turns the worker's compatibility mode off for one request.

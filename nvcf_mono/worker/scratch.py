@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from typing import final
 
 import anyio
@@ -29,9 +30,11 @@ class Scratch:
     #: How long directories to remove gather before a batch goes to a thread.
     BATCH_DELAY = 0.1
 
-    def __init__(self, base: str, *, keep: int) -> None:
+    def __init__(self, base: str, *, keep: int, on_left: Callable[[str], None] | None = None) -> None:
         self._base = base
         self._keep = keep
+        #: Told of a directory its request left files in (before they are removed); None: nobody asks.
+        self.on_left = on_left
         #: Finished requests' directories, to be renamed for the next ones if still empty (a dict
         #: for its order and a quick lookup: a redelivery may name one of them).
         self._spares: dict[str, None] = {}
@@ -70,10 +73,13 @@ class Scratch:
 
     def release(self, path: str) -> None:
         """The request is over: its directory is kept as a spare if empty, else removed (soon)."""
-        if len(self._spares) < self._keep and self._still_empty(path):
+        empty = self._still_empty(path)
+        if empty and len(self._spares) < self._keep:
             self._spares[path] = None
-        else:
-            self._remove_soon(path)
+            return
+        if not empty and self.on_left is not None:
+            self.on_left(path)
+        self._remove_soon(path)
 
     def _still_empty(self, path: str) -> bool:
         if self._events.unchanged(path):

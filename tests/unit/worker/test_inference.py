@@ -177,6 +177,10 @@ def test_request_headers_are_the_clients_plus_the_workers_own() -> None:
     assert headers["NVCF-LARGE-OUTPUT-DIR"] == "/out/req-1"
     assert headers["NVCF-FUNCTION-ASSET-IDS"] == "a1,a2"
     assert [k for k in headers if k.lower() == "nvcf-reqid"] == ["NVCF-REQID"]
+    # Contract names the worker does not set are dropped too: a caller cannot pose as the platform.
+    forged = attrs.evolve(request("/x"), headers=(("NVCF-Invocation-Region", "forged"), ("nvcf-env", "prod")))
+    sent = request_headers(config(8000), forged, asset_dir="/a", output_dir="/o")
+    assert not any(k.lower() in ("nvcf-invocation-region", "nvcf-env") for k in sent)
 
 
 def test_a_request_without_a_content_type_goes_as_json_in_compatibility_mode() -> None:

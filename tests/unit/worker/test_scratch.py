@@ -169,3 +169,21 @@ async def test_a_file_the_server_wrote_and_removed_leaves_its_directory_reusable
         scratch.release(second)  # read again (something was added), found empty: kept
         assert _inode(scratch.make("r3")) == inode
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("keep", [0, 2])
+async def test_whoever_asks_hears_of_a_directory_its_request_left_files_in(tmp_path: Path, keep: int) -> None:
+    left: list[str] = []
+    scratch = Scratch(str(tmp_path), keep=keep, on_left=left.append)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scratch.run)
+        quiet = scratch.make("r1")
+        scratch.release(quiet)
+        wrote = scratch.make("r2")
+        _write(Path(wrote, "out.bin"), "x")
+        scratch.release(wrote)
+        assert left == [wrote], "told of the directory with a file (before its removal), not of the empty one"
+        assert "out.bin" in _names(Path(wrote))
+        await _cleared(scratch)
+        assert "r2" not in _names(tmp_path)
+        tg.cancel_scope.cancel()
