@@ -36,6 +36,7 @@ max_tasks_allowed  # unused variable (nvcf_mono/models/account.py:73)
 max_telemetries_allowed  # unused variable (nvcf_mono/models/account.py:74)
 SUSPENDED  # unused variable (nvcf_mono/models/api_key.py:18)
 masked_key  # unused variable (nvcf_mono/models/api_key.py:117)
+rule_name  # unused variable (nvcf_mono/models/api_key.py:180): a wire field of the evaluation answer
 upload_url  # unused variable (nvcf_mono/models/asset.py:58)
 presigned_url  # unused variable (nvcf_mono/models/asset.py:93)
 ON_PREM  # unused variable (nvcf_mono/models/cluster.py:20)

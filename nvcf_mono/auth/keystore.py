@@ -15,12 +15,14 @@ from datetime import datetime, timedelta
 from typing import final
 
 import anyio
+import attrs
 from anyio.abc import TaskStatus
 
 from nvcf_mono.auth.apikeys import KEY_PREFIX, KeyFormatError, generate, masked, parse
 from nvcf_mono.auth.principal import AuthError, Principal
 from nvcf_mono.auth.secret import Keyring
 from nvcf_mono.bus.api import Bus
+from nvcf_mono.bus.errors import ConflictError
 from nvcf_mono.bus.mirror import KvMirror
 from nvcf_mono.contracts import buckets
 from nvcf_mono.late import Late
@@ -64,21 +66,35 @@ class ApiKeyStore:
 
     # ---- verification ------------------------------------------------------------------------------
 
-    def verify(self, token: str) -> Principal | None:
-        """The principal of an ``nvapi-`` key; None for other tokens; AuthError for bad keys."""
-        if not token.startswith(KEY_PREFIX):
-            return None
+    def _digest(self, token: str) -> str:
+        """The stored hash a key's value names; KeyFormatError for a value this platform never minted."""
         # Remembered by a fast hash of the key, so no key value is kept in memory past its request.
         seen = hashlib.blake2b(token.encode(), digest_size=16).digest()
         digest = self._digests.get(seen)
         if digest is None:
-            try:
-                digest = parse(token, self.keyring.api_key_domain_key)
-            except KeyFormatError as err:
-                raise AuthError(401, f"invalid API key: {err}") from err
+            digest = parse(token, self.keyring.api_key_domain_key)
             if len(self._digests) >= _CACHE_LIMIT:
                 self._digests.clear()
             self._digests[seen] = digest  # only well-formed keys of this platform get here
+        return digest
+
+    def record_of(self, token: str) -> ApiKeyRecord | None:
+        """The stored record of a key's value (any status); None when unknown or revoked.
+
+        Raises KeyFormatError for a value that is not a key of this platform.
+        """
+        if not token.startswith(KEY_PREFIX):
+            raise KeyFormatError(f"an API key starts with {KEY_PREFIX!r}")
+        return self.mirror.get(self._digest(token))
+
+    def verify(self, token: str) -> Principal | None:
+        """The principal of an ``nvapi-`` key; None for other tokens; AuthError for bad keys."""
+        if not token.startswith(KEY_PREFIX):
+            return None
+        try:
+            digest = self._digest(token)
+        except KeyFormatError as err:
+            raise AuthError(401, f"invalid API key: {err}") from err
         record = self.mirror.get(digest)
         if record is None:
             raise AuthError(401, "the API key is unknown or has been revoked")
@@ -147,6 +163,32 @@ class ApiKeyStore:
         records = [r for r in self.mirror.values() if nca_id is None or r.nca_id == nca_id]
         return sorted(records, key=lambda r: r.created_at)
 
+    async def update_authorizations(self, key_id: str, authorizations: Authorizations) -> ApiKeyRecord | None:
+        """Replace a key's authorizations; every node applies them to its next request. None: no such key.
+
+        Written only over the revision read (a concurrent change is read again and written over).
+        """
+        for _ in range(_UPDATE_TRIES):
+            record = self.find(key_id)
+            entry = None if record is None else self.mirror.entry(record.hash)
+            if record is None or entry is None:
+                return None
+            updated = attrs.evolve(record, authorizations=authorizations)
+            try:
+                revision = await self.mirror.kv.update(
+                    record.hash, buckets.API_KEY.encode(updated), revision=entry.revision
+                )
+            except ConflictError:
+                current = await self.mirror.kv.get(record.hash)
+                if current is None:
+                    self.mirror.note(record.hash, None, entry.revision + 1)
+                    return None
+                self.mirror.note(record.hash, buckets.API_KEY.decode(current.value), current.revision)
+                continue
+            self.mirror.note(record.hash, updated, revision)
+            return updated
+        raise ConflictError(f"API key {key_id} kept changing while its authorizations were replaced")
+
     async def revoke(self, key_id: str) -> bool:
         """Delete a key; it stops working on this node at once and on others within the watch delay."""
         record = self.find(key_id)
@@ -166,6 +208,8 @@ def effective_status(record: ApiKeyRecord) -> KeyStatus:
 
 #: Verified keys remembered (a full cache starts afresh: it only ever costs a recomputation).
 _CACHE_LIMIT = 4096
+#: Writes of one key's authorizations tried before giving up on a key that keeps changing.
+_UPDATE_TRIES = 5
 
 #: Provided by the ``auth_api_key`` plugin.
 API_KEY_STORE: ServiceKey[ApiKeyStore] = ServiceKey("nvcf_mono.auth.api_keys")

@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 
 from nvcf_mono.auth.principal import Resources
+from nvcf_mono.structure import checked
 
 
 class KeyStatus(enum.Enum):
@@ -125,6 +126,59 @@ class KeyListResponse:
     """``{keys: [...]}``."""
 
     keys: tuple[KeyDto, ...]
+
+
+@attrs.frozen(kw_only=True)
+class IntrospectRequest:
+    """Body of ``POST /v1/introspect``: a key's value, and the service asking about it."""
+
+    audience_service_id: str
+    key: str
+
+
+@attrs.frozen(kw_only=True)
+class IntrospectResponse:
+    """Who owns a key and what it may do (NVCF's snake_case)."""
+
+    owner_type: str
+    owner_id: str
+    key_id: str
+    issuer_service_id: str
+    authorizations: Authorizations
+    nca_id: str
+
+
+@attrs.frozen(kw_only=True)
+class EvaluationInput:
+    """``{"apiKey": ...}``."""
+
+    api_key: str = checked(key="apiKey")
+
+
+@attrs.frozen(kw_only=True)
+class EvaluationRequest:
+    """Body of ``POST /v1/namespaces/{namespace}/evaluations/{rule}``: ``{"input": {"apiKey": ...}}``."""
+
+    input: EvaluationInput
+
+
+@attrs.frozen(kw_only=True)
+class EvaluationResult:
+    """``{allowed}``, and for an allowed key its account, owner and the policy for the namespace's service."""
+
+    allowed: bool
+    nca_id: str | None = checked(None, key="ncaId")
+    owner_id: str | None = checked(None, key="ownerId")
+    policy: Policy | None = None
+
+
+@attrs.frozen(kw_only=True)
+class EvaluationResponse:
+    """``{namespace, rule_name, result}``."""
+
+    namespace: str
+    rule_name: str
+    result: EvaluationResult
 
 
 def key_policy_document(scopes: tuple[str, ...], resources: list[dict[str, str]], product: Product) -> dict[str, Any]:

@@ -566,3 +566,86 @@ async def test_jwt_auth_and_grant_subset(tmp_path: Path) -> None:
 
         seen = await wait_for(moved_over, what="bob's tokens to act for team-a")
         assert [f["id"] for f in seen.json["functions"]] == [foreign["id"]]
+
+
+async def test_a_keys_authorizations_are_replaced_and_take_effect_at_once(tmp_path: Path) -> None:
+    async with platform(tmp_path) as p:
+        created = await mint(p, key_body(["list_functions"]))
+        user = p.api(created["value"])
+        assert (await user.get("/v2/nvcf/functions")).status == 200
+        assert_problem(await user.post("/v2/nvcf/functions", CONTAINER_FUNCTION), 403, "register_function")
+
+        wider = {"policies": key_body(["list_functions", "register_function"])["authorizations"]["policies"]}
+        put = await p.admin.put(f"/v1/keys/{created['id']}/authorizations", wider)
+        assert put.status == 200, put.body
+        assert put.json["authorizations"]["policies"][0]["scopes"] == ["list_functions", "register_function"]
+        assert put.json["id"] == created["id"] and "value" not in put.json
+        assert (await user.post("/v2/nvcf/functions", CONTAINER_FUNCTION)).status == 200  # the same key, now
+        shown = await p.admin.get(f"/v1/keys/{created['id']}")
+        assert shown.json["authorizations"] == put.json["authorizations"]
+
+        narrower = {"policies": key_body(["invoke_function"])["authorizations"]["policies"]}
+        assert (await p.admin.put(f"/v1/keys/{created['id']}/authorizations", narrower)).status == 200
+        assert_problem(await user.get("/v2/nvcf/functions"), 403, "list_functions")
+
+        # What cannot be done: an unknown key, another service, nothing, more than an API key may manage.
+        path = f"/v1/keys/{created['id']}/authorizations"
+        assert_problem(await p.admin.put(f"/v1/keys/{uuid.uuid4()}/authorizations", narrower), 404)
+        tasks = {"policies": [{"product": "nv-cloud-tasks", "scopes": ["list_tasks"], "resources": []}]}
+        assert_problem(await p.admin.put(path, tasks), 400, "not for", TASKS_SERVICE_ID)
+        assert_problem(await p.admin.put(path, {"policies": []}), 400, "at least one policy")
+        assert_problem(await p.admin.put(path, {"policies": [{"scopes": ["teleport"]}]}), 400, "Unknown scopes")
+        assert_problem(await user.put(path, narrower), 403, "admin credential")
+        assert_problem(await p.anonymous.put(path, narrower), 401)
+
+
+async def test_services_introspect_and_evaluate_keys(tmp_path: Path) -> None:
+    async with platform(tmp_path) as p:
+        created = await mint(p, key_body(FUNCTION_SCOPES))
+        key = created["value"]
+        anyone = p.anonymous  # the key is the credential asked about: no bearer
+
+        seen = await anyone.post("/v1/introspect", {"audience_service_id": FUNCTIONS_SERVICE_ID, "key": key})
+        assert seen.status == 200, seen.body
+        assert seen.json == {
+            "owner_type": "USER",
+            "owner_id": "admin",
+            "key_id": created["id"],
+            "issuer_service_id": FUNCTIONS_SERVICE_ID,
+            "authorizations": created["authorizations"],
+            "nca_id": "nvcf-default",
+        }
+        bad_audience = {"audience_service_id": TASKS_SERVICE_ID, "key": key}
+        assert_problem(await anyone.post("/v1/introspect", bad_audience), 400, "audience_service_id invalid")
+        assert_problem(
+            await anyone.post("/v1/introspect", {"audience_service_id": FUNCTIONS_SERVICE_ID, "key": ""}), 400, "empty"
+        )
+        for malformed in ("nvapi-short", "Bearer " + key, key[:-1] + ("A" if key[-1] != "A" else "B")):
+            reply = await anyone.post("/v1/introspect", {"audience_service_id": FUNCTIONS_SERVICE_ID, "key": malformed})
+            assert_problem(reply, 400, "api key format invalid")
+
+        evaluation = "/v1/namespaces/nvcf/evaluations/apikey.allow"
+        allowed = await anyone.post(evaluation, {"input": {"apiKey": key}})
+        assert allowed.status == 200 and allowed.headers["Cache-Control"] == "max-age=60"
+        assert allowed.json["namespace"] == "nvcf" and allowed.json["rule_name"] == "apikey.allow"
+        result = allowed.json["result"]
+        assert (result["allowed"], result["ncaId"], result["ownerId"]) == (True, "nvcf-default", "admin")
+        assert result["policy"] == created["authorizations"]["policies"][0]
+        # Another service's namespace, a malformed key: not allowed, still 200.
+        for path, value in (("/v1/namespaces/nvct/evaluations/apikey.allow", key), (evaluation, "nvapi-nope")):
+            refused = await anyone.post(path, {"input": {"apiKey": value}})
+            assert refused.status == 200 and refused.json["result"] == {"allowed": False}
+        assert_problem(
+            await anyone.post("/v1/namespaces/elsewhere/evaluations/apikey.allow", {"input": {"apiKey": key}}),
+            400,
+            "namespace",
+        )
+        assert_problem(
+            await anyone.post("/v1/namespaces/nvcf/evaluations/apikey", {"input": {"apiKey": key}}), 400, ".allow"
+        )
+
+        # A revoked key: gone for both.
+        assert (await p.admin.delete(f"/v1/keys/{created['id']}")).status == 204
+        gone = await anyone.post("/v1/introspect", {"audience_service_id": FUNCTIONS_SERVICE_ID, "key": key})
+        assert_problem(gone, 404, "Key not found")
+        assert (await anyone.post(evaluation, {"input": {"apiKey": key}})).json["result"] == {"allowed": False}

@@ -25,9 +25,13 @@ from nvcf_mono.testing.platform import Api, Reply
 from .conftest import Platform, platform
 
 BEARER = [{"bearer": []}]
-#: Unauthenticated in NVCF too (reference auth §3): liveness, the document itself, NATS' auth webhook;
-#: plus this platform's readiness and metrics.
-OPEN_PATHS = re.compile(r"^/(health|ready|metrics|v3/openapi|actuator(/.*)?|v2/nvcf/webhook/.*)$")
+#: Unauthenticated in NVCF too (reference auth §3, §4.2): liveness, the document itself, NATS' auth webhook,
+#: the API Keys service's introspection and evaluations (the key asked about is the credential); plus
+#: this platform's readiness and metrics.
+OPEN_PATHS = re.compile(
+    r"^/(health|ready|metrics|v3/openapi|actuator(/.*)?|v2/nvcf/webhook/.*"
+    r"|v1/introspect|v1/namespaces/\{namespace\}/evaluations/\{rule\})$"
+)
 HTTP_METHODS = {"get", "put", "post", "delete", "patch"}
 
 

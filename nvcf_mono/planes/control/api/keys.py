@@ -10,21 +10,32 @@ import re
 from datetime import datetime, timedelta
 from typing import Any
 
+from aiohttp import web
+
+from nvcf_mono.auth.apikeys import KeyFormatError
 from nvcf_mono.auth.keystore import effective_status
 from nvcf_mono.auth.principal import Principal, Resources
 from nvcf_mono.auth.scopes import ALL_SCOPES
-from nvcf_mono.http.api import Call, Param, Routes
+from nvcf_mono.http.api import Call, Param, Routes, json_response
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.account import account_id_problem
 from nvcf_mono.models.api_key import (
+    FUNCTIONS_SERVICE_ID,
     RESOURCE_TYPES,
     SERVICE_IDS,
+    TASKS_SERVICE_ID,
     ApiKeyRecord,
     Authorizations,
     CreateKeyRequest,
+    EvaluationRequest,
+    EvaluationResponse,
+    EvaluationResult,
+    IntrospectRequest,
+    IntrospectResponse,
     KeyDto,
     KeyListResponse,
     KeyResource,
+    KeyStatus,
     Policy,
 )
 from nvcf_mono.models.common import iso, parse_iso, utc_now
@@ -40,6 +51,9 @@ DEFAULT_LIFETIME = timedelta(hours=24)
 #: Principal kinds that may manage keys; an API key may not mint or revoke keys.
 MANAGERS = frozenset({"admin_token", "jwt"})
 KNOWN_SERVICES = frozenset(SERVICE_IDS.values())
+#: The service an evaluation's namespace stands for (NVCF's ``apikeys.service-id-map``).
+NAMESPACES = {"nvcf": FUNCTIONS_SERVICE_ID, "nvct": TASKS_SERVICE_ID}
+_RULE = re.compile(r"[\w-]+\.allow")
 
 
 def _span(seconds: float) -> str:
@@ -296,3 +310,107 @@ async def delete_key(ctl: Control, call: Call[None]) -> None:
     record = visible(ctl, manager(call), call.path("keyId"))
     if not await ctl.keys.revoke(record.id):
         raise ProblemError(404, f"Key '{record.id}' not found")
+
+
+@routes.route(
+    "PUT",
+    "/v1/keys/{keyId}/authorizations",
+    summary="Replace an API key's authorizations (every node applies them to the key's next call); "
+    "never more than the caller holds.",
+    tag=TAG,
+    body=Authorizations,
+    response=KeyDto,
+    errors=(404,),
+)
+async def update_key_authorizations(ctl: Control, call: Call[Authorizations]) -> KeyDto:
+    principal = manager(call)
+    record = visible(ctl, principal, call.path("keyId"))
+    authorizations = normalized(call.body)
+    foreign = sorted({str(p.aud) for p in authorizations.policies if p.aud not in record.audience_service_ids})
+    if foreign:
+        raise ProblemError(
+            400,
+            f"the policies name services the key is not for: {', '.join(foreign)} "
+            f"(its audience_service_ids are {list(record.audience_service_ids)})",
+        )
+    check_grantable(ctl, principal, record.nca_id, authorizations)
+    updated = await ctl.keys.update_authorizations(record.id, authorizations)
+    if updated is None:
+        raise ProblemError(404, f"Key '{record.id}' not found")
+    return dto(updated, details=True)
+
+
+def _active_record(ctl: Control, value: str) -> ApiKeyRecord | None:
+    """The record of an active key's value; None for a value that is unknown, revoked, expired or suspended.
+
+    Raises KeyFormatError for a value that is not a key of this platform.
+    """
+    record = ctl.keys.record_of(value)
+    return record if record is not None and effective_status(record) is KeyStatus.ACTIVE else None
+
+
+@routes.route(
+    "POST",
+    "/v1/introspect",
+    summary="Who owns an API key and what it may do, for a service checking a key it was given.",
+    description="Needs no bearer: the key itself is the credential asked about. 404 unless the key is active; "
+    "400 when the service is not among the key's audiences.",
+    tag=TAG,
+    auth="none",
+    body=IntrospectRequest,
+    response=IntrospectResponse,
+    errors=(400, 404),
+)
+async def introspect_key(ctl: Control, call: Call[IntrospectRequest]) -> IntrospectResponse:
+    req = call.body
+    if not req.key:
+        raise ProblemError(400, "api key empty")
+    try:
+        record = _active_record(ctl, req.key)
+    except KeyFormatError as err:
+        raise ProblemError(400, f"api key format invalid: {err}") from None
+    if record is None:
+        raise ProblemError(404, "Key not found")
+    if req.audience_service_id not in record.audience_service_ids:
+        raise ProblemError(400, f"audience_service_id invalid: the key is for {list(record.audience_service_ids)}")
+    return IntrospectResponse(
+        owner_type=record.owner_type,
+        owner_id=record.owner_id,
+        key_id=record.id,
+        issuer_service_id=record.issuer_service_id,
+        authorizations=record.authorizations,
+        nca_id=record.nca_id,
+    )
+
+
+@routes.route(
+    "POST",
+    "/v1/namespaces/{namespace}/evaluations/{rule}",
+    summary="Whether an API key is allowed to call a service (namespace nvcf or nvct, rule <name>.allow).",
+    description="Needs no bearer. Answers 200 with result.allowed false for a key that is malformed, unknown, "
+    "revoked, expired, suspended or not for the namespace's service; an allowed key's result carries its "
+    "account (ncaId), owner and the policy for that service. Cache-Control: max-age=60.",
+    tag=TAG,
+    auth="none",
+    body=EvaluationRequest,
+    response=EvaluationResponse,
+    errors=(400,),
+)
+async def evaluate_key(ctl: Control, call: Call[EvaluationRequest]) -> web.Response:
+    namespace, rule = call.path("namespace"), call.path("rule")
+    audience = NAMESPACES.get(namespace)
+    if audience is None:
+        raise ProblemError(400, f"unknown namespace {namespace!r}: use one of {', '.join(NAMESPACES)}")
+    if not _RULE.fullmatch(rule):
+        raise ProblemError(400, f"the rule must be named <name>.allow, got {rule!r}")
+    result = EvaluationResult(allowed=False)
+    try:
+        record = _active_record(ctl, call.body.input.api_key)
+    except KeyFormatError:
+        record = None
+    if record is not None and audience in record.audience_service_ids:
+        policy = next((p for p in record.authorizations.policies if p.aud == audience), None)
+        result = EvaluationResult(allowed=True, nca_id=record.nca_id, owner_id=record.owner_id, policy=policy)
+    response = json_response(EvaluationResponse(namespace=namespace, rule_name=rule, result=result))
+    response.headers["Cache-Control"] = "max-age=60"
+    return response
