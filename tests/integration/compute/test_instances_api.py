@@ -11,7 +11,19 @@ import pytest
 from nvcf_mono.contracts import subjects
 from nvcf_mono.testing.platform import Api, wait_for, wait_status
 
-from .conftest import CLUSTER_A, all_gone, cluster_pids, compute_platform, create, deploy, function, pids, running, spec
+from .conftest import (
+    CLUSTER_A,
+    all_gone,
+    cluster_pids,
+    compute_platform,
+    create,
+    deploy,
+    function,
+    instances,
+    pids,
+    running,
+    spec,
+)
 
 CLUSTERS = "/v1/accounts/nvcf-default/clusters"
 #: The echo example, after three lines on stdout (so its log has known content).
@@ -179,3 +191,31 @@ async def test_a_cluster_whose_agent_does_not_answer_is_a_clear_503_or_504(tmp_p
 
             stuck = await wait_for(deadline, timeout=30, what="504 from an agent that never answers")
         assert "'silent'" in stuck.detail and "did not answer within 5s" in stuck.detail
+
+
+@pytest.mark.slow
+async def test_a_super_admin_terminates_one_instance_and_its_deployment_replaces_it(tmp_path: Path) -> None:
+    async with compute_platform(tmp_path, None) as p:
+        _, _, d = await create(p.admin, function())
+        await deploy(p.admin, d, spec())
+        await wait_status(p.admin, d, "ACTIVE")
+        (view,) = await running(p.bus, CLUSTER_A)
+        old = view.instance.instance_id
+
+        refused = await p.key.delete(f"/v2/nvcf/instances/{old}")  # the account's own key: not a super admin
+        assert refused.status == 403 and "admin:delete_function" in refused.detail
+        assert (await p.admin.delete("/v2/nvcf/instances/no-such-instance")).status == 404
+        done = await p.admin.delete(f"/v2/nvcf/instances/{old}")
+        assert done.status == 204, done.body
+        again = await p.admin.delete(f"/v2/nvcf/instances/{old}")
+        assert again.status == 404 and old in again.detail  # already on its way out
+
+        async def replaced() -> set[str] | None:
+            ids = {v.instance.instance_id for v in await instances(p.bus, CLUSTER_A) if v.instance.state == "running"}
+            return ids if ids and old not in ids else None
+
+        (new,) = await wait_for(replaced, timeout=60, what="a replacement instance, the old one gone")
+        assert new != old
+        await wait_status(p.admin, d, "ACTIVE")
+        invoked = await p.key.post(f"/v2/nvcf/pexec/functions/{d.split('/')[-3]}", {"message": "still here"})
+        assert invoked.status == 200, invoked.body

@@ -27,10 +27,13 @@ from nvcf_mono.contracts.rpc import RpcError
 from nvcf_mono.http.api import Call, Param, Routes
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.cluster import Cluster
+from nvcf_mono.models.common import utc_now
 from nvcf_mono.models.placement import Phase, PlacedInstance, PlacementFailure, SpecPlacement
 from nvcf_mono.planes.control.catalog import is_healthy, visible_clusters
 from nvcf_mono.planes.control.context import Control
+from nvcf_mono.planes.control.reconcile.plan import terminate_instance
 from nvcf_mono.planes.control.service import find_version
+from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.structure import WireModel, evolve, wire
 
 R = TypeVar("R")
@@ -403,6 +406,39 @@ async def list_instances(ctl: Control, call: Call[None]) -> InstanceListResponse
         and (not vid or ledger.function_version_id == vid)
     ]
     return await listing(ctl, call, ledgers, clusters)
+
+
+@routes.route(
+    "DELETE",
+    "/v2/nvcf/instances/{instanceId}",
+    summary="Terminate one function instance (super admins); its deployment starts a replacement if it "
+    "still needs one.",
+    description="Requests it is serving are delivered again elsewhere. 404 for an instance that is not "
+    "running or starting (unknown, already terminating, or a task's).",
+    tag=TAG,
+    scopes=(f"admin:{S.DELETE_FUNCTION}",),
+    errors=(404,),
+)
+async def terminate_function_instance(ctl: Control, call: Call[None]) -> None:
+    instance_id = call.path("instanceId")
+    gone = ProblemError(404, f"Instance '{instance_id}' not found among running or starting function instances")
+    key = next(
+        (k for k, ledger in ctl.store.placements.items() if any(i.instance_id == instance_id for i in ledger.live())),
+        None,
+    )
+    if key is None:
+        raise gone
+    now = utc_now()
+
+    def terminate(current: SpecPlacement | None) -> SpecPlacement:
+        updated = None if current is None else terminate_instance(current, instance_id, "terminated-by-admin", now)
+        if updated is None:
+            raise Unchanged
+        return updated
+
+    found = await ctl.store.placements.mutate(key, terminate)
+    if found is None or not any(i.instance_id == instance_id and i.phase is Phase.TERMINATING for i in found.instances):
+        raise gone  # it went away meanwhile
 
 
 @routes.route(

@@ -78,6 +78,14 @@ def _mark_terminating(ledger: SpecPlacement, inst: PlacedInstance, reason: str, 
     return replace_instance(ledger, _terminating(inst, reason, now))
 
 
+def terminate_instance(ledger: SpecPlacement, instance_id: str, reason: str, now: datetime) -> SpecPlacement | None:
+    """One live instance to TERMINATING (the next round replaces it if still needed); None if not live here."""
+    for inst in ledger.live():
+        if inst.instance_id == instance_id:
+            return _mark_terminating(ledger, inst, reason, now)
+    return None
+
+
 def terminate_all(ledger: SpecPlacement, reason: str, now: datetime) -> SpecPlacement:
     """Every live instance to TERMINATING (undeploy, ERROR, a removed spec)."""
     for inst in ledger.live():
