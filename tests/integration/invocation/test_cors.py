@@ -70,6 +70,18 @@ async def test_pages_on_any_origin_may_invoke_and_read_the_request_id(tmp_path: 
         assert "Access-Control-Allow-Origin" not in plain.headers
         assert plain.headers["Access-Control-Expose-Headers"] == "nvcf-reqid"
 
+        # A streamed answer (its head goes out before its body): the same headers.
+        echo, _ = await deployed(p.admin, ECHO_FUNCTION)
+        async with p.key.session.post(
+            f"{p.key.base}/v2/nvcf/pexec/functions/{echo}",
+            json={"stream": True, "repeats": 3, "message": "m"},
+            headers={"Authorization": f"Bearer {p.key.token}", "Accept": "text/event-stream", "Origin": PAGE},
+        ) as streamed:
+            assert streamed.status == 200 and streamed.headers["Content-Type"].startswith("text/event-stream")
+            assert streamed.headers["Access-Control-Allow-Origin"] == PAGE
+            assert streamed.headers["Access-Control-Expose-Headers"] == "nvcf-reqid"
+            assert (await streamed.read()).count(b"data:") == 3
+
         # Only the invocation routes: the control plane's API is not opened to pages.
         api = await unchecked(p.admin).call("OPTIONS", "/v2/nvcf/functions", headers={"Origin": PAGE})
         assert api.status == 405 and "Access-Control-Allow-Origin" not in api.headers
