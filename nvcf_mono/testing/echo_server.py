@@ -12,7 +12,8 @@ and ``X-Echo-Assets`` (each input asset's digest, read from ``NVCF-ASSET-DIR``).
 (``/health/fail`` turns them to 503, ``/health/recover`` back to 200). Any method on
 ``/echo-request`` or below answers the request it got as JSON (method, path, query, headers, body,
 a per-process call count and the server's pid), or, for a JSON body with ``"answer": {"status", "body", "contentType",
-"headers", "delay"}``, exactly that answer.
+"headers", "delay", "files", "links"}``, exactly that answer, after writing ``files`` (name: text) and
+``links`` (name: target) into the request's ``NVCF-LARGE-OUTPUT-DIR``.
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ async def echo_request(request: web.Request) -> web.Response:
     if isinstance(answer, dict):
         if answer.get("delay"):
             await asyncio.sleep(float(answer["delay"]))
+        _write_outputs(request, dict(answer.get("files") or {}), dict(answer.get("links") or {}))
         headers = {**nvcf, **{str(k): str(v) for k, v in dict(answer.get("headers") or {}).items()}}
         headers["Content-Type"] = str(answer.get("contentType", "text/plain"))
         return web.Response(status=int(answer.get("status", 200)), body=str(answer.get("body", "")), headers=headers)
@@ -129,6 +131,20 @@ async def echo_request(request: web.Request) -> web.Response:
         "pid": os.getpid(),  # which server (so which instance) answered
     }
     return web.json_response(seen, headers=nvcf)
+
+
+def _write_outputs(request: web.Request, files: dict[str, str], links: dict[str, str]) -> None:
+    """Large outputs for the caller: ``{name: text}`` files and ``{name: target}`` links in NVCF-LARGE-OUTPUT-DIR."""
+    if not files and not links:
+        return
+    base = request.headers["NVCF-LARGE-OUTPUT-DIR"]
+    for name, text in files.items():
+        path = os.path.join(base, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+    for name, target in links.items():
+        os.symlink(target, os.path.join(base, name))
 
 
 async def crash(request: web.Request) -> web.Response:

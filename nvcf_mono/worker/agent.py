@@ -13,8 +13,9 @@ import json
 import logging
 import os
 import time
+import zipfile
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol, final
+from typing import IO, TYPE_CHECKING, Protocol, final
 
 import anyio
 import attrs
@@ -22,6 +23,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 from grpclib.client import Channel
 from grpclib.const import Cardinality
+from grpclib.const import Status as GRPCStatus
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from nvcf_mono import tracing
@@ -38,6 +40,8 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     ConnectRequest,
     ConnectResponse,
     Drain,
+    LargeResponseChunk,
+    LargeResponseStored,
     RequestFailed,
     RequestHeld,
     RequestReleased,
@@ -62,10 +66,13 @@ from nvcf_mono.worker.inference import (
     InferenceUnreachable,
     call,
     check_health,
+    compatible,
     health_client,
     problem_frame,
     request_headers,
 )
+from nvcf_mono.worker.large_output import CHUNK as LARGE_CHUNK
+from nvcf_mono.worker.large_output import has_outputs, package
 from nvcf_mono.worker.nats_transport import WorkerSink
 from nvcf_mono.worker.progress import PROGRESS_FILE, ProgressMonitor, ProgressReports
 from nvcf_mono.worker.scratch import Scratch
@@ -75,6 +82,8 @@ if TYPE_CHECKING:
 
 SERVICE = "/nvcf.worker.v1.WorkerService"
 log = logging.getLogger("nvcf_mono.worker")
+#: In an output directory but not an output: the progress file the worker reads itself.
+_NOT_OUTPUTS = frozenset({PROGRESS_FILE})
 #: A request that finds the inference server down waits at least this long for it to come back
 #: (up to the request's queue deadline) before it is handed back for another instance.
 RECOVERY_WAIT = 30.0
@@ -168,12 +177,16 @@ class Worker:
             config.response_dir, keep=max(256, 4 * config.max_concurrency), on_left=self._outputs_left
         )
         self.asset_dirs = Scratch(config.asset_dir, keep=0)
+        #: Output directories whose files went to the caller as a large response (not "left behind").
+        self._packaged: dict[str, bool] = {}
         #: nats transport: requests pulled from JetStream and not settled yet.
         self._held: dict[str, Settlement] = {}
         self._pull_watchers: list[anyio.CancelScope] = []
 
     def _outputs_left(self, path: str) -> None:
         """Say once that files a request leaves in its output directory are not returned to its caller."""
+        if self._packaged.pop(path, False):
+            return
         try:
             with os.scandir(path) as entries:
                 names = sorted(e.name for e in entries if e.name != PROGRESS_FILE)
@@ -182,9 +195,9 @@ class Worker:
         if names:
             self.outputs.on_left = None  # once per worker: a function that writes there does it every time
             log.warning(
-                "request %s left %d file(s) in its output directory (NVCF-LARGE-OUTPUT-DIR), e.g. %s: they are "
-                "removed, not returned to the caller (large outputs as a zipped 302 answer are not supported); "
-                "said once per instance",
+                "request %s left %d file(s) in its output directory (NVCF-LARGE-OUTPUT-DIR), e.g. %s, that did "
+                "not go to its caller: only what is there when the response starts is packaged (in compatibility "
+                "mode); they are removed. Said once per instance",
                 os.path.basename(path),
                 len(names),
                 ", ".join(names[:3]),
@@ -662,7 +675,7 @@ class Worker:
                 await _relay(frames, answer)
             else:
                 frames = call(link.http, self.config, request, body, headers, attempt=attempt, received=received)
-                await self._with_progress(frames, request, attempt, output_dir, answer)
+                await self._with_progress(frames, request, attempt, output_dir=output_dir, answer=answer, link=link)
         except BaseException as err:
             tracing.end(calling, error=f"{type(err).__name__}: {err}")
             raise
@@ -699,10 +712,17 @@ class Worker:
         frames: AsyncIterator[Frame],
         request: Request,
         attempt: int,
+        *,
         output_dir: str,
         answer: Callable[[Frame], Awaitable[None]],
+        link: _Link,
     ) -> None:
-        """Relay the response; until it starts, progress reports go out as 202 frames before it."""
+        """Relay the response; until it starts, progress reports go out as 202 frames before it.
+
+        In compatibility mode, a request that left files in its output directory by the time its
+        response starts is answered with a 302 to a zip of the response and the files (NVCF's large
+        response).
+        """
         rid = request.request_id
         progress = ProgressReports(rid, attempt, os.path.join(output_dir, PROGRESS_FILE))
         self.progress.watch(progress, answer)
@@ -712,10 +732,76 @@ class Worker:
                 if offset is None:
                     offset = await progress.close()
                     self.progress.drop(rid)
+                    if self._left_outputs(request, output_dir):
+                        frame = await self._large_response(
+                            frame, frames, request, attempt=attempt, output_dir=output_dir, link=link
+                        )
                 # The response's frames are numbered after the progress reports.
                 await answer(attrs.evolve(frame, seq=frame.seq + offset) if offset else frame)
         finally:
             self.progress.drop(rid)
+
+    def _left_outputs(self, request: Request, output_dir: str) -> bool:
+        """The request wrote files for the caller (a progress file aside), in compatibility mode."""
+        return (
+            compatible(request)
+            and not self.outputs.untouched(output_dir)
+            and has_outputs(output_dir, besides=_NOT_OUTPUTS)
+        )
+
+    async def _large_response(
+        self,
+        first: Frame,
+        rest: AsyncIterator[Frame],
+        request: Request,
+        *,
+        attempt: int,
+        output_dir: str,
+        link: _Link,
+    ) -> Frame:
+        """The response and the request's files, zipped and uploaded: the 302 to them, or a 500 problem."""
+        rid = request.request_id
+
+        async def upload(archive: IO[bytes]) -> str:
+            async with link.channel.request(
+                f"{SERVICE}/UploadLargeResponse", Cardinality.STREAM_UNARY, LargeResponseChunk, LargeResponseStored
+            ) as stream:
+                data = await anyio.to_thread.run_sync(archive.read, LARGE_CHUNK)
+                await stream.send_message(
+                    LargeResponseChunk(
+                        session_token=link.session.session_token,
+                        request_id=rid,
+                        capability=subjects.response_capability(request.reply),
+                        data=data,
+                    )
+                )
+                while data := await anyio.to_thread.run_sync(archive.read, LARGE_CHUNK):
+                    await stream.send_message(LargeResponseChunk(data=data))
+                await stream.end()
+                with anyio.fail_after(60):
+                    stored = await stream.recv_message()
+            if stored is None or not stored.location:
+                raise OSError("the node did not say where it keeps the large response")
+            return stored.location
+
+        try:
+            packaged = await package(
+                first,
+                rest,
+                output_dir=output_dir,
+                besides=_NOT_OUTPUTS,
+                scratch=self.config.response_dir,
+                upload=upload,
+            )
+        except (OSError, GRPCError, StreamTerminatedError, TimeoutError, zipfile.BadZipFile) as err:
+            log.error("request %s: its large response could not be packaged or stored: %s", rid, err)
+            detail = "Internal error while uploading the large response"
+            if isinstance(err, GRPCError) and err.status is GRPCStatus.RESOURCE_EXHAUSTED and err.message:
+                detail = f"{detail}: {err.message}"
+            return problem_frame(rid, attempt, 500, detail, source=WORKER_SERVICE)
+        self._packaged[output_dir] = True  # its files went to the caller: no warning when they are removed
+        log.info("request %s: large response packaged and stored", rid)
+        return packaged
 
     async def _body(self, channel: Channel, session: ConnectResponse, request: Request) -> AsyncIterator[bytes]:
         async with channel.request(f"{SERVICE}/FetchBody", Cardinality.UNARY_STREAM, BodyRequest, BodyChunk) as stream:

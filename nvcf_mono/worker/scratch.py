@@ -65,11 +65,16 @@ class Scratch:
             os.mkdir(path)
             if self._keep:
                 self._events.track(path)  # found empty when its request ends, then cheap to recycle
+                self._events.found_empty(path)  # made just now, named to nobody yet
         except FileExistsError:
             pass  # a redelivery to this instance
         except FileNotFoundError:
             os.makedirs(path, exist_ok=True)  # the base went away
         return path
+
+    def untouched(self, path: str) -> bool:
+        """True when the kernel says nothing was added to ``path`` since it was found empty (False: unknown)."""
+        return self._events.unchanged(path)
 
     def release(self, path: str) -> None:
         """The request is over: its directory is kept as a spare if empty, else removed (soon)."""

@@ -80,6 +80,17 @@ class InvocationConfig:
         "from NATS with credentials scoped to their version (nats; needs the nats_auth plugin's auth callout). "
         "Workers that cannot use the chosen one fall back to grpc.",
     )
+    max_large_response: ByteSize = setting(
+        1024 * 1024 * 1024,
+        doc="Largest zipped large response (a function's output files with its body) this plane keeps; a larger "
+        "one is refused and the caller gets a 500 problem saying so.",
+        check=positive,
+    )
+    public_url: str | None = setting(
+        None,
+        doc="The URL callers reach this plane's API at, for the links it hands out (a large response's download "
+        "link). Default: this node's own URL.",
+    )
     worker_nats_url: str | None = setting(
         None,
         doc="NATS URL workers on the nats transport connect to. Default: this node's NATS URL without credentials.",

@@ -25,7 +25,9 @@ from nvcf_mono.auth import scopes as S
 from nvcf_mono.auth.principal import Principal
 from nvcf_mono.contracts import trace
 from nvcf_mono.contracts.frames import Request
+from nvcf_mono.http import signed_links
 from nvcf_mono.http.api import Call, Param, Routes
+from nvcf_mono.http.downloads import stream_object
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late
 from nvcf_mono.log import bind, unbind
@@ -42,6 +44,8 @@ from nvcf_mono.planes.invocation.dispatch import Dispatcher
 from nvcf_mono.planes.invocation.idempotency import CLAIM_ATTEMPTS, IDEMPOTENCY_KEY, Idempotency
 from nvcf_mono.planes.invocation.input_assets import ASSET_REFERENCES, InputAssets, parse_references
 from nvcf_mono.planes.invocation.intake import new_request, poll_seconds, read_body, stage
+from nvcf_mono.planes.invocation.large_responses import ROUTE as LARGE_RESPONSE_ROUTE
+from nvcf_mono.planes.invocation.large_responses import LargeResponses
 from nvcf_mono.planes.invocation.metrics import CLIENT_GONE, Entry, InvocationMetrics, Observation
 from nvcf_mono.planes.invocation.ratelimit import RateLimiter
 from nvcf_mono.planes.invocation.responses import Pending, ResponseRouter
@@ -92,6 +96,7 @@ class Invoker:
         assets: InputAssets | None = None,
         idempotency: Idempotency | None = None,
         metrics: InvocationMetrics | None = None,
+        large_responses: LargeResponses | None = None,
     ) -> None:
         self.config = config
         self.routing = routing
@@ -112,6 +117,7 @@ class Invoker:
         self.assets = assets
         self.idempotency = idempotency
         self.metrics = metrics
+        self.large_responses = large_responses
 
     async def observed(self, entry: Entry) -> web.StreamResponse:
         """Run one invocation entry point, recorded in the metrics."""
@@ -437,3 +443,32 @@ async def invoke_function_version(late: Late[Invoker], call: Call[None]) -> web.
 )
 async def get_request_status(late: Late[Invoker], call: Call[None]) -> web.StreamResponse:
     return await late.get().waiting.poll(call.request, call.principal, call.path("requestId"))
+
+
+@routes.route(
+    "GET",
+    LARGE_RESPONSE_ROUTE,
+    summary="Download a large response: the function's body and output files, zipped, behind a 302's Location.",
+    description="Authorized by the link itself: send no bearer. 403 for an altered or expired link; 404 once "
+    "the result is no longer kept (plugins.invocation.result_ttl).",
+    tag=TAG,
+    auth="none",
+    raw_response="application/zip",
+    params=signed_links.LINK_PARAMS,
+    errors=(403, 404, 503),
+)
+async def download_large_response(late: Late[Invoker], call: Call[None]) -> web.StreamResponse:
+    invoker = late.get()
+    request_id = call.path("requestId")
+    large = invoker.large_responses
+    if large is None:
+        raise ProblemError(404, "this node keeps no large responses")
+    large.check(request_id, call.query("expires"), call.query("signature"))
+    return await stream_object(
+        call.request,
+        large.open(request_id),
+        headers={"Content-Type": "application/zip", "Content-Disposition": f'attachment; filename="{request_id}.zip"'},
+        missing=f"the large response of request {request_id} is no longer kept",
+        what=f"the large response of request {request_id}",
+        log=invoker.log,
+    )

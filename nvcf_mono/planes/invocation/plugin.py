@@ -26,6 +26,7 @@ from nvcf_mono.planes.invocation.grpc_proxy import GrpcProxy
 from nvcf_mono.planes.invocation.handover import Handover
 from nvcf_mono.planes.invocation.idempotency import Idempotency
 from nvcf_mono.planes.invocation.input_assets import InputAssets
+from nvcf_mono.planes.invocation.large_responses import LargeResponses
 from nvcf_mono.planes.invocation.llm.gateway import Gateway
 from nvcf_mono.planes.invocation.load import LoadMeter
 from nvcf_mono.planes.invocation.metrics import InvocationMetrics
@@ -97,6 +98,7 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
         router = ResponseRouter(bus, ctx.settings.node.id or "invocation", log, capabilities)
         dispatcher = Dispatcher(bus, self.config, region, log)
         results = ResultStore(bus, result_ttl=self.config.result_ttl, log=log)
+        large = self._large_responses(ctx)
         collector = Collector(router=router, results=results, dispatcher=dispatcher, log=log)
         async with anyio.create_task_group() as tg:
             await tg.start(routing.run, bus)
@@ -134,7 +136,9 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
             tg.start_soon(retired.run)
             handover = Handover(bus, self.workers.affinity, ctx.metrics, log)
             await tg.start(handover.run, self.workers.take_handed)
-            self.workers.deps.set(self._worker_deps(ctx, routing, dispatcher, sink, capabilities, handover=handover))
+            self.workers.deps.set(
+                self._worker_deps(ctx, routing, dispatcher, sink, capabilities, handover=handover, large=large)
+            )
             self.invoker.set(
                 http.Invoker(
                     config=self.config,
@@ -146,6 +150,7 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
                     limiter=limiter,
                     log=log,
                     assets=assets,
+                    large_responses=large,
                     idempotency=Idempotency(
                         bus,
                         results,
@@ -163,6 +168,18 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
             await ctx.wait_stopping()
             tg.cancel_scope.cancel()
 
+    def _large_responses(self, ctx: RunContext[InvocationConfig]) -> LargeResponses:
+        """Where zipped large responses are kept, and the base of their download links."""
+        keyring = ctx.services.get(KEYRING)
+        public = (self.config.public_url or ctx.endpoints.url).rstrip("/")
+        return LargeResponses(
+            ctx.bus.objects(buckets.PAYLOADS.name),
+            link_key=lambda: keyring.asset_link_key,
+            base_url=lambda: public,
+            ttl=self.config.result_ttl,
+            limit=self.config.max_large_response,
+        )
+
     def _worker_deps(
         self,
         ctx: RunContext[InvocationConfig],
@@ -172,6 +189,7 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
         capabilities: Capabilities,
         *,
         handover: Handover,
+        large: LargeResponses,
     ) -> WorkerDeps:
         """What the WorkerService and the NATS worker transport serve workers with."""
         return WorkerDeps(
@@ -184,6 +202,7 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
             nats_url=self.config.worker_nats_url or _without_credentials(ctx.endpoints.nats_url),
             callout=ctx.services.find(NATS_AUTH),
             handover=handover,
+            large_responses=large,
         )
 
 

@@ -15,6 +15,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any, final
 
 import anyio
@@ -41,6 +42,7 @@ from nvcf_mono.planes.invocation.affinity import Affinity, session_key
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
 from nvcf_mono.planes.invocation.handover import Handover
+from nvcf_mono.planes.invocation.large_responses import LargeResponses, TooLarge
 from nvcf_mono.planes.invocation.responses import Capabilities
 from nvcf_mono.planes.invocation.routing import RoutingTable
 from nvcf_mono.planes.invocation.settlement import NodeSink
@@ -53,6 +55,8 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     Cancel,
     ConnectRequest,
     ConnectResponse,
+    LargeResponseChunk,
+    LargeResponseStored,
     NodeMessage,
     SecretsRequest,
     SecretsResponse,
@@ -91,6 +95,8 @@ class WorkerDeps:
     callout: CalloutStatus | None = None
     #: Session affinity with the other invocation nodes (None: this node's sessions only).
     handover: Handover | None = None
+    #: Where zipped large responses are kept (None: uploads are refused).
+    large_responses: LargeResponses | None = None
 
 
 @final
@@ -166,6 +172,9 @@ class WorkerService:
             ),
             f"{SERVICE}/TaskUploadResult": Handler(
                 self._tasks.upload, Cardinality.STREAM_UNARY, TaskResultChunk, TaskResultAck
+            ),
+            f"{SERVICE}/UploadLargeResponse": Handler(
+                self._upload_large_response, Cardinality.STREAM_UNARY, LargeResponseChunk, LargeResponseStored
             ),
         }
 
@@ -247,6 +256,32 @@ class WorkerService:
                     await stream.send_message(BodyChunk(data=chunk))
         except BusError as err:
             raise GRPCError(Status.NOT_FOUND, f"request body {req.body_object}: {err}") from err
+
+    async def _upload_large_response(self, stream: Stream[LargeResponseChunk, LargeResponseStored]) -> None:
+        """A request's zipped large response, from the worker given the request; answered with its link."""
+        first = await stream.recv_message()
+        if first is None:
+            raise GRPCError(Status.INVALID_ARGUMENT, "no data")
+        claims = self._verify(first.session_token, SESSION)
+        deps = self.deps.get()
+        if not deps.capabilities.holds(str(claims["fvid"]), first.request_id, first.capability):
+            raise GRPCError(Status.PERMISSION_DENIED, f"request {first.request_id} was not given to this worker")
+        if deps.large_responses is None:
+            raise GRPCError(Status.UNIMPLEMENTED, "this node keeps no large responses")
+
+        async def chunks() -> AsyncIterator[bytes]:
+            if first.data:
+                yield first.data
+            while (chunk := await stream.recv_message()) is not None:
+                yield chunk.data
+
+        try:
+            location, size = await deps.large_responses.store(first.request_id, chunks())
+        except TooLarge as err:
+            raise GRPCError(Status.RESOURCE_EXHAUSTED, str(err)) from err
+        except BusError as err:
+            raise GRPCError(Status.UNAVAILABLE, f"the large response could not be stored: {err}") from err
+        await stream.send_message(LargeResponseStored(location=location, size=size))
 
     async def _fetch_asset(self, stream: Stream[AssetRequest, AssetChunk]) -> None:
         """An input asset of a request the calling worker holds, streamed from the asset store."""

@@ -1,4 +1,4 @@
-"""Files a request leaves in its output directory are not returned: the worker says so, once."""
+"""Files a request leaves in its output directory that did not go to its caller: the worker says so, once."""
 
 from __future__ import annotations
 
@@ -13,12 +13,18 @@ from nvcf_mono.worker.progress import PROGRESS_FILE
 from nvcf_mono.worker.scratch import Scratch
 
 
-def test_outputs_left_behind_are_reported_once_and_a_progress_file_is_not(
+def test_outputs_left_behind_are_reported_once_and_packaged_ones_and_a_progress_file_are_not(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="nvcf_mono.worker")
-    worker = SimpleNamespace(outputs=Scratch(str(tmp_path), keep=1))
+    worker = SimpleNamespace(outputs=Scratch(str(tmp_path), keep=1), _packaged={str(tmp_path / "r0"): True})
     worker.outputs.on_left = lambda path: Worker._outputs_left(worker, path)  # type: ignore[arg-type]
+
+    packaged = tmp_path / "r0"  # its files went to the caller as a large response
+    packaged.mkdir()
+    (packaged / "image.png").write_bytes(b"x")
+    worker.outputs.on_left(str(packaged))
+    assert caplog.records == [] and worker._packaged == {}
 
     progress_only = tmp_path / "r1"
     progress_only.mkdir()
@@ -34,5 +40,5 @@ def test_outputs_left_behind_are_reported_once_and_a_progress_file_is_not(
     worker.outputs.on_left(str(wrote))
     [record] = caplog.records
     assert "request r2 left 2 file(s)" in record.message and "image.png, mask.png" in record.message
-    assert "not returned" in record.message
+    assert "did not go to its caller" in record.message
     assert worker.outputs.on_left is None, "said once per instance"

@@ -7,20 +7,18 @@ no bearer token and any node holding the platform secret can check them.
 
 from __future__ import annotations
 
-import hmac
-import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Literal
 
 from aiohttp import ClientPayloadError, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from nvcf_mono.auth import scopes as S
-from nvcf_mono.auth.secret import b64u
-from nvcf_mono.bus.errors import BusError, NotFound
+from nvcf_mono.bus.errors import BusError
 from nvcf_mono.contracts import buckets
-from nvcf_mono.http.api import Call, Param, Routes
+from nvcf_mono.http import signed_links
+from nvcf_mono.http.api import Call, Routes
+from nvcf_mono.http.downloads import stream_object
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.asset import (
     Asset,
@@ -57,34 +55,26 @@ def _not_found(asset_id: str) -> ProblemError:
     return ProblemError(404, f"Asset '{asset_id}' not found")
 
 
-def signature(ctl: Control, op: LinkOp, asset_id: str, expires: int) -> str:
-    message = f"nvcf-asset-link\n{op}\n{asset_id}\n{expires}".encode()
-    return b64u(hmac.digest(ctl.keyring.asset_link_key, message, "sha256"))
+#: What an asset link's signature covers besides the asset and the operation.
+PURPOSE = "nvcf-asset-link"
 
 
 def link(ctl: Control, op: LinkOp, asset_id: str) -> str:
-    expires = int(time.time() + ctl.config.asset_link_ttl)
-    return (
-        f"{ctl.api_url}/v2/nvcf/assets/{asset_id}/{op}?expires={expires}"
-        f"&signature={signature(ctl, op, asset_id, expires)}"
-    )
+    signed = signed_links.query(ctl.keyring.asset_link_key, PURPOSE, f"{op}\n{asset_id}", ctl.config.asset_link_ttl)
+    return f"{ctl.api_url}/v2/nvcf/assets/{asset_id}/{op}?{signed}"
 
 
 def check_link(ctl: Control, call: Call[None], op: LinkOp) -> str:
     """The asset id of a valid, unexpired link; 403 otherwise (checked before any lookup)."""
     asset_id = call.path("assetId")
-    raw_expires, sig = call.query("expires"), call.query("signature")
-    if not raw_expires or not sig:
-        raise ProblemError(403, f"the {op} link lacks its 'expires' and 'signature' parameters")
-    try:
-        expires = int(raw_expires)
-    except ValueError:
-        raise ProblemError(403, f"the {op} link's 'expires' is not a unix time: {raw_expires!r}") from None
-    if not hmac.compare_digest(sig.encode(), signature(ctl, op, asset_id, expires).encode()):
-        raise ProblemError(403, f"the {op} link's signature does not match (the link was altered or is not ours)")
-    if expires < time.time():
-        when = datetime.fromtimestamp(expires, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-        raise ProblemError(403, f"the {op} link expired at {when}; ask for a new one")
+    signed_links.check(
+        ctl.keyring.asset_link_key,
+        PURPOSE,
+        f"{op}\n{asset_id}",
+        call.query("expires"),
+        call.query("signature"),
+        what=f"{op} link",
+    )
     if not is_uuid(asset_id):
         raise _not_found(asset_id)
     return asset_id
@@ -199,12 +189,6 @@ async def get_asset_content_redirect(ctl: Control, call: Call[None]) -> ContentR
     return ContentRedirect(presigned_url=link(ctl, "download", asset.asset_id))
 
 
-LINK_PARAMS = (
-    Param(name="expires", description="Unix time the link expires.", required=True, schema={"type": "integer"}),
-    Param(name="signature", description="The link's signature.", required=True),
-)
-
-
 @routes.route(
     "PUT",
     "/v2/nvcf/assets/{assetId}/upload",
@@ -216,7 +200,7 @@ LINK_PARAMS = (
     raw_body="*/*",
     # 200 with an empty body, as S3 answers a pre-signed PUT.
     raw_response="application/octet-stream",
-    params=LINK_PARAMS,
+    params=signed_links.LINK_PARAMS,
     errors=(403, 404, 413, 503),
 )
 async def upload_asset_content(ctl: Control, call: Call[None]) -> web.StreamResponse:
@@ -277,7 +261,7 @@ async def upload_asset_content(ctl: Control, call: Call[None]) -> web.StreamResp
     tag=TAG,
     auth="none",
     raw_response="*/*",
-    params=LINK_PARAMS,
+    params=signed_links.LINK_PARAMS,
     errors=(403, 404, 503),
 )
 async def download_asset_content(ctl: Control, call: Call[None]) -> web.StreamResponse:
@@ -286,27 +270,11 @@ async def download_asset_content(ctl: Control, call: Call[None]) -> web.StreamRe
     if asset is None:
         raise _not_found(asset_id)
     objects = ctl.bus.objects(buckets.ASSET_CONTENT.name)
-    name = buckets.asset_object(asset.nca_id, asset.asset_id)
-    response = web.StreamResponse(status=200)
-    try:
-        async with objects.open(name) as reader:
-            response.headers["Content-Type"] = asset.content_type
-            response.content_length = reader.info.size
-            await response.prepare(call.request)
-            try:
-                async for chunk in reader:
-                    await response.write(chunk)
-            except BusError as err:
-                # Headers are out: the short body (under Content-Length) tells the client it failed.
-                ctl.log.warning("download of asset %s broke off: %s", asset_id, err)
-                if call.request.transport is not None:
-                    call.request.transport.close()
-                return response
-            except ConnectionError:
-                return response  # the client went away
-    except NotFound:
-        raise ProblemError(404, f"Asset '{asset_id}' has no content yet: upload it first") from None
-    except BusError as err:
-        raise ProblemError(503, f"the asset cannot be read now: {err}", headers={"Retry-After": "1"}) from err
-    await response.write_eof()
-    return response
+    return await stream_object(
+        call.request,
+        objects.open(buckets.asset_object(asset.nca_id, asset.asset_id)),
+        headers={"Content-Type": asset.content_type},
+        missing=f"Asset '{asset_id}' has no content yet: upload it first",
+        what=f"asset {asset_id}",
+        log=ctl.log,
+    )

@@ -211,6 +211,28 @@ class AssetChunk(betterproto.Message):
 
 
 @dataclass(eq=False, repr=False)
+class LargeResponseChunk(betterproto.Message):
+    session_token: str = betterproto.string_field(1)
+    """
+    First chunk only: the session, the request and proof this worker was given it.
+    """
+
+    request_id: str = betterproto.string_field(2)
+    capability: str = betterproto.string_field(3)
+    data: bytes = betterproto.bytes_field(4)
+
+
+@dataclass(eq=False, repr=False)
+class LargeResponseStored(betterproto.Message):
+    location: str = betterproto.string_field(1)
+    """
+    Where the caller downloads it (a signed link, valid while the result is kept).
+    """
+
+    size: int = betterproto.uint64_field(2)
+
+
+@dataclass(eq=False, repr=False)
 class TaskConnectRequest(betterproto.Message):
     worker_token: str = betterproto.string_field(1)
     instance_id: str = betterproto.string_field(2)
@@ -425,6 +447,26 @@ class WorkerServiceStub(betterproto.ServiceStub):
             metadata=metadata,
         )
 
+    async def upload_large_response(
+        self,
+        large_response_chunk_iterator: Union[
+            AsyncIterable[LargeResponseChunk], Iterable[LargeResponseChunk]
+        ],
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "LargeResponseStored":
+        return await self._stream_unary(
+            "/nvcf.worker.v1.WorkerService/UploadLargeResponse",
+            large_response_chunk_iterator,
+            LargeResponseChunk,
+            LargeResponseStored,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class WorkerServiceBase(ServiceBase):
 
@@ -467,6 +509,11 @@ class WorkerServiceBase(ServiceBase):
     async def task_upload_result(
         self, task_result_chunk_iterator: AsyncIterator[TaskResultChunk]
     ) -> "TaskResultAck":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
+    async def upload_large_response(
+        self, large_response_chunk_iterator: AsyncIterator[LargeResponseChunk]
+    ) -> "LargeResponseStored":
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
     async def __rpc_connect_once(
@@ -535,6 +582,13 @@ class WorkerServiceBase(ServiceBase):
         response = await self.task_upload_result(request)
         await stream.send_message(response)
 
+    async def __rpc_upload_large_response(
+        self, stream: "grpclib.server.Stream[LargeResponseChunk, LargeResponseStored]"
+    ) -> None:
+        request = stream.__aiter__()
+        response = await self.upload_large_response(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/nvcf.worker.v1.WorkerService/ConnectOnce": grpclib.const.Handler(
@@ -584,5 +638,11 @@ class WorkerServiceBase(ServiceBase):
                 grpclib.const.Cardinality.STREAM_UNARY,
                 TaskResultChunk,
                 TaskResultAck,
+            ),
+            "/nvcf.worker.v1.WorkerService/UploadLargeResponse": grpclib.const.Handler(
+                self.__rpc_upload_large_response,
+                grpclib.const.Cardinality.STREAM_UNARY,
+                LargeResponseChunk,
+                LargeResponseStored,
             ),
         }
