@@ -1,6 +1,7 @@
 """Cross-origin calls to the invocation routes, as NVCF's invocation service allows them.
 
-A web page on any origin may call pexec and exec and poll their status from the browser: a
+A web page on any origin may call pexec and exec, poll their status and download a large response
+from the browser: a
 preflight (any ``OPTIONS`` on those routes) is answered 200 before any authentication, echoing the
 origin, method and headers it asked for, with credentials allowed and a one-day max age; an actual
 call's answer (errors included) names the origin back. Every answer that carries ``NVCF-REQID`` lets
@@ -39,7 +40,8 @@ def _applies(request: web.Request) -> bool:
 
 
 def _allowed_methods(path: str) -> str:
-    return "GET,HEAD" if "/status/" in path else "POST"
+    # Status polls and large-response downloads are read; the rest invoke.
+    return "GET,HEAD" if "/status/" in path or "/large-responses/" in path else "POST"
 
 
 def middleware() -> Any:
