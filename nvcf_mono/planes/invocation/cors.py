@@ -3,8 +3,9 @@
 A web page on any origin may call pexec and exec, poll their status and download a large response
 from the browser: a preflight (any ``OPTIONS`` on those routes) is answered 200 before any
 authentication, echoing the origin, method and headers it asked for, with credentials allowed and
-a one-day max age; an actual call's answer (errors included) names the origin back. Every answer that carries ``NVCF-REQID`` lets
-the page read it (``Access-Control-Expose-Headers``, after whatever the function exposed itself).
+a one-day max age; an actual call's answer (errors included) names the origin back. Every answer
+that carries ``NVCF-REQID`` lets the page read it (``Access-Control-Expose-Headers``, after whatever
+the function exposed itself).
 
 Echoing any origin with credentials is safe here only because the platform has no ambient
 credentials: it reads a bearer token from the ``Authorization`` header, never a cookie, so a page can
