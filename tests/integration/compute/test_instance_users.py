@@ -90,8 +90,12 @@ async def test_a_function_reads_its_own_secrets_and_nothing_of_the_platform_or_o
         assert alive(daemon) and uid_of(daemon) == users["inference" + sid]
         assert (await p.admin.delete(d1)).status == 200
         await all_gone([*pids([views[sid]]), daemon])
-        closed = mine.stat()
-        assert stat.S_IMODE(closed.st_mode) == 0o700 and closed.st_gid == os.getegid()
+
+        async def closed() -> bool:  # after its processes are gone: its mode, then its group (not one step)
+            st = mine.stat()
+            return stat.S_IMODE(st.st_mode) == 0o700 and st.st_gid == os.getegid()
+
+        await wait_for(closed, timeout=10, what=f"{mine} closed (mode 0700, the platform's group)")
         assert not (mine / "secrets.json").exists()
 
 
