@@ -35,7 +35,8 @@ body=$(head -c "${CONTENT_LENGTH:-0}")
 probe=$(cat "${PROBE_PATH:-/nonexistent}" 2>&1 | head -c 200 | tr -d '"\n\\')
 wrote=no
 # Writable, and left empty: a file left there would make the answer a large response (a 302 to a zip).
-if [ -n "$HTTP_NVCF_LARGE_OUTPUT_DIR" ] && echo made > "$HTTP_NVCF_LARGE_OUTPUT_DIR/probe.txt"   && rm "$HTTP_NVCF_LARGE_OUTPUT_DIR/probe.txt"; then wrote=yes; fi
+out="$HTTP_NVCF_LARGE_OUTPUT_DIR"
+if [ -n "$out" ] && echo made > "$out/probe.txt" && rm "$out/probe.txt"; then wrote=yes; fi
 echo "Content-Type: application/json"
 echo ""
 printf '{"echo": %s, "secrets": %s, "instance": "%s", "port": "%s", "function": "%s", "greeting": "%s", ' \
