@@ -82,6 +82,8 @@ if TYPE_CHECKING:
 
 SERVICE = "/nvcf.worker.v1.WorkerService"
 log = logging.getLogger("nvcf_mono.worker")
+#: Longest a large response's upload to the node may take, all of it.
+LARGE_UPLOAD_TIMEOUT = 600.0
 #: In an output directory but not an output: the progress file the worker reads itself.
 _NOT_OUTPUTS = frozenset({PROGRESS_FILE})
 #: A request that finds the inference server down waits at least this long for it to come back
@@ -763,6 +765,10 @@ class Worker:
         rid = request.request_id
 
         async def upload(archive: IO[bytes]) -> str:
+            with anyio.fail_after(LARGE_UPLOAD_TIMEOUT):
+                return await send(archive)
+
+        async def send(archive: IO[bytes]) -> str:
             async with link.channel.request(
                 f"{SERVICE}/UploadLargeResponse", Cardinality.STREAM_UNARY, LargeResponseChunk, LargeResponseStored
             ) as stream:
@@ -778,8 +784,7 @@ class Worker:
                 while data := await anyio.to_thread.run_sync(archive.read, LARGE_CHUNK):
                     await stream.send_message(LargeResponseChunk(data=data))
                 await stream.end()
-                with anyio.fail_after(60):
-                    stored = await stream.recv_message()
+                stored = await stream.recv_message()
             if stored is None or not stored.location:
                 raise OSError("the node did not say where it keeps the large response")
             return stored.location
