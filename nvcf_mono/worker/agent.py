@@ -179,15 +179,17 @@ class Worker:
             config.response_dir, keep=max(256, 4 * config.max_concurrency), on_left=self._outputs_left
         )
         self.asset_dirs = Scratch(config.asset_dir, keep=0)
-        #: Output directories whose files went to the caller as a large response (not "left behind").
+        #: Output directories whose files went to the caller as a large response (not "left behind"),
+        #: until they are released.
         self._packaged: dict[str, bool] = {}
+        self._warned_left = False
         #: nats transport: requests pulled from JetStream and not settled yet.
         self._held: dict[str, Settlement] = {}
         self._pull_watchers: list[anyio.CancelScope] = []
 
     def _outputs_left(self, path: str) -> None:
-        """Say once that files a request leaves in its output directory are not returned to its caller."""
-        if self._packaged.pop(path, False):
+        """Say once that files a request left in its output directory did not go to its caller."""
+        if self._packaged.pop(path, False) or self._warned_left:
             return
         try:
             with os.scandir(path) as entries:
@@ -195,7 +197,7 @@ class Worker:
         except OSError:
             return
         if names:
-            self.outputs.on_left = None  # once per worker: a function that writes there does it every time
+            self._warned_left = True  # once per worker: a function that writes there does it every time
             log.warning(
                 "request %s left %d file(s) in its output directory (NVCF-LARGE-OUTPUT-DIR), e.g. %s, that did "
                 "not go to its caller: only what is there when the response starts is packaged (in compatibility "
@@ -734,7 +736,7 @@ class Worker:
                 if offset is None:
                     offset = await progress.close()
                     self.progress.drop(rid)
-                    if self._left_outputs(request, output_dir):
+                    if self._left_outputs(request, output_dir, frame):
                         frame = await self._large_response(
                             frame, frames, request, attempt=attempt, output_dir=output_dir, link=link
                         )
@@ -743,10 +745,13 @@ class Worker:
         finally:
             self.progress.drop(rid)
 
-    def _left_outputs(self, request: Request, output_dir: str) -> bool:
-        """The request wrote files for the caller (a progress file aside), in compatibility mode."""
+    def _left_outputs(self, request: Request, output_dir: str, first: Frame) -> bool:
+        """A successful response whose request wrote files for the caller (a progress file aside), in
+        compatibility mode. An error goes to the caller as it is.
+        """
         return (
-            compatible(request)
+            200 <= (first.status or 200) < 300
+            and compatible(request)
             and not self.outputs.untouched(output_dir)
             and has_outputs(output_dir, besides=_NOT_OUTPUTS)
         )

@@ -76,6 +76,10 @@ async def test_outputs_come_back_zipped_with_the_body_behind_a_302(tmp_path: Pat
         assert wrapped.status == 200 and doc["status"] == "fulfilled"
         assert doc["responseReference"].startswith(f"{p.key.base}/v2/nvcf/pexec/large-responses/{doc['reqId']}?")
 
+        # An error goes to the caller as it is, files or not.
+        failed = await post(p, f"/v2/nvcf/pexec/functions/{fid}", {"answer": {"status": 500, "files": {"x": "y"}}})
+        assert failed.status == 500 and "Location" not in failed.headers
+
         # Without files: the body as it is.
         plain = await post(p, f"/v2/nvcf/pexec/functions/{fid}", {"answer": {"body": "small"}})
         assert plain.status == 200 and plain.body == b"small"

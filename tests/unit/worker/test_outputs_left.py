@@ -17,7 +17,9 @@ def test_outputs_left_behind_are_reported_once_and_packaged_ones_and_a_progress_
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="nvcf_mono.worker")
-    worker = SimpleNamespace(outputs=Scratch(str(tmp_path), keep=1), _packaged={str(tmp_path / "r0"): True})
+    worker = SimpleNamespace(
+        outputs=Scratch(str(tmp_path), keep=1), _packaged={str(tmp_path / "r0"): True}, _warned_left=False
+    )
     worker.outputs.on_left = lambda path: Worker._outputs_left(worker, path)  # type: ignore[arg-type]
 
     packaged = tmp_path / "r0"  # its files went to the caller as a large response
@@ -31,7 +33,7 @@ def test_outputs_left_behind_are_reported_once_and_packaged_ones_and_a_progress_
     (progress_only / PROGRESS_FILE).write_text("{}")
     worker.outputs.on_left(str(progress_only))
     assert caplog.records == [], "the progress file is the platform's to read, not an output"
-    assert worker.outputs.on_left is not None
+    assert not worker._warned_left
 
     wrote = tmp_path / "r2"
     wrote.mkdir()
@@ -41,4 +43,7 @@ def test_outputs_left_behind_are_reported_once_and_packaged_ones_and_a_progress_
     [record] = caplog.records
     assert "request r2 left 2 file(s)" in record.message and "image.png, mask.png" in record.message
     assert "did not go to its caller" in record.message
-    assert worker.outputs.on_left is None, "said once per instance"
+    assert worker._warned_left, "said once per instance"
+    worker._packaged[str(wrote)] = True  # a later packaged directory is still forgotten when released
+    worker.outputs.on_left(str(wrote))
+    assert worker._packaged == {} and len(caplog.records) == 1
