@@ -74,6 +74,8 @@ from nvcf_mono.settlement import BROKEN_OFF, Policy, Settlement
 
 SESSION = permissions.WORKER_SESSION
 SERVICE = "/nvcf.worker.v1.WorkerService"
+#: Longest an upload from a worker may go without a message before it is given up (nothing is kept).
+UPLOAD_SILENCE = 60.0
 
 
 @attrs.frozen
@@ -272,13 +274,19 @@ class WorkerService:
         async def chunks() -> AsyncIterator[bytes]:
             if first.data:
                 yield first.data
-            while (chunk := await stream.recv_message()) is not None:
+            while True:
+                with anyio.fail_after(UPLOAD_SILENCE):
+                    chunk = await stream.recv_message()
+                if chunk is None:
+                    return
                 yield chunk.data
 
         try:
             location, size = await deps.large_responses.store(first.request_id, chunks())
         except TooLarge as err:
             raise GRPCError(Status.RESOURCE_EXHAUSTED, str(err)) from err
+        except TimeoutError as err:
+            raise GRPCError(Status.DEADLINE_EXCEEDED, f"the upload went silent for {UPLOAD_SILENCE:g}s") from err
         except BusError as err:
             raise GRPCError(Status.UNAVAILABLE, f"the large response could not be stored: {err}") from err
         await stream.send_message(LargeResponseStored(location=location, size=size))
