@@ -184,6 +184,7 @@ async def test_whoever_asks_hears_of_a_directory_its_request_left_files_in(tmp_p
         scratch.release(wrote)
         assert left == [wrote], "told of the directory with a file (before its removal), not of the empty one"
         assert "out.bin" in _names(Path(wrote))
-        await _cleared(scratch)
-        assert "r2" not in _names(tmp_path)
+        with anyio.fail_after(10):  # removed in a batch off the event loop: slower on a busy machine
+            while "r2" in _names(tmp_path):
+                await anyio.sleep(Scratch.BATCH_DELAY)
         tg.cancel_scope.cancel()
