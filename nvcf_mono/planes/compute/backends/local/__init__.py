@@ -566,8 +566,19 @@ class LocalBackend:
     async def release(self, handle: object) -> None:
         inst = _local(handle)
         self._held.pop(inst.instance_id, None)
-        for proc in inst.spawned:
-            proc.poll()  # an ended child is reaped here, not left a zombie
+        # Every child is reaped here, not left a zombie; one still running (stopped without a stop, or
+        # slower than its SIGKILL) is killed with its group first and waited for a moment.
+        running = [proc for proc in inst.spawned if proc.poll()]
+        for proc in running:
+            processes.kill_group(proc.pid, signal.SIGKILL)
+        with anyio.move_on_after(RELEASE_WAIT):
+            await _until(lambda: not any(p.poll() for p in running), 0.02)
+        for proc in running:
+            if proc.poll():
+                self._log.warning(
+                    "instance %s: pid %d outlived its SIGKILL; left to the system", inst.instance_id, proc.pid
+                )
+                proc.detach()  # no handle left on it: never a warning about it at collection
         inst.spawned.clear()
         for port in (inst.port, inst.health_port):
             if port is not None:
@@ -630,6 +641,10 @@ class LocalBackend:
             self._users.close_strays, instances, frozenset(i.instance_id for i in live)
         )
         return sorted(set(strays.values()) | set(closed))
+
+
+#: How long a released instance's children still running are waited for after their SIGKILL.
+RELEASE_WAIT = 5.0
 
 
 async def _until(done: Callable[[], bool], interval: float) -> None:
