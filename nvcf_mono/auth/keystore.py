@@ -22,8 +22,7 @@ from nvcf_mono.auth.apikeys import KEY_PREFIX, KeyFormatError, generate, masked,
 from nvcf_mono.auth.principal import AuthError, Principal
 from nvcf_mono.auth.secret import Keyring
 from nvcf_mono.bus.api import Bus
-from nvcf_mono.bus.errors import ConflictError
-from nvcf_mono.bus.mirror import KvMirror
+from nvcf_mono.bus.mirror import KvMirror, Unchanged
 from nvcf_mono.contracts import buckets
 from nvcf_mono.late import Late
 from nvcf_mono.models.api_key import ApiKeyRecord, Authorizations, KeyStatus
@@ -164,30 +163,17 @@ class ApiKeyStore:
         return sorted(records, key=lambda r: r.created_at)
 
     async def update_authorizations(self, key_id: str, authorizations: Authorizations) -> ApiKeyRecord | None:
-        """Replace a key's authorizations; every node applies them to its next request. None: no such key.
+        """Replace a key's authorizations; every node applies them to its next request. None: no such key."""
+        record = self.find(key_id)
+        if record is None:
+            return None
 
-        Written only over the revision read (a concurrent change is read again and written over).
-        """
-        for _ in range(_UPDATE_TRIES):
-            record = self.find(key_id)
-            entry = None if record is None else self.mirror.entry(record.hash)
-            if record is None or entry is None:
-                return None
-            updated = attrs.evolve(record, authorizations=authorizations)
-            try:
-                revision = await self.mirror.kv.update(
-                    record.hash, buckets.API_KEY.encode(updated), revision=entry.revision
-                )
-            except ConflictError:
-                current = await self.mirror.kv.get(record.hash)
-                if current is None:
-                    self.mirror.note(record.hash, None, entry.revision + 1)
-                    return None
-                self.mirror.note(record.hash, buckets.API_KEY.decode(current.value), current.revision)
-                continue
-            self.mirror.note(record.hash, updated, revision)
-            return updated
-        raise ConflictError(f"API key {key_id} kept changing while its authorizations were replaced")
+        def change(current: ApiKeyRecord | None) -> ApiKeyRecord:
+            if current is None:
+                raise Unchanged  # revoked meanwhile
+            return attrs.evolve(current, authorizations=authorizations)
+
+        return await self.mirror.mutate(record.hash, change)
 
     async def revoke(self, key_id: str) -> bool:
         """Delete a key; it stops working on this node at once and on others within the watch delay."""
@@ -208,8 +194,6 @@ def effective_status(record: ApiKeyRecord) -> KeyStatus:
 
 #: Verified keys remembered (a full cache starts afresh: it only ever costs a recomputation).
 _CACHE_LIMIT = 4096
-#: Writes of one key's authorizations tried before giving up on a key that keeps changing.
-_UPDATE_TRIES = 5
 
 #: Provided by the ``auth_api_key`` plugin.
 API_KEY_STORE: ServiceKey[ApiKeyStore] = ServiceKey("nvcf_mono.auth.api_keys")

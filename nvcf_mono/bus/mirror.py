@@ -10,18 +10,26 @@ that cannot be decoded are logged and skipped, never fatal.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar, cast, final
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import TaskStatus
 
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import Bus, Entry, KeyValue
 from nvcf_mono.bus.codec import SchemaVersionError, Versioned, VersionedCodec
-from nvcf_mono.bus.errors import BusError
+from nvcf_mono.bus.errors import BusError, ConflictError
 
 T = TypeVar("T")
+
+Change = Callable[[T | None], T | None]
+
+
+class Unchanged(Exception):
+    """Raised by a change function (:meth:`KvMirror.mutate`) to leave the value as it is."""
+
 
 #: JetStream's stream advisories: ``<prefix>.CREATED.<stream>``, ``<prefix>.DELETED.<stream>``, ...
 ADVISORY_PREFIX = "$JS.EVENT.ADVISORY.STREAM"
@@ -94,6 +102,38 @@ class KvMirror(Generic[T]):
         return len(self._data)
 
     # ---- writing through --------------------------------------------------------------------------
+
+    async def mutate(self, key: str, change: Change[T], *, attempts: int = 50) -> T | None:
+        """Apply ``change`` to the bucket's current value until the write wins; returns the new value.
+
+        ``change`` gets None for a missing key and returns None to delete; it may raise
+        :class:`Unchanged` to write nothing (the current value is returned) or any error to abort.
+        The write is noted at once (:meth:`note`).
+        """
+        for _ in range(attempts):
+            entry = await self.kv.get(key)
+            current = None if entry is None else self.codec.decode(entry.value)
+            try:
+                updated = change(current)
+            except Unchanged:
+                return current
+            try:
+                if updated is None:
+                    if entry is not None:
+                        revision = await self.kv.delete(key, revision=entry.revision)
+                        self.note(key, None, revision)
+                    return None
+                raw = self.codec.encode(updated)
+                if entry is None:
+                    revision = await self.kv.create(key, raw)
+                else:
+                    revision = await self.kv.update(key, raw, revision=entry.revision)
+            except ConflictError:
+                await anyio.lowlevel.checkpoint()
+                continue
+            self.note(key, updated, revision)
+            return updated
+        raise ConflictError(f"{self.kv.bucket}/{key}: too many concurrent writers, gave up after {attempts} tries")
 
     def note(self, key: str, value: T | None, revision: int) -> None:
         """Record this node's own write at once (the watch confirms it later)."""

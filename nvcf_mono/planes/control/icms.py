@@ -12,6 +12,7 @@ from typing import Any, final
 from anyio.abc import TaskStatus
 
 from nvcf_mono.auth.tokens import WORKER, InvalidToken
+from nvcf_mono.bus.mirror import Unchanged
 from nvcf_mono.contracts import buckets, rpc, states, subjects
 from nvcf_mono.contracts.messages import (
     AckRequest,
@@ -35,7 +36,6 @@ from nvcf_mono.models.placement import Phase, SpecPlacement
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.reconcile.ledger import FailurePolicy, apply_ack, apply_report
 from nvcf_mono.planes.control.service import open_secrets
-from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.planes.control.tasks import task_reports
 from nvcf_mono.structure import evolve
 

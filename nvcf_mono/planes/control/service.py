@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from nvcf_mono.auth.principal import Principal
+from nvcf_mono.bus.mirror import Unchanged
 from nvcf_mono.contracts import buckets
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.common import new_id, now_iso
@@ -14,7 +15,6 @@ from nvcf_mono.models.function import FunctionStatus, FunctionVersion
 from nvcf_mono.models.secret import SealedSecrets
 from nvcf_mono.planes.control.access import Relation, relation, restricted_out
 from nvcf_mono.planes.control.context import Control
-from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.structure import evolve
 
 

@@ -9,7 +9,6 @@ never overwrite each other.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Generic, TypeVar, final
 
 import anyio
@@ -18,8 +17,7 @@ from anyio.abc import TaskStatus
 
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.codec import TypedKV, VersionedCodec
-from nvcf_mono.bus.errors import ConflictError
-from nvcf_mono.bus.mirror import KvMirror, Signal
+from nvcf_mono.bus.mirror import Change, KvMirror, Signal
 from nvcf_mono.contracts import buckets
 from nvcf_mono.models.account import Account
 from nvcf_mono.models.asset import Asset
@@ -32,12 +30,6 @@ from nvcf_mono.models.sharing import AuthorizedParties
 from nvcf_mono.models.task import Task
 
 T = TypeVar("T")
-
-Change = Callable[[T | None], T | None]
-
-
-class Unchanged(Exception):
-    """Raised by a change function to leave the value as it is."""
 
 
 @final
@@ -84,33 +76,8 @@ class Table(Generic[T]):
         self.mirror.note(key, None, revision)
 
     async def mutate(self, key: str, change: Change[T], *, attempts: int = 50) -> T | None:
-        """Apply ``change`` to the current value until the write wins; returns the new value.
-
-        ``change`` gets None for a missing key and returns None to delete; it may raise
-        :class:`Unchanged` to write nothing (the current value is returned) or any error to abort.
-        """
-        for _ in range(attempts):
-            current = await self.kv.get(key)
-            try:
-                updated = change(None if current is None else current.value)
-            except Unchanged:
-                return None if current is None else current.value
-            try:
-                if updated is None:
-                    if current is not None:
-                        revision = await self.kv.delete(key, revision=current.revision)
-                        self.mirror.note(key, None, revision)
-                    return None
-                if current is None:
-                    revision = await self.kv.create(key, updated)
-                else:
-                    revision = await self.kv.update(key, updated, revision=current.revision)
-            except ConflictError:
-                await anyio.lowlevel.checkpoint()
-                continue
-            self.mirror.note(key, updated, revision)
-            return updated
-        raise ConflictError(f"{self.kv.kv.bucket}/{key}: too many concurrent writers, gave up after {attempts} tries")
+        """Apply ``change`` until the write wins (:meth:`KvMirror.mutate`); returns the new value."""
+        return await self.mirror.mutate(key, change, attempts=attempts)
 
 
 @final

@@ -6,6 +6,7 @@ from typing import Any
 
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.bus.errors import ConflictError
+from nvcf_mono.bus.mirror import Unchanged
 from nvcf_mono.contracts import buckets
 from nvcf_mono.http.api import Call, Routes
 from nvcf_mono.http.problem import ProblemError
@@ -21,7 +22,6 @@ from nvcf_mono.models.account import (
 from nvcf_mono.models.common import now_iso
 from nvcf_mono.models.sharing import AuthorizedParties
 from nvcf_mono.planes.control.context import Control
-from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.planes.control.views import deployment_view
 from nvcf_mono.structure import evolve
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.bus.errors import ConflictError
+from nvcf_mono.bus.mirror import Unchanged
 from nvcf_mono.http.api import Call, Param, Routes, alias
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.cluster import (
@@ -30,7 +31,6 @@ from nvcf_mono.models.placement import LIVE
 from nvcf_mono.planes.control.catalog import is_healthy, placeable, visible_clusters
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.icms import group_id
-from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.structure import Check, WireModel, checked, evolve, wire
 
 TAG_GROUPS = "cluster groups"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from nvcf_mono.auth import scopes as S
+from nvcf_mono.bus.mirror import Unchanged
 from nvcf_mono.contracts import buckets
 from nvcf_mono.http.api import Call, Param, Routes, alias
 from nvcf_mono.http.problem import ProblemError
@@ -22,7 +23,6 @@ from nvcf_mono.planes.control.access import relation, restricted_out
 from nvcf_mono.planes.control.charts import check_chart, helm_auth
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.service import find_version, not_found, seal_secrets, undeploy
-from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.planes.control.validation import (
     check_create_function,
     check_rate_limit,

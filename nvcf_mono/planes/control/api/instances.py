@@ -14,6 +14,7 @@ import anyio
 
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.bus.errors import BusError, NoResponders, RequestTimeout
+from nvcf_mono.bus.mirror import Unchanged
 from nvcf_mono.contracts import buckets, rpc, subjects
 from nvcf_mono.contracts.agent import (
     AgentCluster,
@@ -33,7 +34,6 @@ from nvcf_mono.planes.control.catalog import is_healthy, visible_clusters
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.reconcile.plan import terminate_instance
 from nvcf_mono.planes.control.service import find_version
-from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.structure import WireModel, evolve, wire
 
 R = TypeVar("R")

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from nvcf_mono.auth import scopes as S
+from nvcf_mono.bus.mirror import Unchanged
 from nvcf_mono.contracts import buckets
 from nvcf_mono.http.api import Call, Routes
 from nvcf_mono.http.problem import ProblemError
@@ -17,7 +18,6 @@ from nvcf_mono.models.function import FunctionStatus, FunctionVersion
 from nvcf_mono.models.secret import SealedSecrets, SecretNames, SecretsRequest
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.service import find_version, not_found, open_secrets, seal_secrets
-from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.planes.control.validation import check_secrets
 from nvcf_mono.structure import evolve
 

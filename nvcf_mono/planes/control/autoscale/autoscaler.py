@@ -24,6 +24,7 @@ import attrs
 
 from nvcf_mono.autoscaling import AutoscalingPolicy, ScalingInputs
 from nvcf_mono.bus.errors import BusError, ConflictError
+from nvcf_mono.bus.mirror import Unchanged
 from nvcf_mono.contracts import buckets, load, streams
 from nvcf_mono.contracts.messages import MessageError, decode
 from nvcf_mono.metrics import Metrics
@@ -35,7 +36,6 @@ from nvcf_mono.planes.control.autoscale.algorithm import Estimate, decide, distr
 from nvcf_mono.planes.control.autoscale.observations import LoadBook
 from nvcf_mono.planes.control.autoscale.policy import version_policy
 from nvcf_mono.planes.control.context import Control
-from nvcf_mono.planes.control.store import Unchanged
 
 #: Persist "last invoked" at most this often when nothing else changes (for the next leader).
 RECENCY_PERSIST = 60.0

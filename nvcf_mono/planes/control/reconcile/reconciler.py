@@ -18,6 +18,7 @@ from typing import final
 import anyio
 
 from nvcf_mono.bus.errors import BusError, ConflictError, NotFound
+from nvcf_mono.bus.mirror import Unchanged
 from nvcf_mono.contracts import buckets, subjects
 from nvcf_mono.contracts.messages import encode
 from nvcf_mono.metrics import Metrics
@@ -38,7 +39,6 @@ from nvcf_mono.planes.control.registry import (
     pull_credentials_for,
 )
 from nvcf_mono.planes.control.service import set_status
-from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.structure import evolve
 
 #: A change-triggered round waits at least this many times the last round's duration.

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
+from nvcf_mono.bus.mirror import Unchanged
 from nvcf_mono.contracts import buckets
 from nvcf_mono.models.common import new_id, now_iso
 from nvcf_mono.models.task import TERMINAL, Task, TaskEvent, TaskHealthInfo, TaskStatus
 from nvcf_mono.planes.control.context import Control
-from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.structure import evolve
 
 

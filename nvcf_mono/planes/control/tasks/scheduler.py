@@ -19,6 +19,7 @@ import anyio
 
 from nvcf_mono.auth.tokens import mint_worker_token
 from nvcf_mono.bus.errors import BusError
+from nvcf_mono.bus.mirror import Unchanged
 from nvcf_mono.contracts import buckets, env, subjects
 from nvcf_mono.contracts.messages import (
     Action,
@@ -36,7 +37,6 @@ from nvcf_mono.models.task import TERMINAL, Task, TaskGpuSpecification, TaskHeal
 from nvcf_mono.planes.control.catalog import HELM_CAPABILITY, Capacity, candidates, placeable, visible_clusters
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.registry import all_pull_credentials, chart_credentials_for, pull_credentials_for
-from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.planes.control.tasks.lifecycle import transition
 from nvcf_mono.structure import evolve, structure
 

@@ -17,6 +17,7 @@ import attrs
 
 from nvcf_mono.auth.principal import Principal
 from nvcf_mono.bus.errors import BusError
+from nvcf_mono.bus.mirror import Unchanged
 from nvcf_mono.contracts import buckets
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.cluster import Cluster
@@ -38,7 +39,6 @@ from nvcf_mono.planes.control.catalog import HELM_CAPABILITY, check_placement
 from nvcf_mono.planes.control.charts import check_chart, helm_auth
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.service import open_secrets, seal_secrets
-from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.planes.control.tasks.lifecycle import first_event, transition
 from nvcf_mono.planes.control.tasks.scheduler import purge_task, spec_of, stop_instance
 from nvcf_mono.planes.control.validation import check_helm_artifact, check_secrets, check_workload

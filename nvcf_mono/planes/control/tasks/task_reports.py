@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 
+from nvcf_mono.bus.mirror import Unchanged
 from nvcf_mono.contracts import states
 from nvcf_mono.contracts.messages import InstanceStatusReport, ListedInstance
 from nvcf_mono.contracts.rpc import RpcError
 from nvcf_mono.models.common import now_iso
 from nvcf_mono.models.task import INSTANCE_TERMINATED, TERMINAL, Task, TaskInstance, TaskStatus
 from nvcf_mono.planes.control.context import Control
-from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.planes.control.tasks.lifecycle import transition
 from nvcf_mono.structure import evolve
 

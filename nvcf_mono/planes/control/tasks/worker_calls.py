@@ -13,6 +13,7 @@ from typing import final
 
 from anyio.abc import TaskStatus as ReadyStatus
 
+from nvcf_mono.bus.mirror import Unchanged
 from nvcf_mono.contracts import buckets, rpc, subjects
 from nvcf_mono.contracts.messages import (
     TaskConnectCall,
@@ -26,7 +27,6 @@ from nvcf_mono.contracts.rpc import RpcError
 from nvcf_mono.models.common import new_id, now_iso
 from nvcf_mono.models.task import TERMINAL, Task, TaskResult, TaskStatus
 from nvcf_mono.planes.control.context import Control
-from nvcf_mono.planes.control.store import Unchanged
 from nvcf_mono.planes.control.tasks.lifecycle import transition
 from nvcf_mono.structure import evolve
 
