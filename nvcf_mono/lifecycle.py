@@ -33,7 +33,7 @@ class InflightTracker:
     """
 
     def __init__(self) -> None:
-        self._count = 0
+        #: Units in progress by kind; a kind with none is not there.
         self._kinds: dict[str, int] = {}
         self._idle = anyio.Event()
         self._idle.set()
@@ -41,7 +41,7 @@ class InflightTracker:
     @property
     def count(self) -> int:
         """Units of work in progress now."""
-        return self._count
+        return sum(self._kinds.values())
 
     def of(self, kind: str) -> int:
         """Units of ``kind`` in progress now."""
@@ -49,20 +49,18 @@ class InflightTracker:
 
     def enter(self, kind: str = PLUGIN_JOB) -> None:
         """One more unit of work of ``kind`` started."""
-        if self._count == 0:
+        if not self._kinds:
             self._idle = anyio.Event()
-        self._count += 1
         self._kinds[kind] = self._kinds.get(kind, 0) + 1
 
     def exit(self, kind: str = PLUGIN_JOB) -> None:
         """One unit of work of ``kind`` finished."""
-        self._count -= 1
         left = self._kinds[kind] - 1
         if left:
             self._kinds[kind] = left
         else:
             del self._kinds[kind]
-        if self._count == 0:
+        if not self._kinds:
             self._idle.set()
 
     @contextmanager
