@@ -181,7 +181,7 @@ class Worker:
         self.asset_dirs = Scratch(config.asset_dir, keep=0)
         #: Output directories whose files went to the caller as a large response (not "left behind"),
         #: until they are released.
-        self._packaged: dict[str, bool] = {}
+        self._packaged: set[str] = set()
         self._warned_left = False
         #: nats transport: requests pulled from JetStream and not settled yet.
         self._held: dict[str, Settlement] = {}
@@ -189,7 +189,10 @@ class Worker:
 
     def _outputs_left(self, path: str) -> None:
         """Say once that files a request left in its output directory did not go to its caller."""
-        if self._packaged.pop(path, False) or self._warned_left:
+        if path in self._packaged:
+            self._packaged.discard(path)
+            return
+        if self._warned_left:
             return
         try:
             with os.scandir(path) as entries:
@@ -809,7 +812,7 @@ class Worker:
             if isinstance(err, GRPCError) and err.status is GRPCStatus.RESOURCE_EXHAUSTED and err.message:
                 detail = f"{detail}: {err.message}"
             return problem_frame(rid, attempt, 500, detail, source=WORKER_SERVICE)
-        self._packaged[output_dir] = True  # its files went to the caller: no warning when they are removed
+        self._packaged.add(output_dir)  # its files went to the caller: no warning when they are removed
         log.info("request %s: large response packaged and stored", rid)
         return packaged
 

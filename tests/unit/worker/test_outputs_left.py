@@ -18,7 +18,7 @@ def test_outputs_left_behind_are_reported_once_and_packaged_ones_and_a_progress_
 ) -> None:
     caplog.set_level(logging.WARNING, logger="nvcf_mono.worker")
     worker = SimpleNamespace(
-        outputs=Scratch(str(tmp_path), keep=1), _packaged={str(tmp_path / "r0"): True}, _warned_left=False
+        outputs=Scratch(str(tmp_path), keep=1), _packaged={str(tmp_path / "r0")}, _warned_left=False
     )
     worker.outputs.on_left = lambda path: Worker._outputs_left(worker, path)  # type: ignore[arg-type]
 
@@ -26,7 +26,7 @@ def test_outputs_left_behind_are_reported_once_and_packaged_ones_and_a_progress_
     packaged.mkdir()
     (packaged / "image.png").write_bytes(b"x")
     worker.outputs.on_left(str(packaged))
-    assert caplog.records == [] and worker._packaged == {}
+    assert caplog.records == [] and worker._packaged == set()
 
     progress_only = tmp_path / "r1"
     progress_only.mkdir()
@@ -44,6 +44,6 @@ def test_outputs_left_behind_are_reported_once_and_packaged_ones_and_a_progress_
     assert "request r2 left 2 file(s)" in record.message and "image.png, mask.png" in record.message
     assert "did not go to its caller" in record.message
     assert worker._warned_left, "said once per instance"
-    worker._packaged[str(wrote)] = True  # a later packaged directory is still forgotten when released
+    worker._packaged.add(str(wrote))  # a later packaged directory is still forgotten when released
     worker.outputs.on_left(str(wrote))
-    assert worker._packaged == {} and len(caplog.records) == 1
+    assert worker._packaged == set() and len(caplog.records) == 1
