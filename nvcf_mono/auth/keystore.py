@@ -42,6 +42,9 @@ class ApiKeyStore:
         # principal is reused while the mirror holds the very same record (a change makes a new one).
         self._digests: dict[bytes, str] = {}
         self._principals: dict[str, tuple[ApiKeyRecord, Principal, float]] = {}
+        #: Key id -> stored hash, as of the mirror's generation ``_ids_generation``.
+        self._ids: dict[str, str] = {}
+        self._ids_generation = -1
 
     def bind(self, keyring: Keyring) -> None:
         """The platform secret's keys (known once the auth plugin runs)."""
@@ -61,6 +64,7 @@ class ApiKeyStore:
         """Mirror the bucket until cancelled."""
         mirror = KvMirror(bus.kv(buckets.API_KEYS.name), buckets.API_KEY, log=self._log)
         self._mirror.set(mirror)
+        self._ids_generation = -1  # an index of another copy
         await mirror.run(bus, task_status=task_status)
 
     # ---- verification ------------------------------------------------------------------------------
@@ -153,10 +157,14 @@ class ApiKeyStore:
         return record, value
 
     def find(self, key_id: str) -> ApiKeyRecord | None:
-        for record in self.mirror.values():
-            if record.id == key_id:
-                return record
-        return None
+        """The record of a key by its id (any status); None when unknown or revoked."""
+        mirror = self.mirror
+        if self._ids_generation != mirror.generation:
+            # Rebuilt when the copy changed: delegation tokens look their key up on every request.
+            self._ids = {record.id: digest for digest, record in mirror.items()}
+            self._ids_generation = mirror.generation
+        digest = self._ids.get(key_id)
+        return None if digest is None else mirror.get(digest)
 
     def list(self, *, nca_id: str | None = None) -> list[ApiKeyRecord]:
         records = [r for r in self.mirror.values() if nca_id is None or r.nca_id == nca_id]

@@ -22,6 +22,10 @@ class InvalidToken(NvcfMonoError):
     """The token is malformed, of another kind, forged or expired."""
 
 
+class OtherKind(InvalidToken):
+    """A valid platform token, of another kind than the one asked for."""
+
+
 @final
 class TokenSigner:
     """Mints and checks tokens with one key."""
@@ -47,8 +51,10 @@ class TokenSigner:
             claims = json.loads(unb64u(payload))
         except ValueError as err:
             raise InvalidToken("the token payload is not JSON") from err
-        if not isinstance(claims, dict) or claims.get("k") != kind:
-            raise InvalidToken(f"not a {kind} token")
+        if not isinstance(claims, dict):
+            raise InvalidToken("the token payload is not an object")
+        if claims.get("k") != kind:
+            raise OtherKind(f"not a {kind} token")
         exp = claims.get("exp")
         if isinstance(exp, int) and exp < time.time():
             raise InvalidToken("the token has expired")

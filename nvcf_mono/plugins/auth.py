@@ -1,7 +1,8 @@
 """Plugin ``auth``: the platform secret and the chain of auth strategies every API edge uses.
 
-Strategies are other plugins (``auth_api_key``, ``auth_jwt``, ``auth_static_token`` or your own)
-contributing to ``AUTH_STRATEGIES``; ``plugins.auth.order`` says in which order they are asked.
+Strategies are other plugins (``auth_api_key``, ``auth_jwt``, ``auth_static_token``, ``auth_delegation``
+or your own) contributing to ``AUTH_STRATEGIES``; ``plugins.auth.order`` says in which order they are
+asked.
 """
 
 from __future__ import annotations

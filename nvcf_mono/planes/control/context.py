@@ -8,6 +8,7 @@ from typing import final
 
 import attrs
 
+from nvcf_mono.auth.delegation import DelegationTokens
 from nvcf_mono.auth.keystore import ApiKeyStore
 from nvcf_mono.auth.secret import Keyring
 from nvcf_mono.auth.tokens import TokenSigner
@@ -38,6 +39,8 @@ class ControlParts:
     charts: ChartRendering | None = None
     #: Kinds charts may contain besides the built-in ones (MiniService extensions).
     chart_types: tuple[ExtraType, ...] = ()
+    #: Mints delegation tokens (the ``auth_delegation`` plugin's); None where that plugin is not enabled.
+    delegation: DelegationTokens | None = None
 
 
 @final
@@ -71,6 +74,13 @@ class Control:
         if keys is None:
             raise ProblemError(503, "API keys are not enabled on this node (plugin auth_api_key)")
         return keys
+
+    @property
+    def delegation(self) -> DelegationTokens:
+        delegation = self.parts.get().delegation
+        if delegation is None:
+            raise ProblemError(503, "delegation tokens are not enabled on this node (plugin auth_delegation)")
+        return delegation
 
     @property
     def charts(self) -> ChartRendering | None:

@@ -12,6 +12,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from nvcf_mono import console
+from nvcf_mono.auth.delegation import DELEGATION_TOKENS
 from nvcf_mono.auth.keystore import API_KEY_STORE
 from nvcf_mono.auth.secret import KEYRING
 from nvcf_mono.auth.strategy import AUTHENTICATOR
@@ -64,7 +65,7 @@ class ControlPlane(BasePlugin[ControlConfig]):
         description="Control plane: the NVCF management API, accounts, keys, clusters and deployments.",
         roles=frozenset({"all-in-one", "control"}),
         requires=("auth",),
-        after=("auth_api_key", "auth_static_token", "auth_jwt", "helm"),
+        after=("auth_api_key", "auth_static_token", "auth_jwt", "auth_delegation", "helm"),
         config_type=ControlConfig,
     )
 
@@ -98,6 +99,7 @@ class ControlPlane(BasePlugin[ControlConfig]):
                     keys=keys,
                     endpoints=ctx.endpoints,
                     charts=ctx.services.find(CHART_RENDERER),
+                    delegation=ctx.services.find(DELEGATION_TOKENS),
                     chart_types=chart_types(ext.value for ext in ctx.services.extensions(MINISERVICE_EXTENSIONS)),
                 )
             )

@@ -61,7 +61,7 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
         description="Invocation plane: NVCF invocation over a durable JetStream buffer, and the WorkerService.",
         roles=frozenset({"all-in-one", "invocation"}),
         requires=("auth",),
-        after=("auth_api_key", "auth_static_token", "auth_jwt", "nats_auth"),
+        after=("auth_api_key", "auth_static_token", "auth_jwt", "auth_delegation", "nats_auth"),
         config_type=InvocationConfig,
     )
 

@@ -17,6 +17,7 @@ from nvcf_mono.planes.control.api import (
     sharing,
     stats,
     tasks,
+    tokens,
 )
 
 ALL = (
@@ -30,6 +31,7 @@ ALL = (
     registry_credentials,
     assets,
     queues,
+    tokens,
     instances,
     tasks,
     charts,
