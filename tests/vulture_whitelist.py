@@ -37,6 +37,8 @@ max_telemetries_allowed  # unused variable (nvcf_mono/models/account.py:74)
 SUSPENDED  # unused variable (nvcf_mono/models/api_key.py:18)
 masked_key  # unused variable (nvcf_mono/models/api_key.py:117)
 access_token  # unused variable (nvcf_mono/planes/control/api/tokens.py:60)
+current_max_usage  # unused variable (nvcf_mono/models/account.py:118)
+current_min_usage  # unused variable (nvcf_mono/models/account.py:119)
 rule_name  # unused variable (nvcf_mono/models/api_key.py:180): a wire field of the evaluation answer
 upload_url  # unused variable (nvcf_mono/models/asset.py:58)
 presigned_url  # unused variable (nvcf_mono/models/asset.py:93)

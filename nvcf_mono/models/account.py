@@ -102,3 +102,26 @@ class AccountDeploymentsResponse(WireModel):
     """``{deployments}``: every deployment of one account (super admin)."""
 
     deployments: tuple[Deployment, ...]
+
+
+@wire
+class GpuUsage(WireModel):
+    """One GPU and instance type of the account's deployments.
+
+    ``currentMaxUsage`` and ``currentMinUsage``: the GPUs its deployments may hold at most and hold at
+    least (instances times the instance type's GPUs); ``placements``: the instances placed now
+    (requested, starting or running).
+    """
+
+    gpu: str
+    instance_type: str
+    current_max_usage: int
+    current_min_usage: int
+    placements: int
+
+
+@wire
+class GpuUsageResponse(WireModel):
+    """``{gpus}``."""
+
+    gpus: tuple[GpuUsage, ...]

@@ -219,3 +219,40 @@ async def test_a_super_admin_terminates_one_instance_and_its_deployment_replaces
         await wait_status(p.admin, d, "ACTIVE")
         invoked = await p.key.post(f"/v2/nvcf/pexec/functions/{d.split('/')[-3]}", {"message": "still here"})
         assert invoked.status == 200, invoked.body
+
+
+async def test_super_admins_see_an_accounts_deployments_and_gpu_usage(tmp_path: Path) -> None:
+    async with compute_platform(tmp_path, None) as p:
+        fid, vid, d = await create(p.admin, function())
+        await deploy(p.admin, d, spec(min_instances=1, max_instances=3))
+        await wait_status(p.admin, d, "ACTIVE")
+        _, _, idle = await create(p.admin, function("idle"))
+        await deploy(p.admin, idle, spec(size=2, min_instances=0, max_instances=2))
+
+        listed = await p.admin.get("/v2/nvcf/accounts/nvcf-default/deployments")
+        assert listed.status == 200, listed.body
+        mine = {(dep["functionId"], dep["functionVersionId"]) for dep in listed.json["deployments"]}
+        assert (fid, vid) in mine and len(mine) == 2
+        assert all(dep["ncaId"] == "nvcf-default" for dep in listed.json["deployments"])
+
+        async def placed() -> dict[str, Any] | None:
+            reply = await p.admin.get("/v2/nvcf/accounts/nvcf-default/usage/gpus")
+            assert reply.status == 200, reply.body
+            rows = {row["instanceType"]: row for row in reply.json["gpus"]}
+            return rows if rows.get("ON-PREM.GPU.H100_1x", {}).get("placements") == 1 else None
+
+        rows = await wait_for(placed, what="the running instance counted")
+        one, two = rows["ON-PREM.GPU.H100_1x"], rows["ON-PREM.GPU.H100_2x"]
+        assert (one["gpu"], one["currentMaxUsage"], one["currentMinUsage"]) == ("H100", 3, 1)
+        # GPUs, not instances: two instances of two GPUs at most, none placed.
+        assert (two["currentMaxUsage"], two["currentMinUsage"], two["placements"]) == (4, 0, 0)
+
+        # Another account's: nothing; an unknown account: 404; the account's own key: not a super admin.
+        created = await p.admin.post("/v2/nvcf/accounts/team-b", {"name": "Team B", "adminClientId": "b"})
+        assert created.status == 200, created.body
+        empty = await p.admin.get("/v2/nvcf/accounts/team-b/usage/gpus")
+        assert empty.status == 200 and empty.json == {"gpus": []}
+        assert (await p.admin.get("/v2/nvcf/accounts/team-b/deployments")).json == {"deployments": []}
+        assert (await p.admin.get("/v2/nvcf/accounts/no-such-account/usage/gpus")).status == 404
+        refused = await p.key.get("/v2/nvcf/accounts/nvcf-default/deployments")
+        assert refused.status == 403 and "admin:deploy_function" in refused.detail

@@ -17,10 +17,16 @@ from nvcf_mono.models.account import (
     AccountRequest,
     AccountResponse,
     ClientsRequest,
+    GpuUsage,
+    GpuUsageResponse,
     account_id_problem,
 )
+from nvcf_mono.models.cluster import parse_instance_type
 from nvcf_mono.models.common import now_iso
+from nvcf_mono.models.deployment import GpuSpec
+from nvcf_mono.models.function import FunctionStatus
 from nvcf_mono.models.sharing import AuthorizedParties
+from nvcf_mono.planes.control.catalog import candidates
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.views import deployment_view
 from nvcf_mono.structure import evolve
@@ -300,3 +306,46 @@ async def list_account_deployments(ctl: Control, call: Call[None]) -> AccountDep
         key=lambda d: (d.created_at, d.deployment_id),
     )
     return AccountDeploymentsResponse(deployments=tuple(deployment_view(ctl.store, d) for d in deployments))
+
+
+def _gpus_per_instance(ctl: Control, spec: GpuSpec) -> int:
+    """The instance type's GPUs: as a registered cluster lists it, else as its name says, else 1."""
+    for _, it in candidates(ctl.store.clusters.values(), spec):
+        return it.gpu_count
+    parsed = parse_instance_type(spec.instance_type)
+    return parsed.gpu_count if parsed is not None else 1
+
+
+@routes.route(
+    "GET",
+    f"{ACCOUNT}/usage/gpus",
+    summary="The GPUs an account's deployments may hold and the instances placed now, per GPU and instance "
+    "type (super admin).",
+    tag=TAG,
+    scopes=(f"admin:{S.DEPLOY_FUNCTION}",),
+    response=GpuUsageResponse,
+    errors=(404,),
+)
+async def account_gpu_usage(ctl: Control, call: Call[None]) -> GpuUsageResponse:
+    account = (await existing(ctl, call)).nca_id
+    usage: dict[tuple[str, str], list[int]] = {}
+    for dep in ctl.store.deployments.values():
+        fv = ctl.store.functions.get(f"{dep.function_id}.{dep.function_version_id}")
+        if dep.nca_id != account or fv is None or fv.status is FunctionStatus.INACTIVE:
+            continue
+        for spec in dep.deployment_specifications:
+            each = _gpus_per_instance(ctl, spec)
+            row = usage.setdefault((spec.gpu, spec.instance_type), [0, 0, 0])
+            row[0] += spec.max_instances * each
+            row[1] += spec.min_instances * each
+    for ledger in ctl.store.placements.values():
+        if ledger.nca_id != account:
+            continue
+        for inst in ledger.live():
+            usage.setdefault((inst.gpu, inst.instance_type), [0, 0, 0])[2] += 1
+    return GpuUsageResponse(
+        gpus=tuple(
+            GpuUsage(gpu=gpu, instance_type=it, current_max_usage=high, current_min_usage=low, placements=placed)
+            for (gpu, it), (high, low, placed) in sorted(usage.items())
+        )
+    )
