@@ -146,6 +146,22 @@ class DeploymentRequest(WireModel):
 
 
 @wire
+class RollOverSpecification(WireModel):
+    """How many instances of one of a deployment's GPU specifications to replace."""
+
+    gpu: str = checked(check=max_len(128))
+    instance_type: str = checked(check=max_len(256))
+    num_instances: int = checked(check=int_range(1, 100_000))
+
+
+@wire
+class RollOverRequest(WireModel):
+    """Body of ``PUT .../rolloverWorkers/functions/{fid}/versions/{vid}``."""
+
+    roll_over_specifications: tuple[RollOverSpecification, ...] = checked(check=max_items(64))
+
+
+@wire
 class GpuSpecPatch(WireModel):
     """Body of ``PATCH /v2/nvcf/deployments/{did}/gpu-specifications/{specId}``."""
 

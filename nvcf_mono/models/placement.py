@@ -49,8 +49,10 @@ class PlacedInstance(WireModel):
     published: bool = False
     #: The creation message's publish count (retries after an unclear publish).
     attempts: int = 0
-    #: Rebalancing: the spilled-over instance (request id) this one replaces once it runs.
+    #: Rebalancing or a rollover: the instance (request id) this one replaces once it runs.
     replaces: str | None = None
+    #: A rollover (``rolloverWorkers``) asked for this instance to be replaced by a new one.
+    rollover: bool = False
 
 
 @wire

@@ -256,3 +256,55 @@ async def test_super_admins_see_an_accounts_deployments_and_gpu_usage(tmp_path: 
         assert (await p.admin.get("/v2/nvcf/accounts/no-such-account/usage/gpus")).status == 404
         refused = await p.key.get("/v2/nvcf/accounts/nvcf-default/deployments")
         assert refused.status == 403 and "admin:deploy_function" in refused.detail
+
+
+@pytest.mark.slow
+async def test_a_rollover_replaces_instances_one_at_a_time_with_the_old_ones_serving_until_then(
+    tmp_path: Path,
+) -> None:
+    async with compute_platform(tmp_path, None) as p:
+        fid, vid, d = await create(p.admin, function())
+        await deploy(p.admin, d, spec(min_instances=2, max_instances=2))
+        await wait_status(p.admin, d, "ACTIVE")
+        first = {v.instance.instance_id for v in await running(p.bus, CLUSTER_A, count=2)}
+        path = f"/v2/nvcf/accounts/nvcf-default/rolloverWorkers/functions/{fid}/versions/{vid}"
+        one = {"rollOverSpecifications": [{"gpu": "H100", "instanceType": "ON-PREM.GPU.H100_1x", "numInstances": 1}]}
+
+        refused = await p.key.put(path, one)  # the account's own key: not a super admin
+        assert refused.status == 403 and "admin:deploy_function" in refused.detail
+        other = {"rollOverSpecifications": [{"gpu": "L40S", "instanceType": "ON-PREM.GPU.L40S_1x", "numInstances": 1}]}
+        unknown = await p.admin.put(path, other)
+        assert unknown.status == 400 and "H100 ON-PREM.GPU.H100_1x" in unknown.detail
+        assert (await p.admin.put(path, {"rollOverSpecifications": []})).status == 400
+        elsewhere = path.replace(vid, "0b4f5e6a-7c8d-4e9f-a0b1-c2d3e4f5a6b7")
+        assert (await p.admin.put(elsewhere, one)).status == 404
+
+        rolled = await p.admin.put(path, one)
+        assert rolled.status == 200, rolled.body
+        assert rolled.json["deployment"]["functionVersionId"] == vid
+        fewest = 2
+
+        async def one_replaced() -> set[str] | None:
+            nonlocal fewest
+            ids = {v.instance.instance_id for v in await instances(p.bus, CLUSTER_A) if v.instance.state == "running"}
+            fewest = min(fewest, len(ids))
+            return ids if len(ids) == 2 and len(ids & first) == 1 else None
+
+        second = await wait_for(one_replaced, timeout=60, interval=0.02, what="one instance replaced")
+        assert fewest == 2, "an old instance stopped before its successor ran"
+
+        # More than there are: every live one, one at a time.
+        every = {"rollOverSpecifications": [{**one["rollOverSpecifications"][0], "numInstances": 9}]}
+        assert (await p.admin.put(path, every)).status == 200
+
+        async def all_replaced() -> set[str] | None:
+            nonlocal fewest
+            ids = {v.instance.instance_id for v in await instances(p.bus, CLUSTER_A) if v.instance.state == "running"}
+            fewest = min(fewest, len(ids))
+            return ids if len(ids) == 2 and not ids & second else None
+
+        await wait_for(all_replaced, timeout=90, interval=0.02, what="both instances replaced")
+        assert fewest == 2
+        await wait_status(p.admin, d, "ACTIVE")
+        invoked = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "still here"})
+        assert invoked.status == 200, invoked.body

@@ -1,4 +1,5 @@
-"""Spillover to the next matching cluster, removal of spilled instances first, and moving back (rebalance)."""
+"""Spillover to the next matching cluster, removal of spilled instances first, moving back (rebalance), and
+rollovers."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from nvcf_mono.models.cluster import Cluster, ClusterGpu, InstanceType
 from nvcf_mono.models.placement import Phase, SpecPlacement
 from nvcf_mono.planes.control.catalog import Capacity
-from nvcf_mono.planes.control.reconcile.plan import Site, scale
+from nvcf_mono.planes.control.reconcile.plan import Site, mark_rollover, scale
 from nvcf_mono.structure import evolve
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -96,3 +97,44 @@ def test_a_move_is_cancelled_when_the_spec_shrinks() -> None:
     out = _run(moving, 0, rebalance=True)
     assert [i.phase for i in out.instances] == [Phase.TERMINATING, Phase.TERMINATING]
     assert {i.termination_reason for i in out.instances} == {"scale-down", "rebalance-cancelled"}
+
+
+def _stamped(ledger: SpecPlacement) -> SpecPlacement:
+    """Distinct creation times, in the order the instances were placed."""
+    return evolve(
+        ledger,
+        instances=tuple(
+            evolve(i, created_at=(NOW + timedelta(seconds=n)).isoformat()) for n, i in enumerate(ledger.instances)
+        ),
+    )
+
+
+def test_a_rollover_replaces_the_oldest_first_each_new_one_running_before_its_old_one_goes() -> None:
+    ledger = _stamped(_running(_run(_empty(), 2)))
+    oldest, newest = ledger.instances
+    marked, count = mark_rollover(ledger, 5, NOW)
+    assert count == 2 and all(i.rollover for i in marked.instances)
+    assert mark_rollover(marked, 1, NOW)[1] == 0  # already marked: not counted again
+
+    step = _run(marked, 2)
+    (successor,) = [i for i in step.instances if i.phase is Phase.REQUESTED]
+    assert successor.replaces == oldest.request_id and not successor.rollover
+    assert _run(step, 2) == step  # one at a time: nothing more while it starts
+    done = _run(_running(step), 2)
+    old = next(i for i in done.instances if i.request_id == oldest.request_id)
+    assert old.phase is Phase.TERMINATING and old.termination_reason == "rollover"
+    # The next round replaces the other one.
+    nxt = _run(done, 2)
+    assert any(i.replaces == newest.request_id for i in nxt.instances)
+
+
+def test_a_rollover_without_room_for_one_more_retires_the_old_one_first() -> None:
+    full = [Site(cluster=_cluster("only", 1), instance_type=IT, placeable=True)]
+    ledger = _running(scale(_empty(), desired=1, sites=full, capacity=Capacity(), region_of={}, now=NOW))
+    marked, _ = mark_rollover(ledger, 1, NOW)
+    out = scale(marked, desired=1, sites=full, capacity=Capacity.from_ledgers([marked]), region_of={}, now=NOW)
+    assert [(i.phase, i.termination_reason) for i in out.instances] == [(Phase.TERMINATING, "rollover")]
+    # Once it is gone (its GPU free again), the usual scale-up places its successor.
+    gone = evolve(out, instances=())
+    again = scale(gone, desired=1, sites=full, capacity=Capacity.from_ledgers([gone]), region_of={}, now=NOW)
+    assert [i.phase for i in again.live()] == [Phase.REQUESTED]

@@ -6,10 +6,11 @@ from typing import Any
 
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.bus.errors import ConflictError
+from nvcf_mono.bus.mirror import Unchanged
 from nvcf_mono.contracts import buckets
 from nvcf_mono.http.api import Call, Param, Routes
 from nvcf_mono.http.problem import ProblemError
-from nvcf_mono.models.common import new_id, now_iso
+from nvcf_mono.models.common import new_id, now_iso, utc_now
 from nvcf_mono.models.deployment import (
     AutoscalingPolicy,
     Deployment,
@@ -18,11 +19,14 @@ from nvcf_mono.models.deployment import (
     GpuSpec,
     GpuSpecPatch,
     GpuSpecResponse,
+    RollOverRequest,
 )
 from nvcf_mono.models.function import FunctionResponse, FunctionStatus, FunctionVersion
+from nvcf_mono.models.placement import SpecPlacement
 from nvcf_mono.planes.control.catalog import check_autoscaling, check_spec
 from nvcf_mono.planes.control.charts import check_chart, helm_auth
 from nvcf_mono.planes.control.context import Control
+from nvcf_mono.planes.control.reconcile.plan import mark_rollover
 from nvcf_mono.planes.control.service import find_version, new_deployment, set_status, undeploy
 from nvcf_mono.planes.control.validation import workload_problem
 from nvcf_mono.planes.control.views import deployment_view, function_view
@@ -305,3 +309,54 @@ async def _write_specs(ctl: Control, dep: Deployment, changed: dict[str, GpuSpec
     assert result is not None
     ctl.poke()
     return result
+
+
+@routes.route(
+    "PUT",
+    "/v2/nvcf/accounts/{ncaId}/rolloverWorkers/functions/{functionId}/versions/{versionId}",
+    summary="Replace running instances of a deployment with new ones, one at a time (super admin).",
+    description="For each rollOverSpecification, up to numInstances of the spec's live instances, oldest first, "
+    "are replaced: a new instance starts (on the most preferred cluster with room) and the old one is "
+    "terminated once the new one runs; where no cluster has room for one more, the old one goes first. "
+    "Instances already being replaced are not counted again.",
+    tag=TAG,
+    scopes=(f"admin:{S.DEPLOY_FUNCTION}",),
+    body=RollOverRequest,
+    response=DeploymentResponse,
+    errors=(400, 404),
+    account_from_path=True,
+)
+async def roll_over_workers(ctl: Control, call: Call[RollOverRequest]) -> DeploymentResponse:
+    dep, _ = await owned_deployment(ctl, call)
+    asked = call.body.roll_over_specifications
+    if not asked:
+        raise ProblemError(400, "rollOverSpecifications must name at least one gpu and instanceType")
+    counts: dict[str, int] = {}
+    for ask in asked:
+        spec = next(
+            (s for s in dep.deployment_specifications if (s.gpu, s.instance_type) == (ask.gpu, ask.instance_type)),
+            None,
+        )
+        if spec is None or spec.gpu_specification_id is None:
+            deployed_specs = ", ".join(f"{s.gpu} {s.instance_type}" for s in dep.deployment_specifications)
+            raise ProblemError(
+                400, f"the deployment has no specification {ask.gpu} {ask.instance_type} (it has {deployed_specs})"
+            )
+        counts[spec.gpu_specification_id] = counts.get(spec.gpu_specification_id, 0) + ask.num_instances
+    now = utc_now()
+    for key, ledger in ctl.store.placements.items():
+        count = counts.get(ledger.gpu_specification_id)
+        if ledger.function_version_id != dep.function_version_id or not count:
+            continue
+
+        def mark(current: SpecPlacement | None, count: int = count) -> SpecPlacement:
+            if current is None:
+                raise Unchanged
+            updated, marked = mark_rollover(current, count, now)
+            if not marked:
+                raise Unchanged
+            return updated
+
+        await ctl.store.placements.mutate(key, mark)
+    ctl.poke()
+    return DeploymentResponse(deployment=deployment_view(ctl.store, dep))

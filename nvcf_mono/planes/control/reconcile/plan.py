@@ -86,6 +86,19 @@ def terminate_instance(ledger: SpecPlacement, instance_id: str, reason: str, now
     return None
 
 
+def mark_rollover(ledger: SpecPlacement, count: int, now: datetime) -> tuple[SpecPlacement, int]:
+    """Up to ``count`` live instances, oldest first, to be replaced by new ones (one at a time, each new one
+    running before its old one goes); returns the ledger and how many were marked.
+    """
+    candidates = sorted(
+        (i for i in ledger.live() if not i.rollover and i.replaces is None), key=lambda i: (i.created_at, i.request_id)
+    )
+    chosen = candidates[:count]
+    for inst in chosen:
+        ledger = replace_instance(ledger, evolve(inst, rollover=True, updated_at=iso(now)))
+    return ledger, len(chosen)
+
+
 def terminate_all(ledger: SpecPlacement, reason: str, now: datetime) -> SpecPlacement:
     """Every live instance to TERMINATING (undeploy, ERROR, a removed spec)."""
     for inst in ledger.live():
@@ -132,6 +145,10 @@ def scale(
         return evolve(ledger, desired=desired, waiting=0, waiting_reason=None, updated_at=iso(now))
     missing = desired - len(live)
     if missing == 0:
+        rolling = [i for i in live if i.rollover]
+        backing_off = ledger.retry_after is not None and parse_iso(ledger.retry_after) > now
+        if rolling and not moving and not backing_off:
+            return _roll_over(ledger, rolling, sites=sites, capacity=capacity, region_of=region_of, now=now)
         if rebalance and not moving:
             ledger = _move_back(
                 ledger, live=live, sites=sites, rank=rank, capacity=capacity, region_of=region_of, now=now
@@ -203,9 +220,29 @@ def _settle_moves(ledger: SpecPlacement, now: datetime) -> SpecPlacement:
         if old is None or old.phase not in LIVE:
             ledger = replace_instance(ledger, evolve(inst, replaces=None))
         elif inst.phase is Phase.RUNNING:
-            ledger = _mark_terminating(ledger, old, "rebalance", now)
+            ledger = _mark_terminating(ledger, old, "rollover" if old.rollover else "rebalance", now)
             ledger = replace_instance(ledger, evolve(inst, replaces=None, updated_at=iso(now)))
     return ledger
+
+
+def _roll_over(
+    ledger: SpecPlacement,
+    rolling: Sequence[PlacedInstance],
+    *,
+    sites: Sequence[Site],
+    capacity: Capacity,
+    region_of: dict[str, str],
+    now: datetime,
+) -> SpecPlacement:
+    """The oldest instance marked for a rollover gets its replacement, on the most preferred site with room;
+    where none has room for one more, it goes first and the next round places its successor.
+    """
+    oldest = min(rolling, key=lambda i: (i.created_at, i.request_id))
+    site = next((s for s in sites if s.placeable and capacity.fits(s.cluster, _gpu(s), s.instance_type)), None)
+    if site is None:
+        return _mark_terminating(ledger, oldest, "rollover", now)
+    successor = _place(site, capacity, region_of, now, replaces=oldest.request_id)
+    return evolve(ledger, instances=(*ledger.instances, successor), updated_at=iso(now))
 
 
 def _move_back(
