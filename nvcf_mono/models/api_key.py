@@ -129,6 +129,13 @@ class KeyListResponse:
 
 
 @attrs.frozen(kw_only=True)
+class AdminKeyRequest:
+    """Body of ``POST /v1/admin/keys``: ``{}`` (``nca_id`` is this platform's addition, for super admins)."""
+
+    nca_id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class IntrospectRequest:
     """Body of ``POST /v1/introspect``: a key's value, and the service asking about it."""
 

@@ -649,3 +649,28 @@ async def test_services_introspect_and_evaluate_keys(tmp_path: Path) -> None:
         gone = await anyone.post("/v1/introspect", {"audience_service_id": FUNCTIONS_SERVICE_ID, "key": key})
         assert_problem(gone, 404, "Key not found")
         assert (await anyone.post(evaluation, {"input": {"apiKey": key}})).json["result"] == {"allowed": False}
+
+
+async def test_an_admin_key_manages_the_accounts_functions_for_twelve_hours(tmp_path: Path) -> None:
+    async with platform(tmp_path) as p:
+        created = await p.admin.post("/v1/admin/keys", {})
+        assert created.status == 200, created.body
+        doc = created.json
+        assert doc["value"].startswith("nvapi-") and doc["status"] == "ACTIVE" and doc["nca_id"] == "nvcf-default"
+        lifetime = parse_iso(doc["expires_at"]) - parse_iso(doc["created_at"])
+        assert timedelta(hours=11, minutes=59) <= lifetime <= timedelta(hours=12, minutes=1)
+        (policy,) = doc["authorizations"]["policies"]
+        assert "deploy_function" in policy["scopes"] and "cluster-management" in policy["scopes"]
+        assert "invoke_function" not in policy["scopes"]
+        admin_key = p.api(doc["value"])
+        registered = await admin_key.post("/v2/nvcf/functions", CONTAINER_FUNCTION)
+        assert registered.status == 200, registered.body
+        assert (await admin_key.get("/v2/nvcf/functions")).status == 200
+        # It manages functions, not keys; and it is listed among the account's keys.
+        assert_problem(await admin_key.post("/v1/admin/keys", {}), 403, "admin credential")
+        assert doc["id"] in {k["id"] for k in (await p.admin.get("/v1/keys")).json["keys"]}
+        # An API key cannot mint one; no body is the same as {}; another account is for super admins.
+        assert_problem(await p.key.post("/v1/admin/keys", {}), 403, "admin credential")
+        assert (await p.admin.call("POST", "/v1/admin/keys")).status == 200
+        assert_problem(await p.admin.post("/v1/admin/keys", {"nca_id": "no-such-team"}), 404)
+        assert_problem(await p.anonymous.post("/v1/admin/keys", {}), 401)

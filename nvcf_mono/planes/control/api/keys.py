@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from nvcf_mono.auth import scopes as S
 from nvcf_mono.auth.apikeys import KeyFormatError
 from nvcf_mono.auth.keystore import effective_status
 from nvcf_mono.auth.principal import Principal, Resources
@@ -24,6 +25,7 @@ from nvcf_mono.models.api_key import (
     RESOURCE_TYPES,
     SERVICE_IDS,
     TASKS_SERVICE_ID,
+    AdminKeyRequest,
     ApiKeyRecord,
     Authorizations,
     CreateKeyRequest,
@@ -268,6 +270,55 @@ async def create_key(ctl: Control, call: Call[CreateKeyRequest]) -> KeyDto:
         expires_at=expires_at,
         issuer_service_id=SERVICE_IDS[authorizations.policies[0].product],
         audience_service_ids=audience_ids,
+    )
+    return dto(record, value=value, details=True)
+
+
+#: What ``POST /v1/admin/keys`` grants (NVCF's admin token scopes), on the account's functions.
+ADMIN_KEY_SCOPES = (
+    S.REGISTER_FUNCTION,
+    S.LIST_FUNCTIONS,
+    S.LIST_FUNCTIONS_DETAILS,
+    S.DEPLOY_FUNCTION,
+    S.UPDATE_FUNCTION,
+    S.UPDATE_SECRETS,
+    S.DELETE_FUNCTION,
+    S.MANAGE_TELEMETRIES,
+    S.MANAGE_REGISTRY_CREDENTIALS,
+    S.CLUSTER_MANAGEMENT,
+)
+ADMIN_KEY_LIFETIME = timedelta(hours=12)
+
+
+@routes.route(
+    "POST",
+    "/v1/admin/keys",
+    summary="Mint a 12-hour key for managing the account's functions and clusters (NVCF's admin key); "
+    "its value is shown only in this response.",
+    description="Body {} (nca_id: another account, super admins only). The key holds register_function, "
+    "list_functions, list_functions_details, deploy_function, update_function, update_secrets, "
+    "delete_function, manage_telemetries, manage_registry_credentials and cluster-management on the "
+    "account's functions; the caller must hold them all.",
+    tag=TAG,
+    body=AdminKeyRequest,
+    body_optional=True,
+    response=KeyDto,
+    errors=(403, 404),
+)
+async def create_admin_key(ctl: Control, call: Call[AdminKeyRequest]) -> KeyDto:
+    principal = manager(call)
+    nca_id = await target_account(ctl, principal, call.body.nca_id)
+    policy = Policy(scopes=ADMIN_KEY_SCOPES, resources=(KeyResource(id="*", type="account-functions"),))
+    authorizations = normalized(Authorizations(policies=(policy,)))
+    check_grantable(ctl, principal, nca_id, authorizations)
+    record, value = await ctl.keys.create(
+        nca_id=nca_id,
+        owner_id=principal.subject,
+        description="admin key",
+        authorizations=authorizations,
+        expires_in=ADMIN_KEY_LIFETIME,
+        issuer_service_id=FUNCTIONS_SERVICE_ID,
+        audience_service_ids=(FUNCTIONS_SERVICE_ID,),
     )
     return dto(record, value=value, details=True)
 
