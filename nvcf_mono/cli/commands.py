@@ -33,7 +33,7 @@ COMMANDS = (
     Command("function", "nvcf_mono.cli.function_cmds", "create, list, read, update and delete functions"),
     Command("deploy", "nvcf_mono.cli.deploy_cmds", "deploy function versions on GPUs, rescale and remove them"),
     Command("task", "nvcf_mono.cli.task_cmds", "launch GPU tasks that run to completion, follow and manage them"),
-    Command("api-key", "nvcf_mono.cli.key_cmds", "generate, list and revoke API keys"),
+    Command("api-key", "nvcf_mono.cli.key_cmds", "generate, list and revoke API keys; mint delegation tokens"),
     Command("cluster", "nvcf_mono.cli.cluster_cmds", "list clusters and cluster groups"),
     Command("instance", "nvcf_mono.cli.instance_cmds", "list function instances and read their logs"),
     Command("secret", "nvcf_mono.cli.secret_cmds", "the platform secret shared by every node"),

@@ -1,4 +1,6 @@
-"""``nvcf-mono api-key generate|list|revoke``: API keys for invoking functions or running tasks."""
+"""``nvcf-mono api-key generate|list|revoke|delegate``: API keys for invoking functions or running tasks,
+and delegation tokens for handing a client a few functions for a while.
+"""
 
 from __future__ import annotations
 
@@ -96,6 +98,19 @@ def register(sub: Any) -> None:
     add_api_options(revoke)
     revoke.set_defaults(func=_revoke)
 
+    delegate = cmds.add_parser(
+        "delegate",
+        help="mint a delegation token: a client may invoke up to 4 functions for a while",
+        description="Mint a delegation token (POST /v2/nvcf/tokens/functions): a bearer that holds invoke_function "
+        "on the named functions (FUNCTION_ID, or FUNCTION_ID:VERSION_ID for one version) only. The function sees "
+        "the client id as its caller. It expires after the platform's delegation lifetime (an hour by default), "
+        "and with the API key that minted it.",
+    )
+    delegate.add_argument("functions", nargs="+", metavar="FUNCTION[:VERSION]")
+    delegate.add_argument("--client-id", required=True, help="who the token is for (1-128 printable characters)")
+    add_api_options(delegate)
+    delegate.set_defaults(func=_delegate)
+
 
 def _resource(item: str) -> dict[str, str]:
     kind, sep, ident = item.partition(":")
@@ -169,4 +184,20 @@ def _revoke(args: argparse.Namespace, ctx: CliContext) -> int:
     client.delete(f"{KEYS}/{args.key_id}")
     if not args.json:
         print(f"revoked API key {args.key_id}", file=ctx.stdout)
+    return 0
+
+
+def _delegate(args: argparse.Namespace, ctx: CliContext) -> int:
+    if len(args.functions) > 4:
+        raise CliError(f"a delegation token names at most 4 functions, got {len(args.functions)}")
+    wanted = []
+    for item in args.functions:
+        fid, _, vid = item.partition(":")
+        wanted.append({"functionId": fid, **({"functionVersionId": vid} if vid else {})})
+    client = connect(args, ctx)
+    doc = client.post("/v2/nvcf/tokens/functions", {"functions": wanted, "clientId": args.client_id})
+    if args.json:
+        emit_json(ctx, doc)
+        return 0
+    fields(ctx, [("expires in", f"{doc.get('expires_in')}s"), ("token", doc.get("access_token"))])
     return 0

@@ -510,6 +510,19 @@ async def test_api_key_commands(tmp_path: Path) -> None:
         after = await cli("function", "list", "--api-url", url, "--api-key", key, env=env)
         assert after.returncode == 1 and after.stderr.startswith("nvcf-mono: HTTP 401: ")
 
+        delegated = kv(ok(await cli("api-key", "delegate", fn["id"], "--client-id", "partner", *conn, env=env)))
+        assert delegated["expires in"] == "3600s" and delegated["token"].startswith("nvcft_")
+        # A bearer for invoking that function only: listing functions is not among what it may do.
+        refused = await cli("function", "list", "--api-url", url, "--token", delegated["token"], env=env)
+        assert refused.returncode == 1 and refused.stderr.startswith("nvcf-mono: HTTP 403: "), refused.stderr
+        pinned = f"{fn['id']}:{fn['versionId']}"
+        as_json = json.loads(ok(await cli("api-key", "delegate", pinned, "--client-id", "p", "--json", *conn, env=env)))
+        assert set(as_json) == {"access_token", "expires_in"}
+        five = await cli("api-key", "delegate", *[fn["id"]] * 5, "--client-id", "p", *conn, env=env)
+        assert five.returncode == 2 and "at most 4 functions" in five.stderr
+        spaced = await cli("api-key", "delegate", fn["id"], "--client-id", "a b", *conn, env=env)
+        assert spaced.returncode == 1 and "clientId" in spaced.stderr
+
         bad = await cli("api-key", "generate", "--expires-in", "soon", *conn, env=env)
         assert bad.returncode == 2 and "expected a duration such as 24h" in bad.stderr
         bad_res = await cli("api-key", "generate", "--resources", "everything", *conn, env=env)
