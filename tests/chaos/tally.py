@@ -32,9 +32,16 @@ class Tally:
     wrong: Counter[str] = attrs.field(factory=Counter)
     #: status -> count of final answers that were errors
     errors: Counter[int] = attrs.field(factory=Counter)
+    #: "<status> <detail>" -> count, for the report (why, when a scenario fails)
+    error_details: Counter[str] = attrs.field(factory=Counter)
 
     def answered(self, token: str, *, right: bool) -> None:
         (self.answers if right else self.wrong)[token] += 1
+
+    def failed(self, status: int, detail: str) -> None:
+        """A final answer that was an error (counted by status, its detail kept for the report)."""
+        self.errors[status] += 1
+        self.error_details[f"{status} {detail[:160]}"] += 1
 
     @property
     def lost(self) -> set[str]:
@@ -55,12 +62,16 @@ class Tally:
             "wrong_body": sum(self.wrong.values()),
             "errors": dict(self.errors),
             **extra,
+            **({"error_details": dict(self.error_details)} if self.error_details else {}),
         }
         line = f"chaos[{self.name}] " + " ".join(f"{k}={v}" for k, v in fields.items())
         print(line)
         return line
 
     def assert_exactly_once(self) -> None:
-        assert not self.wrong, f"{self.name}: answers with another request's body: {dict(self.wrong)}"
+        assert not self.wrong, (
+            f"{self.name}: wrong answers (another request's body, or an error: {dict(self.error_details)}): "
+            f"{dict(self.wrong)}"
+        )
         assert not self.lost, f"{self.name}: {len(self.lost)} accepted requests never answered"
         assert not self.duplicated, f"{self.name}: answered more than once: {sorted(self.duplicated)[:5]}"

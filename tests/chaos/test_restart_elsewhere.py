@@ -102,7 +102,7 @@ async def test_requests_queued_at_a_kill_are_answered_after_a_restart_on_other_p
                     if reply.status == 202:
                         continue
                     if reply.status != 200:
-                        tally.errors[reply.status] += 1
+                        tally.failed(reply.status, reply.body.decode(errors="replace"))
                     tally.answered(token, right=reply.status == 200 and reply.json["message"] == token)
                     return
 
