@@ -125,7 +125,7 @@ async def many_versions(tmp_path: Path, versions: int) -> Figures:
                     right = reply.status == 404 and "undeployed before this request ran" in reply.detail
                     tally.answered(token, right=right)
                     if not right:
-                        tally.errors[reply.status] += 1
+                        tally.failed(reply.status, reply.body.decode(errors="replace"))
                     return
 
         with anyio.fail_after(60 + versions // 5):

@@ -136,7 +136,7 @@ async def test_a_full_store_answers_503_and_loses_nothing_it_accepted(tmp_path: 
                 if reply.status == 202:
                     continue
                 if reply.status != 200:
-                    tally.errors[reply.status] += 1
+                    tally.failed(reply.status, reply.body.decode(errors="replace"))
                 tally.answered(token, right=reply.status == 200 and json.loads(reply.body)["message"] == token)
                 return
 

@@ -66,7 +66,7 @@ async def test_200_concurrent_waiters_are_answered_and_consumers_stay_flat(tmp_p
                     if reply.status == 202:
                         continue
                     if reply.status != 200:
-                        tally.errors[reply.status] += 1
+                        tally.failed(reply.status, reply.body.decode(errors="replace"))
                         return
                     tally.answered(token, right=reply.json == {"message": token, "reqid": request_id})
                     return
