@@ -18,7 +18,14 @@ import anyio
 import pytest
 
 from nvcf_mono.testing.platform import Api
-from nvcf_mono.testing.running import ECHO_FUNCTION, Platform, deployed, launching_agent, platform
+from nvcf_mono.testing.running import (
+    ECHO_FUNCTION,
+    Platform,
+    deployed,
+    launching_agent,
+    platform,
+    two_invocation_nodes,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -162,3 +169,22 @@ async def test_admin_credentials_mint_tokens_and_the_plugin_can_be_off(tmp_path:
         created = await p.admin.post("/v2/nvcf/functions", MIRROR)
         fid = created.json["function"]["id"]
         problem(await p.admin.post(f"{TOKENS}/{fid}", {"clientId": "ops"}), 503, "auth_delegation")
+
+
+async def test_any_node_accepts_a_token_and_refuses_it_once_its_key_is_revoked_anywhere(tmp_path: Path) -> None:
+    async with two_invocation_nodes(tmp_path) as (p, _, key_b), launching_agent(p, tmp_path / "instances"):
+        fid, _ = await deployed(p.admin, MIRROR)
+        minted = await key(p, ["invoke_function"])
+        on_a, _ = await token(p.api(minted["value"]), f"{TOKENS}/{fid}", {"clientId": "roaming"})
+        on_b = key_b.as_(on_a.token)
+        reply = await on_b.post(f"/v2/nvcf/pexec/functions/{fid}", {})
+        assert reply.status == 200 and reply.json["headers"]["NVCF-SUB"] == "roaming", reply.body
+
+        assert (await p.admin.delete(f"/v1/keys/{minted['id']}")).status == 204  # through node A
+
+        async def refused_on_b() -> bool:
+            return (await on_b.post(f"/v2/nvcf/pexec/functions/{fid}", {})).status == 401
+
+        with anyio.fail_after(5):
+            while not await refused_on_b():
+                await anyio.sleep(0.05)
