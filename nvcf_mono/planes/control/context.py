@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import final
+from typing import TypeVar, final
 
 import attrs
 
@@ -24,6 +24,8 @@ from nvcf_mono.planes.control.traffic import TrafficHistory
 from nvcf_mono.plugin import Endpoints
 from nvcf_mono.reval.engine import ChartRendering, Validator
 from nvcf_mono.reval.objects import ExtraType
+
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -70,17 +72,11 @@ class Control:
 
     @property
     def keys(self) -> ApiKeyStore:
-        keys = self.parts.get().keys
-        if keys is None:
-            raise ProblemError(503, "API keys are not enabled on this node (plugin auth_api_key)")
-        return keys
+        return _enabled(self.parts.get().keys, "API keys", "auth_api_key")
 
     @property
     def delegation(self) -> DelegationTokens:
-        delegation = self.parts.get().delegation
-        if delegation is None:
-            raise ProblemError(503, "delegation tokens are not enabled on this node (plugin auth_delegation)")
-        return delegation
+        return _enabled(self.parts.get().delegation, "delegation tokens", "auth_delegation")
 
     @property
     def charts(self) -> ChartRendering | None:
@@ -136,3 +132,10 @@ class Control:
     def poke(self) -> None:
         """Ask the reconciler to look again now."""
         self.wake.notify()
+
+
+def _enabled(service: T | None, what: str, plugin: str) -> T:
+    """A service another plugin provides, or a 503 saying which plugin is off on this node."""
+    if service is None:
+        raise ProblemError(503, f"{what} are not enabled on this node (plugin {plugin})")
+    return service
