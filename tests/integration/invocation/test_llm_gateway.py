@@ -54,6 +54,22 @@ async def test_chat_completions_embeddings_responses_and_models_through_the_gate
         async with client(p.key) as llm:
             await chat_completions_embeddings_and_responses(llm, fid)
 
+        # A delegation token is an OpenAI api_key too: it sees and calls the model it names, no other.
+        other = await p.admin.post("/v2/nvcf/functions", {**LLM_FUNCTION, "name": "other-llm", "tags": ["model=other"]})
+        assert other.status == 200, other.body
+        async with client(p.key) as llm:
+            assert sorted([m.id async for m in llm.models.list()]) == ["other", "tiny-llm"]
+        minted = await p.key.post(f"/v2/nvcf/tokens/functions/{fid}", {"clientId": "partner"})
+        assert minted.status == 200, minted.body
+        async with client(p.key, minted.json["access_token"]) as partner:
+            assert [m.id async for m in partner.models.list()] == ["tiny-llm"]
+            messages: Any = [{"role": "user", "content": "hi"}]
+            chat = await partner.chat.completions.create(model="tiny-llm", messages=messages, max_tokens=2)
+            assert chat.choices[0].message.content
+            with pytest.raises(openai.NotFoundError) as missing:
+                await partner.chat.completions.create(model="other", messages=messages, max_tokens=2)
+            assert "deployed" not in str(missing.value)  # unknown to it, not merely undeployed
+
 
 async def chat_completions_embeddings_and_responses(llm: openai.AsyncOpenAI, fid: str) -> None:
     """Each OpenAI operation the gateway forwards, as the client library calls it."""
