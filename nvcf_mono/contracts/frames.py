@@ -88,6 +88,8 @@ class Request:
     client_subject: str = ""
     streaming: bool = False
     grpc: bool = False
+    #: The region of the invocation node that accepted it (the function's ``NVCF-INVOCATION-REGION``).
+    invocation_region: str = ""
 
     def encode(self) -> bytes:
         header: dict[str, Any] = {
@@ -116,6 +118,8 @@ class Request:
             header["s"] = 1
         if self.grpc:
             header["g"] = 1
+        if self.invocation_region:
+            header["ir"] = self.invocation_region
         return _pack(header, self.body)
 
     @classmethod
@@ -142,6 +146,7 @@ class Request:
                 client_subject=h.get("c", ""),
                 streaming=bool(h.get("s")),
                 grpc=bool(h.get("g")),
+                invocation_region=str(h.get("ir", "")),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise FrameError(f"not an invocation request: {err}") from err

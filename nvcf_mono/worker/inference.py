@@ -20,8 +20,8 @@ from nvcf_mono.worker.config import WorkerConfig
 from nvcf_mono.worker.http1 import BadResponse, Broken, Http1Client, Unreachable
 
 #: Headers of NVCF's worker contract toward the inference server; a client's copies are dropped (also
-#: of those this worker does not set: NVCF-MAX-RESPONSE-SIZE-BYTES, NVCF-NSPECTID, NVCF-ENV and
-#: NVCF-INVOCATION-REGION, so a function never takes a caller's forgery for the platform's word).
+#: of those this worker does not set: NVCF-MAX-RESPONSE-SIZE-BYTES, NVCF-NSPECTID and NVCF-ENV, so a
+#: function never takes a caller's forgery for the platform's word).
 OWN_HEADERS = frozenset(
     h.lower()
     for h in (
@@ -65,6 +65,8 @@ def request_headers(config: WorkerConfig, request: Request, *, asset_dir: str, o
             "NVCF-REGION": config.region,
         }
     )
+    if request.invocation_region:
+        headers["NVCF-INVOCATION-REGION"] = request.invocation_region  # the accepting node's, not the client's
     if request.asset_ids:
         headers["NVCF-FUNCTION-ASSET-IDS"] = ",".join(request.asset_ids)
     if compatible(request) and not any(k.lower() == "content-type" for k in headers):

@@ -191,6 +191,7 @@ class GrpcProxy:
             # Nobody waits for the answer after the window: a request not started by then is dropped.
             window=window,
             poll_seconds=max(1, math.ceil(window)),
+            region=invoker.dispatcher.region,
             grpc=True,
         )
         ended: _Ended | None = None

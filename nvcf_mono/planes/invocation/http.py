@@ -248,6 +248,7 @@ class Invoker:
             body=staged,
             window=self.config.queue_deadline,
             poll_seconds=poll,
+            region=self.dispatcher.region,
             streaming=streaming,
             asset_ids=inv.asset_ids,
         )

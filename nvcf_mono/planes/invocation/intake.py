@@ -55,11 +55,14 @@ def new_request(
     body: Body,
     window: float,
     poll_seconds: int,
+    region: str,
     streaming: bool = False,
     grpc: bool = False,
     asset_ids: tuple[str, ...] = (),
 ) -> Request:
-    """The request to publish; nobody waits for it past ``window`` seconds from now."""
+    """The request to publish; nobody waits for it past ``window`` seconds from now. ``region``: this
+    node's (the function's ``NVCF-INVOCATION-REGION``).
+    """
     now_ms = int(time.time() * 1000)
     return Request(
         request_id=request_id,
@@ -81,6 +84,7 @@ def new_request(
         streaming=streaming,
         grpc=grpc,
         asset_ids=asset_ids,
+        invocation_region=region,
     )
 
 

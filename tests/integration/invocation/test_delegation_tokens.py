@@ -69,6 +69,11 @@ async def test_a_delegation_token_invokes_what_it_names_and_nothing_more(tmp_pat
         assert called.status == 200, called.body
         # The function sees the client the token was given to as its caller.
         assert called.json["headers"]["NVCF-SUB"] == "partner-app"
+        # And the accepting node's region, whatever the caller claimed.
+        forged = await partner.post(
+            f"/v2/nvcf/pexec/functions/{mirror}", {}, headers={"NVCF-INVOCATION-REGION": "moon-base-1"}
+        )
+        assert forged.json["headers"]["NVCF-INVOCATION-REGION"] == p.host.settings.node.region
         pinned = await partner.post(f"/v2/nvcf/pexec/functions/{mirror}/versions/{mirror_v}", {"x": 1})
         assert pinned.status == 200, pinned.body
 

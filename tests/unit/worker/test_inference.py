@@ -181,6 +181,12 @@ def test_request_headers_are_the_clients_plus_the_workers_own() -> None:
     forged = attrs.evolve(request("/x"), headers=(("NVCF-Invocation-Region", "forged"), ("nvcf-env", "prod")))
     sent = request_headers(config(8000), forged, asset_dir="/a", output_dir="/o")
     assert not any(k.lower() in ("nvcf-invocation-region", "nvcf-env") for k in sent)
+    # The accepting node's region replaces the caller's.
+    recorded = attrs.evolve(forged, invocation_region="eu-north-1")
+    sent = request_headers(config(8000), recorded, asset_dir="/a", output_dir="/o")
+    assert [(k, v) for k, v in sent.items() if k.lower() == "nvcf-invocation-region"] == [
+        ("NVCF-INVOCATION-REGION", "eu-north-1")
+    ]
 
 
 def test_a_request_without_a_content_type_goes_as_json_in_compatibility_mode() -> None:
