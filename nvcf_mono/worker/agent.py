@@ -72,7 +72,7 @@ from nvcf_mono.worker.inference import (
     request_headers,
 )
 from nvcf_mono.worker.large_output import CHUNK as LARGE_CHUNK
-from nvcf_mono.worker.large_output import has_outputs, package
+from nvcf_mono.worker.large_output import has_outputs, over_direct_limit, package
 from nvcf_mono.worker.nats_transport import WorkerSink
 from nvcf_mono.worker.progress import PROGRESS_FILE, ProgressMonitor, ProgressReports
 from nvcf_mono.worker.scratch import Scratch
@@ -739,7 +739,7 @@ class Worker:
                 if offset is None:
                     offset = await progress.close()
                     self.progress.drop(rid)
-                    if self._left_outputs(request, output_dir, frame):
+                    if self._large(request, output_dir, frame):
                         frame = await self._large_response(
                             frame, frames, request, attempt=attempt, output_dir=output_dir, link=link
                         )
@@ -748,16 +748,16 @@ class Worker:
         finally:
             self.progress.drop(rid)
 
-    def _left_outputs(self, request: Request, output_dir: str, first: Frame) -> bool:
-        """A successful response whose request wrote files for the caller (a progress file aside), in
-        compatibility mode. An error goes to the caller as it is.
+    def _large(self, request: Request, output_dir: str, first: Frame) -> bool:
+        """NVCF's large response: a successful response in compatibility mode that declares a body over the
+        direct limit, or whose request wrote files for the caller (a progress file aside). An error goes
+        to the caller as it is.
         """
-        return (
-            200 <= (first.status or 200) < 300
-            and compatible(request)
-            and not self.outputs.untouched(output_dir)
-            and has_outputs(output_dir, besides=_NOT_OUTPUTS)
-        )
+        if not (200 <= (first.status or 200) < 300 and compatible(request)):
+            return False
+        if over_direct_limit(first):
+            return True
+        return not self.outputs.untouched(output_dir) and has_outputs(output_dir, besides=_NOT_OUTPUTS)
 
     async def _large_response(
         self,

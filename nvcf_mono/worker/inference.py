@@ -18,10 +18,11 @@ from nvcf_mono.contracts.frames import Frame, Request, header_value
 from nvcf_mono.contracts.problems import PROBLEM_CONTENT_TYPE, reason
 from nvcf_mono.worker.config import WorkerConfig
 from nvcf_mono.worker.http1 import BadResponse, Broken, Http1Client, Unreachable
+from nvcf_mono.worker.large_output import MAX_DIRECT_RESPONSE
 
 #: Headers of NVCF's worker contract toward the inference server; a client's copies are dropped (also
-#: of those this worker does not set: NVCF-MAX-RESPONSE-SIZE-BYTES, NVCF-NSPECTID and NVCF-ENV, so a
-#: function never takes a caller's forgery for the platform's word).
+#: of those this worker does not set: NVCF-NSPECTID and NVCF-ENV, so a function never takes a caller's
+#: forgery for the platform's word).
 OWN_HEADERS = frozenset(
     h.lower()
     for h in (
@@ -31,6 +32,7 @@ OWN_HEADERS = frozenset(
         "NVCF-INVOCATION-REGION", "Host", "Content-Length", "Transfer-Encoding", "Connection",
     )
 )  # fmt: skip
+MAX_DIRECT_RESPONSE_TEXT = str(MAX_DIRECT_RESPONSE)
 #: The request header that turns the worker's compatibility mode off for one request.
 COMPATIBILITY_OFF = "nvcf-feature-disable-worker-compatibility"
 #: Redirects a health check follows on the server (Go's HTTP client, NVCF's worker, follows up to 10).
@@ -63,6 +65,7 @@ def request_headers(config: WorkerConfig, request: Request, *, asset_dir: str, o
             "NVCF-BACKEND": config.backend,
             "NVCF-INSTANCETYPE": config.instance_type,
             "NVCF-REGION": config.region,
+            "NVCF-MAX-RESPONSE-SIZE-BYTES": MAX_DIRECT_RESPONSE_TEXT,
         }
     )
     if request.invocation_region:

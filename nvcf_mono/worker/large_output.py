@@ -1,11 +1,13 @@
-"""A response whose request left files in its output directory: zipped, uploaded, answered with a 302.
+"""A response whose request left files in its output directory, or whose body is over the direct limit:
+zipped, uploaded, answered with a 302.
 
-NVCF's worker contract: a function writes large outputs into ``NVCF-LARGE-OUTPUT-DIR`` and answers;
-the caller gets ``302`` with a ``Location`` to download a zip of the response body (as
-``<requestId>.response``) and those files. Only regular files are taken: a link (to a file or a
-directory) is skipped, never followed, a file is opened with ``O_NOFOLLOW``, and a file with other
-names (hard links) is skipped too, so a function cannot make the worker package what the worker may
-read and the function may not. A file the worker
+NVCF's worker contract: a function writes large outputs into ``NVCF-LARGE-OUTPUT-DIR`` and answers, or
+answers a body larger than ``NVCF-MAX-RESPONSE-SIZE-BYTES``; the caller gets ``302`` with a
+``Location`` to download a zip of the response body (as ``<requestId>.response``) and those files.
+
+Only regular files are taken: a link (to a file or a directory) is skipped, never followed, a file
+is opened with ``O_NOFOLLOW``, and a file with other names (hard links) is skipped too, so a function
+cannot make the worker package what the worker may read and the function may not. A file the worker
 cannot read (written without group read permission) is skipped and logged. The zip stores entries
 uncompressed (outputs are usually compressed already) and is built on disk, off the event loop.
 """
@@ -30,6 +32,16 @@ log = logging.getLogger("nvcf_mono.worker")
 
 #: Bytes per upload message.
 CHUNK = 1 << 20
+#: NVCF's ``maxDirectResponseSizeBytes``: a successful body above it (in compatibility mode) is zipped.
+MAX_DIRECT_RESPONSE = 5 * 1024 * 1024
+
+
+def over_direct_limit(first: Frame) -> bool:
+    """The response declares a body larger than :data:`MAX_DIRECT_RESPONSE` (a body of unknown length
+    goes out as it comes, whatever its size).
+    """
+    declared = next((v for k, v in first.headers if k.lower() == "content-length"), None)
+    return declared is not None and declared.strip().isdigit() and int(declared) > MAX_DIRECT_RESPONSE
 
 
 def has_outputs(path: str, *, besides: frozenset[str]) -> bool:

@@ -7,6 +7,7 @@ started by a scripted agent. The ``mirror`` function writes the files its reques
 from __future__ import annotations
 
 import io
+import json
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -128,3 +129,33 @@ async def test_a_large_response_over_the_limit_is_a_clear_500_and_nothing_is_kep
         # The next one, within the limit, works: the instance is fine.
         small = await post(p, f"/v2/nvcf/pexec/functions/{fid}", {"answer": {"body": "b", "files": {"s": "x"}}})
         assert small.status == 302
+
+
+async def test_a_body_over_the_direct_limit_comes_back_zipped_behind_a_302(tmp_path: Path) -> None:
+    async with platform(tmp_path) as p, launching_agent(p, tmp_path / "instances"):
+        echo, _ = await deployed(p.admin, ECHO_FUNCTION)
+        mirror, _ = await deployed(p.admin, MIRROR)
+        # The function is told the limit (a caller's copy of the header is replaced).
+        told = await post(p, f"/v2/nvcf/pexec/functions/{mirror}", {}, **{"NVCF-MAX-RESPONSE-SIZE-BYTES": "1"})
+        assert told.json["headers"]["NVCF-MAX-RESPONSE-SIZE-BYTES"] == str(5 * 1024 * 1024)
+
+        kib = "k" * 1024
+        over = await post(p, f"/v2/nvcf/pexec/functions/{echo}", {"message": kib, "repeats": 5 * 1024 + 1})
+        assert over.status == 302, over.body[:300]
+        rid = over.headers["NVCF-REQID"]
+        status, data, _ = await download(over.headers["Location"])
+        assert status == 200
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        assert archive.namelist() == [f"{rid}.response"]
+        assert len(json.loads(archive.read(f"{rid}.response"))["message"]) == (5 * 1024 + 1) * 1024
+
+        # At the limit or under it, and whenever compatibility mode is off, the body comes back itself.
+        under = await post(p, f"/v2/nvcf/pexec/functions/{echo}", {"message": kib, "repeats": 5 * 1024 - 1})
+        assert under.status == 200 and len(under.json["message"]) == (5 * 1024 - 1) * 1024
+        raw = await post(
+            p,
+            f"/v2/nvcf/pexec/functions/{echo}",
+            {"message": kib, "repeats": 5 * 1024 + 1},
+            **{"NVCF-Feature-Disable-Worker-Compatibility": "true"},
+        )
+        assert raw.status == 200 and len(raw.json["message"]) == (5 * 1024 + 1) * 1024

@@ -12,7 +12,7 @@ from typing import IO
 import pytest
 
 from nvcf_mono.contracts.frames import Frame
-from nvcf_mono.worker.large_output import has_outputs, package
+from nvcf_mono.worker.large_output import MAX_DIRECT_RESPONSE, has_outputs, over_direct_limit, package
 
 pytestmark = pytest.mark.anyio
 
@@ -68,3 +68,15 @@ def test_an_output_directory_with_only_a_progress_file_or_none_at_all_has_no_out
     (tmp_path / "progress").write_text("{}")
     assert not has_outputs(str(tmp_path), besides=frozenset({"progress"}))
     assert has_outputs(str(tmp_path), besides=frozenset())
+
+
+def test_only_a_declared_length_over_the_limit_sends_a_body_behind_a_302() -> None:
+    def head(*headers: tuple[str, str]) -> Frame:
+        return Frame(request_id="r", seq=0, status=200, headers=headers)
+
+    assert over_direct_limit(head(("Content-Length", str(MAX_DIRECT_RESPONSE + 1))))
+    assert over_direct_limit(head(("content-length", f" {MAX_DIRECT_RESPONSE + 1} ")))
+    assert not over_direct_limit(head(("Content-Length", str(MAX_DIRECT_RESPONSE))))
+    for odd in ("-1", "1e9", "lots", ""):
+        assert not over_direct_limit(head(("Content-Length", odd)))
+    assert not over_direct_limit(head(("Transfer-Encoding", "chunked")))  # unknown: goes out as it comes
