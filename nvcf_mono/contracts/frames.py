@@ -22,6 +22,8 @@ import orjson
 
 _LEN = struct.Struct(">I")
 Headers = tuple[tuple[str, str], ...]
+#: The request header that turns the worker's compatibility mode off for one request (NVCF's).
+COMPATIBILITY_OFF = "nvcf-feature-disable-worker-compatibility"
 
 
 def header_value(headers: Iterable[tuple[str, str]], name: str) -> str | None:

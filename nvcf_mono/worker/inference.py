@@ -14,7 +14,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Mapping
 import anyio
 from yarl import URL
 
-from nvcf_mono.contracts.frames import Frame, Request, header_value
+from nvcf_mono.contracts.frames import COMPATIBILITY_OFF, Frame, Request, header_value
 from nvcf_mono.contracts.problems import PROBLEM_CONTENT_TYPE, reason
 from nvcf_mono.worker.config import WorkerConfig
 from nvcf_mono.worker.http1 import BadResponse, Broken, Http1Client, Unreachable
@@ -33,8 +33,6 @@ OWN_HEADERS = frozenset(
     )
 )  # fmt: skip
 MAX_DIRECT_RESPONSE_TEXT = str(MAX_DIRECT_RESPONSE)
-#: The request header that turns the worker's compatibility mode off for one request.
-COMPATIBILITY_OFF = "nvcf-feature-disable-worker-compatibility"
 #: Redirects a health check follows on the server (Go's HTTP client, NVCF's worker, follows up to 10).
 MAX_REDIRECTS = 10
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})

@@ -98,6 +98,10 @@ async def chat_completions_embeddings_and_responses(llm: openai.AsyncOpenAI, fid
     vectors = await llm.embeddings.create(model="tiny-llm", input=["alpha", "beta"])
     for item, text in zip(vectors.data, ("alpha", "beta"), strict=True):
         assert item.embedding == pytest.approx(embedding(text, 16), abs=1e-6)
+    # An answer over the worker's 5 MiB direct limit still comes back itself (never a 302 to a zip).
+    texts = [f"text {i}" for i in range(300)]
+    many = await llm.embeddings.create(model="tiny-llm", input=texts, dimensions=1024, encoding_format="float")
+    assert len(many.data) == 300 and many.data[299].embedding == pytest.approx(embedding("text 299", 1024), abs=1e-6)
 
     response = await llm.responses.create(model="tiny-llm", input="hello there", max_output_tokens=4)
     assert len(response.output_text.split()) == 4

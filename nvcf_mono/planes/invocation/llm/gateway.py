@@ -23,6 +23,7 @@ from aiohttp import web
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.auth.principal import AuthError, Principal
 from nvcf_mono.auth.strategy import Authenticator
+from nvcf_mono.contracts.frames import COMPATIBILITY_OFF
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late, NotReady
 from nvcf_mono.metrics import Metrics
@@ -186,6 +187,8 @@ class Gateway:
             "Content-Type": "application/json",
             "Accept": "text/event-stream" if streaming else "application/json",
             REQUEST_ID: request_id,
+            # An OpenAI client takes the answer itself: never a 302 to a zip of it, nor a progress 202.
+            COMPATIBILITY_OFF: "true",
         }
         if IDEMPOTENCY_KEY in request.headers:
             headers[IDEMPOTENCY_KEY] = request.headers[IDEMPOTENCY_KEY]
