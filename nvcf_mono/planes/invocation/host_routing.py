@@ -4,8 +4,9 @@ A request carrying ``function-id`` (and optionally ``function-version-id``) head
 ``<fid>.invocation.<domain>`` or ``<vid>.<fid>.invocation.<domain>``, invokes that function with the
 client's method, path and query (an empty path becomes ``/``) and body, as NVCF's host router does
 before its path router. Auth is pexec's; the default wait is ``plugins.invocation.default_poll_seconds``
-whatever the Accept header, and no input assets are taken (as NVCF). Any other request is left to
-the platform's routes untouched.
+whatever the Accept header, no input assets are taken, and the worker's compatibility mode is off, so
+the function's answer comes back as it is (as NVCF). Any other request is left to the platform's
+routes untouched.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.auth.principal import AuthError
 from nvcf_mono.auth.strategy import Authenticator
+from nvcf_mono.contracts.frames import COMPATIBILITY_OFF
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.planes.invocation.http import Invocation, Invoker
 from nvcf_mono.planes.invocation.intake import poll_seconds
@@ -88,7 +91,11 @@ def middleware(invoker_of: Callable[[], Invoker], authenticator_of: Callable[[],
                 raise ProblemError(err.status, err.detail) from err
             fv = await invoker.routing.resolve_current(principal, function_id, version_id)
             obs.target(fv, principal.account)
-            headers = request.headers
+            # As NVCF's passthrough: the function's answer comes back as it is (no JSON default, no
+            # progress 202, no 302 to a zip), whatever the caller asked.
+            headers = CIMultiDict(request.headers)
+            headers.popall(COMPATIBILITY_OFF, None)
+            headers[COMPATIBILITY_OFF] = "true"
             return await invoker.handle(
                 request,
                 principal,

@@ -160,6 +160,16 @@ async def test_host_routing_passes_method_path_query_and_body_through(tmp_path: 
             "GET", "/echo-request/some/where", "x=1&y=two%20words", ""
         )  # fmt: skip
         assert "Authorization" not in seen["headers"]
+        # The worker's compatibility mode is off, as NVCF injects it for a passthrough: no JSON default
+        # for a request without a Content-Type, whatever the caller said about the mode.
+        sent = {k.lower(): v for k, v in seen["headers"].items()}
+        assert sent["nvcf-feature-disable-worker-compatibility"] == "true" and "content-type" not in sent
+        asked_on = await api.get(
+            "/echo-request", headers={**host, "NVCF-Feature-Disable-Worker-Compatibility": "false"}
+        )
+        assert {k.lower(): v for k, v in asked_on.json["headers"].items()}[
+            "nvcf-feature-disable-worker-compatibility"
+        ] == "true"
         # The worker's NVCF-* headers, echoed back by the function: it is this function, any version.
         assert got.headers["NVCF-FUNCTION-ID"] == fid and got.headers["NVCF-FUNCTION-VERSION-ID"] == vid
         assert got.headers["NVCF-STATUS"] == "fulfilled" and got.headers["NVCF-REQID"]
