@@ -27,6 +27,11 @@ T = TypeVar("T")
 Change = Callable[[T | None], T | None]
 
 
+#: Seconds a refusal ("no such thing") may wait for a node's copies to catch up with their buckets, so
+#: that what another node wrote a moment ago is found rather than refused.
+CATCH_UP = 2.0
+
+
 class Unchanged(Exception):
     """Raised by a change function (:meth:`KvMirror.mutate`) to leave the value as it is."""
 

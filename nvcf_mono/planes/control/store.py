@@ -17,7 +17,7 @@ from anyio.abc import TaskStatus
 
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.codec import TypedKV, VersionedCodec
-from nvcf_mono.bus.mirror import Change, KvMirror, Signal
+from nvcf_mono.bus.mirror import CATCH_UP, Change, KvMirror, Signal
 from nvcf_mono.contracts import buckets
 from nvcf_mono.models.account import Account
 from nvcf_mono.models.asset import Asset
@@ -119,6 +119,15 @@ class ControlStore:
             task_status.started()
 
     # ---- lookups used across the API --------------------------------------------------------------
+
+    async def versions_now(self, function_id: str, *, patience: float = CATCH_UP) -> list[FunctionVersion]:
+        """:meth:`versions_of`, sure of an empty answer: a function another control node created a moment
+        ago is found (this node's copy catches up with every write made until now before it says none).
+        """
+        versions = self.versions_of(function_id)
+        if not versions and await self.functions.mirror.caught_up(patience):
+            versions = self.versions_of(function_id)
+        return versions
 
     def versions_of(self, function_id: str) -> list[FunctionVersion]:
         prefix = f"{function_id}."

@@ -16,16 +16,13 @@ from anyio.abc import TaskStatus
 
 from nvcf_mono.auth.principal import Principal
 from nvcf_mono.bus.api import Bus
-from nvcf_mono.bus.mirror import KvMirror, Signal
+from nvcf_mono.bus.mirror import CATCH_UP, KvMirror, Signal
 from nvcf_mono.contracts import buckets
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.deployment import Deployment
 from nvcf_mono.models.function import AWAITING_INSTANCES, CONNECTABLE, INVOCABLE, FunctionStatus, FunctionVersion
 from nvcf_mono.models.placement import SpecPlacement
 from nvcf_mono.models.sharing import AuthorizedParties
-
-#: Seconds a refusal may wait for this node's copies to catch up with the buckets.
-CATCH_UP = 2.0
 
 
 @final

@@ -60,6 +60,9 @@ async def test_concurrent_changes_across_two_processes_place_exactly_once(tmp_pa
 
         # 20 versions deployed at once, half through each process: 20 creation messages, no more.
         fn = (await a.post("/v2/nvcf/functions", CONTAINER_FUNCTION)).json["function"]
+        # Read your writes across nodes: the other process finds the function at once (its copy catches
+        # up before it would say 404).
+        assert (await b.get(f"/v2/nvcf/functions/{fn['id']}/versions")).status == 200
         paths = [f"/v2/nvcf/deployments/functions/{fn['id']}/versions/{fn['versionId']}"]
         for _ in range(19):
             v = (await b.post(f"/v2/nvcf/functions/{fn['id']}/versions", CONTAINER_FUNCTION)).json["function"]

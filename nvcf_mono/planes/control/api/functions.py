@@ -65,7 +65,7 @@ async def new_version(ctl: Control, call: Call[CreateFunctionRequest], function_
             )
         function_id = new_id()
     else:
-        siblings = [fv for fv in store.versions_of(function_id) if fv.nca_id == call.account]
+        siblings = [fv for fv in await store.versions_now(function_id) if fv.nca_id == call.account]
         if not siblings:
             raise not_found(function_id)
     version_id = new_id()
@@ -199,7 +199,7 @@ async def list_function_ids(ctl: Control, call: Call[None]) -> FunctionIdsRespon
 )
 async def list_function_versions(ctl: Control, call: Call[None]) -> FunctionListResponse:
     function_id = call.path("functionId")
-    versions = ctl.store.versions_of(function_id)
+    versions = await ctl.store.versions_now(function_id)
     details = call.principal.has(S.LIST_FUNCTIONS_DETAILS)
     shown = []
     for fv in versions:

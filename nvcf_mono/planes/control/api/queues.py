@@ -115,7 +115,7 @@ async def queue(ctl: Control, fv: FunctionVersion) -> VersionQueue:
 )
 async def get_function_queues(ctl: Control, call: Call[None]) -> QueueDetails:
     function_id = call.path("functionId")
-    versions = ctl.store.versions_of(function_id) if is_uuid(function_id) else []
+    versions = await ctl.store.versions_now(function_id) if is_uuid(function_id) else []
     shown = [fv for fv in versions if relation(ctl.store, call.principal, call.account, fv) is not None]
     if not shown:
         if any(restricted_out(call.principal, call.account, fv) for fv in versions):

@@ -39,7 +39,7 @@ async def target(ctl: Control, call: Call[Any], versioned: bool) -> tuple[str, s
             ctl, call.principal, call.account, function_id, call.path("versionId"), owner_only=True
         )
         return fv.id, fv.version_id, buckets.version_key(fv.id, fv.version_id)
-    owned = [fv for fv in ctl.store.versions_of(function_id) if fv.nca_id == call.account]
+    owned = [fv for fv in await ctl.store.versions_now(function_id) if fv.nca_id == call.account]
     if not owned:
         raise not_found(function_id)
     if not any(relation(ctl.store, call.principal, call.account, fv) == "owner" for fv in owned):

@@ -70,7 +70,7 @@ async def _checked(ctl: Control, call: Call[Any], function_id: str, version_id: 
             raise ProblemError(400, f"functionVersionId {version_id!r} is not a version id (a UUID)")
         await find_version(ctl, call.principal, call.account, function_id, version_id)
         return function_id, version_id
-    versions = ctl.store.versions_of(function_id)
+    versions = await ctl.store.versions_now(function_id)
     if not any(relation(ctl.store, call.principal, call.account, fv) is not None for fv in versions):
         if any(restricted_out(call.principal, call.account, fv) for fv in versions):
             raise ProblemError(403, "the API key does not grant access to this function")
