@@ -113,6 +113,12 @@ async def test_requests_queued_at_a_kill_are_answered_after_a_restart_on_other_p
             # The instances were taken over, not started again.
             assert set(pids_of(state)) & set(instance_pids)
         tally.report(queued_at_kill=len(accepted))
+        if tally.wrong or tally.errors:
+            # What the hosts warned about, beside the failure (shown with the test's output).
+            for host in (first, second):
+                if host is not None:
+                    noted = [ln for ln in host.stderr().splitlines() if " WARNING " in ln or " ERROR " in ln]
+                    print("\n".join(noted)[-6000:])
         tally.assert_exactly_once()
         assert not tally.errors
         second.signal(signal.SIGTERM)
