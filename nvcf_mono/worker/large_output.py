@@ -26,7 +26,7 @@ from typing import IO
 import anyio
 import anyio.to_thread
 
-from nvcf_mono.contracts.frames import Frame
+from nvcf_mono.contracts.frames import Frame, header_value
 
 log = logging.getLogger("nvcf_mono.worker")
 
@@ -40,7 +40,7 @@ def over_direct_limit(first: Frame) -> bool:
     """The response declares a body larger than :data:`MAX_DIRECT_RESPONSE` (a body of unknown length
     goes out as it comes, whatever its size).
     """
-    declared = next((v for k, v in first.headers if k.lower() == "content-length"), None)
+    declared = header_value(first.headers, "content-length")
     return declared is not None and declared.strip().isdigit() and int(declared) > MAX_DIRECT_RESPONSE
 
 

@@ -41,6 +41,21 @@ async def find_version(
     return fv, rel
 
 
+async def find_versions(
+    ctl: Control, principal: Principal, account: str, function_id: str
+) -> list[tuple[FunctionVersion, Relation]]:
+    """Every version of a function the caller may see (one another control node made a moment ago
+    included): 404 when there is none, 403 when only the key's resources exclude them.
+    """
+    versions = await ctl.store.versions_now(function_id)
+    shown = [(fv, rel) for fv in versions if (rel := relation(ctl.store, principal, account, fv)) is not None]
+    if not shown:
+        if any(restricted_out(principal, account, fv) for fv in versions):
+            raise ProblemError(403, "the API key does not grant access to any version of this function")
+        raise not_found(function_id)
+    return shown
+
+
 def seal_secrets(ctl: Control, key: str, values: dict[str, Any]) -> SealedSecrets:
     """Secrets as stored: names in clear, values sealed together and bound to their key."""
     blob = json.dumps(values, separators=(",", ":")).encode()

@@ -94,8 +94,7 @@ def middleware(invoker_of: Callable[[], Invoker], authenticator_of: Callable[[],
             # As NVCF's passthrough: the function's answer comes back as it is (no JSON default, no
             # progress 202, no 302 to a zip), whatever the caller asked.
             headers = CIMultiDict(request.headers)
-            headers.popall(COMPATIBILITY_OFF, None)
-            headers[COMPATIBILITY_OFF] = "true"
+            headers[COMPATIBILITY_OFF] = "true"  # replaces every copy the caller sent, in any case
             return await invoker.handle(
                 request,
                 principal,

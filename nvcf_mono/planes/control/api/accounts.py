@@ -330,7 +330,7 @@ async def account_gpu_usage(ctl: Control, call: Call[None]) -> GpuUsageResponse:
     account = (await existing(ctl, call)).nca_id
     usage: dict[tuple[str, str], list[int]] = {}
     for dep in ctl.store.deployments.values():
-        fv = ctl.store.functions.get(f"{dep.function_id}.{dep.function_version_id}")
+        fv = ctl.store.functions.get(buckets.version_key(dep.function_id, dep.function_version_id))
         if dep.nca_id != account or fv is None or fv.status is FunctionStatus.INACTIVE:
             continue
         for spec in dep.deployment_specifications:

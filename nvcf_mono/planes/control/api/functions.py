@@ -19,10 +19,10 @@ from nvcf_mono.models.function import (
     FunctionVersion,
     UpdateFunctionRequest,
 )
-from nvcf_mono.planes.control.access import relation, restricted_out
+from nvcf_mono.planes.control.access import relation
 from nvcf_mono.planes.control.charts import check_chart, helm_auth
 from nvcf_mono.planes.control.context import Control
-from nvcf_mono.planes.control.service import find_version, not_found, seal_secrets, undeploy
+from nvcf_mono.planes.control.service import find_version, find_versions, not_found, seal_secrets, undeploy
 from nvcf_mono.planes.control.validation import (
     check_create_function,
     check_rate_limit,
@@ -198,19 +198,14 @@ async def list_function_ids(ctl: Control, call: Call[None]) -> FunctionIdsRespon
     cross_account=True,
 )
 async def list_function_versions(ctl: Control, call: Call[None]) -> FunctionListResponse:
-    function_id = call.path("functionId")
-    versions = await ctl.store.versions_now(function_id)
     details = call.principal.has(S.LIST_FUNCTIONS_DETAILS)
-    shown = []
-    for fv in versions:
-        rel = relation(ctl.store, call.principal, call.account, fv)
-        if rel is not None:
-            shown.append(function_view(ctl.store, fv, owner=rel == "owner", details=details, include_secrets=False))
-    if not shown:
-        if any(restricted_out(call.principal, call.account, fv) for fv in versions):
-            raise ProblemError(403, "the API key does not grant access to any version of this function")
-        raise not_found(function_id)
-    return FunctionListResponse(functions=tuple(shown))
+    visible = await find_versions(ctl, call.principal, call.account, call.path("functionId"))
+    return FunctionListResponse(
+        functions=tuple(
+            function_view(ctl.store, fv, owner=rel == "owner", details=details, include_secrets=False)
+            for fv, rel in visible
+        )
+    )
 
 
 @routes.route(

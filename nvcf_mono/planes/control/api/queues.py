@@ -17,9 +17,8 @@ from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.common import is_uuid
 from nvcf_mono.models.function import FunctionStatus, FunctionVersion
 from nvcf_mono.models.wait_reason import wait_reason
-from nvcf_mono.planes.control.access import relation, restricted_out
 from nvcf_mono.planes.control.context import Control
-from nvcf_mono.planes.control.service import find_version, not_found
+from nvcf_mono.planes.control.service import find_version, find_versions, not_found
 from nvcf_mono.structure import WireModel, wire
 
 TAG = "queues"
@@ -115,13 +114,10 @@ async def queue(ctl: Control, fv: FunctionVersion) -> VersionQueue:
 )
 async def get_function_queues(ctl: Control, call: Call[None]) -> QueueDetails:
     function_id = call.path("functionId")
-    versions = await ctl.store.versions_now(function_id) if is_uuid(function_id) else []
-    shown = [fv for fv in versions if relation(ctl.store, call.principal, call.account, fv) is not None]
-    if not shown:
-        if any(restricted_out(call.principal, call.account, fv) for fv in versions):
-            raise ProblemError(403, "the API key does not grant access to any version of this function")
+    if not is_uuid(function_id):
         raise not_found(function_id)
-    return QueueDetails(function_id=function_id, queues=tuple([await queue(ctl, fv) for fv in shown]))
+    shown = await find_versions(ctl, call.principal, call.account, function_id)
+    return QueueDetails(function_id=function_id, queues=tuple([await queue(ctl, fv) for fv, _ in shown]))
 
 
 @routes.route(

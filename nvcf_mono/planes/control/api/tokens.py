@@ -18,9 +18,8 @@ from nvcf_mono.http.api import Call, Routes
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.api_key import ApiKeyRecord
 from nvcf_mono.models.common import is_uuid
-from nvcf_mono.planes.control.access import relation, restricted_out
 from nvcf_mono.planes.control.context import Control
-from nvcf_mono.planes.control.service import find_version, not_found
+from nvcf_mono.planes.control.service import find_version, find_versions
 from nvcf_mono.structure import WireModel, wire
 
 TAG = "tokens"
@@ -70,11 +69,7 @@ async def _checked(ctl: Control, call: Call[Any], function_id: str, version_id: 
             raise ProblemError(400, f"functionVersionId {version_id!r} is not a version id (a UUID)")
         await find_version(ctl, call.principal, call.account, function_id, version_id)
         return function_id, version_id
-    versions = await ctl.store.versions_now(function_id)
-    if not any(relation(ctl.store, call.principal, call.account, fv) is not None for fv in versions):
-        if any(restricted_out(call.principal, call.account, fv) for fv in versions):
-            raise ProblemError(403, "the API key does not grant access to this function")
-        raise not_found(function_id)
+    await find_versions(ctl, call.principal, call.account, function_id)
     return function_id, None
 
 
