@@ -25,6 +25,8 @@ class Var:
 
 
 CP, AGENT, WORKER = "control plane", "agent", "worker"
+#: What functions see as their environment (``NVCF_ENV``, ``NVCF-ENV``): NVCF's own say ``prod`` or ``stg``.
+PLATFORM_ENV = "nvcf-mono"
 
 INFERENCE_CONTAINER = "INFERENCE_CONTAINER"
 INFERENCE_CONTAINER_ARGS = "INFERENCE_CONTAINER_ARGS"
@@ -79,6 +81,7 @@ NVCF_REGION = "NVCF_REGION"
 NVCF_INSTANCETYPE = "NVCF_INSTANCETYPE"
 NVCF_INSTANCETYPE_VALUE = "NVCF_INSTANCETYPE_VALUE"
 NVCF_BACKEND = "NVCF_BACKEND"
+NVCF_ENV = "NVCF_ENV"
 NVCF_NCA_ID = "NVCF_NCA_ID"
 NVCF_FUNCTION_ID = "NVCF_FUNCTION_ID"
 NVCF_FUNCTION_VERSION_ID = "NVCF_FUNCTION_VERSION_ID"
@@ -194,6 +197,7 @@ CONTRACT: tuple[Var, ...] = (
     Var(NVCF_INSTANCETYPE, AGENT, "inference", "-", "Instance type name (NVCF's pod fieldRef)."),
     Var(NVCF_INSTANCETYPE_VALUE, AGENT, "inference", "-", "Instance type value, without _<n>x."),
     Var(NVCF_BACKEND, AGENT, "inference", "-", "Cluster group (backend) name."),
+    Var(NVCF_ENV, AGENT, "inference", PLATFORM_ENV, "The platform's environment (also each request's NVCF-ENV)."),
     Var(NVCF_NCA_ID, AGENT, "inference", "-", "The function's account."),
     Var(NVCF_FUNCTION_ID, AGENT, "inference", "-", "Function id."),
     Var(NVCF_FUNCTION_VERSION_ID, AGENT, "inference", "-", "Function version id."),

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Mapping
 import anyio
 from yarl import URL
 
+from nvcf_mono.contracts import env
 from nvcf_mono.contracts.frames import COMPATIBILITY_OFF, Frame, Request, header_value
 from nvcf_mono.contracts.problems import PROBLEM_CONTENT_TYPE, reason
 from nvcf_mono.worker.config import WorkerConfig
@@ -21,8 +22,8 @@ from nvcf_mono.worker.http1 import BadResponse, Broken, Http1Client, Unreachable
 from nvcf_mono.worker.large_output import MAX_DIRECT_RESPONSE
 
 #: Headers of NVCF's worker contract toward the inference server; a client's copies are dropped (also
-#: of those this worker does not set: NVCF-NSPECTID and NVCF-ENV, so a function never takes a caller's
-#: forgery for the platform's word).
+#: of the one this worker does not set: NVCF-NSPECTID, an NVIDIA product-security id nvcf-mono has no
+#: counterpart of, so a function never takes a caller's forgery for the platform's word).
 OWN_HEADERS = frozenset(
     h.lower()
     for h in (
@@ -63,6 +64,7 @@ def request_headers(config: WorkerConfig, request: Request, *, asset_dir: str, o
             "NVCF-BACKEND": config.backend,
             "NVCF-INSTANCETYPE": config.instance_type,
             "NVCF-REGION": config.region,
+            "NVCF-ENV": env.PLATFORM_ENV,
             "NVCF-MAX-RESPONSE-SIZE-BYTES": MAX_DIRECT_RESPONSE_TEXT,
         }
     )

@@ -178,9 +178,14 @@ def test_request_headers_are_the_clients_plus_the_workers_own() -> None:
     assert headers["NVCF-FUNCTION-ASSET-IDS"] == "a1,a2"
     assert [k for k in headers if k.lower() == "nvcf-reqid"] == ["NVCF-REQID"]
     # Contract names the worker does not set are dropped too: a caller cannot pose as the platform.
-    forged = attrs.evolve(request("/x"), headers=(("NVCF-Invocation-Region", "forged"), ("nvcf-env", "prod")))
+    forged = attrs.evolve(
+        request("/x"),
+        headers=(("NVCF-Invocation-Region", "forged"), ("nvcf-env", "prod"), ("NVCF-NSPECTID", "forged")),
+    )
     sent = request_headers(config(8000), forged, asset_dir="/a", output_dir="/o")
-    assert not any(k.lower() in ("nvcf-invocation-region", "nvcf-env") for k in sent)
+    assert not any(k.lower() in ("nvcf-invocation-region", "nvcf-nspectid") for k in sent)
+    # The platform's environment replaces the caller's.
+    assert [(k, v) for k, v in sent.items() if k.lower() == "nvcf-env"] == [("NVCF-ENV", "nvcf-mono")]
     # The accepting node's region replaces the caller's.
     recorded = attrs.evolve(forged, invocation_region="eu-north-1")
     sent = request_headers(config(8000), recorded, asset_dir="/a", output_dir="/o")

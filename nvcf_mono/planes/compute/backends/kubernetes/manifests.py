@@ -113,7 +113,7 @@ def instance_annotations(spec: LaunchSpec, cluster_group: str) -> dict[str, str]
         kube_labels.BACKEND: contract.get(env.BACKEND, cluster_group),
         kube_labels.INSTANCE_TYPE_NAME: msg.instance_type_name,
         kube_labels.INSTANCE_TYPE_VALUE: msg.instance_type_value,
-        kube_labels.ENVIRONMENT: "nvcf-mono",
+        kube_labels.ENVIRONMENT: env.PLATFORM_ENV,
     }
     if msg.function_details is not None and msg.function_details.function_name:
         out["function-name"] = msg.function_details.function_name

@@ -106,6 +106,7 @@ def inference_environment(
             env.NVCF_INSTANCETYPE: contract.get(env.INSTANCE_TYPE, ""),
             env.NVCF_INSTANCETYPE_VALUE: contract.get(env.INSTANCE_TYPE, "").rsplit("_", 1)[0],
             env.NVCF_BACKEND: contract.get(env.BACKEND, ""),
+            env.NVCF_ENV: env.PLATFORM_ENV,
             env.NVCF_NCA_ID: contract.get(env.NCA_ID, ""),
             env.NVCF_FUNCTION_ID: contract.get(env.FUNCTION_ID, ""),
             env.NVCF_FUNCTION_VERSION_ID: contract.get(env.FUNCTION_VERSION_ID, ""),
