@@ -1,7 +1,8 @@
 """A small inference server for tests and examples: ``python -m nvcf_mono.testing.echo_server --port P``.
 
 ``POST /echo`` answers the JSON body back; ``{"message", "repeats", "delay", "stream"}`` shape the
-answer like NVIDIA's echo sample (``stream: true`` sends server-sent events); ``"progress": [10, 60]``
+answer like NVIDIA's echo sample (``stream: true`` sends server-sent events; ``chunked: true`` sends the
+JSON answer in 64 KiB pieces without a Content-Length); ``"progress": [10, 60]``
 writes those progress reports to ``<NVCF-LARGE-OUTPUT-DIR>/progress`` first, ``delay`` apart;
 ``"crash": true`` kills the process mid-request, as ``POST /crash`` does. A client that hangs up
 during the delay is recorded: ``GET /cancelled`` lists those requests' ``NVCF-REQID``.
@@ -29,7 +30,7 @@ from aiohttp import web
 _state = {"healthy": True}
 _calls = {"echo-request": 0}
 _cancelled: list[str] = []
-_KEYS = {"message", "repeats", "delay", "stream", "progress", "crash"}
+_KEYS = {"message", "repeats", "delay", "stream", "chunked", "progress", "crash"}
 
 
 async def _pause(request: web.Request, seconds: float) -> bool:
@@ -102,7 +103,17 @@ async def echo(request: web.Request) -> web.StreamResponse:
         return response
     if delay and not await _pause(request, delay):
         return web.Response(status=499)
-    return web.json_response({"message": message * repeats, "reqid": request.headers.get("NVCF-REQID")})
+    answer = {"message": message * repeats, "reqid": request.headers.get("NVCF-REQID")}
+    if not doc.get("chunked"):
+        return web.json_response(answer)
+    body = json.dumps(answer).encode()
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    response.enable_chunked_encoding()  # no Content-Length: a length known only at the end
+    await response.prepare(request)
+    for start in range(0, len(body), 1 << 16):
+        await response.write(body[start : start + (1 << 16)])
+    await response.write_eof()
+    return response
 
 
 async def echo_request(request: web.Request) -> web.Response:

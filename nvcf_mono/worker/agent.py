@@ -72,7 +72,7 @@ from nvcf_mono.worker.inference import (
     request_headers,
 )
 from nvcf_mono.worker.large_output import CHUNK as LARGE_CHUNK
-from nvcf_mono.worker.large_output import has_outputs, over_direct_limit, package
+from nvcf_mono.worker.large_output import gather, has_outputs, over_direct_limit, package, unsized
 from nvcf_mono.worker.nats_transport import WorkerSink
 from nvcf_mono.worker.progress import PROGRESS_FILE, ProgressMonitor, ProgressReports
 from nvcf_mono.worker.scratch import Scratch
@@ -727,8 +727,9 @@ class Worker:
         """Relay the response; until it starts, progress reports go out as 202 frames before it.
 
         In compatibility mode, a request that left files in its output directory by the time its
-        response starts is answered with a 302 to a zip of the response and the files (NVCF's large
-        response).
+        response starts, or whose body is over the direct limit (declared, or read whole when its
+        length is unknown), is answered with a 302 to a zip of the response and the files (NVCF's
+        large response).
         """
         rid = request.request_id
         progress = ProgressReports(rid, attempt, os.path.join(output_dir, PROGRESS_FILE))
@@ -739,6 +740,8 @@ class Worker:
                 if offset is None:
                     offset = await progress.close()
                     self.progress.drop(rid)
+                    if self._measured(request, frame):
+                        frame = await gather(frame, frames)  # its size decides how it goes
                     if self._large(request, output_dir, frame):
                         frame = await self._large_response(
                             frame, frames, request, attempt=attempt, output_dir=output_dir, link=link
@@ -747,6 +750,13 @@ class Worker:
                 await answer(attrs.evolve(frame, seq=frame.seq + offset) if offset else frame)
         finally:
             self.progress.drop(rid)
+
+    @staticmethod
+    def _measured(request: Request, first: Frame) -> bool:
+        """A successful body of unknown length in compatibility mode: read (up to the direct limit) before
+        it is answered, as NVCF's worker does, so that one over the limit is zipped too.
+        """
+        return 200 <= (first.status or 200) < 300 and compatible(request) and unsized(first)
 
     def _large(self, request: Request, output_dir: str, first: Frame) -> bool:
         """NVCF's large response: a successful response in compatibility mode that declares a body over the

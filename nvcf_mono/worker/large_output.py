@@ -20,11 +20,12 @@ import shutil
 import stat
 import tempfile
 import zipfile
-from collections.abc import AsyncIterable, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import IO
 
 import anyio
 import anyio.to_thread
+import attrs
 
 from nvcf_mono.contracts.frames import Frame, header_value
 
@@ -37,11 +38,41 @@ MAX_DIRECT_RESPONSE = 5 * 1024 * 1024
 
 
 def over_direct_limit(first: Frame) -> bool:
-    """The response declares a body larger than :data:`MAX_DIRECT_RESPONSE` (a body of unknown length
-    goes out as it comes, whatever its size).
+    """The response declares a body larger than :data:`MAX_DIRECT_RESPONSE`, or (its length unknown) the
+    body :func:`gather` read already is.
     """
     declared = header_value(first.headers, "content-length")
-    return declared is not None and declared.strip().isdigit() and int(declared) > MAX_DIRECT_RESPONSE
+    if declared is not None and declared.strip().isdigit():
+        return int(declared) > MAX_DIRECT_RESPONSE
+    return len(first.body) > MAX_DIRECT_RESPONSE
+
+
+def unsized(first: Frame) -> bool:
+    """A body of unknown length (chunked) still to come, other than an event stream: NVCF's compatibility
+    mode reads such a body before answering, to know its size. An event stream goes out as it comes
+    (a caller that sends no ``Accept: text/event-stream`` still gets its events as they are written).
+    """
+    if first.end or header_value(first.headers, "content-length") is not None:
+        return False
+    content_type = header_value(first.headers, "content-type") or ""
+    return not content_type.lower().startswith("text/event-stream")
+
+
+async def gather(first: Frame, rest: AsyncIterator[Frame]) -> Frame:
+    """The response's head with its body read from ``rest`` to its end, or only until it passed
+    :data:`MAX_DIRECT_RESPONSE` (the frame does not end then: the rest stays in ``rest``).
+    """
+    parts, size, last = [first.body], len(first.body), first
+    while not last.end and size <= MAX_DIRECT_RESPONSE:
+        try:
+            last = await anext(rest)
+        except StopAsyncIteration:
+            break
+        parts.append(last.body)
+        size += len(last.body)
+    if len(parts) == 1:
+        return first
+    return attrs.evolve(first, body=b"".join(parts), end=last.end, total_length=size if last.end else None)
 
 
 def has_outputs(path: str, *, besides: frozenset[str]) -> bool:

@@ -159,3 +159,23 @@ async def test_a_body_over_the_direct_limit_comes_back_zipped_behind_a_302(tmp_p
             **{"NVCF-Feature-Disable-Worker-Compatibility": "true"},
         )
         assert raw.status == 200 and len(raw.json["message"]) == (5 * 1024 + 1) * 1024
+
+        # A body of unknown length (chunked) is read to learn its size, as NVCF's compatibility mode does:
+        # over the limit it is zipped too, under it it comes back whole; an event stream goes as it comes.
+        chunked_over = await post(
+            p, f"/v2/nvcf/pexec/functions/{echo}", {"message": kib, "repeats": 5 * 1024 + 1, "chunked": True}
+        )
+        assert chunked_over.status == 302, chunked_over.body[:300]
+        status, data, _ = await download(chunked_over.headers["Location"])
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        name = f"{chunked_over.headers['NVCF-REQID']}.response"
+        assert status == 200 and len(json.loads(archive.read(name))["message"]) == (5 * 1024 + 1) * 1024
+        chunked_under = await post(
+            p, f"/v2/nvcf/pexec/functions/{echo}", {"message": kib, "repeats": 5 * 1024 - 1, "chunked": True}
+        )
+        assert chunked_under.status == 200 and len(chunked_under.json["message"]) == (5 * 1024 - 1) * 1024
+        assert chunked_under.headers["Content-Length"] == str(len(chunked_under.body))  # read whole, then sent
+        events = await post(
+            p, f"/v2/nvcf/pexec/functions/{echo}", {"message": kib, "repeats": 5 * 1024 + 1, "stream": True}
+        )
+        assert events.status == 200 and events.body.count(b"data: ") == 5 * 1024 + 1
