@@ -89,6 +89,7 @@ async def test_requests_queued_at_a_kill_are_answered_after_a_restart_on_other_p
             instance_pids = pids_of(state)
             first.signal(signal.SIGKILL)
             await anyio.to_thread.run_sync(first.wait)
+            first_log = first.stderr()  # the second host writes the same file
 
         second = _host(state, keep_instances=False)
         doc2 = await anyio.to_thread.run_sync(second.wait_ready)
@@ -106,19 +107,22 @@ async def test_requests_queued_at_a_kill_are_answered_after_a_restart_on_other_p
                     tally.answered(token, right=reply.status == 200 and reply.json["message"] == token)
                     return
 
-            with anyio.fail_after(120):
-                async with anyio.create_task_group() as tg:
-                    for request_id, token in accepted.items():
-                        tg.start_soon(follow, request_id, token)
+            try:
+                with anyio.fail_after(120):
+                    async with anyio.create_task_group() as tg:
+                        for request_id, token in accepted.items():
+                            tg.start_soon(follow, request_id, token)
+            except TimeoutError:
+                unanswered = sorted(
+                    (t, r) for r, t in accepted.items() if t not in tally.answers and t not in tally.wrong
+                )
+                _warnings(state, first_log, second)
+                raise AssertionError(f"not answered within 120 s of the restart: {unanswered}") from None
             # The instances were taken over, not started again.
             assert set(pids_of(state)) & set(instance_pids)
         tally.report(queued_at_kill=len(accepted))
         if tally.wrong or tally.errors:
-            # What the hosts warned about, beside the failure (shown with the test's output).
-            for host in (first, second):
-                if host is not None:
-                    noted = [ln for ln in host.stderr().splitlines() if " WARNING " in ln or " ERROR " in ln]
-                    print("\n".join(noted)[-6000:])
+            _warnings(state, first_log, second)
         tally.assert_exactly_once()
         assert not tally.errors
         second.signal(signal.SIGTERM)
@@ -128,6 +132,16 @@ async def test_requests_queued_at_a_kill_are_answered_after_a_restart_on_other_p
         for host in (first, second):
             if host is not None:
                 host.stop()
+
+
+def _warnings(state: Path, first_log: str, second: Platform | None) -> None:
+    """What the hosts and the instances' workers warned about, beside the failure (shown with the test's output)."""
+    logs = {"first host": first_log, "second host": second.stderr() if second is not None else ""}
+    for path in sorted(state.glob("plugins/compute/*/instances/*/worker.log")):
+        logs[f"worker {path.parent.name}"] = path.read_text(errors="replace")
+    for name, text in logs.items():
+        noted = [ln for ln in text.splitlines() if " WARNING " in ln or " ERROR " in ln]
+        print(f"--- {name}\n" + "\n".join(noted)[-6000:])
 
 
 def pids_of(state: Path) -> list[int]:
