@@ -1,5 +1,7 @@
 """The one grpclib server of a host, assembled from the servicers plugins contribute; gRPC helpers both ends use."""
 
-from nvcf_mono.grpc import h2_repr
+from nvcf_mono.grpc import h2_repr, uncancel
 
-h2_repr.install()  # every process that speaks gRPC imports this package first
+# Every process that speaks gRPC imports this package first.
+h2_repr.install()
+uncancel.install()
