@@ -179,6 +179,32 @@ def test_an_instance_user_passes_a_directory_it_was_granted_search_on(open_dir: 
 
 
 @root_only
+def test_search_permission_a_chmod_took_away_is_given_back(open_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The platforms' own range: ready() grants it on this Python's directories, as any platform of this
+    # host has already done, and starts this Python as one of its users.
+    settings = LocalSettings(run_as="instance-users", lease_dir=open_dir / "leases")
+    users = InstanceUsers(settings, worker_argv=(), log=logging.getLogger("t"))
+    gid = users.range.shared_gid
+    private = open_dir / "private"
+    private.mkdir(mode=0o700)
+    if not _acls_work(private):
+        pytest.skip("this filesystem has no POSIX ACLs")
+    instances = private / "instances"
+    users.ready(instances, os.environ)
+    assert reach.searchable(private, gid)
+
+    private.chmod(0o700)  # what a pytest session does to /tmp/pytest-of-root: the ACL's mask goes too
+    assert not reach.searchable(private, gid)
+    with caplog.at_level(logging.WARNING):
+        users.keep_reachable()
+    assert reach.searchable(private, gid)
+    assert "had lost search permission on " + str(private) in caplog.text
+    caplog.clear()
+    users.keep_reachable()  # nothing lost: nothing said
+    assert caplog.text == ""
+
+
+@root_only
 def test_an_instance_directory_is_the_agents_open_to_the_instance_and_closed_when_released(tmp_path: Path) -> None:
     users = InstanceUsers(LocalSettings(first_uid=3_000_000_000, uid_count=9), worker_argv=(), log=logging.getLogger())
     assert users.isolated

@@ -136,6 +136,7 @@ class LocalBackend:
         self._state_dir = state_dir
         self._users = InstanceUsers(local, worker_argv=self._worker_argv, log=log)
         self._users_lock = anyio.Lock()
+        self._reach_checked = 0.0
         self._ports: set[int] = set()
         self._fixed: dict[int, str] = {}
         self._http: aiohttp.ClientSession | None = None
@@ -283,6 +284,8 @@ class LocalBackend:
         inst = self._new_instance(spec, recorded.port, recorded.health_port)
         self._held[inst.instance_id] = inst
         try:
+            async with self._users_lock:  # its users reach what they run, and it is kept so (keep_reachable)
+                await anyio.to_thread.run_sync(self._users.ready, spec.directory.parent, self._base)
             inst.slot = self._users.adopt(spec.directory, inst.instance_id)
             if inst.slot is None:
                 self._users.make_directory(spec.directory, None)
@@ -367,6 +370,7 @@ class LocalBackend:
 
     async def observe(self, handle: object) -> Observation:
         inst = _local(handle)
+        await self._keep_reachable()
         if inst.failure is None and not inst.stopped:
             try:
                 await self._tend(inst)
@@ -386,6 +390,15 @@ class LocalBackend:
             last_exit=inst.last_exit,
             exited_role=inst.exited_role,
         )
+
+    async def _keep_reachable(self) -> None:
+        """Every few seconds (not once per instance): instance users still reach what they were granted."""
+        mono = time.monotonic()
+        if mono - self._reach_checked < REACH_CHECK:
+            return
+        self._reach_checked = mono
+        async with self._users_lock:
+            await anyio.to_thread.run_sync(self._users.keep_reachable)
 
     def _write_address(self, inst: LocalInstance, address: str) -> None:
         """The worker reads the platform's address from this file before each connection."""
@@ -643,6 +656,8 @@ class LocalBackend:
         return sorted(set(strays.values()) | set(closed))
 
 
+#: How often instance users' search permissions are checked (and given back where a chmod took them).
+REACH_CHECK = 5.0
 #: How long a released instance's children still running are waited for after their SIGKILL.
 RELEASE_WAIT = 5.0
 

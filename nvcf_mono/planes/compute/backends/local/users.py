@@ -167,6 +167,8 @@ class InstanceUsers:
         self._claims: dict[int, list[int]] = {}
         self._cursor = random.randrange(self.range.slots)
         self._reached: set[Path] = set()
+        #: Directories whose lost grant could not be given back (warned of once).
+        self._regrant_failed: set[Path] = set()
         self._probed = False
 
     def announce(self, state_dir: Path | None) -> None:
@@ -204,6 +206,7 @@ class InstanceUsers:
         targets = [instances_root] if self._probed else [*runtime_paths(self._worker_argv), instances_root]
         self._reach([t for t in targets if t not in self._reached])
         self._reached.update(targets)
+        self.keep_reachable()
         if not self._probed:
             self._probe(environ)
             self._probed = True
@@ -234,6 +237,39 @@ class InstanceUsers:
                 directory,
                 how,
                 target,
+            )
+
+    def keep_reachable(self) -> None:
+        """What instance users were given search permission on, they still have: a ``chmod`` that clears a
+        directory's group bits also clears its ACL's mask, and with it the grant, and running instances
+        can no longer reach their directories. Granted again, with a warning (a failure is warned of once).
+        """
+        if not self.isolated or not self._reached or not self._settings.grant_search:
+            return
+        gid = self.range.shared_gid
+        for directory, target in reach.unsearchable(sorted(self._reached), gid):
+            try:
+                how = reach.grant_search(directory, gid)
+            except OSError as err:
+                if directory not in self._regrant_failed:
+                    self._regrant_failed.add(directory)
+                    self._log.warning(
+                        "instance users (group %d) lost search permission on %s, which they need to reach %s, "
+                        "and granting it again failed: %s",
+                        gid,
+                        directory,
+                        target,
+                        err,
+                    )
+                continue
+            self._regrant_failed.discard(directory)
+            self._log.warning(
+                "instance users (group %d) had lost search permission on %s, which they need to reach %s (a "
+                "chmod that clears a directory's group bits also clears its ACL's mask): granted again with %s",
+                gid,
+                directory,
+                target,
+                how,
             )
 
     def _probe(self, environ: Mapping[str, str]) -> None:
