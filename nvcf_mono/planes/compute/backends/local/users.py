@@ -247,7 +247,13 @@ class InstanceUsers:
         if not self.isolated or not self._reached or not self._settings.grant_search:
             return
         gid = self.range.shared_gid
-        for directory, target in reach.unsearchable(sorted(self._reached), gid):
+        lost: list[tuple[Path, Path]] = []
+        for reached in sorted(self._reached):
+            try:
+                lost += reach.unsearchable([reached], gid)
+            except OSError:
+                continue  # gone (a removed state directory): nothing to keep
+        for directory, target in dict(lost).items():
             try:
                 how = reach.grant_search(directory, gid)
             except OSError as err:
