@@ -120,14 +120,21 @@ class ControlStore:
 
     # ---- lookups used across the API --------------------------------------------------------------
 
-    async def versions_now(self, function_id: str, *, patience: float = CATCH_UP) -> list[FunctionVersion]:
+    async def versions_now(self, function_id: str) -> list[FunctionVersion]:
         """:meth:`versions_of`, sure of an empty answer: a function another control node created a moment
         ago is found (this node's copy catches up with every write made until now before it says none).
         """
         versions = self.versions_of(function_id)
-        if not versions and await self.functions.mirror.caught_up(patience):
+        if not versions and await self.functions.mirror.caught_up(CATCH_UP):
             versions = self.versions_of(function_id)
         return versions
+
+    async def deployment_now(self, deployment_id: str) -> Deployment | None:
+        """:meth:`deployment_by_id`, sure of a missing answer, as :meth:`versions_now` is."""
+        dep = self.deployment_by_id(deployment_id)
+        if dep is None and await self.deployments.mirror.caught_up(CATCH_UP):
+            dep = self.deployment_by_id(deployment_id)
+        return dep
 
     def versions_of(self, function_id: str) -> list[FunctionVersion]:
         prefix = f"{function_id}."

@@ -6,7 +6,7 @@ from typing import Any
 
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.bus.errors import ConflictError
-from nvcf_mono.bus.mirror import CATCH_UP, Unchanged
+from nvcf_mono.bus.mirror import Unchanged
 from nvcf_mono.contracts import buckets
 from nvcf_mono.http.api import Call, Param, Routes
 from nvcf_mono.http.problem import ProblemError
@@ -121,9 +121,7 @@ async def get_deployment(ctl: Control, call: Call[None]) -> DeploymentResponse:
 
 
 async def by_id(ctl: Control, call: Call[Any], deployment_id: str) -> Deployment:
-    dep = ctl.store.deployment_by_id(deployment_id)
-    if dep is None and await ctl.store.deployments.mirror.caught_up(CATCH_UP):
-        dep = ctl.store.deployment_by_id(deployment_id)  # made through another control node a moment ago
+    dep = await ctl.store.deployment_now(deployment_id)  # one another control node made a moment ago too
     if dep is None or dep.nca_id != call.account:
         raise ProblemError(404, f"Deployment '{deployment_id}' not found")
     return dep
