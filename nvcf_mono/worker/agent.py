@@ -740,31 +740,24 @@ class Worker:
                 if offset is None:
                     offset = await progress.close()
                     self.progress.drop(rid)
-                    if self._measured(request, frame):
-                        frame = await gather(frame, frames)  # its size decides how it goes
-                    if self._large(request, output_dir, frame):
-                        frame = await self._large_response(
-                            frame, frames, request, attempt=attempt, output_dir=output_dir, link=link
-                        )
+                    # NVCF's large response concerns a successful answer in compatibility mode only: an
+                    # error goes to the caller as it is.
+                    if 200 <= (frame.status or 200) < 300 and compatible(request):
+                        if unsized(frame):
+                            frame = await gather(frame, frames)  # its size decides how it goes
+                        if self._large(output_dir, frame):
+                            frame = await self._large_response(
+                                frame, frames, request, attempt=attempt, output_dir=output_dir, link=link
+                            )
                 # The response's frames are numbered after the progress reports.
                 await answer(attrs.evolve(frame, seq=frame.seq + offset) if offset else frame)
         finally:
             self.progress.drop(rid)
 
-    @staticmethod
-    def _measured(request: Request, first: Frame) -> bool:
-        """A successful body of unknown length in compatibility mode: read (up to the direct limit) before
-        it is answered, as NVCF's worker does, so that one over the limit is zipped too.
+    def _large(self, output_dir: str, first: Frame) -> bool:
+        """NVCF's large response: a body over the direct limit (declared, or read by :func:`gather` when
+        its length is unknown), or a request that wrote files for the caller (a progress file aside).
         """
-        return 200 <= (first.status or 200) < 300 and compatible(request) and unsized(first)
-
-    def _large(self, request: Request, output_dir: str, first: Frame) -> bool:
-        """NVCF's large response: a successful response in compatibility mode that declares a body over the
-        direct limit, or whose request wrote files for the caller (a progress file aside). An error goes
-        to the caller as it is.
-        """
-        if not (200 <= (first.status or 200) < 300 and compatible(request)):
-            return False
         if over_direct_limit(first):
             return True
         return not self.outputs.untouched(output_dir) and has_outputs(output_dir, besides=_NOT_OUTPUTS)
