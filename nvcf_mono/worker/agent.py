@@ -343,7 +343,7 @@ class Worker:
                 self._health_changed.set()  # a new session starts ready: say at once that it is not
             send, recv = anyio.create_memory_object_stream[WorkerEnvelope](self.config.max_concurrency * 4 + 16)
             link = _Link(channel, session, send, http)
-            async with send, anyio.create_task_group() as tg:
+            async with send, recv, anyio.create_task_group() as tg:  # recv too: the sender may never start
 
                 async def sender() -> None:
                     async with recv:

@@ -9,6 +9,7 @@ from typing import final
 
 import anyio
 from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
 
 from nvcf_mono.bus.errors import BusError
 from nvcf_mono.contracts.frames import Frame, Request
@@ -28,17 +29,26 @@ class Collector:
         self._results = results
         self._dispatcher = dispatcher
         self._log = log
-        self._send, self._recv = anyio.create_memory_object_stream[tuple[Pending, Request]](10_000)
+        #: Open while :meth:`run` runs. Made there, not here: a plugin stopped before it ran leaves no
+        #: stream unclosed behind it.
+        self._send: MemoryObjectSendStream[tuple[Pending, Request]] | None = None
 
     async def adopt(self, pending: Pending, request: Request) -> None:
+        if self._send is None:
+            raise anyio.ClosedResourceError  # not running: as the closed stream of a stopped one would
         await self._send.send((pending, request))
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        async with self._send, anyio.create_task_group() as tg:
-            task_status.started()
-            async with self._recv:
-                async for pending, request in self._recv:
-                    tg.start_soon(self._collect, pending, request)
+        send, receive = anyio.create_memory_object_stream[tuple[Pending, Request]](10_000)
+        self._send = send
+        try:
+            async with send, anyio.create_task_group() as tg:
+                task_status.started()
+                async with receive:
+                    async for pending, request in receive:
+                        tg.start_soon(self._collect, pending, request)
+        finally:
+            self._send = None
 
     async def _collect(self, pending: Pending, request: Request) -> None:
         rid = request.request_id

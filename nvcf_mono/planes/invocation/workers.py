@@ -430,7 +430,7 @@ class WorkerSession:
         send, recv = anyio.create_memory_object_stream[NodeEnvelope](self.max_concurrency + 16)
         self._out = send
         try:
-            async with send, anyio.create_task_group() as tg:
+            async with send, recv, anyio.create_task_group() as tg:  # recv too: the sender may never start
 
                 async def sender() -> None:
                     async with recv:
