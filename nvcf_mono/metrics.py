@@ -75,11 +75,14 @@ class _Metric:
     kind = "untyped"
 
     def _key(self, labels: dict[str, str]) -> LabelValues:
-        if not labels and not self.label_names:
-            return ()
-        if set(labels) != set(self.label_names):
-            raise MetricError(f"{self.name} takes labels {self.label_names}, got {tuple(labels)}")
-        return tuple(str(labels[n]) for n in self.label_names)
+        # Several observations per invocation: no sets built on the way (same size, every name found).
+        names = self.label_names
+        if len(labels) == len(names):
+            try:
+                return tuple([str(labels[n]) for n in names])
+            except KeyError:
+                pass
+        raise MetricError(f"{self.name} takes labels {names}, got {tuple(labels)}")
 
     def _stored(self) -> dict[LabelValues, Any]:  # pragma: no cover - overridden
         return {}

@@ -38,6 +38,43 @@ async def batches(receive: MemoryObjectReceiveStream[T], most: int) -> AsyncIter
         yield batch
 
 
+class Wakeup:
+    """A flag one task waits on, with a deadline kept by a loop timer rather than a cancel scope.
+
+    For the hot path's waits for "something changed": ``anyio.Event`` plus ``move_on_after`` makes an
+    event, a cancel scope and its timer for every wait; this makes one future and one timer entry.
+    """
+
+    __slots__ = ("_is_set", "_waiter")
+
+    def __init__(self) -> None:
+        self._is_set = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        """Wake the waiter (or the next one to wait)."""
+        self._is_set = True
+        _wake(self._waiter)
+
+    def clear(self) -> None:
+        """Forget earlier wake-ups: the next wait waits for a new one."""
+        self._is_set = False
+
+    async def wait(self, timeout: float = math.inf) -> bool:
+        """Until set or ``timeout`` seconds have passed; whether it was set. One waiter at a time."""
+        if not self._is_set:
+            loop = asyncio.get_running_loop()
+            self._waiter = waiter = loop.create_future()
+            timer = loop.call_later(timeout, _wake, waiter) if timeout != math.inf else None
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+        return self._is_set
+
+
 class Mailbox(Generic[T]):
     """A bounded queue for one reader, whose waits can have a deadline without a cancel scope.
 
@@ -51,7 +88,7 @@ class Mailbox(Generic[T]):
     def __init__(self, capacity: int) -> None:
         self._items: deque[T] = deque()
         self._capacity = capacity
-        self._reader: asyncio.Future[None] | None = None
+        self._reader = Wakeup()
         self._writers: deque[asyncio.Future[None]] = deque()
         self.closed = False
 
@@ -71,7 +108,7 @@ class Mailbox(Generic[T]):
         if self.closed:
             return False
         self._items.append(item)
-        _wake(self._reader)
+        self._reader.set()
         return True
 
     async def get(self, timeout: float = math.inf) -> T:
@@ -85,14 +122,8 @@ class Mailbox(Generic[T]):
                 left = deadline - loop.time()
                 if left <= 0:
                     raise TimeoutError
-                self._reader = loop.create_future()
-                timer = loop.call_later(left, _wake, self._reader) if left != math.inf else None
-                try:
-                    await self._reader
-                finally:
-                    self._reader = None
-                    if timer is not None:
-                        timer.cancel()
+                self._reader.clear()
+                await self._reader.wait(left)
         item = self._items.popleft()
         while self._writers:
             writer = self._writers.popleft()
@@ -103,7 +134,7 @@ class Mailbox(Generic[T]):
 
     def close(self) -> None:
         self.closed = True
-        _wake(self._reader)
+        self._reader.set()
         while self._writers:
             _wake(self._writers.popleft())
 

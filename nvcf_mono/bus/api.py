@@ -263,9 +263,13 @@ class Delivery(Protocol):
     consumer_seq: int
     num_delivered: int
     num_pending: int
-    timestamp: datetime | None
     #: Where its ack or nak goes (another connection may settle it: :meth:`Bus.give_back`).
     ack_subject: str
+
+    @property
+    def timestamp(self) -> datetime | None:
+        """When the message was stored (None when not known)."""
+        ...
 
     async def ack(self) -> None:
         """Done; never redeliver."""

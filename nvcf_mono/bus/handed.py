@@ -21,7 +21,10 @@ ACK, NAK, PROGRESS, TERM = b"+ACK", b"-NAK", b"+WPI", b"+TERM"
 class HandedDelivery:
     """A :class:`~nvcf_mono.bus.api.Delivery` settled through ``bus`` by its ack subject."""
 
-    timestamp: datetime | None = None
+    @property
+    def timestamp(self) -> datetime | None:
+        """Not known: only its ack subject was handed over."""
+        return None
 
     def __init__(
         self,

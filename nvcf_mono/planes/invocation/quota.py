@@ -43,7 +43,9 @@ class QueueQuota:
 
     async def admit(self, stream: Stream, function_version_id: str, size: int) -> None:
         """Count ``size`` more bytes for the version, or raise 429 when its queue would exceed the limit."""
-        seen = self._seen.setdefault(function_version_id, _Seen())
+        seen = self._seen.get(function_version_id)
+        if seen is None:
+            seen = self._seen[function_version_id] = _Seen()
         estimate = seen.stored + seen.published + size
         now = time.monotonic()
         if estimate > self.limit // 2 and now - seen.at >= REFRESH:
