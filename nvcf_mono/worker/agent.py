@@ -15,11 +15,12 @@ import os
 import time
 import zipfile
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import IO, TYPE_CHECKING, Protocol, final
 
 import anyio
 import attrs
-from anyio.abc import TaskGroup, TaskStatus
+from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 from grpclib.client import Channel
 from grpclib.const import Cardinality
@@ -76,6 +77,7 @@ from nvcf_mono.worker.large_output import gather, has_outputs, over_direct_limit
 from nvcf_mono.worker.nats_transport import WorkerSink
 from nvcf_mono.worker.progress import PROGRESS_FILE, ProgressMonitor, ProgressReports
 from nvcf_mono.worker.scratch import Scratch
+from nvcf_mono.worker.slots import Slots
 
 if TYPE_CHECKING:
     from nvcf_mono.bus.api import Bus, Delivery
@@ -93,6 +95,9 @@ RECOVERY_WAIT = 30.0
 STABLE_SESSION = 10.0
 #: How long a drained worker waits for the node to end the session.
 DRAIN_GRACE = 10.0
+#: Serving tasks kept waiting for the next request at most (``slots.Slots``): enough for the swings of a
+#: busy instance's requests in flight, few enough that a burst's tasks go away after it.
+SPARE_TASKS = 32
 
 Out = MemoryObjectSendStream[WorkerEnvelope]
 #: What a lost connection to the node raises (a broken internal stream is the same session ending).
@@ -355,8 +360,9 @@ class Worker:
                 tg.start_soon(self._report_health, send, session.status_interval_ms / 1000)
                 tg.start_soon(self._drain_on_request, send, tg.cancel_scope)
                 async with anyio.create_task_group() as requests:
+                    slots = Slots(requests, spare=SPARE_TASKS)
                     if session.transport == "nats":
-                        requests.start_soon(self._pull_nats, session, link, requests)
+                        requests.start_soon(self._pull_nats, session, link, slots)
                     while True:
                         envelope = await stream.recv_message()
                         if envelope is None:
@@ -364,7 +370,7 @@ class Worker:
                             requests.cancel_scope.cancel()
                             break
                         if envelope.request is not None:
-                            self._start(requests, envelope.request, envelope.attempt, link)
+                            self._start(slots, envelope.request, envelope.attempt, link)
                         elif envelope.kind == "cancel":
                             assert envelope.message is not None
                             held = self._cancels.get(envelope.message.cancel.request_id)
@@ -373,7 +379,7 @@ class Worker:
                 tg.cancel_scope.cancel()
             self.state.connected = False
 
-    def _start(self, requests: TaskGroup, blob: bytes, attempt: int, link: _Link) -> None:
+    def _start(self, slots: Slots, blob: bytes, attempt: int, link: _Link) -> None:
         try:
             request = Request.decode(blob)
         except FrameError as err:
@@ -387,7 +393,7 @@ class Worker:
         self.state.in_flight += 1
         if self._idle.is_set():
             self._idle = anyio.Event()
-        requests.start_soon(self._handle, request, scope, attempt, link)
+        slots.hand(partial(self._handle, request, scope, attempt, link))
 
     async def _report_health(self, out: Out, interval: float) -> None:
         """A status when health changes, and every ``interval`` (the load the autoscaler reads)."""
@@ -421,7 +427,7 @@ class Worker:
 
     # ---- the nats transport -----------------------------------------------------------------------
 
-    async def _pull_nats(self, session: ConnectResponse, link: _Link, requests: TaskGroup) -> None:
+    async def _pull_nats(self, session: ConnectResponse, link: _Link, slots: Slots) -> None:
         """Pull the version's durable directly; pause while unhealthy, stop on drain."""
         # Only this transport needs NATS: importing its client and the bus settings is about a fifth of
         # the worker's imports (0.1 s here), and the worker's start is on every cold start's path.
@@ -465,7 +471,7 @@ class Worker:
                                 if not self.state.inference_healthy or self._drain.is_set():
                                     await delivery.nak()  # still paused, or stopping: another instance takes it
                                     break
-                                self._take(delivery, bus=bus, session=session, link=link, requests=requests, up=up)
+                                self._take(delivery, bus=bus, session=session, link=link, slots=slots, up=up)
                 tg.cancel_scope.cancel()
 
     def _take(
@@ -475,14 +481,14 @@ class Worker:
         bus: Bus,
         session: ConnectResponse,
         link: _Link,
-        requests: TaskGroup,
+        slots: Slots,
         up: Callable[[WorkerEnvelope], Awaitable[None]],
     ) -> None:
         try:
             request = Request.decode(delivery.data)
         except FrameError as err:
             log.error("dropping a malformed request: %s", err)
-            requests.start_soon(delivery.term)
+            slots.hand(delivery.term)
             return
         scope = self._cancels[request.request_id] = anyio.CancelScope()
         policy = Policy(max_deliver=session.max_deliver or 3)
@@ -491,7 +497,7 @@ class Worker:
         self.state.in_flight += 1
         if self._idle.is_set():
             self._idle = anyio.Event()
-        requests.start_soon(self._serve_pulled, held, scope, link, up)
+        slots.hand(partial(self._serve_pulled, held, scope, link, up))
 
     async def _serve_pulled(
         self, held: Settlement, scope: anyio.CancelScope, link: _Link, up: Callable[[WorkerEnvelope], Awaitable[None]]
