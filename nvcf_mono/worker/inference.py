@@ -149,7 +149,7 @@ async def call(
     called = time.perf_counter()
     try:
         async with client.request(request.method, request.path, headers, body) as resp:
-            head = tuple((k, v) for k, v in resp.headers if k.lower() not in HOP_BY_HOP)
+            head = tuple([(k, v) for k, v in resp.headers if k.lower() not in HOP_BY_HOP])
             now = time.perf_counter()
             timing = (round((now - (received or called)) * 1000, 3), round((now - called) * 1000, 3))
             length = resp.content_length

@@ -61,20 +61,24 @@ def test_without_inotify_nothing_is_known(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 @pytest.mark.skipif(not LINUX, reason="inotify is Linux's")
+@pytest.mark.parametrize("failing", ["fcntl.ioctl", "os.read"])
 def test_a_failing_event_queue_turns_inotify_off_instead_of_failing_a_request(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
     events = DirEvents()
     try:
         events.track(str(tmp_path))
         events.found_empty(str(tmp_path))
+        if failing == "os.read":
+            (tmp_path / "late").write_bytes(b"x")  # an event is queued: it is read
 
-        def broken(fd: int, size: int) -> bytes:
+        def broken(*args: object) -> bytes:
             raise OSError(5, "Input/output error")
 
-        monkeypatch.setattr("nvcf_mono.worker.dir_events.os.read", broken)
+        monkeypatch.setattr(f"nvcf_mono.worker.dir_events.{failing}", broken)
         assert not events.unchanged(str(tmp_path)), "unknown: the directory is read instead"
         monkeypatch.undo()
+        (tmp_path / "late").unlink(missing_ok=True)
         events.track(str(tmp_path))
         events.found_empty(str(tmp_path))
         assert not events.unchanged(str(tmp_path)), "inotify stays off"
