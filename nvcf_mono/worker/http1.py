@@ -376,11 +376,13 @@ class Http1Client:
         """The request's head, and whether its body goes chunked (a stream of unknown length)."""
         if not _PLAIN_TARGET.fullmatch(target):
             target = URL(self._base + target).raw_path_qs  # quoted as aiohttp would
+        # Two searches for the whole head, not two for each header.
+        if _UNSAFE.search("".join(headers)) or _UNSAFE.search("".join(headers.values())):
+            name = next(n for n, v in headers.items() if _UNSAFE.search(n) or _UNSAFE.search(v))
+            raise ValueError(f"header {name!r} holds a line break or NUL: refusing to send it")
         lines = [f"{method} {target} HTTP/1.1"]
         named = set()
         for name, value in headers.items():
-            if _UNSAFE.search(name) or _UNSAFE.search(value):
-                raise ValueError(f"header {name!r} holds a line break or NUL: refusing to send it")
             named.add(name.lower())
             lines.append(f"{name}: {value}")
         if "host" not in named:
