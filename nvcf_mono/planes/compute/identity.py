@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
 
+from nvcf_mono.models.common import new_id
 from nvcf_mono.planes.compute.config import ClusterSettings
 from nvcf_mono.state_dir import write_private
 
@@ -35,7 +35,7 @@ def cluster_ids(state_dir: Path, clusters: Sequence[ClusterSettings]) -> dict[st
         stored = {}
     out: dict[str, str] = {}
     for cluster in clusters:
-        out[cluster.name] = cluster.id or stored.get(cluster.name) or str(uuid.uuid4())
+        out[cluster.name] = cluster.id or stored.get(cluster.name) or new_id()
     merged = {**stored, **{c.name: out[c.name] for c in clusters if c.id is None}}
     if merged != stored:
         write_private(path, (json.dumps(merged, indent=2, sort_keys=True) + "\n").encode())
