@@ -223,8 +223,11 @@ def test_an_instance_directory_is_the_agents_open_to_the_instance_and_closed_whe
 
     # Whatever runs as the instance's users dies with it, wherever it went.
     sleeper = subprocess.Popen(["sleep", "60"], user=slot.server.uid, group=slot.gid, start_new_session=True)
-    users.close(directory, slot)
+    secrets = directory / "secrets.json"
+    secrets.write_text("{}")
+    users.close(directory, slot, secrets=secrets)
     assert sleeper.wait(timeout=10) == -9
+    assert not secrets.exists(), "gone by the time the directory is closed"
     st = directory.stat()
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, os.getegid(), 0o700)
     assert users.owners(directory.parent) == {}

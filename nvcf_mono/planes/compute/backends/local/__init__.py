@@ -598,11 +598,12 @@ class LocalBackend:
                 self._ports.discard(port)
         if inst.fixed_port is not None and self._fixed.get(inst.fixed_port) == inst.instance_id:
             del self._fixed[inst.fixed_port]
-        # Instance users: whatever still runs as them goes first, and the directory closes.
+        # Instance users: whatever still runs as them goes first, then the secrets, and the directory closes.
         slot, inst.slot = inst.slot, None
-        await anyio.to_thread.run_sync(self._users.close, inst.directory, slot)
-        # Logs stay for `instance logs`; secrets and per-request files do not.
-        self._secrets_file(inst).unlink(missing_ok=True)
+        await anyio.to_thread.run_sync(
+            partial(self._users.close, inst.directory, slot, secrets=self._secrets_file(inst))
+        )
+        # Logs stay for `instance logs`; per-request files do not.
         for sub in ("assets", "responses"):
             await anyio.to_thread.run_sync(partial(shutil.rmtree, inst.directory / sub, ignore_errors=True))
 

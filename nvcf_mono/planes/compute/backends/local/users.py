@@ -440,11 +440,18 @@ class InstanceUsers:
             os.chown(target, owners[name], slot.gid, follow_symlinks=False)
             os.chmod(target, 0o750)
 
-    def close(self, path: Path, slot: Slot | None) -> None:
-        """A released instance: what still runs as its users dies, and its directory is the agent's alone."""
+    def close(self, path: Path, slot: Slot | None, *, secrets: Path) -> None:
+        """A released instance: what still runs as its users dies, its ``secrets`` file goes, and its
+        directory is the agent's alone.
+
+        In that order: nothing of the instance is left to write the file again once it is removed, and
+        a directory seen closed no longer holds it.
+        """
+        if slot is not None:
+            processes.kill_users(slot.uids)
+        secrets.unlink(missing_ok=True)
         if slot is None:
             return
-        processes.kill_users(slot.uids)
         close_directory(path, self.euid, self.egid)
         self.give_back(slot)
 
