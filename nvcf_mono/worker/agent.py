@@ -33,6 +33,7 @@ from nvcf_mono.bus.holding import hold_until_ready
 from nvcf_mono.contracts import redelivery, subjects, trace
 from nvcf_mono.contracts.frames import Frame, FrameError, Request
 from nvcf_mono.grpc.batch import MOST, accept_large_frames, send_all
+from nvcf_mono.grpc.uploads import upload as upload_all
 from nvcf_mono.log import bind, unbind
 from nvcf_mono.metrics import Metrics
 from nvcf_mono.proto.gen.nvcf.worker.v1 import (
@@ -785,23 +786,22 @@ class Worker:
             with anyio.fail_after(LARGE_UPLOAD_TIMEOUT):
                 return await send(archive)
 
+        async def chunks(archive: IO[bytes]) -> AsyncIterator[LargeResponseChunk]:
+            data = await anyio.to_thread.run_sync(archive.read, LARGE_CHUNK)
+            yield LargeResponseChunk(
+                session_token=link.session.session_token,
+                request_id=rid,
+                capability=subjects.response_capability(request.reply),
+                data=data,
+            )
+            while data := await anyio.to_thread.run_sync(archive.read, LARGE_CHUNK):
+                yield LargeResponseChunk(data=data)
+
         async def send(archive: IO[bytes]) -> str:
             async with link.channel.request(
                 f"{SERVICE}/UploadLargeResponse", Cardinality.STREAM_UNARY, LargeResponseChunk, LargeResponseStored
             ) as stream:
-                data = await anyio.to_thread.run_sync(archive.read, LARGE_CHUNK)
-                await stream.send_message(
-                    LargeResponseChunk(
-                        session_token=link.session.session_token,
-                        request_id=rid,
-                        capability=subjects.response_capability(request.reply),
-                        data=data,
-                    )
-                )
-                while data := await anyio.to_thread.run_sync(archive.read, LARGE_CHUNK):
-                    await stream.send_message(LargeResponseChunk(data=data))
-                await stream.end()
-                stored = await stream.recv_message()
+                stored = await upload_all(stream, chunks(archive))
             if stored is None or not stored.location:
                 raise OSError("the node did not say where it keeps the large response")
             return stored.location

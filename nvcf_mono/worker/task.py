@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, final
 
@@ -23,6 +23,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.contracts import env
+from nvcf_mono.grpc.uploads import upload
 from nvcf_mono.models.common import now_iso
 from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     TaskConnectRequest,
@@ -226,20 +227,18 @@ class TaskWorker:
             async with channel.request(
                 f"{SERVICE}/TaskUploadResult", Cardinality.STREAM_UNARY, TaskResultChunk, TaskResultAck
             ) as stream:
-                if self._result_handling == "NONE":
-                    await stream.send_message(head, end=True)  # the name and size only
-                else:
-                    with path.open("rb") as f:
-                        data = await anyio.to_thread.run_sync(f.read, CHUNK)
-                        await stream.send_message(_with_data(head, data))
-                        while True:
-                            data = await anyio.to_thread.run_sync(f.read, CHUNK)
-                            if not data:
-                                break
-                            await stream.send_message(TaskResultChunk(data=data))
-                    await stream.end()
-                reply = await stream.recv_message()
+                reply = await upload(stream, self._chunks(head, path))
         log.info("uploaded result %s (%d bytes)%s", name, size, f" as {reply.result_id}" if reply else "")
+
+    async def _chunks(self, head: TaskResultChunk, path: Path) -> AsyncIterator[TaskResultChunk]:
+        if self._result_handling == "NONE":
+            yield head  # the name and size only
+            return
+        with path.open("rb") as f:
+            data = await anyio.to_thread.run_sync(f.read, CHUNK)
+            yield _with_data(head, data)
+            while data := await anyio.to_thread.run_sync(f.read, CHUNK):
+                yield TaskResultChunk(data=data)
 
 
 def _with_data(head: TaskResultChunk, data: bytes) -> TaskResultChunk:
