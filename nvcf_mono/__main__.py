@@ -111,7 +111,8 @@ def run_worker(worker: Sidecar, secrets: bool) -> int:
         return 1
     except BaseExceptionGroup as group:
         for exc in group.exceptions:
-            log.error("worker stopped: %s", exc)
+            # Not one of the conditions above: a fault, whose traceback is what finds it.
+            log.error("worker stopped: %s", exc, exc_info=exc)
         return 1
     return 0
 
