@@ -315,11 +315,18 @@ async def embeddings(model: Model, request: web.Request, doc: dict[str, Any]) ->
     )
 
 
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+def _message(item_id: str, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
 def _response_doc(
     model: Model, rid: str, created: int, *, text: str, status: str, prompt: str, n: int
 ) -> dict[str, Any]:
-    content = [{"type": "output_text", "text": text, "annotations": []}]
-    item = {"type": "message", "id": f"msg_{rid}", "status": status, "role": "assistant", "content": content}
+    item = _message(f"msg_{rid}", status, [_text_part(text)])
     doc: dict[str, Any] = {
         "id": f"resp_{rid}", "object": "response", "created_at": created, "status": status, "model": model.name,
         "output": [item] if text or status == "completed" else [], "error": None, "incomplete_details": None,
@@ -349,15 +356,24 @@ async def responses(model: Model, request: web.Request, doc: dict[str, Any]) -> 
             seq += 1
             return f"event: {kind}\n" + data({"type": kind, "sequence_number": seq - 1, **fields})
 
+        # The whole sequence OpenAI sends: clients (the Python SDK's ``responses.stream``) build the
+        # response from the item and part events and refuse a delta for an item never announced.
         started = _response_doc(model, rid, created, text="", status="in_progress", prompt=prompt, n=0)
         yield event("response.created", response=started)
+        yield event("response.in_progress", response=started)
+        item_id = f"msg_{rid}"
+        yield event("response.output_item.added", output_index=0, item=_message(item_id, "in_progress", []))
+        at: dict[str, Any] = {"item_id": item_id, "output_index": 0, "content_index": 0}
+        yield event("response.content_part.added", **at, part=_text_part(""))
         text = ""
         async for token in model.tokens(prompt, limit):
             text += token
-            yield event(
-                "response.output_text.delta", item_id=f"msg_{rid}", output_index=0, content_index=0, delta=token
-            )
-        yield event("response.output_text.done", item_id=f"msg_{rid}", output_index=0, content_index=0, text=text)
+            yield event("response.output_text.delta", **at, delta=token, logprobs=[])
+        yield event("response.output_text.done", **at, text=text, logprobs=[])
+        yield event("response.content_part.done", **at, part=_text_part(text))
+        yield event(
+            "response.output_item.done", output_index=0, item=_message(item_id, "completed", [_text_part(text)])
+        )
         yield event(
             "response.completed",
             response=_response_doc(model, rid, created, text=text, status="completed", prompt=prompt, n=limit),

@@ -109,6 +109,12 @@ async def chat_completions_embeddings_and_responses(llm: openai.AsyncOpenAI, fid
     events = [e.type async for e in stream]
     assert events[0] == "response.created" and events[-1] == "response.completed"
     assert events.count("response.output_text.delta") == 3
+    # The SDK's stream helper builds the response from the item and part events: all must come, in order.
+    async with llm.responses.stream(model="tiny-llm", input="hi", max_output_tokens=3) as helped:
+        deltas = [e.delta async for e in helped if e.type == "response.output_text.delta"]
+        final = await helped.get_final_response()
+    assert final.output_text == "".join(deltas) and len(final.output_text.split()) == 3
+    assert final.usage is not None and final.usage.output_tokens == 3
 
 
 async def test_streamed_chat_arrives_as_the_function_writes_it_and_ends_with_done(tmp_path: Path) -> None:
