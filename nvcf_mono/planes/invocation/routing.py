@@ -58,6 +58,10 @@ class RoutingTable:
             self._by_version = {fv.version_id: fv for versions in index.values() for fv in versions}
         return self._by_function
 
+    def versions_of(self, function_id: str) -> list[FunctionVersion]:
+        """The function's versions (none when unknown)."""
+        return self._index().get(function_id, [])
+
     def version(self, function_id: str, version_id: str) -> FunctionVersion | None:
         return self.functions.get(buckets.version_key(function_id, version_id))
 
@@ -97,7 +101,7 @@ class RoutingTable:
             fv = self.version(function_id, version_id)
             candidates = [] if fv is None else [fv]
         else:
-            candidates = self._index().get(function_id, [])
+            candidates = self.versions_of(function_id)
         visible = [fv for fv in candidates if self.may_invoke(principal, fv)]
         if not visible:
             if candidates and any(fv.nca_id == principal.account for fv in candidates):

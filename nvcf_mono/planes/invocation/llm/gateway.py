@@ -234,14 +234,14 @@ class Gateway:
             principal = await self.principal(request)
         except GatewayError as err:
             return err.response()
-        data = [_card(name, fv) for name, (_, fv) in sorted(self.catalog.visible(principal).items())]
+        data = [_card(name, fv) for name, (_, fv) in self.catalog.visible(principal).items()]
         return web.json_response({"object": "list", "data": data})
 
     async def get_model(self, request: web.Request) -> web.StreamResponse:
         try:
             principal = await self.principal(request)
             name = request.match_info["model"]
-            found = self.catalog.visible(principal).get(name)
+            found = self.catalog.find(principal, name)
             if found is None:
                 raise GatewayError(404, f"The model '{name}' does not exist or you do not have access to it.")
         except GatewayError as err:

@@ -55,43 +55,64 @@ def configured_aliases(models: Mapping[str, str]) -> list[Alias]:
     return aliases
 
 
+@attrs.frozen
+class _Tagged:
+    """A function version registered under a model name by its tag."""
+
+    alias: Alias
+    fv: FunctionVersion
+    created: float
+
+
 class ModelCatalog:
-    """Model names over the invocation plane's routing table; the tag index follows its generation."""
+    """Model names over the invocation plane's routing table; the tag index follows its generation.
+
+    A call looks at the functions of its model name only, however many functions there are.
+    """
 
     def __init__(self, routing: RoutingTable, models: Mapping[str, str]) -> None:
         self.routing = routing
-        self._configured = configured_aliases(models)
+        self._configured = {alias.name: alias for alias in configured_aliases(models)}
         self._seen = -1
-        self._tagged: list[tuple[Alias, FunctionVersion]] = []
+        self._tagged: dict[str, list[_Tagged]] = {}
 
-    def _tags(self) -> list[tuple[Alias, FunctionVersion]]:
+    def _tags(self) -> dict[str, list[_Tagged]]:
         if self._seen != self.routing.functions.generation:
             self._seen = self.routing.functions.generation
-            self._tagged = [
-                (Alias(tag[len(MODEL_TAG) :], fv.id, tag[len(MODEL_TAG) :]), fv)
-                for fv in self.routing.functions.values()
-                for tag in fv.tags or ()
-                if tag.startswith(MODEL_TAG) and len(tag) > len(MODEL_TAG)
-            ]
+            index: dict[str, list[_Tagged]] = {}
+            for fv in self.routing.functions.values():
+                for tag in fv.tags or ():
+                    if tag.startswith(MODEL_TAG) and len(tag) > len(MODEL_TAG):
+                        name = tag[len(MODEL_TAG) :]
+                        index.setdefault(name, []).append(_Tagged(Alias(name, fv.id, name), fv, created_epoch(fv)))
+            self._tagged = index
         return self._tagged
 
-    def visible(self, principal: Principal) -> dict[str, tuple[Alias, FunctionVersion]]:
-        """Every model name the caller may use: its own account's tags win over shared functions' and
-        newer versions over older; the settings' aliases over tags.
+    def find(self, principal: Principal, name: str) -> tuple[Alias, FunctionVersion] | None:
+        """What the model ``name`` means to the caller: the settings' alias over tags, its own account's
+        tags over shared functions', newer versions over older.
         """
-        found: dict[str, tuple[Alias, FunctionVersion]] = {}
-        rank: dict[str, tuple[bool, float]] = {}
-        for alias, fv in self._tags():
-            if not self.routing.may_invoke(principal, fv):
-                continue
-            key = (fv.nca_id == principal.account, created_epoch(fv))
-            if alias.name not in rank or key > rank[alias.name]:
-                found[alias.name], rank[alias.name] = (alias, fv), key
-        for alias in self._configured:
-            versions = [fv for fv in self.routing.functions.values() if fv.id == alias.function_id]
+        configured = self._configured.get(name)
+        if configured is not None:
+            versions = self.routing.versions_of(configured.function_id)
             allowed = [fv for fv in versions if self.routing.may_invoke(principal, fv)]
             if allowed:
-                found[alias.name] = (alias, max(allowed, key=created_epoch))
+                return configured, max(allowed, key=created_epoch)
+        best: _Tagged | None = None
+        rank = (False, 0.0)
+        for tagged in self._tags().get(name, ()):
+            key = (tagged.fv.nca_id == principal.account, tagged.created)
+            if (best is None or key > rank) and self.routing.may_invoke(principal, tagged.fv):
+                best, rank = tagged, key
+        return None if best is None else (best.alias, best.fv)
+
+    def visible(self, principal: Principal) -> dict[str, tuple[Alias, FunctionVersion]]:
+        """Every model name the caller may use, as :meth:`find` tells each."""
+        found = {}
+        for name in sorted({*self._tags(), *self._configured}):
+            hit = self.find(principal, name)
+            if hit is not None:
+                found[name] = hit
         return found
 
     async def target(self, principal: Principal, headers: Mapping[str, str], model: str) -> Target:
@@ -100,11 +121,11 @@ class ModelCatalog:
         if function_id is not None:
             version_id = headers.get(VERSION_HEADER)
             fv = await self._resolve(principal, function_id.strip(), version_id and version_id.strip(), model)
-            alias = self.visible(principal).get(model)
+            alias = self.find(principal, model)
             if alias is not None and alias[0].function_id == fv.id:
                 return Target(fv, alias[0].downstream)
             return Target(fv, model.split("/", 1)[1] if model.startswith(f"{fv.id}/") else model)
-        alias = self.visible(principal).get(model)
+        alias = self.find(principal, model)
         if alias is not None:
             return Target(await self._resolve(principal, alias[0].function_id, None, model), alias[0].downstream)
         function_id, slash, downstream = model.partition("/")
