@@ -84,6 +84,8 @@ class KvMirror(Generic[T]):
         self.revision = 0
         #: Counts changes of the copy: an index built from it is current while this is unchanged.
         self.generation = 0
+        self._groups: dict[str, list[T]] = {}
+        self._groups_at = -1  # the generation the groups were built at
         self._watching: anyio.CancelScope | None = None  # the running watch, cancelled to restart it
         self._nudge: anyio.Event | None = None  # set when the bucket's stream is made again
 
@@ -102,6 +104,21 @@ class KvMirror(Generic[T]):
 
     def values(self) -> list[T]:
         return [found.value for found in self._data.values()]
+
+    def group(self, token: str) -> list[T]:
+        """The values under ``<token>.`` (keys whose first token is ``token``), in key order of arrival.
+
+        From an index built once per change of the copy, so a look-up costs what it returns, not what
+        the bucket holds (a version's placements, a function's versions).
+        """
+        if self._groups_at != self.generation:
+            groups: dict[str, list[T]] = {}
+            for key, found in self._data.items():
+                first, dot, _ = key.partition(".")
+                if dot:
+                    groups.setdefault(first, []).append(found.value)
+            self._groups, self._groups_at = groups, self.generation
+        return list(self._groups.get(token, ()))
 
     def __len__(self) -> int:
         return len(self._data)

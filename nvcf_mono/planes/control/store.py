@@ -137,10 +137,7 @@ class ControlStore:
         return dep
 
     def versions_of(self, function_id: str) -> list[FunctionVersion]:
-        prefix = f"{function_id}."
-        return sorted(
-            (v for k, v in self.functions.items() if k.startswith(prefix)), key=lambda v: (v.created_at, v.version_id)
-        )
+        return sorted(self.functions.mirror.group(function_id), key=lambda v: (v.created_at, v.version_id))
 
     def deployment_by_id(self, deployment_id: str) -> Deployment | None:
         for dep in self.deployments.values():
@@ -149,5 +146,4 @@ class ControlStore:
         return None
 
     def placements_of(self, function_version_id: str) -> list[SpecPlacement]:
-        prefix = f"{function_version_id}."
-        return [p for k, p in self.placements.items() if k.startswith(prefix)]
+        return self.placements.mirror.group(function_version_id)

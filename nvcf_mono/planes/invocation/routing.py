@@ -76,8 +76,7 @@ class RoutingTable:
         return self.placements_by_ids(fv.id, fv.version_id)
 
     def placements_by_ids(self, function_id: str, version_id: str) -> list[SpecPlacement]:
-        prefix = f"{version_id}."
-        return [p for k, p in self.placements.items() if k.startswith(prefix)]
+        return self.placements.group(version_id)
 
     def _shared(self, fv: FunctionVersion, account: str) -> bool:
         for key in (fv.id, f"{fv.id}.{fv.version_id}"):

@@ -61,3 +61,25 @@ async def test_the_mirror_survives_its_bucket_being_removed(
             await kv.put("x", CODEC.encode(Item(7)))
             await _until(lambda: mirror.get("x") == Item(7), timeout=10)
             tg.cancel_scope.cancel()
+
+
+async def test_groups_follow_puts_and_deletes(nats_server: NatsServer, unique: Callable[[str], str]) -> None:
+    """``group`` (a version's placements, a function's versions) answers from the copy as it is now."""
+    async with connect(nats_server.url) as bus:
+        kv = await bus.ensure_bucket(BucketSpec(name=unique("groups")))
+        for key, n in (("v1.a", 1), ("v1.b", 2), ("v2.a", 3), ("v10.a", 4), ("v1", 5)):
+            await kv.put(key, CODEC.encode(Item(n)))
+        mirror = KvMirror(kv, CODEC)
+        async with anyio.create_task_group() as tg:
+            await tg.start(mirror.run, bus)
+            assert mirror.group("v1") == [Item(1), Item(2)]  # not v10's, nor the bare key 'v1'
+            assert mirror.group("v10") == [Item(4)] and mirror.group("v3") == []
+            mirror.group("v1").clear()  # a caller's list is its own
+            assert len(mirror.group("v1")) == 2
+            await kv.delete("v1.a")
+            await kv.put("v3.a", CODEC.encode(Item(6)))
+            await _until(lambda: mirror.group("v1") == [Item(2)] and mirror.group("v3") == [Item(6)])
+            revision = await kv.put("v2.b", CODEC.encode(Item(7)))
+            mirror.note("v2.b", Item(7), revision)  # a node's own write counts at once
+            assert mirror.group("v2") == [Item(3), Item(7)]
+            tg.cancel_scope.cancel()
