@@ -23,6 +23,7 @@ from tests.e2e.cli import ROOT, cli_env, run_cli
 from tests.function_charts import write_chart
 from tests.integration.control.conftest import CONTAINER_FUNCTION, Platform, agent, platform
 from tests.integration.control.test_secrets import fetch, worker_token
+from tests.support.procs import describe
 
 H100 = ["--gpu", "H100", "--instance-type", "ON-PREM.GPU.H100_1x"]
 # The developer's own settings must not leak into the command.
@@ -383,8 +384,10 @@ async def test_ctrl_c_stops_waiting_and_leaves_the_deployment(tmp_path: Path) ->
                 try:
                     await wait_for(waiting, timeout=30, what="the progress line")
                     proc.send_signal(signal.SIGINT)
-                    with anyio.fail_after(30):
+                    with anyio.move_on_after(60):
                         code = await proc.wait()
+                    # Seen once in a loaded run: no exit within 30 s. Say where the process was.
+                    assert proc.returncode is not None, f"{describe(proc.pid)}; stderr: {err.read_text()!r}"
                 finally:
                     if proc.returncode is None:  # the test failed midway: do not wait out its 900 s
                         proc.kill()

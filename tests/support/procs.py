@@ -53,3 +53,19 @@ def live_processes() -> Iterator[Process]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != me and alive(int(entry.name)):
             yield Process(int(entry.name))
+
+
+def describe(pid: int) -> str:
+    """Where a process is, for a test's failure message: its state and what each thread waits in."""
+    base = Path(f"/proc/{pid}")
+    try:
+        stat = (base / "stat").read_text()
+    except OSError:
+        return f"process {pid} is gone (reaped)"
+    threads = []
+    for task in sorted((base / "task").glob("*")):
+        try:
+            threads.append(f"{task.name}:{(task / 'wchan').read_text() or '-'}")
+        except OSError:
+            continue
+    return f"process {pid} state {stat[stat.rindex(')') + 2]}, threads waiting in {' '.join(threads) or '?'}"
