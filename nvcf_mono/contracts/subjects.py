@@ -117,6 +117,10 @@ def cancel_subject(function_version_id: str) -> str:
 AFFINITY_TOOK = "nvcf.affinity.took"
 
 
+#: Invocation nodes tell each other what the LLM gateway's calls took from their limits.
+LLM_GATEWAY_TAKEN = "nvcf.llm.taken"
+
+
 def affinity_take_subject(node: str) -> str:
     """``nvcf.affinity.take.<node>``: another node hands a turn to an instance connected to this node."""
     return f"nvcf.affinity.take.{node}"

@@ -28,6 +28,7 @@ from nvcf_mono.planes.invocation.idempotency import Idempotency
 from nvcf_mono.planes.invocation.input_assets import InputAssets
 from nvcf_mono.planes.invocation.large_responses import LargeResponses
 from nvcf_mono.planes.invocation.llm.gateway import Gateway
+from nvcf_mono.planes.invocation.llm.sharing import LimitSharing
 from nvcf_mono.planes.invocation.load import LoadMeter
 from nvcf_mono.planes.invocation.metrics import InvocationMetrics
 from nvcf_mono.planes.invocation.ratelimit import RateLimiter
@@ -80,8 +81,11 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
         ctx.add_middleware(cors.middleware(), order=1)  # inside host routing: never sees host-routed calls
         ctx.add_response_hook(cors.on_response)
         self.metrics = InvocationMetrics(ctx.metrics)
+        self.gateway: Gateway | None = None
         if self.config.llm_gateway.enabled:
-            gateway = Gateway(self.config.llm_gateway, self.invoker, self.authenticator, ctx.metrics, ctx.log)
+            gateway = self.gateway = Gateway(
+                self.config.llm_gateway, self.invoker, self.authenticator, ctx.metrics, ctx.log
+            )
             for method, path, handler in gateway.routes():
                 ctx.add_route(method, path, handler)
         self.workers = WorkerService(self.config, ctx.log)
@@ -134,6 +138,8 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
                 log=log,
             )
             tg.start_soon(retired.run)
+            if self.gateway is not None and self.gateway.limits.limited:
+                await tg.start(LimitSharing(bus, self.gateway.limits, node, log).run)
             handover = Handover(bus, self.workers.affinity, ctx.metrics, log)
             await tg.start(handover.run, self.workers.take_handed)
             self.workers.deps.set(

@@ -143,29 +143,56 @@ def test_a_call_refused_before_it_ran_gives_its_tokens_back() -> None:
     limits.admit(caller(), 90)  # the bucket is whole again
 
 
-def test_n_invocation_nodes_each_hold_a_share_so_together_they_admit_the_limit() -> None:
-    nodes = [2]
+def test_nodes_take_what_the_others_report_so_a_caller_meets_one_limit() -> None:
     clock = Clock()
-    limits = Limits(LlmGatewaySettings(requests_per_minute=6, tokens_per_minute=100), clock, nodes=lambda: nodes[0])
-    # 6 a minute on 2 nodes: this node admits 3, and says why it stops there.
-    for _ in range(3):
-        limits.admit(caller(), 1)
-    err = refused(limits, caller(), 1)
-    assert "limit 6 (2 gateway nodes share it)" in err.message
-    assert err.headers["Retry-After"] == "20"  # the share refills at 3 a minute
-    # Tokens too: 50 of 100 here.
-    limits.admit(caller("acct-b"), 30)
-    refused(limits, caller("acct-b"), 30)
+    settings = LlmGatewaySettings(requests_per_minute=4, tokens_per_minute=1000, key_requests_per_minute=3)
+    a, b = Limits(settings, clock), Limits(settings, clock)
+    a.sharing = b.sharing = True
+    a.admit(caller(), 100).settle(300)  # estimated 100, used 300
+    a.admit(caller(), 100)
+    report = a.taken()
+    assert report == {
+        ("account", "acct-a", "requests"): 2,
+        ("account", "acct-a", "tokens"): 400,
+        ("key", "key-1", "requests"): 2,
+    }
+    assert a.taken() == {}  # reported once
+    for key, amount in report.items():
+        b.take(key, amount)
+    b.admit(caller(), 100)
+    err = refused(b, caller(), 1)  # the key's 3 a minute: two on a, one here
+    assert "on this key: limit 3;" in err.message
+    b.admit(caller(key="key-2"), 100)  # the account's fourth request
+    refused(b, caller(key="key-3"), 1)
+    assert refused(b, caller(key="key-3"), 400).message.startswith("Rate limit reached for requests")
 
-    # The other node left: the bucket keeps its fill (empty stays empty) and grows to the whole limit.
-    nodes[0] = 1
-    refused(limits, caller(), 1)
-    clock.now += 10  # 6 a minute now: one request back every 10 s
-    limits.admit(caller(), 1)
-    refused(limits, caller(), 1)
+
+def test_what_a_call_gives_back_is_given_back_on_every_node() -> None:
+    settings = LlmGatewaySettings(tokens_per_minute=1000)
+    a, b = Limits(settings, Clock()), Limits(settings, Clock())
+    a.sharing = True
+    lease = a.admit(caller(), 800)
+    for key, amount in a.taken().items():
+        b.take(key, amount)
+    refused(b, caller(), 300)
+    lease.settle(0)  # refused downstream before it ran: nothing spent
+    for key, amount in a.taken().items():
+        b.take(key, amount)
+    b.admit(caller(), 300)
 
 
-def test_a_limit_that_does_not_divide_rounds_each_share_up() -> None:
-    limits = Limits(LlmGatewaySettings(requests_per_minute=1), Clock(), nodes=lambda: 3)
-    limits.admit(caller(), 1)  # each of 3 nodes admits one: at most one over the limit per node
+def test_a_node_alone_keeps_nothing_to_report() -> None:
+    limits = Limits(LlmGatewaySettings(requests_per_minute=5, tokens_per_minute=100), Clock())
+    for i in range(50):
+        limits.admit(caller(f"acct-{i}"), 10).settle(20)
+    assert limits.taken() == {}
+    assert not Limits(LlmGatewaySettings(), Clock()).limited and limits.limited
+
+
+def test_reports_from_unknown_buckets_or_of_limits_not_set_are_ignored() -> None:
+    limits = Limits(LlmGatewaySettings(requests_per_minute=2), Clock())
+    limits.take(("account", "acct-a", "tokens"), 10**9)  # no token limit here
+    limits.take(("key", "key-1", "requests"), 10**9)  # nor a key limit
+    limits.admit(caller(), 10**6)
+    limits.take(("account", "acct-a", "requests"), 1)
     refused(limits, caller(), 1)

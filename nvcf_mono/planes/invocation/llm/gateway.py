@@ -72,7 +72,7 @@ class Gateway:
         self.settings = settings
         self.invoker = invoker
         self.authenticator = authenticator
-        self.limits = Limits(settings, nodes=self._invocation_nodes)
+        self.limits = Limits(settings)
         self.log = log
         self._catalog: ModelCatalog | None = None
         self.requests = metrics.counter(
@@ -91,10 +91,6 @@ class Gateway:
             "Tokens the functions reported (or the gateway estimated) for gateway calls, by function.",
             ("function_id",),
         )
-
-    def _invocation_nodes(self) -> int:
-        """The invocation nodes sharing the limits: those the rate limiter sees announced."""
-        return self.invoker.get().limiter.nodes.count()
 
     @property
     def catalog(self) -> ModelCatalog:

@@ -5,11 +5,12 @@ is admitted; when it ends, the estimate is replaced by the usage the function re
 cannot pay answers 429 with ``Retry-After``: the seconds until it can. A full bucket is forgotten, so
 memory follows the callers of the last minute.
 
-Several invocation nodes. Buckets live on each node, with no I/O per call; each node holds
-``ceil(limit / N)`` of a limit, ``N`` being the invocation nodes the rate limiter counts (their
-announcements on the bus). Together the nodes never admit more than the limit (plus up to one per node
-where the limit does not divide), however the callers spread; a spread so uneven that one node gets all
-of an account's calls gets ``1/N`` of the limit there. When ``N`` changes, each bucket keeps its fill.
+Several invocation nodes. Each node's buckets hold the whole limit, with no I/O per call, and each node
+takes from them what the others took as well: what was taken here since the last report is handed out
+by :meth:`Limits.taken` (the node publishes it, :mod:`.sharing`), and the others' reports come in through
+:meth:`Limits.take`. So a caller finds the same bucket whichever node its calls reach (an OpenAI client
+keeps its connection to one of them). What the nodes admit together may pass the limit by what the
+others took within one report interval, not yet heard.
 """
 
 from __future__ import annotations
@@ -52,74 +53,108 @@ class Bucket:
         return 0.0 if missing <= 0 else missing * 60.0 / self.capacity
 
 
+Key = tuple[str, str, str]
+"""A bucket: (``account`` or ``key``, its id, ``requests`` or ``tokens``)."""
+SCOPES = ("account", "key")
+KINDS = ("requests", "tokens")
+
+
 @attrs.define
 class Lease:
     """What an admitted call took; :meth:`settle` corrects the tokens once its usage is known."""
 
-    token_buckets: list[Bucket]
+    limits: Limits
+    token_keys: list[Key]
     estimate: int
 
     def settle(self, used: int | None) -> None:
         if used is None:
             return
-        for bucket in self.token_buckets:
-            bucket.level -= used - self.estimate  # may go below 0: the next calls wait for it
+        for key in self.token_keys:
+            self.limits.charge(key, used - self.estimate)  # may go below 0: the next calls wait for it
         self.estimate = used
 
 
 class Limits:
     """The gateway's request and token limits."""
 
-    def __init__(
-        self,
-        settings: LlmGatewaySettings,
-        clock: Callable[[], float] = time.monotonic,
-        nodes: Callable[[], int] = lambda: 1,
-    ) -> None:
+    def __init__(self, settings: LlmGatewaySettings, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self.clock = clock
-        self.nodes = nodes
-        self._buckets: dict[tuple[str, str, str], Bucket] = {}
+        self._buckets: dict[Key, Bucket] = {}
+        #: Taken here since the last :meth:`taken`; kept only while another node hears of it.
+        self._taken: dict[Key, float] = {}
+        self.sharing = False
+
+    @property
+    def limited(self) -> bool:
+        """Whether any limit is set."""
+        s = self.settings
+        return any(
+            n > 0
+            for n in (s.requests_per_minute, s.tokens_per_minute, s.key_requests_per_minute, s.key_tokens_per_minute)
+        )
+
+    def limit(self, scope: str, kind: str) -> int:
+        """A bucket's limit a minute (0: none)."""
+        s = self.settings
+        if scope == "account":
+            return s.requests_per_minute if kind == "requests" else s.tokens_per_minute
+        return s.key_requests_per_minute if kind == "requests" else s.key_tokens_per_minute
 
     def admit(self, principal: Principal, estimate: int) -> Lease:
         """Take one request and ``estimate`` tokens from every bucket that applies, or 429."""
-        s = self.settings
-        tiers = [("account", principal.account, s.requests_per_minute, s.tokens_per_minute)]
+        tiers = [("account", principal.account)]
         if principal.key_id is not None:
-            tiers.append(("key", principal.key_id, s.key_requests_per_minute, s.key_tokens_per_minute))
+            tiers.append(("key", principal.key_id))
         now = self.clock()
-        nodes = max(1, self.nodes())
         self._forget_full(now)
-        charges: list[tuple[Bucket, float, str]] = []
-        for scope, ident, requests, tokens in tiers:
-            for kind, limit, cost in (("requests", requests, 1.0), ("tokens", tokens, float(estimate))):
+        charges: list[tuple[Key, float]] = []
+        for scope, ident in tiers:
+            for kind, cost in (("requests", 1.0), ("tokens", float(estimate))):
+                limit = self.limit(scope, kind)
                 if limit <= 0:
                     continue
-                bucket = self._bucket((scope, ident, kind), math.ceil(limit / nodes), now)
+                key = (scope, ident, kind)
+                bucket = self._bucket(key, limit, now)
                 wait = bucket.wait(cost)
                 if wait > 0:
-                    spread = f" ({nodes} gateway nodes share it)" if nodes > 1 else ""
                     raise GatewayError(
                         429,
-                        f"Rate limit reached for {kind} per minute on this {scope}: limit {limit}{spread}; "
+                        f"Rate limit reached for {kind} per minute on this {scope}: limit {limit}; "
                         f"try again in {math.ceil(wait)}s.",
                         headers={"Retry-After": str(max(1, math.ceil(wait)))},
                     )
-                charges.append((bucket, min(cost, bucket.capacity), kind))
-        for bucket, cost, _ in charges:
-            bucket.level -= cost
-        return Lease([b for b, _, kind in charges if kind == "tokens"], estimate)
+                charges.append((key, min(cost, bucket.capacity)))
+        for key, cost in charges:
+            self.charge(key, cost)
+        return Lease(self, [key for key, _ in charges if key[2] == "tokens"], estimate)
 
-    def _bucket(self, key: tuple[str, str, str], limit: int, now: float) -> Bucket:
+    def charge(self, key: Key, amount: float) -> None:
+        """Take ``amount`` from a bucket for a call of this node (a negative amount gives back)."""
+        bucket = self._buckets.get(key)
+        if bucket is not None:
+            bucket.level -= amount
+        if self.sharing and amount:
+            self._taken[key] = self._taken.get(key, 0.0) + amount
+
+    def taken(self) -> dict[Key, float]:
+        """What this node's calls took since the last time it was asked (for the other nodes)."""
+        taken, self._taken = self._taken, {}
+        return {key: amount for key, amount in taken.items() if amount}
+
+    def take(self, key: Key, amount: float) -> None:
+        """Take what another node's calls took."""
+        limit = self.limit(key[0], key[2])
+        if limit > 0:
+            self._bucket(key, limit, self.clock()).level -= amount
+
+    def _bucket(self, key: Key, limit: int, now: float) -> Bucket:
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = Bucket(capacity=float(limit), level=float(limit), at=now)
             return bucket
         bucket.refill(now)
-        if bucket.capacity != limit:
-            # Another share (nodes came or went) or another setting: the bucket keeps its fill.
-            bucket.level *= limit / bucket.capacity
-            bucket.capacity = float(limit)
         return bucket
 
     def _forget_full(self, now: float) -> None:

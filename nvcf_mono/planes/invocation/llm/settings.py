@@ -28,14 +28,14 @@ class LlmGatewaySettings:
     )
     requests_per_minute: int = setting(
         0,
-        doc="Per account: requests a minute through the gateway (0: no limit). Each of N invocation nodes "
-        "holds 1/N of it.",
+        doc="Per account: requests a minute through the gateway (0: no limit). Every invocation node holds all "
+        "of it and takes what the others report their calls took (every 0.5 s).",
         check=at_least(0),
     )
     tokens_per_minute: int = setting(
         0,
         doc="Per account: tokens a minute, estimated before a call (prompt characters / 4 plus max_tokens) and "
-        "corrected by the usage the function reports (0: no limit). Each of N invocation nodes holds 1/N of it.",
+        "corrected by the usage the function reports (0: no limit). Shared by the invocation nodes as requests are.",
         check=at_least(0),
     )
     key_requests_per_minute: int = setting(0, doc="The same per API key (0: no limit).", check=at_least(0))
