@@ -75,6 +75,10 @@ async def chat_completions_embeddings_and_responses(llm: openai.AsyncOpenAI, fid
     """Each OpenAI operation the gateway forwards, as the client library calls it."""
     assert [m.id async for m in llm.models.list()] == ["tiny-llm"]
     assert (await llm.models.retrieve("tiny-llm")).owned_by == "nvcf-default"
+    # A model named as calls may name it, <functionId>/<model>, is one too.
+    assert (await llm.models.retrieve(f"{fid}/tiny-llm")).id == f"{fid}/tiny-llm"
+    listed = await llm.models.with_raw_response.list(extra_headers={"X-Request-ID": "list-1"})
+    assert listed.headers["X-Request-ID"] == "list-1"
 
     messages: Any = [{"role": "user", "content": "tell me a story"}]
     chat = await llm.chat.completions.create(model="tiny-llm", messages=messages, max_tokens=5)
@@ -187,6 +191,8 @@ async def refusals(llm: openai.AsyncOpenAI, stranger: openai.AsyncOpenAI, other:
     for by_id in ({"model": f"{fid}/tiny-llm"}, {"model": "x", "extra_headers": {"X-NVCF-Function-ID": fid}}):
         with pytest.raises(openai.NotFoundError):  # naming the function's id does not reach it either
             await other.chat.completions.create(messages=messages, **by_id)
+    with pytest.raises(openai.NotFoundError):
+        await other.models.retrieve(f"{fid}/tiny-llm")
 
     # The key's 3 requests a minute: refusals before a function was chosen cost nothing; the function's 400
     # above and two more calls are 3, and the 4th is refused until the bucket refills.

@@ -229,26 +229,38 @@ class Gateway:
         try:
             principal = await self.principal(request)
         except GatewayError as err:
-            return err.response()
+            return _identified(request, err.response())
         data = [_card(name, fv) for name, (_, fv) in self.catalog.visible(principal).items()]
-        return web.json_response({"object": "list", "data": data})
+        return _identified(request, web.json_response({"object": "list", "data": data}))
 
     async def get_model(self, request: web.Request) -> web.StreamResponse:
+        """One model the caller may use: a listed name, or ``<functionId>/<model>`` as calls may name it."""
         try:
             principal = await self.principal(request)
             name = request.match_info["model"]
             found = self.catalog.find(principal, name)
-            if found is None:
+            fv = found[1] if found is not None else None
+            if fv is None and "/" in name:
+                fv = (await self.catalog.target(principal, {}, name)).fv
+            if fv is None:
                 raise GatewayError(404, f"The model '{name}' does not exist or you do not have access to it.")
         except GatewayError as err:
-            return err.response()
-        return web.json_response(_card(name, found[1]))
+            return _identified(request, err.response())
+        except ProblemError as err:
+            return _identified(request, error_response(err.status, err.detail, headers=err.headers))
+        return _identified(request, web.json_response(_card(name, fv)))
 
     async def ready(self, request: web.Request) -> web.StreamResponse:
         """200 once the gateway can forward (the invocation plane's parts are in place)."""
         if not self.invoker.is_set:
             return error_response(503, "the gateway is starting")
         return web.json_response({"status": "ready"})
+
+
+def _identified(request: web.Request, response: web.Response) -> web.Response:
+    """The answer with the call's ``X-Request-ID`` (the caller's, or a new one)."""
+    response.headers[REQUEST_ID] = request_id_of(request)
+    return response
 
 
 def _card(name: str, fv: FunctionVersion) -> dict[str, Any]:
