@@ -68,4 +68,9 @@ def describe(pid: int) -> str:
             threads.append(f"{task.name}:{(task / 'wchan').read_text() or '-'}")
         except OSError:
             continue
-    return f"process {pid} state {stat[stat.rindex(')') + 2]}, threads waiting in {' '.join(threads) or '?'}"
+    try:
+        signals = [line for line in (base / "status").read_text().splitlines() if line.startswith(("SigBlk", "SigIgn"))]
+    except OSError:
+        signals = []
+    state = stat[stat.rindex(")") + 2]
+    return f"process {pid} state {state}, threads waiting in {' '.join(threads) or '?'}; {', '.join(signals)}"
