@@ -37,7 +37,6 @@ class RoutingTable:
             bus.kv(buckets.AUTHORIZATIONS.name), buckets.AUTHORIZED_PARTIES, signal=self.changed, log=log
         )
         self.placements = KvMirror(bus.kv(buckets.PLACEMENTS.name), buckets.PLACEMENT, signal=self.changed, log=log)
-        self._by_function: dict[str, list[FunctionVersion]] = {}
         self._by_version: dict[str, FunctionVersion] = {}
         self._seen = -1
 
@@ -47,26 +46,18 @@ class RoutingTable:
                 await tg.start(mirror.run, bus)
             task_status.started()
 
-    def _index(self) -> dict[str, list[FunctionVersion]]:
-        # Rebuilt when the functions change, not on every placement or deployment update.
-        if self._seen != self.functions.generation:
-            self._seen = self.functions.generation
-            index: dict[str, list[FunctionVersion]] = {}
-            for fv in self.functions.values():
-                index.setdefault(fv.id, []).append(fv)
-            self._by_function = index
-            self._by_version = {fv.version_id: fv for versions in index.values() for fv in versions}
-        return self._by_function
-
     def versions_of(self, function_id: str) -> list[FunctionVersion]:
         """The function's versions (none when unknown)."""
-        return self._index().get(function_id, [])
+        return self.functions.group(function_id)
 
     def version(self, function_id: str, version_id: str) -> FunctionVersion | None:
         return self.functions.get(buckets.version_key(function_id, version_id))
 
     def version_by_id(self, version_id: str) -> FunctionVersion | None:
-        self._index()
+        # Rebuilt when the functions change, not on every placement or deployment update.
+        if self._seen != self.functions.generation:
+            self._seen = self.functions.generation
+            self._by_version = {fv.version_id: fv for fv in self.functions.values()}
         return self._by_version.get(version_id)
 
     def deployment(self, fv: FunctionVersion) -> Deployment | None:
