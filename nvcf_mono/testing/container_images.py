@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from nvcf_mono.bus.embedded import free_port
+from nvcf_mono.testing.ports import spare_port
 
 ECHO_IMAGE = "localhost/nvcf-test/echo:1"
 #: The same, running as uid and gid 1000 (as many published images do): no group in common with the host.
@@ -209,7 +209,7 @@ def private_registry(podman: str, workdir: Path) -> Iterator[str]:
     """
     registry = shutil.which("docker-registry")
     assert registry is not None, "docker-registry is needed for this test (apt-get install docker-registry)"
-    port = free_port("127.0.0.1")
+    port = spare_port()
     host = f"127.0.0.1:{port}"
     workdir.mkdir(parents=True, exist_ok=True)
     users = subprocess.run(["htpasswd", "-Bbn", "alice", "wonderland"], capture_output=True, text=True, check=True)

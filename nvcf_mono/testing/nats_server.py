@@ -13,7 +13,8 @@ from typing import Any, final
 import anyio
 from nats.aio.client import Client as NatsClient
 
-from nvcf_mono.bus.embedded import find_nats_server, free_port
+from nvcf_mono.bus.embedded import find_nats_server
+from nvcf_mono.testing.ports import spare_port
 
 
 @final
@@ -25,7 +26,7 @@ class NatsServer:
     ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="nvcf-mono-nats-") if store_dir is None else None
         self.store_dir = store_dir or Path(self._tmp.name if self._tmp else ".")
-        self.port = port or free_port("127.0.0.1")
+        self.port = port or spare_port()
         self.binary = find_nats_server(None)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.store_dir / "nats-server.log"
@@ -96,7 +97,7 @@ class NatsCluster:
 
     def __init__(self, size: int = 3) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="nvcf-mono-natscluster-")
-        routes = [free_port("127.0.0.1") for _ in range(size)]
+        routes = [spare_port() for _ in range(size)]
         route_urls = ",".join(f"nats-route://127.0.0.1:{p}" for p in routes)
         self.nodes: list[NatsServer] = []
         for i, route in enumerate(routes):

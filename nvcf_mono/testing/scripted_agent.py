@@ -20,7 +20,6 @@ import attrs
 from anyio.abc import TaskStatus
 
 from nvcf_mono.bus.api import Bus
-from nvcf_mono.bus.embedded import free_port
 from nvcf_mono.contracts import rpc, states, streams, subjects
 from nvcf_mono.contracts.env import NVCF_FQDN_GRPC
 from nvcf_mono.contracts.messages import (
@@ -39,6 +38,7 @@ from nvcf_mono.contracts.messages import (
 )
 from nvcf_mono.models.cluster import ClusterGpu, GpuUsage, InstanceType, instance_type_name
 from nvcf_mono.models.common import now_iso
+from nvcf_mono.testing.ports import spare_port
 
 Behaviour = Literal["run", "fail", "start", "ignore", "fail-permanent", "launch"]
 
@@ -363,7 +363,7 @@ class ProcessLauncher:
         self.running: dict[str, Launched] = {}
 
     async def start(self, msg: CreationMessage) -> Launched:
-        port, health_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+        port, health_port = spare_port(), spare_port()
         spec_env = msg.launch_specification.environment
         env = {**self.environ, **spec_env}
         same = spec_env.get("INFERENCE_HEALTH_PORT") == spec_env.get("INFERENCE_PORT")

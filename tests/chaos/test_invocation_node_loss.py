@@ -19,12 +19,12 @@ import anyio.to_thread
 import pytest
 
 from nvcf_mono.auth.secret import PlatformSecret
-from nvcf_mono.bus.embedded import free_port
 from nvcf_mono.bus.nats import open_nats_bus
 from nvcf_mono.config.model import BusSettings
 from nvcf_mono.metrics import Metrics
 from nvcf_mono.testing.nats_server import NatsServer
 from nvcf_mono.testing.platform import Api, wait_for
+from nvcf_mono.testing.ports import spare_port
 from nvcf_mono.testing.running import ECHO_FUNCTION
 from nvcf_mono.testing.scripted_agent import ProcessLauncher, ScriptedAgent, gpu_inventory
 from tests.chaos.tally import Tally
@@ -57,8 +57,8 @@ async def test_a_caller_recovers_its_result_after_its_node_died(tmp_path: Path) 
     nats = NatsServer().start()
     secret = tmp_path / "platform-secret"
     PlatformSecret.generate().write(secret)
-    grpc_b = free_port("127.0.0.1")
-    a = _node(nats, tmp_path / "a", secret, "all-in-one", free_port("127.0.0.1"), f"127.0.0.1:{grpc_b}")
+    grpc_b = spare_port()
+    a = _node(nats, tmp_path / "a", secret, "all-in-one", spare_port(), f"127.0.0.1:{grpc_b}")
     b = _node(nats, tmp_path / "b", secret, "invocation", grpc_b, f"127.0.0.1:{grpc_b}")
     try:
         ep_a = await anyio.to_thread.run_sync(a.wait_ready)

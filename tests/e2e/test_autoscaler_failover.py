@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 import pytest
 
 from nvcf_mono.auth.secret import PlatformSecret
-from nvcf_mono.bus.embedded import free_port
 from nvcf_mono.testing.nats_server import NatsServer
+from nvcf_mono.testing.ports import spare_port
 from tests.integration.compute.conftest import cluster_pids
 
 from .cli import Platform, get
@@ -95,7 +95,7 @@ def test_a_new_leader_keeps_scaling_after_the_old_one_is_killed(tmp_path: Path) 
     nats = NatsServer().start()
     secret = tmp_path / "secret"
     PlatformSecret.generate().write(secret)
-    grpc_port = free_port("127.0.0.1")
+    grpc_port = spare_port()
     worker_address = f"127.0.0.1:{grpc_port}"
     cluster_id = str(uuid.uuid4())
     cluster = [{"name": "local", "id": cluster_id, "gpu_discovery": "static", "gpus": [{"name": "H100", "count": 2}]}]

@@ -10,14 +10,14 @@ import time
 
 import pytest
 
-from nvcf_mono.bus.embedded import free_port
+from nvcf_mono.testing.ports import spare_port
 from tests.e2e.cli import cli_env, get, run_cli
 
 pytestmark = [pytest.mark.e2e]
 
 
 def test_the_llm_example_serves_on_the_port_it_is_given_and_on_the_contracts_port() -> None:
-    port, env_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    port, env_port = spare_port(), spare_port()
     servers = [
         subprocess.Popen([sys.executable, "-m", "nvcf_mono", "example", "llm", "--port", str(port)], env=cli_env()),
         # The instance contract's INFERENCE_PORT when no --port is given.

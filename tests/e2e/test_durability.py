@@ -19,12 +19,12 @@ import anyio.to_thread
 import pytest
 
 from nvcf_mono.auth.secret import PlatformSecret
-from nvcf_mono.bus.embedded import free_port
 from nvcf_mono.bus.nats import open_nats_bus
 from nvcf_mono.config.model import BusSettings
 from nvcf_mono.metrics import Metrics
 from nvcf_mono.testing.nats_server import NatsServer
 from nvcf_mono.testing.platform import Api, wait_for
+from nvcf_mono.testing.ports import spare_port
 from nvcf_mono.testing.running import ECHO_FUNCTION
 from nvcf_mono.testing.scripted_agent import ProcessLauncher, ScriptedAgent, gpu_inventory
 
@@ -67,10 +67,10 @@ async def test_queued_requests_survive_a_killed_platform(tmp_path: Path) -> None
     nats = NatsServer().start()
     secret = tmp_path / "platform-secret"
     PlatformSecret.generate().write(secret)
-    ports = (free_port("127.0.0.1"), free_port("127.0.0.1"))
+    ports = (spare_port(), spare_port())
     # No autoscaler at first: the requests below must wait with nobody to serve them.
     first = _node(nats, tmp_path / "a", secret, "all-in-one", *ports, autoscaler=False)
-    other = _node(nats, tmp_path / "b", secret, "invocation", free_port("127.0.0.1"), free_port("127.0.0.1"))
+    other = _node(nats, tmp_path / "b", secret, "invocation", spare_port(), spare_port())
     nodes = [first, other]
     try:
         ep = await anyio.to_thread.run_sync(first.wait_ready)

@@ -16,10 +16,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from nvcf_mono.bus.embedded import find_nats_server, free_port
+from nvcf_mono.bus.embedded import find_nats_server
 from nvcf_mono.bus.errors import BusUnavailable
 from nvcf_mono.config.model import TlsSettings
 from nvcf_mono.testing.host import config_for_test, running_host
+from nvcf_mono.testing.ports import spare_port
 from tests.conftest import connect
 
 
@@ -78,7 +79,7 @@ def tls_nats(tmp_path: Path):  # type: ignore[no-untyped-def]
     client_key, client_pem = _write(
         tmp_path / "client", *_issue(ca_key, ca_name, "nvcf-mono", ExtendedKeyUsageOID.CLIENT_AUTH)
     )
-    port = free_port("127.0.0.1")
+    port = spare_port()
     conf = tmp_path / "tls.conf"
     conf.write_text(f"""
 listen: "127.0.0.1:{port}"

@@ -24,12 +24,13 @@ from nvcf_mono.bus.callout import (
     envelope,
     open_envelope,
 )
-from nvcf_mono.bus.embedded import find_nats_server, free_port
+from nvcf_mono.bus.embedded import find_nats_server
 from nvcf_mono.testing.nats_server import raw_client
+from nvcf_mono.testing.ports import spare_port
 
 
 def _server(tmp_path: Path, issuer: Issuer) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port("127.0.0.1")
+    port = spare_port()
     conf = tmp_path / "nats.conf"
     conf.write_text(
         f"""

@@ -18,13 +18,13 @@ import aiohttp
 import anyio.to_thread
 import pytest
 
-from nvcf_mono.bus.embedded import free_port
 from nvcf_mono.bus.nats import open_nats_bus
 from nvcf_mono.config.model import BusSettings
 from nvcf_mono.metrics import Metrics
 from nvcf_mono.testing.nats_server import NatsServer
 from nvcf_mono.testing.platform import FAST as CONTROL_FAST
 from nvcf_mono.testing.platform import Api, wait_for, wait_status
+from nvcf_mono.testing.ports import spare_port
 from tests.e2e.cli import Platform, cli_env
 
 from .conftest import (
@@ -66,7 +66,7 @@ def _child(nats: NatsServer, state: Path, grpc_port: int) -> Platform:
 async def test_a_killed_agent_takes_its_instances_over(tmp_path: Path) -> None:
     nats = NatsServer().start()
     state = tmp_path / "state"
-    grpc_port = free_port("127.0.0.1")
+    grpc_port = spare_port()
     first = _child(nats, state, grpc_port)
     second: Platform | None = None
     stray: subprocess.Popen[bytes] | None = None
@@ -186,7 +186,7 @@ async def _ended(proc: subprocess.Popen[bytes] | None) -> bool:
 @pytest.mark.slow
 async def test_instances_left_running_at_shutdown_are_taken_over_at_the_next_start(tmp_path: Path) -> None:
     # The same gRPC port for both hosts: the instances' workers dial it again once the first host is gone.
-    grpc = {"grpc.port": str(free_port("127.0.0.1"))}
+    grpc = {"grpc.port": str(spare_port())}
     keep = {"plugins.compute.local.stop_instances_on_shutdown": "false", **grpc}
     async with compute_platform(tmp_path, **keep) as p:
         fid, _, d = await create(p.admin, function())

@@ -25,12 +25,12 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 
 from nvcf_mono.backoff import Backoff
-from nvcf_mono.bus.embedded import free_port
 from nvcf_mono.contracts import buckets, states
 from nvcf_mono.proto.gen.nvcf.worker.v1 import ConnectRequest, ConnectResponse
 from nvcf_mono.proto.serve_wire import NodeEnvelope, WorkerEnvelope
 from nvcf_mono.testing import echo_server
 from nvcf_mono.testing.platform import Api, wait_for
+from nvcf_mono.testing.ports import spare_port
 from nvcf_mono.testing.scripted_agent import Launched, ProcessLauncher, ScriptedAgent, gpu_inventory
 from nvcf_mono.worker.agent import Worker
 from nvcf_mono.worker.config import WorkerConfig
@@ -510,7 +510,7 @@ async def echo(port: int) -> AsyncIterator[None]:
 
 
 async def test_the_worker_reconnects_with_backoff_and_drains(tmp_path: Path) -> None:
-    node_port, echo_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    node_port, echo_port = spare_port(), spare_port()
     config = WorkerConfig(
         worker_token="token",
         grpc_address=f"127.0.0.1:{node_port}",

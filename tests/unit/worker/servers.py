@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from aiohttp import web
 
-from nvcf_mono.bus.embedded import free_port
+from nvcf_mono.testing.ports import spare_port
 
 
 @asynccontextmanager
@@ -17,7 +17,7 @@ async def aiohttp_server(routes: web.RouteTableDef) -> AsyncIterator[int]:
     app.add_routes(routes)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    port = free_port("127.0.0.1")
+    port = spare_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
         yield port
