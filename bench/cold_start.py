@@ -29,7 +29,7 @@ import aiohttp
 import anyio
 
 from bench.invoke import platform_process
-from nvcf_mono.bus.embedded import free_port
+from nvcf_mono.ports import free_port
 from nvcf_mono.testing.platform import Api, wait_for
 from nvcf_mono.testing.running import ECHO_FUNCTION
 

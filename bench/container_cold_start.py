@@ -33,7 +33,7 @@ import anyio
 
 from bench.cold_start import IDLE_TIMEOUT, TIMERS, healthy_after
 from bench.invoke import platform_process
-from nvcf_mono.bus.embedded import free_port
+from nvcf_mono.ports import free_port
 from nvcf_mono.testing.container_images import ECHO_IMAGE, build_echo_image, write_containers_conf
 from nvcf_mono.testing.platform import Api, wait_for
 

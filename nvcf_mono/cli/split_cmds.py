@@ -105,7 +105,8 @@ class _Plan:
 
 def _up_split(args: argparse.Namespace, ctx: CliContext) -> int:
     from nvcf_mono.auth.secret import PlatformSecret
-    from nvcf_mono.bus.embedded import EmbeddedNatsError, find_nats_server, port_is_free
+    from nvcf_mono.bus.embedded import EmbeddedNatsError, find_nats_server
+    from nvcf_mono.ports import port_is_free
     from nvcf_mono.state_dir import ensure_private_dir
 
     configs = {role: args.config_dir / f"{role}.yaml" for role in ROLES}

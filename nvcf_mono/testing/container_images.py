@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from nvcf_mono.testing.ports import spare_port
+from nvcf_mono.ports import spare_port
 
 ECHO_IMAGE = "localhost/nvcf-test/echo:1"
 #: The same, running as uid and gid 1000 (as many published images do): no group in common with the host.

@@ -14,7 +14,7 @@ import anyio
 from nats.aio.client import Client as NatsClient
 
 from nvcf_mono.bus.embedded import find_nats_server
-from nvcf_mono.testing.ports import spare_port
+from nvcf_mono.ports import spare_port
 
 
 @final

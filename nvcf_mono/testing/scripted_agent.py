@@ -38,7 +38,7 @@ from nvcf_mono.contracts.messages import (
 )
 from nvcf_mono.models.cluster import ClusterGpu, GpuUsage, InstanceType, instance_type_name
 from nvcf_mono.models.common import now_iso
-from nvcf_mono.testing.ports import spare_port
+from nvcf_mono.ports import spare_port
 
 Behaviour = Literal["run", "fail", "start", "ignore", "fail-permanent", "launch"]
 

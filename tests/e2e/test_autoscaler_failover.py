@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 import pytest
 
 from nvcf_mono.auth.secret import PlatformSecret
+from nvcf_mono.ports import spare_port
 from nvcf_mono.testing.nats_server import NatsServer
-from nvcf_mono.testing.ports import spare_port
 from tests.integration.compute.conftest import cluster_pids
 
 from .cli import Platform, get

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from nvcf_mono.testing.ports import spare_port
+from nvcf_mono.ports import spare_port
 from tests.e2e.cli import cli_env, get, run_cli
 
 pytestmark = [pytest.mark.e2e]

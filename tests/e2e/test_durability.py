@@ -22,9 +22,9 @@ from nvcf_mono.auth.secret import PlatformSecret
 from nvcf_mono.bus.nats import open_nats_bus
 from nvcf_mono.config.model import BusSettings
 from nvcf_mono.metrics import Metrics
+from nvcf_mono.ports import spare_port
 from nvcf_mono.testing.nats_server import NatsServer
 from nvcf_mono.testing.platform import Api, wait_for
-from nvcf_mono.testing.ports import spare_port
 from nvcf_mono.testing.running import ECHO_FUNCTION
 from nvcf_mono.testing.scripted_agent import ProcessLauncher, ScriptedAgent, gpu_inventory
 

@@ -19,8 +19,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from nvcf_mono.bus.embedded import find_nats_server
 from nvcf_mono.bus.errors import BusUnavailable
 from nvcf_mono.config.model import TlsSettings
+from nvcf_mono.ports import spare_port
 from nvcf_mono.testing.host import config_for_test, running_host
-from nvcf_mono.testing.ports import spare_port
 from tests.conftest import connect
 
 

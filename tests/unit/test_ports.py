@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nvcf_mono.testing import ports
+from nvcf_mono import ports
 
 
 def test_a_spare_port_is_free_and_below_the_ephemeral_range() -> None:

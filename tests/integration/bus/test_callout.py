@@ -25,8 +25,8 @@ from nvcf_mono.bus.callout import (
     open_envelope,
 )
 from nvcf_mono.bus.embedded import find_nats_server
+from nvcf_mono.ports import spare_port
 from nvcf_mono.testing.nats_server import raw_client
-from nvcf_mono.testing.ports import spare_port
 
 
 def _server(tmp_path: Path, issuer: Issuer) -> tuple[subprocess.Popen[bytes], str]:

@@ -21,10 +21,10 @@ import pytest
 from nvcf_mono.bus.nats import open_nats_bus
 from nvcf_mono.config.model import BusSettings
 from nvcf_mono.metrics import Metrics
+from nvcf_mono.ports import spare_port
 from nvcf_mono.testing.nats_server import NatsServer
 from nvcf_mono.testing.platform import FAST as CONTROL_FAST
 from nvcf_mono.testing.platform import Api, wait_for, wait_status
-from nvcf_mono.testing.ports import spare_port
 from tests.e2e.cli import Platform, cli_env
 
 from .conftest import (

@@ -26,11 +26,11 @@ from grpclib.server import Server, Stream
 
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.contracts import buckets, states
+from nvcf_mono.ports import spare_port
 from nvcf_mono.proto.gen.nvcf.worker.v1 import ConnectRequest, ConnectResponse
 from nvcf_mono.proto.serve_wire import NodeEnvelope, WorkerEnvelope
 from nvcf_mono.testing import echo_server
 from nvcf_mono.testing.platform import Api, wait_for
-from nvcf_mono.testing.ports import spare_port
 from nvcf_mono.testing.scripted_agent import Launched, ProcessLauncher, ScriptedAgent, gpu_inventory
 from nvcf_mono.worker.agent import Worker
 from nvcf_mono.worker.config import WorkerConfig

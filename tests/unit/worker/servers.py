@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from aiohttp import web
 
-from nvcf_mono.testing.ports import spare_port
+from nvcf_mono.ports import spare_port
 
 
 @asynccontextmanager

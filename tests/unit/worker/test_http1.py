@@ -13,7 +13,7 @@ import anyio
 import pytest
 from aiohttp import web
 
-from nvcf_mono.bus.embedded import free_port
+from nvcf_mono.ports import free_port
 from nvcf_mono.worker.http1 import BadResponse, Broken, Http1Client, Unreachable
 from tests.unit.worker.servers import aiohttp_server
 

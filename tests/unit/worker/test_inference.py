@@ -11,8 +11,8 @@ import attrs
 import pytest
 from aiohttp import web
 
-from nvcf_mono.bus.embedded import free_port
 from nvcf_mono.contracts.frames import Frame, Request
+from nvcf_mono.ports import free_port
 from nvcf_mono.worker.config import WorkerConfig
 from nvcf_mono.worker.http1 import Http1Client
 from nvcf_mono.worker.inference import (

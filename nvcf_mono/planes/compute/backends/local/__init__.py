@@ -24,7 +24,6 @@ import aiohttp
 import anyio
 import attrs
 
-from nvcf_mono.bus.embedded import free_port
 from nvcf_mono.contracts import env, states
 from nvcf_mono.contracts.agent import AgentInstance, AgentLog, AgentProcess
 from nvcf_mono.contracts.messages import CreationMessage
@@ -46,6 +45,7 @@ from nvcf_mono.planes.compute.config import HealthSettings, Image, LocalSettings
 from nvcf_mono.planes.compute.gpus import Inventory
 from nvcf_mono.planes.compute.health import Completion, LaunchFailure, Observation
 from nvcf_mono.plugin import PluginConfigError
+from nvcf_mono.ports import spare_port
 from nvcf_mono.state_dir import write_private
 
 INFERENCE, WORKER = "inference", "worker"
@@ -176,7 +176,7 @@ class LocalBackend:
 
     def _port(self) -> int:
         for _ in range(100):
-            port = free_port("127.0.0.1")
+            port = spare_port()  # bound by the instance later: none the kernel may hand out meanwhile
             if port not in self._ports:
                 self._ports.add(port)
                 return port
