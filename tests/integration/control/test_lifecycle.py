@@ -126,7 +126,9 @@ async def test_every_instance_failing_puts_the_version_in_error_until_undeployed
 
 
 async def test_an_image_that_cannot_run_fails_the_deployment_at_once(tmp_path: Path) -> None:
-    async with platform(tmp_path) as p, agent(p.bus, behaviour="fail-permanent") as fake:
+    # A replacement is due almost at once after a failure: the failure itself must stop it, not the pause.
+    quick_retry = {"plugins.control.reconcile.retry_backoff": "0.001"}
+    async with platform(tmp_path, **quick_retry) as p, agent(p.bus, behaviour="fail-permanent") as fake:
         _, _, d = await new_function(p.admin)
         await p.admin.post(d, {"deploymentSpecifications": [spec(1, 1)]})
         dep = await wait_status(p.admin, d, "ERROR")

@@ -125,6 +125,7 @@ class Reconciler:
         ttl = self._ctl.config.cluster_heartbeat_ttl
         drained = await self._queue_drained(fv) if dep.undeploying else False
         states: list[SpecState] = []
+        limit = self._ctl.config.reconcile.deploy_failure_limit
         mine = visible_clusters(clusters.values(), fv.nca_id)
         for spec in dep.deployment_specifications:
             key = buckets.spec_key(fv.version_id, spec.gpu_specification_id or "")
@@ -144,6 +145,10 @@ class Reconciler:
             elif dep.undeploying:
                 if drained:
                     ledger = terminate_all(ledger, "undeploy", now)
+            elif fv.status is FunctionStatus.DEPLOYING and SpecState(
+                min_instances=spec.min_instances, ledger=ledger
+            ).failed_out(limit):
+                pass  # the version goes to ERROR in this pass: no replacement for a failure that will not pass
             else:
                 sites = [
                     Site(cluster=c, instance_type=it, placeable=placeable(c, store.health.get(c.cluster_id), ttl))
@@ -170,7 +175,7 @@ class Reconciler:
                     lambda cur: None if cur is not None and cur.deployment_id == dep.deployment_id else _unchanged(),
                 )
             return
-        status = next_status(fv.status, states, failure_limit=self._ctl.config.reconcile.deploy_failure_limit)
+        status = next_status(fv.status, states, failure_limit=limit)
         if status is not fv.status:
             self._log.info("function %s version %s: %s -> %s", fv.id, fv.version_id, fv.status.value, status.value)
             await set_status(self._ctl, fv, status, expected=fv.status)
