@@ -36,8 +36,9 @@ async def test_two_nodes_admit_one_limit_between_them(nats_server: NatsServer) -
     a, b = Limits(settings), Limits(settings)
     async with connect(nats_server.url) as bus_a, connect(nats_server.url) as bus_b:
         async with anyio.create_task_group() as tg:
-            await tg.start(LimitSharing(bus_a, a, "node-a", LOG).run)
-            await tg.start(LimitSharing(bus_b, b, "node-b", LOG).run)
+            # One configured node id for both (as two replicas given none): they still hear each other.
+            await tg.start(LimitSharing(bus_a, a, "invocation", LOG).run)
+            await tg.start(LimitSharing(bus_b, b, "invocation", LOG).run)
             # Garbage on the subject is dropped; the nodes keep listening.
             for garbage in (b"not json", b'{"n": "x", "t": [["account", "acct-a", "requests", true]]}'):
                 await bus_a.publish(subjects.LLM_GATEWAY_TAKEN, garbage)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import uuid
 from typing import Any, final
 
 import anyio
@@ -40,7 +41,8 @@ class LimitSharing:
     def __init__(self, bus: Bus, limits: Limits, node: str, log: logging.Logger) -> None:
         self._bus = bus
         self._limits = limits
-        self._node = node
+        # Unique per process: two nodes started with one configured id (or none) still hear each other.
+        self._node = f"{node}-{uuid.uuid4().hex[:8]}"
         self._log = log
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
