@@ -12,10 +12,13 @@ import socket
 from pathlib import Path
 
 
-def port_is_free(host: str, port: int) -> bool:
-    """Whether ``host:port`` can be bound now (SO_REUSEADDR, as nats-server binds)."""
+def port_is_free(host: str, port: int, *, reuse: bool = True) -> bool:
+    """Whether ``host:port`` can be bound now: with SO_REUSEADDR, as nats-server binds (a port whose
+    old connections linger in TIME_WAIT is free), or without it (``reuse=False``: it is not).
+    """
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
@@ -48,6 +51,6 @@ def spare_port(host: str = "127.0.0.1") -> int:
         if top - _LOWEST < 1_000:
             break  # a machine whose ephemeral range starts low: no room below it
         port = random.randrange(_LOWEST, top)
-        if port_is_free(host, port):
+        if port_is_free(host, port, reuse=False):  # whatever binds it next may not set SO_REUSEADDR
             return port
     return free_port(host)
