@@ -90,6 +90,15 @@ def test_memory_follows_recent_callers() -> None:
     assert len(limits._buckets) < 1200
 
 
+def test_a_node_that_only_hears_of_callers_forgets_them_too() -> None:
+    clock = Clock()
+    limits = Limits(LlmGatewaySettings(requests_per_minute=5), clock)
+    for i in range(3000):
+        limits.take(("account", f"acct-{i}", "requests"), 1)  # another node's calls; none here
+        clock.now += 0.1
+    assert len(limits._buckets) < 1200
+
+
 def test_estimates() -> None:
     assert estimate_tokens({"max_tokens": 50}, 400) == 150
     assert estimate_tokens({"max_completion_tokens": 7, "max_tokens": 50}, 4) == 8

@@ -85,15 +85,12 @@ class Limits:
         #: Taken here since the last :meth:`taken`; kept only while another node hears of it.
         self._taken: dict[Key, float] = {}
         self.sharing = False
+        self._swept_at = -math.inf
 
     @property
     def limited(self) -> bool:
         """Whether any limit is set."""
-        s = self.settings
-        return any(
-            n > 0
-            for n in (s.requests_per_minute, s.tokens_per_minute, s.key_requests_per_minute, s.key_tokens_per_minute)
-        )
+        return any(self.limit(scope, kind) > 0 for scope in SCOPES for kind in KINDS)
 
     def limit(self, scope: str, kind: str) -> int:
         """A bucket's limit a minute (0: none)."""
@@ -147,7 +144,9 @@ class Limits:
         """Take what another node's calls took."""
         limit = self.limit(key[0], key[2])
         if limit > 0:
-            self._bucket(key, limit, self.clock()).level -= amount
+            now = self.clock()
+            self._forget_full(now)  # a node that only hears of callers forgets them too
+            self._bucket(key, limit, now).level -= amount
 
     def _bucket(self, key: Key, limit: int, now: float) -> Bucket:
         bucket = self._buckets.get(key)
@@ -158,8 +157,10 @@ class Limits:
         return bucket
 
     def _forget_full(self, now: float) -> None:
-        if len(self._buckets) < 1024:
+        # At most once a second: with many callers active, not a scan of them all per call.
+        if len(self._buckets) < 1024 or now - self._swept_at < 1.0:
             return
+        self._swept_at = now
         for key, bucket in list(self._buckets.items()):
             bucket.refill(now)
             if bucket.level >= bucket.capacity:
