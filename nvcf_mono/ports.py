@@ -12,11 +12,15 @@ import socket
 from pathlib import Path
 
 
+def _socket(host: str) -> socket.socket:
+    return socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+
+
 def port_is_free(host: str, port: int, *, reuse: bool = True) -> bool:
     """Whether ``host:port`` can be bound now: with SO_REUSEADDR, as nats-server binds (a port whose
     old connections linger in TIME_WAIT is free), or without it (``reuse=False``: it is not).
     """
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+    with _socket(host) as sock:
         if reuse:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -28,7 +32,7 @@ def port_is_free(host: str, port: int, *, reuse: bool = True) -> bool:
 
 def free_port(host: str) -> int:
     """A port the OS considers free on ``host`` right now."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+    with _socket(host) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
