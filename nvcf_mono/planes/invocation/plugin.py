@@ -27,7 +27,7 @@ from nvcf_mono.planes.invocation.handover import Handover
 from nvcf_mono.planes.invocation.idempotency import Idempotency
 from nvcf_mono.planes.invocation.input_assets import InputAssets
 from nvcf_mono.planes.invocation.large_responses import LargeResponses
-from nvcf_mono.planes.invocation.llm.gateway import Gateway
+from nvcf_mono.planes.invocation.llm.gateway import Gateway, openai_route_errors
 from nvcf_mono.planes.invocation.llm.sharing import LimitSharing
 from nvcf_mono.planes.invocation.load import LoadMeter
 from nvcf_mono.planes.invocation.metrics import InvocationMetrics
@@ -88,6 +88,7 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
             )
             for method, path, handler in gateway.routes():
                 ctx.add_route(method, path, handler)
+            ctx.add_middleware(openai_route_errors, order=2)  # innermost: sees the router's 404 and 405
         self.workers = WorkerService(self.config, ctx.log)
         ctx.add_servicer(self.workers)
         # Calls to gRPC functions: every method the host does not serve itself.

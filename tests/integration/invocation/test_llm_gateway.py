@@ -245,6 +245,26 @@ async def test_bad_bodies_get_openai_errors_without_reaching_a_function(tmp_path
         async with aiohttp.ClientSession() as s, s.get(f"{p.key.base}/v1/models") as resp:
             assert resp.status == 401 and (await resp.json())["error"]["type"] == "authentication_error"
 
+        # OpenAI's paths the gateway does not serve, or not with that method, answer in OpenAI's shape;
+        # the platform's own /v1 paths and unknown ones elsewhere keep problem+json.
+        for method, path, status in (
+            ("GET", "/v1/chat/completions", 405),
+            ("POST", "/v1/models", 405),
+            ("POST", "/v1/audio/transcriptions", 404),
+            ("POST", "/v1/moderations", 404),
+        ):
+            async with p.key.session.request(method, f"{p.key.base}{path}", headers=headers) as resp:
+                doc = await resp.json()
+                assert resp.status == status and doc["error"]["code"] is None, (path, doc)
+                assert path in doc["error"]["message"] and resp.headers["X-Request-ID"]
+                assert status == 404 or resp.headers["Allow"] in ("GET", "POST")
+        for path in ("/v1/chatty", "/v1/nvct/no-such-thing"):
+            async with p.key.session.get(f"{p.key.base}{path}", headers=headers) as resp:
+                assert resp.status == 404 and resp.content_type == "application/problem+json", path
+        async with client(p.key) as oai:
+            with pytest.raises(openai.NotFoundError, match="does not serve"):
+                await oai.moderations.create(input="hello")
+
 
 async def test_a_conversations_turns_stay_on_the_instance_that_took_its_first(tmp_path: Path) -> None:
     async with compute_platform(tmp_path, **FAST_LLM) as p:

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 from collections.abc import Mapping
 
@@ -24,6 +25,13 @@ _TYPES = {
     429: "rate_limit_error",
 }
 _CODES = {401: "invalid_api_key", 404: "model_not_found", 429: "rate_limit_exceeded"}
+
+
+class _Code(enum.Enum):
+    BY_STATUS = "the code OpenAI gives that status (model_not_found for a 404)"
+
+
+BY_STATUS = _Code.BY_STATUS
 #: Headers of a platform answer that stay on its OpenAI-shaped twin.
 _KEPT = ("Retry-After", "NVCF-REQID", "NVCF-STATUS", "X-Request-ID")
 
@@ -36,7 +44,7 @@ class GatewayError(Exception):
         status: int,
         message: str,
         *,
-        code: str | None = None,
+        code: str | _Code | None = BY_STATUS,
         param: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
@@ -55,12 +63,15 @@ def error_response(
     status: int,
     message: str,
     *,
-    code: str | None = None,
+    code: str | _Code | None = BY_STATUS,
     param: str | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> web.Response:
+    """``code`` None is OpenAI's null (an unknown URL has no code); left out, the status picks it."""
     kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    doc = {"error": {"message": message, "type": kind, "param": param, "code": code or _CODES.get(status)}}
+    if isinstance(code, _Code):
+        code = _CODES.get(status)
+    doc = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return web.Response(status=status, body=json.dumps(doc).encode(), content_type="application/json", headers=headers)
 
 

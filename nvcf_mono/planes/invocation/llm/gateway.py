@@ -47,6 +47,16 @@ ROUTES = (
     ("GET", "/v1/models/{model:.+}"),
     ("GET", "/v1/health/ready"),
 )
+#: OpenAI's API under /v1, what the gateway serves and what it does not: a path there that has no
+#: route (or not for its method) is answered in OpenAI's shape, so an OpenAI client says why. The
+#: platform's own /v1 routes (keys, tasks, admin) keep their problem+json.
+OPENAI_FAMILIES = frozenset(
+    (
+        *("chat", "completions", "embeddings", "responses", "models", "health"),
+        *("audio", "images", "files", "uploads", "batches", "fine_tuning", "moderations"),
+        *("assistants", "threads", "vector_stores", "realtime", "evals", "conversations"),
+    )
+)
 REQUEST_ID = "X-Request-ID"
 _REQUEST_ID_RX = re.compile(r"^[\x21-\x7e]{1,128}$")
 
@@ -255,6 +265,32 @@ class Gateway:
         if not self.invoker.is_set:
             return error_response(503, "the gateway is starting")
         return web.json_response({"status": "ready"})
+
+
+def _is_openai_path(path: str) -> bool:
+    parts = path.split("/", 3)
+    return len(parts) > 2 and parts[1] == "v1" and parts[2] in OPENAI_FAMILIES
+
+
+@web.middleware
+async def openai_route_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """OpenAI's 404 for a path of its API the gateway does not serve, 405 for a method it does not."""
+    try:
+        return await handler(request)
+    except web.HTTPException as err:
+        unrouted = request.match_info.route.resource is None
+        if not _is_openai_path(request.path) or not (err.status == 405 or (err.status == 404 and unrouted)):
+            raise
+        where = f"{request.method} {request.path}"
+        if err.status == 404:
+            return _identified(
+                request, error_response(404, f"Invalid URL ({where}): the gateway does not serve it", code=None)
+            )
+        allowed = err.headers.get("Allow", "")
+        message = f"Method not allowed ({where}); this path takes {allowed or 'no other method'}"
+        return _identified(request, error_response(405, message, code=None, headers={"Allow": allowed}))
 
 
 def _identified(request: web.Request, response: web.Response) -> web.Response:
