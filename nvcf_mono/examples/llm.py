@@ -124,6 +124,25 @@ def _max_tokens(doc: dict[str, Any], *names: str) -> int:
     return DEFAULT_MAX_TOKENS
 
 
+#: OpenAI's ranges for the sampling settings: a value outside is a 400, as OpenAI and vLLM answer it.
+SAMPLING_RANGES = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+}
+
+
+def _sampling(doc: dict[str, Any]) -> None:
+    """The sampling settings a call sends are numbers in OpenAI's ranges (this model ignores them)."""
+    for name, (low, high) in SAMPLING_RANGES.items():
+        value = doc.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+            raise BadRequest(f"'{name}' must be a number from {low:g} to {high:g}, not {value!r}", name)
+
+
 def _one_choice(doc: dict[str, Any]) -> None:
     """The model writes one answer per request: ``n`` above 1 is refused, not silently ignored."""
     n = doc.get("n")
@@ -395,6 +414,7 @@ def app(model: Model) -> web.Application:
                 if doc.get("model", model.name) != model.name:  # as vLLM does: a model it does not serve is a 404
                     message = f"The model '{doc['model']}' does not exist; this server serves '{model.name}'."
                     return error(404, message, param="model")
+                _sampling(doc)
                 result: web.StreamResponse = await handler(model, request, doc)
                 return result
             except BadRequest as err:

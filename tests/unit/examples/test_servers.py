@@ -114,6 +114,14 @@ async def test_sse_streams_words_then_done() -> None:
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": True}, "n"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
         ("/v1/embeddings", {"input": [], "model": "tiny-llm"}, "input"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": 9}, "temperature"),
+        ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, "top_p"),
+        ("/v1/responses", {"input": "hi", "temperature": "hot"}, "temperature"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "presence_penalty": -3},
+            "presence_penalty",
+        ),
     ],
 )
 async def test_llm_refuses_what_it_cannot_do_in_openais_shape(path: str, body: dict[str, object], param: str) -> None:
@@ -125,6 +133,11 @@ async def test_llm_refuses_what_it_cannot_do_in_openais_shape(path: str, body: d
         if param == "n":
             async with http.post(base + path, json={**body, "n": 1, "max_tokens": 2}) as r:
                 assert r.status == 200 and len((await r.json())["choices"]) == 1
+        if param in llm.SAMPLING_RANGES:  # the ends of the range are accepted
+            low, high = llm.SAMPLING_RANGES[param]
+            for value in (low, high, 1):
+                async with http.post(base + path, json={**body, param: value, "max_tokens": 2}) as r:
+                    assert r.status == 200, (param, value, await r.text())
 
 
 async def test_grpc_echo_unary_streaming_health_and_bad_input() -> None:
