@@ -8,7 +8,7 @@ from typing import Any
 from nvcf_mono.cli.client import ApiClient, add_api_options, connect, csv_list, key_value, read_json_object
 from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
-from nvcf_mono.cli.output import emit_json, fields, table
+from nvcf_mono.cli.output import emit_json, fields, instances_table, table
 
 FUNCTIONS = "/v2/nvcf/functions"
 HEALTH_PROTOCOLS = {"http": "HTTP", "grpc": "gRPC"}
@@ -382,21 +382,4 @@ def show_function(ctx: CliContext, fn: dict[str, Any]) -> None:
             ("instances", len(instances) if instances is not None else None),
         ],
     )
-    if instances:
-        print(file=ctx.stdout)
-        table(
-            ctx,
-            ("INSTANCE ID", "STATUS", "GPU", "INSTANCE TYPE", "BACKEND", "LOCATION"),
-            (
-                (
-                    i.get("instanceId"),
-                    i.get("instanceStatus"),
-                    i.get("gpu"),
-                    i.get("instanceType"),
-                    i.get("backend"),
-                    i.get("location"),
-                )
-                for i in instances
-            ),
-            empty="",
-        )
+    instances_table(ctx, instances or [], state="instanceStatus")

@@ -38,6 +38,29 @@ def table(ctx: CliContext, headers: Sequence[str], rows: Iterable[Sequence[Any]]
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip(), file=ctx.stdout)
 
 
+def instances_table(ctx: CliContext, instances: Sequence[dict[str, Any]], *, state: str) -> None:
+    """The instances of a function or a task, after a blank line; ``state`` names their state field."""
+    if not instances:
+        return
+    print(file=ctx.stdout)
+    table(
+        ctx,
+        ("INSTANCE ID", state.removeprefix("instance").upper(), "GPU", "INSTANCE TYPE", "BACKEND", "LOCATION"),
+        (
+            (
+                i.get("instanceId"),
+                i.get(state),
+                i.get("gpu"),
+                i.get("instanceType"),
+                i.get("backend"),
+                i.get("location"),
+            )
+            for i in instances
+        ),
+        empty="",
+    )
+
+
 def fields(ctx: CliContext, pairs: Iterable[tuple[str, Any]]) -> None:
     """``key: value`` lines with the values aligned; pairs whose value is None are left out."""
     shown = [(k, cell(v)) for k, v in pairs if v is not None]

@@ -24,7 +24,7 @@ from nvcf_mono.cli.client import (
 )
 from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
-from nvcf_mono.cli.output import emit_json, fields, table
+from nvcf_mono.cli.output import emit_json, fields, instances_table, table
 from nvcf_mono.cli.progress import Progress
 
 TASKS = "/v1/nvct/tasks"
@@ -414,25 +414,7 @@ def show_task(ctx: CliContext, task: dict[str, Any]) -> None:
             ("secrets", task.get("secrets")),
         ],
     )
-    instances = task.get("instances") or []
-    if instances:
-        print(file=ctx.stdout)
-        table(
-            ctx,
-            ("INSTANCE ID", "STATE", "GPU", "INSTANCE TYPE", "BACKEND", "LOCATION"),
-            (
-                (
-                    i.get("instanceId"),
-                    i.get("instanceState"),
-                    i.get("gpu"),
-                    i.get("instanceType"),
-                    i.get("backend"),
-                    i.get("location"),
-                )
-                for i in instances
-            ),
-            empty="",
-        )
+    instances_table(ctx, task.get("instances") or [], state="instanceState")
 
 
 def _print_task(ctx: CliContext, doc: Any, as_json: bool, *, brief: bool = False) -> None:

@@ -104,6 +104,12 @@ async def test_cluster_status_and_instance_commands(tmp_path: Path) -> None:
                          *user, env=env))
         )  # fmt: skip
         assert [i["instanceId"] for i in doc["instances"]] == [iid]
+        # function get ends with the version's instances.
+        head, _, rest = ok(await cli("function", "get", fid, vid, *user, env=env)).partition("\n\n")
+        assert kv(head)["instances"] == "1"
+        header, *rows = rest.splitlines()
+        assert header.split()[:4] == ["INSTANCE", "ID", "STATUS", "GPU"]
+        assert len(rows) == 1 and rows[0].split()[:3] == [iid, "ACTIVE", "H100"], rows
         lone = await cli("instance", "list", "--version", vid, *user, env=env)
         assert lone.returncode == 2 and "--version needs --function" in lone.stderr
         unknown = await cli("instance", "list", "--function", "no-such-function", *user, env=env)
