@@ -112,8 +112,10 @@ async def grpc_call(
             metadata=_metadata(config, request),
         ) as stream:
             await _send_all(stream, messages)
+            head_taken = False
             try:
                 await stream.recv_initial_metadata()
+                head_taken = True
                 head = (*head, *metadata_to_pairs((stream.initial_metadata or {}).items()))
                 while (reply := await stream.recv_message()) is not None:
                     packed = pack([reply.data])
@@ -132,7 +134,13 @@ async def grpc_call(
                 await stream.recv_trailing_metadata()
             except GRPCError as err:
                 status, message, details = err.status, err.message, err.details
+                if not head_taken:
+                    # Ended with the head: leave at once, not waiting for trailers the answer will not send.
+                    status, message, details = _status_of_head(stream, err)
+                    raise _HeadOnly from err
             trailing = list(metadata_to_pairs((stream.trailing_metadata or {}).items()))
+    except _HeadOnly:
+        trailing = list(metadata_to_pairs((stream.trailing_metadata or {}).items()))
     except TimeoutError:
         status, message = Status.DEADLINE_EXCEEDED, "the call's deadline passed in the function"
     except (StreamTerminatedError, ConnectionResetError, BrokenPipeError) as err:
@@ -155,6 +163,27 @@ async def grpc_call(
         total_length=total,
         trailers=(*_status_trailers(status, message, details), *trailing),
     )
+
+
+class _HeadOnly(Exception):
+    """The inference server ended the call with its response head (a trailers-only answer)."""
+
+
+def _status_of_head(stream: Stream[RawMessage, RawMessage], err: GRPCError) -> tuple[Status, str | None, object]:
+    """The status a trailers-only answer carries, else grpclib's reading of the head.
+
+    grpclib refuses a trailers-only answer without ``content-type`` (its own servers answer an unknown
+    method so) with UNKNOWN "Missing content-type header", and would then wait for trailers until the
+    deadline; other clients, and so the caller calling the function directly, get the status in it
+    (UNIMPLEMENTED). grpclib keeps the head only on its internal stream.
+    """
+    fields = dict(getattr(getattr(stream, "_stream", None), "headers", None) or ())
+    if fields.get(":status") != "200" or STATUS not in fields:
+        return err.status, err.message, err.details
+    try:
+        return stream._process_grpc_status(fields)  # the same reading grpclib gives trailers
+    except GRPCError as bad:
+        return bad.status, bad.message, bad.details
 
 
 async def _send_all(stream: Stream[RawMessage, RawMessage], messages: list[bytes]) -> None:

@@ -124,6 +124,13 @@ async def test_unary_and_server_streaming_calls_through_the_proxy(tmp_path: Path
         assert err.status is Status.NOT_FOUND and err.message == "no such thing"
         assert err.details == encode_status(Status.NOT_FOUND, "no such thing")  # grpc-status-details-bin
 
+        # A method the function does not have: its server's trailers-only UNIMPLEMENTED (grpclib sends
+        # it without content-type), at once, as a client calling the function directly gets it.
+        started = time.monotonic()
+        err = await failure(_unary(channel, "/examples.echo.v1.EchoService/Nope", pinned, timeout=10))
+        assert err.status is Status.UNIMPLEMENTED and err.message == "Method not found", err
+        assert time.monotonic() - started < 5
+
         # Messages larger than the inline body limit and than a response frame round-trip intact.
         big = "x" * (4 * 1024 * 1024 + 17)
         with anyio.fail_after(30):
@@ -232,7 +239,12 @@ async def test_proxy_errors_map_to_grpc_statuses(tmp_path: Path) -> None:
         await wait_for(empty, timeout=10, what="the version's queue to be empty")
 
 
-async def _unary(channel: Channel, path: str, metadata: dict[str, str | bytes]) -> None:
-    async with channel.request(path, Cardinality.UNARY_UNARY, HealthCheckRequest, EchoResponse, metadata=metadata) as s:
+async def _unary(
+    channel: Channel, path: str, metadata: dict[str, str | bytes], *, timeout: float | None = None
+) -> None:
+    cardinality = Cardinality.UNARY_UNARY
+    async with channel.request(
+        path, cardinality, HealthCheckRequest, EchoResponse, metadata=metadata, timeout=timeout
+    ) as s:
         await s.send_message(HealthCheckRequest(service=""), end=True)
         await s.recv_message()
