@@ -120,31 +120,65 @@ class NodeEnvelope:
 
 @final
 class WorkerEnvelope:
-    """``WorkerMessage``: a response frame (fast path) or any other kind (betterproto)."""
+    """``WorkerMessage``: a response frame, a request held or released (fast paths) or any other kind.
 
-    __slots__ = ("frame", "message")
+    On the nats transport a worker tells its node of every request it pulls (``held``) and settles
+    (``released``): two messages per request beside its frames, so they skip betterproto too.
+    """
+
+    __slots__ = ("frame", "held", "message", "released")
     FIELD_FRAME: ClassVar[int] = 2
+    FIELD_HELD: ClassVar[int] = 6
+    FIELD_RELEASED: ClassVar[int] = 7
 
-    def __init__(self, *, frame: bytes | None = None, message: WorkerMessage | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        frame: bytes | None = None,
+        held: tuple[str, str] | None = None,
+        released: str | None = None,
+        message: WorkerMessage | None = None,
+    ) -> None:
         self.frame = frame
+        #: (request id, the delivery's ack subject) of a request the worker pulled itself.
+        self.held = held
+        #: The id of a request the worker settled.
+        self.released = released
         self.message = message
 
     @property
     def kind(self) -> str:
         if self.frame is not None:
             return "frame"
+        if self.held is not None:
+            return "held"
+        if self.released is not None:
+            return "released"
         assert self.message is not None
         return betterproto.which_one_of(self.message, "kind")[0]
 
     def SerializeToString(self) -> bytes:
         if self.frame is not None:
             return _length_delimited(self.FIELD_FRAME, self.frame)
+        if self.held is not None:
+            request_id, ack_subject = self.held
+            inner = _length_delimited(1, request_id.encode()) + _length_delimited(2, ack_subject.encode())
+            return _length_delimited(self.FIELD_HELD, inner)
+        if self.released is not None:
+            return _length_delimited(self.FIELD_RELEASED, _length_delimited(1, self.released.encode()))
         assert self.message is not None
         return bytes(self.message)
 
     @classmethod
     def FromString(cls, data: bytes) -> WorkerEnvelope:
         fields = _fields(data)
-        if len(fields) == 1 and fields[0][0] == cls.FIELD_FRAME and fields[0][1] == _LEN:
-            return cls(frame=bytes(fields[0][2]))
+        if len(fields) == 1 and fields[0][1] == _LEN:
+            number, _, payload = fields[0]
+            if number == cls.FIELD_FRAME:
+                return cls(frame=bytes(payload))
+            if number in (cls.FIELD_HELD, cls.FIELD_RELEASED):
+                strings = {field: bytes(value).decode() for field, wire, value in _fields(payload) if wire == _LEN}
+                if number == cls.FIELD_HELD:
+                    return cls(held=(strings.get(1, ""), strings.get(2, "")))
+                return cls(released=strings.get(1, ""))
         return cls(message=WorkerMessage().parse(data))

@@ -45,8 +45,6 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     LargeResponseChunk,
     LargeResponseStored,
     RequestFailed,
-    RequestHeld,
-    RequestReleased,
     SecretsRequest,
     SecretsResponse,
     WorkerHello,
@@ -505,11 +503,7 @@ class Worker:
     ) -> None:
         """A request this worker pulled itself: its node knows it holds it until it is settled."""
         rid = held.request.request_id
-        await up(
-            WorkerEnvelope(
-                message=WorkerMessage(held=RequestHeld(request_id=rid, ack_subject=held.delivery.ack_subject))
-            )
-        )
+        await up(WorkerEnvelope(held=(rid, held.delivery.ack_subject)))
         try:
             if await held.refused_on_arrival():
                 self._held.pop(rid, None)
@@ -519,7 +513,7 @@ class Worker:
                 await self._handle(held.request, scope, held.attempt, link, held)
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                await up(WorkerEnvelope(message=WorkerMessage(released=RequestReleased(request_id=rid))))
+                await up(WorkerEnvelope(released=rid))
 
     def _finished(self) -> None:
         self.state.in_flight -= 1

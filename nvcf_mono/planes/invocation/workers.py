@@ -572,6 +572,13 @@ class WorkerSession:
             if envelope.frame is not None:
                 await self._on_frame(envelope.frame, out)
                 continue
+            if envelope.held is not None:  # nats transport: the worker pulled this request itself
+                request_id, ack_subject = envelope.held
+                self.held_remotely[request_id] = ack_subject
+                continue
+            if envelope.released is not None:
+                self.held_remotely.pop(envelope.released, None)
+                continue
             message = envelope.message
             assert message is not None
             kind = envelope.kind
@@ -586,10 +593,6 @@ class WorkerSession:
                 held = self.in_flight.pop(message.failed.request_id, None)
                 if held is not None:
                     await held.failed(message.failed.reason)
-            elif kind == "held":
-                self.held_remotely[message.held.request_id] = message.held.ack_subject
-            elif kind == "released":
-                self.held_remotely.pop(message.released.request_id, None)
             elif kind == "drain":
                 self.draining = True
                 self.ready.set()  # wakes whatever waits for readiness; it sees the drain

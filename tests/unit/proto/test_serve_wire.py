@@ -11,6 +11,8 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     Delivery,
     NodeMessage,
     RequestFailed,
+    RequestHeld,
+    RequestReleased,
     SessionInfo,
     WorkerHello,
     WorkerMessage,
@@ -36,6 +38,27 @@ def test_frames_round_trip_both_ways(size: int) -> None:
     assert WorkerMessage().parse(WorkerEnvelope(frame=blob).SerializeToString()).frame == blob
     decoded = WorkerEnvelope.FromString(bytes(WorkerMessage(frame=blob)))
     assert (decoded.frame, decoded.kind) == (blob, "frame")
+
+
+@pytest.mark.parametrize(
+    ("request_id", "ack_subject"),
+    [
+        ("0b6f2c1e-2a4d-4c4e-9d0e-5b1f3f8a9c7d", "$JS.ACK.REQ_local_v.REQ_local_v.1.42.42.1765000000000000000.0"),
+        ("r", ""),  # proto3 leaves an empty string out: the fast decoder reads it back as ""
+        ("", ""),
+        ("é" * 100, "x" * 300),  # lengths over 127 bytes need two-byte varints
+    ],
+)
+def test_held_and_released_round_trip_both_ways(request_id: str, ack_subject: str) -> None:
+    held = RequestHeld(request_id=request_id, ack_subject=ack_subject)
+    assert WorkerMessage().parse(WorkerEnvelope(held=(request_id, ack_subject)).SerializeToString()).held == held
+    decoded = WorkerEnvelope.FromString(bytes(WorkerMessage(held=held)))
+    assert (decoded.held, decoded.kind, decoded.message) == ((request_id, ack_subject), "held", None)
+
+    released = RequestReleased(request_id=request_id)
+    assert WorkerMessage().parse(WorkerEnvelope(released=request_id).SerializeToString()).released == released
+    decoded = WorkerEnvelope.FromString(bytes(WorkerMessage(released=released)))
+    assert (decoded.released, decoded.kind, decoded.message) == (request_id, "released", None)
 
 
 @pytest.mark.parametrize(
