@@ -42,6 +42,7 @@ from nvcf_mono.grpc.raw import (
     pack,
     pairs_to_metadata,
 )
+from nvcf_mono.http.api import id_problem
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late
 from nvcf_mono.models.common import new_id
@@ -121,6 +122,9 @@ class GrpcProxy:
             )
         principal = await self._authenticate(auth, _metadata(stream, AUTHORIZATION))
         version_id = _metadata(stream, FUNCTION_VERSION_ID).strip() or None
+        for name, value in ((FUNCTION_ID, function_id), (FUNCTION_VERSION_ID, version_id)):
+            if value is not None and id_problem(name, value) is not None:
+                raise GRPCError(Status.INVALID_ARGUMENT, f"'{name}' metadata is not a valid id: {value[:64]!r}")
         try:
             principal.require(S.INVOKE_FUNCTION)
             fv = await invoker.routing.resolve_current(principal, function_id, version_id)

@@ -195,11 +195,11 @@ async def test_proxy_errors_map_to_grpc_statuses(tmp_path: Path) -> None:
             assert err.status is Status.INVALID_ARGUMENT and "function-id" in (err.message or "")
         err = await failure(stub.echo(request, metadata=call_metadata(key, "0b7e7cbb-3b8c-4a47-8fa0-000000000000")))
         assert err.status is Status.NOT_FOUND
-        for bad_id in ("b c", ">", "*", "../..", "x" * 300):  # ids no function has: not found, never INTERNAL
+        for bad_id in ("b c", ">", "*", "../..", "x" * 300):  # ids no function can have: as HTTP's 400, never INTERNAL
             err = await failure(stub.echo(request, metadata=call_metadata(key, bad_id)))
-            assert err.status is Status.NOT_FOUND, (bad_id, err)
+            assert err.status is Status.INVALID_ARGUMENT and "'function-id'" in (err.message or ""), (bad_id, err)
             err = await failure(stub.echo(request, metadata=call_metadata(key, fid, function_version_id=bad_id)))
-            assert err.status is Status.NOT_FOUND, (bad_id, err)
+            assert err.status is Status.INVALID_ARGUMENT and "function-version-id" in (err.message or ""), (bad_id, err)
         err = await failure(stub.echo(request, metadata=call_metadata(key, http_fid)))
         assert err.status is Status.INVALID_ARGUMENT and "not a gRPC function" in (err.message or "")
 
