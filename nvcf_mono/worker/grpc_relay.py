@@ -14,6 +14,7 @@ import logging
 import time
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator
+from typing import final
 
 from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality, Status
@@ -81,6 +82,40 @@ def _timeout(request: Request) -> float | None:
     return max(request.deadline_ms / 1000 - time.time(), 0.001)
 
 
+@final
+class _Frames:
+    """The reply's frames: the first with status 200 and the response head, each message split to fit."""
+
+    def __init__(self, request_id: str, attempt: int, frame_size: int) -> None:
+        self.request_id, self.attempt, self.frame_size = request_id, attempt, frame_size
+        self.head: Headers = (("content-type", GRPC_CONTENT_TYPE),)
+        self.seq = self.total = 0
+
+    def _next(self, body: bytes = b"", trailers: Headers | None = None) -> Frame:
+        first, last = self.seq == 0, trailers is not None
+        self.total += len(body)
+        frame = Frame(
+            request_id=self.request_id,
+            seq=self.seq,
+            attempt=self.attempt,
+            status=200 if first else None,
+            headers=self.head if first else (),
+            body=body,
+            end=last,
+            total_length=self.total if last else None,
+            trailers=trailers or (),
+        )
+        self.seq += 1
+        return frame
+
+    def message(self, data: bytes) -> list[Frame]:
+        packed = pack([data])
+        return [self._next(packed[at : at + self.frame_size]) for at in range(0, len(packed), self.frame_size)]
+
+    def end(self, trailers: Headers) -> Frame:
+        return self._next(trailers=trailers)
+
+
 async def grpc_call(
     config: WorkerConfig, request: Request, body: bytes | AsyncIterable[bytes], *, attempt: int
 ) -> AsyncIterator[Frame]:
@@ -97,9 +132,7 @@ async def grpc_call(
         yield problem_frame(rid, attempt, 400, f"the relayed request is not gRPC: {err}", source=WORKER_SERVICE)
         return
     channel = _channel(config.inference_host, config.inference_port)
-    head: Headers = (("content-type", GRPC_CONTENT_TYPE),)
-    seq = 0
-    total = 0
+    frames = _Frames(rid, attempt, config.frame_size)
     status, message, details = Status.OK, None, None
     trailing: list[tuple[str, str]] = []
     try:
@@ -116,21 +149,10 @@ async def grpc_call(
             try:
                 await stream.recv_initial_metadata()
                 head_taken = True
-                head = (*head, *metadata_to_pairs((stream.initial_metadata or {}).items()))
+                frames.head = (*frames.head, *metadata_to_pairs((stream.initial_metadata or {}).items()))
                 while (reply := await stream.recv_message()) is not None:
-                    packed = pack([reply.data])
-                    for start in range(0, len(packed), config.frame_size):
-                        piece = packed[start : start + config.frame_size]
-                        yield Frame(
-                            request_id=rid,
-                            seq=seq,
-                            attempt=attempt,
-                            status=200 if seq == 0 else None,
-                            headers=head if seq == 0 else (),
-                            body=piece,
-                        )
-                        seq += 1
-                        total += len(piece)
+                    for frame in frames.message(reply.data):
+                        yield frame
                 await stream.recv_trailing_metadata()
             except GRPCError as err:
                 status, message, details = err.status, err.message, err.details
@@ -153,16 +175,7 @@ async def grpc_call(
         # Ends the call like a status of the function's (also after messages were relayed).
         log.warning("request %s: gRPC protocol error from the inference server: %s", rid, err)
         status, message = Status.INTERNAL, f"the inference server broke the gRPC protocol: {err}"
-    yield Frame(
-        request_id=rid,
-        seq=seq,
-        attempt=attempt,
-        status=200 if seq == 0 else None,
-        headers=head if seq == 0 else (),
-        end=True,
-        total_length=total,
-        trailers=(*_status_trailers(status, message, details), *trailing),
-    )
+    yield frames.end((*_status_trailers(status, message, details), *trailing))
 
 
 class _HeadOnly(Exception):

@@ -38,7 +38,8 @@ FAST = {
     "plugins.control.autoscaler.sample_step": "0.5",
     "plugins.control.autoscaler.lookback": "2",
     "plugins.control.autoscaler.utilization_window": "1",
-    "plugins.control.autoscaler.idle_timeout": "3",
+    # Long enough that a loaded machine still sees the first instance running before it is idle.
+    "plugins.control.autoscaler.idle_timeout": "6",
     "plugins.control.autoscaler.worker_stale": "2",
     "plugins.invocation.load_report_interval": "0.2",
     "plugins.compute.heartbeat_interval": "0.5",
