@@ -152,6 +152,9 @@ class IdempotentRequest(WireModel):
     request_id: str
     function_version_id: str
     created_at: str
+    #: What its body was (``invocation.idempotency.fingerprint``): a retry with another body is refused.
+    #: Empty in records written before it was kept: those are not compared.
+    body_fingerprint: str = ""
 
 
 @wire

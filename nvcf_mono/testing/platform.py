@@ -7,6 +7,7 @@ server would see each other's functions.
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -121,7 +122,9 @@ class Api:
         hdrs = dict(headers or {})
         if self.token is not None:
             hdrs.setdefault("Authorization", f"Bearer {self.token}")
-        payload = data if data is not None else (None if body is None else json.dumps(body).encode())
+        raw = data if data is not None else (None if body is None else json.dumps(body).encode())
+        # aiohttp warns that bytes past a MiB are written in one piece: hand it a file instead.
+        payload = io.BytesIO(raw) if raw is not None and len(raw) > 1024 * 1024 else raw
         if body is not None:
             hdrs.setdefault("Content-Type", "application/json")
         with anyio.fail_after(self.timeout):

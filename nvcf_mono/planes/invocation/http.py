@@ -41,9 +41,15 @@ from nvcf_mono.planes.invocation.answers import (
 )
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
-from nvcf_mono.planes.invocation.idempotency import CLAIM_ATTEMPTS, IDEMPOTENCY_KEY, Idempotency
+from nvcf_mono.planes.invocation.idempotency import (
+    CLAIM_ATTEMPTS,
+    FINGERPRINTED,
+    IDEMPOTENCY_KEY,
+    Idempotency,
+    fingerprint,
+)
 from nvcf_mono.planes.invocation.input_assets import ASSET_REFERENCES, InputAssets, parse_references
-from nvcf_mono.planes.invocation.intake import new_request, poll_seconds, read_body, stage
+from nvcf_mono.planes.invocation.intake import new_request, poll_seconds, read_body, read_prefix, stage
 from nvcf_mono.planes.invocation.large_responses import ROUTE as LARGE_RESPONSE_ROUTE
 from nvcf_mono.planes.invocation.large_responses import LargeResponses
 from nvcf_mono.planes.invocation.metrics import CLIENT_GONE, Entry, InvocationMetrics, Observation
@@ -70,6 +76,8 @@ class Invocation:
     poll: int | None = None
     #: The body when the entry point has it (exec's ``requestBody``); None: read from the request.
     body: bytes | None = None
+    #: What was read of the request's body already (an Idempotency-Key's fingerprint); the rest follows.
+    head: bytes = b""
     #: Answer with the whole response (exec wraps it), not streamed through.
     buffered: bool = False
     #: Given each piece of the response body as it is written (the LLM gateway counts tokens with it).
@@ -143,10 +151,19 @@ class Invoker:
             return await self.invoke(request, principal, fv, inv)
         if inv.poll is None:
             inv = attrs.evolve(inv, poll=poll_seconds(self.config, inv.headers, streaming=wants_stream(inv.headers)))
+        if inv.body is None:
+            inv = attrs.evolve(inv, head=await read_prefix(self.config, request, FINGERPRINTED + 1))
+        mark = fingerprint(inv.head if inv.body is None else inv.body[: FINGERPRINTED + 1])
         for _ in range(CLAIM_ATTEMPTS):
-            claim = await self.idempotency.claim(principal.account, fv, raw_key.strip())
+            claim = await self.idempotency.claim(principal.account, fv, raw_key.strip(), mark)
             if claim.owner:
                 break
+            if claim.fingerprint and claim.fingerprint != mark:
+                raise ProblemError(
+                    422,
+                    f"this {IDEMPOTENCY_KEY} was first used with a different request body (request "
+                    f"{claim.request_id}); a retry must send the same body, and a new request needs a new key",
+                )
             replayed = await self.waiting.replay(request, claim, poll=inv.poll or 1, buffered=inv.buffered)
             if replayed is not None:
                 return replayed
@@ -229,7 +246,7 @@ class Invoker:
         if poll is None:
             poll = poll_seconds(self.config, headers, streaming=streaming)
         if body is None:
-            staged = await read_body(self.config, self.dispatcher, request, request_id)
+            staged = await read_body(self.config, self.dispatcher, request, request_id, prefix=inv.head)
         else:
             staged = await stage(self.dispatcher, self.dispatcher.inline_limit, request_id, body)
         pending = self.router.register(request_id, fv.version_id)
@@ -409,7 +426,7 @@ async def pexec(late: Late[Invoker], call: Call[None], version_id: str | None) -
     raw_response="*/*",
     passthrough=True,
     params=INVOKE_PARAMS,
-    errors=(404, 413, 429),
+    errors=(404, 409, 413, 422, 429),
 )
 async def invoke_function(late: Late[Invoker], call: Call[None]) -> web.StreamResponse:
     return await pexec(late, call, None)
@@ -425,7 +442,7 @@ async def invoke_function(late: Late[Invoker], call: Call[None]) -> web.StreamRe
     raw_response="*/*",
     passthrough=True,
     params=INVOKE_PARAMS,
-    errors=(404, 413, 429),
+    errors=(404, 409, 413, 422, 429),
 )
 async def invoke_function_version(late: Late[Invoker], call: Call[None]) -> web.StreamResponse:
     return await pexec(late, call, call.path("versionId"))

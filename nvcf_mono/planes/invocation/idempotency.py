@@ -8,6 +8,10 @@ serves it keeps its response as a result for the retries (bounded), also when it
 A request that fails before it runs (bad input, a full queue, a client that hung up) releases the
 key; a retry that found the key just before that claims it again. Requests without the header pay
 nothing.
+
+The key also records a fingerprint of the request's body (its first MiB and whether more followed):
+the same key with another body is a 422, as the IETF's Idempotency-Key draft asks, rather than the
+first request's answer to a request that was never run.
 """
 
 from __future__ import annotations
@@ -34,6 +38,14 @@ from nvcf_mono.planes.invocation.results import QUEUED, ResultStore
 IDEMPOTENCY_KEY = "Idempotency-Key"
 MAX_KEY_LENGTH = 255
 CLAIM_ATTEMPTS = 3
+#: How much of a body its fingerprint covers: retries are read this far before the key is looked up.
+FINGERPRINTED = 1024 * 1024
+
+
+def fingerprint(prefix: bytes) -> str:
+    """A body's fingerprint from its first ``FINGERPRINTED + 1`` bytes (all of it when shorter)."""
+    more = len(prefix) > FINGERPRINTED
+    return hashlib.sha256(prefix[:FINGERPRINTED]).hexdigest() + ("+" if more else "")
 
 
 def key_digest(raw: str) -> str:
@@ -53,6 +65,8 @@ class Claim:
     key: str
     request_id: str
     revision: int | None = None
+    #: The body fingerprint the key's first request recorded ("" when none was).
+    fingerprint: str = ""
 
     @property
     def owner(self) -> bool:
@@ -73,13 +87,13 @@ class Idempotency:
         self._region = region
         self._log = log
 
-    async def claim(self, nca_id: str, fv: FunctionVersion, raw_key: str) -> Claim:
+    async def claim(self, nca_id: str, fv: FunctionVersion, raw_key: str, body_fingerprint: str) -> Claim:
         """Our new request id when the key is new, else the one the key already names."""
         key = buckets.idempotency_key(nca_id, fv.id, key_digest(raw_key))
         for _ in range(CLAIM_ATTEMPTS):
             found = await self._kv.get(key)
             if found is not None:
-                return Claim(key=key, request_id=found.value.request_id)
+                return Claim(key=key, request_id=found.value.request_id, fingerprint=found.value.body_fingerprint)
             request_id = new_id()
             created = now_iso()
             # The request is on record before the key names it: a retry that finds one finds both.
@@ -98,13 +112,18 @@ class Idempotency:
             try:
                 revision = await self._kv.create(
                     key,
-                    IdempotentRequest(request_id=request_id, function_version_id=fv.version_id, created_at=created),
+                    IdempotentRequest(
+                        request_id=request_id,
+                        function_version_id=fv.version_id,
+                        created_at=created,
+                        body_fingerprint=body_fingerprint,
+                    ),
                     ttl=self._ttl,
                 )
             except ConflictError:
                 await self._forget(request_id)  # a concurrent retry won: answer for its request
                 continue
-            return Claim(key=key, request_id=request_id, revision=revision)
+            return Claim(key=key, request_id=request_id, revision=revision, fingerprint=body_fingerprint)
         raise ProblemError(409, f"concurrent requests with this {IDEMPOTENCY_KEY} keep failing; retry")
 
     async def names(self, claim: Claim) -> bool:

@@ -105,14 +105,29 @@ def poll_seconds(config: InvocationConfig, headers: Mapping[str, str], *, stream
     return max(value, 1)  # 0 waits the least there is, as NVCF clamps it
 
 
-async def read_body(config: InvocationConfig, dispatcher: Dispatcher, request: web.Request, request_id: str) -> Body:
-    """Small bodies inline; the rest streamed into the object store."""
+async def read_prefix(config: InvocationConfig, request: web.Request, size: int) -> bytes:
+    """Up to ``size`` bytes of the body, the rest left to :func:`read_body` (413 past the limit)."""
+    maximum = config.max_request_body
+    if request.content_length is not None and request.content_length > maximum:
+        raise ProblemError(413, _too_large(maximum))
+    prefix = bytearray()
+    while len(prefix) < size and (chunk := await request.content.read(size - len(prefix))):
+        prefix.extend(chunk)
+    if len(prefix) > maximum:
+        raise ProblemError(413, _too_large(maximum))
+    return bytes(prefix)
+
+
+async def read_body(
+    config: InvocationConfig, dispatcher: Dispatcher, request: web.Request, request_id: str, *, prefix: bytes = b""
+) -> Body:
+    """Small bodies inline; the rest streamed into the object store. ``prefix``: what was read of it already."""
     maximum = config.max_request_body
     if request.content_length is not None and request.content_length > maximum:
         # Refused before a byte is read or stored.
         raise ProblemError(413, _too_large(maximum))
     limit = min(dispatcher.inline_limit, maximum)
-    head = bytearray()
+    head = bytearray(prefix)
     content = request.content
     while len(head) <= limit:
         chunk = await content.read(limit + 1 - len(head))

@@ -322,6 +322,16 @@ async def test_idempotency_key_names_one_request(tmp_path: Path) -> None:
         assert await calls_so_far() == before + 2  # the first call and this probe, not the retry
         other = await call("order-2", {"n": 1})
         assert other.status == 200 and other.headers["NVCF-REQID"] != first.headers["NVCF-REQID"]
+        # The same key with another body is a different request: refused (422), never answered with the first's
+        # result, and nothing runs. Bodies past the fingerprinted MiB compare too.
+        before = await calls_so_far()
+        clash = await call("order-1", {"n": 2})
+        assert clash.status == 422 and first.headers["NVCF-REQID"] in clash.detail, clash.body
+        big = await call("order-big", {"pad": "x" * 1_500_000})
+        assert big.status == 200
+        assert (await call("order-big", {"pad": "x" * 1_500_000})).headers["NVCF-REQID"] == big.headers["NVCF-REQID"]
+        assert (await call("order-big", {"pad": "y" * 1_500_000})).status == 422
+        assert await calls_so_far() == before + 2  # the big body once, and this probe
 
         # Two concurrent retries: one request, both get its answer.
         before = await calls_so_far()
@@ -346,14 +356,18 @@ async def test_idempotency_key_names_one_request(tmp_path: Path) -> None:
         retry = await call("order-4", {"answer": {"delay": 2.5, "body": "late"}}, **{"NVCF-POLL-SECONDS": "1"})
         assert retry.status == 202 and retry.headers["NVCF-REQID"] == rid and retry.headers["NVCF-WAIT-REASON"]
         late = await wait_for(
-            lambda: _finished(call("order-4", {}, **{"NVCF-POLL-SECONDS": "1"})), timeout=30, what="the result"
+            lambda: _finished(
+                call("order-4", {"answer": {"delay": 2.5, "body": "late"}}, **{"NVCF-POLL-SECONDS": "1"})
+            ),
+            timeout=30,
+            what="the result",
         )
         assert late.status == 200 and late.body == b"late" and late.headers["NVCF-REQID"] == rid
         assert await calls_so_far() == before + 2
         # Its status poll takes the result; a retry after that has nothing to return.
         polled = await p.key.get(f"/v2/nvcf/pexec/status/{rid}")
         assert polled.status == 200 and polled.body == b"late"
-        spent = await call("order-4", {})
+        spent = await call("order-4", {"answer": {"delay": 2.5, "body": "late"}})
         assert spent.status == 409 and spent.headers["NVCF-REQID"] == rid and "Idempotency-Key" in spent.detail
 
         # Bad input claims nothing; a request cancelled by its client frees its key for the retry.
@@ -363,8 +377,10 @@ async def test_idempotency_key_names_one_request(tmp_path: Path) -> None:
         assert (await call("k" * 300, {})).status == 400
         with anyio.move_on_after(1):
             await call("order-6", {"answer": {"delay": 5, "body": "abandoned"}})
-        rerun = await wait_for(
-            lambda: _finished(call("order-6", {}, **{"NVCF-POLL-SECONDS": "1"})), timeout=30, what="a fresh run"
+        rerun = await wait_for(  # another body: 422 until the abandoned request has let go of the key
+            lambda: _finished(call("order-6", {}, **{"NVCF-POLL-SECONDS": "1"}), also=422),
+            timeout=30,
+            what="a fresh run",
         )
         assert rerun.status == 200 and rerun.json["path"] == "/echo-request"  # run again, not the abandoned one
 
@@ -381,19 +397,20 @@ async def test_a_retry_that_found_a_key_just_before_its_release_claims_it_again(
         assert invoker.idempotency is not None
         fv = invoker.routing.version(fid, vid)
         assert fv is not None
-        first = await invoker.idempotency.claim("acct-x", fv, "order-race")
-        retry = await invoker.idempotency.claim("acct-x", fv, "order-race")
+        first = await invoker.idempotency.claim("acct-x", fv, "order-race", "")
+        retry = await invoker.idempotency.claim("acct-x", fv, "order-race", "")
         assert first.owner and not retry.owner and retry.request_id == first.request_id
         request = make_mocked_request("POST", f"/v2/nvcf/pexec/functions/{fid}")
         await invoker.idempotency.release(first)
         assert await invoker.waiting.replay(request, retry, poll=1, buffered=True) is None
-        again = await invoker.idempotency.claim("acct-x", fv, "order-race")
+        again = await invoker.idempotency.claim("acct-x", fv, "order-race", "")
         assert again.owner and again.request_id != first.request_id
 
 
-async def _finished(pending: Any) -> Reply | None:
+async def _finished(pending: Any, *, also: int = 202) -> Reply | None:
+    """The reply, or None for a 202 (or the ``also`` status) to try again."""
     reply: Reply = await pending
-    return None if reply.status == 202 else reply
+    return None if reply.status in (202, also) else reply
 
 
 @pytest.mark.slow
