@@ -105,11 +105,16 @@ def poll_seconds(config: InvocationConfig, headers: Mapping[str, str], *, stream
     return max(value, 1)  # 0 waits the least there is, as NVCF clamps it
 
 
+def _declared_within(request: web.Request, maximum: int) -> None:
+    """413 for a declared length past the limit: refused before a byte is read or stored."""
+    if request.content_length is not None and request.content_length > maximum:
+        raise ProblemError(413, _too_large(maximum))
+
+
 async def read_prefix(config: InvocationConfig, request: web.Request, size: int) -> bytes:
     """Up to ``size`` bytes of the body, the rest left to :func:`read_body` (413 past the limit)."""
     maximum = config.max_request_body
-    if request.content_length is not None and request.content_length > maximum:
-        raise ProblemError(413, _too_large(maximum))
+    _declared_within(request, maximum)
     prefix = bytearray()
     while len(prefix) < size and (chunk := await request.content.read(size - len(prefix))):
         prefix.extend(chunk)
@@ -123,9 +128,7 @@ async def read_body(
 ) -> Body:
     """Small bodies inline; the rest streamed into the object store. ``prefix``: what was read of it already."""
     maximum = config.max_request_body
-    if request.content_length is not None and request.content_length > maximum:
-        # Refused before a byte is read or stored.
-        raise ProblemError(413, _too_large(maximum))
+    _declared_within(request, maximum)
     limit = min(dispatcher.inline_limit, maximum)
     head = bytearray(prefix)
     content = request.content
