@@ -48,6 +48,19 @@ def worker_publish(stream: str, durable: str) -> tuple[str, ...]:
     )
 
 
+_ACK_NUMBERS = re.compile(r"[0-9]+(?:\.[0-9]+){4}")
+
+
+def is_worker_ack(subject: str, stream: str, durable: str) -> bool:
+    """Whether ``subject`` is an ack subject of the durable's deliveries, as :func:`worker_publish` grants.
+
+    A worker on the nats transport names what it pulled by that subject, and its node naks it there
+    when the worker's session ends: the node publishes for it, so only these subjects are taken.
+    """
+    prefix = f"$JS.ACK.{stream}.{durable}."
+    return subject.startswith(prefix) and _ACK_NUMBERS.fullmatch(subject[len(prefix) :]) is not None
+
+
 def worker_subscribe(function_version_id: str, inbox_prefix: str) -> tuple[str, ...]:
     """Subjects a worker may subscribe to: its session's inbox prefix and its version's cancels."""
     root, _, session = inbox_prefix.partition(".")

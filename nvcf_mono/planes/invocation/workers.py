@@ -38,6 +38,7 @@ from nvcf_mono.contracts.frames import Frame, FrameError, Request, problem_frame
 from nvcf_mono.contracts.messages import SecretsFetch, SecretsReply
 from nvcf_mono.grpc.batch import MOST, accept_large_frames, send_all
 from nvcf_mono.late import Late
+from nvcf_mono.models.deployment import MAX_REQUEST_CONCURRENCY
 from nvcf_mono.planes.invocation.affinity import Affinity, session_key
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
@@ -355,6 +356,7 @@ class WorkerService:
             instance_id=hello.instance_id or str(claims.get("iid", "")),
             max_concurrency=max(1, hello.max_concurrency),
             transport=str(claims.get("tr", "grpc")),
+            durable=(str(claims["st"]), str(claims["du"])) if claims.get("tr") == "nats" else None,
         )
         self.sessions[session.id] = session
         try:
@@ -375,9 +377,12 @@ class WorkerSession:
         instance_id: str,
         max_concurrency: int,
         transport: str = "grpc",
+        durable: tuple[str, str] | None = None,
     ) -> None:
         self._svc = service
         self.transport = transport
+        #: nats transport: (stream, durable) the session's token grants; what it may say it holds.
+        self.durable = durable
         #: nats transport: frames of requests whose node went away, kept here to be stored.
         self._orphans: dict[str, list[Frame]] = {}
         #: nats transport: request id -> ack subject of what the worker pulled and holds itself.
@@ -573,8 +578,7 @@ class WorkerSession:
                 await self._on_frame(envelope.frame, out)
                 continue
             if envelope.held is not None:  # nats transport: the worker pulled this request itself
-                request_id, ack_subject = envelope.held
-                self.held_remotely[request_id] = ack_subject
+                self._held(*envelope.held)
                 continue
             if envelope.released is not None:
                 self.held_remotely.pop(envelope.released, None)
@@ -596,6 +600,24 @@ class WorkerSession:
             elif kind == "drain":
                 self.draining = True
                 self.ready.set()  # wakes whatever waits for readiness; it sees the drain
+
+    def _held(self, request_id: str, ack_subject: str) -> None:
+        """Remember a delivery the worker pulled, to nak it if the session ends first.
+
+        Only one of its own version's deliveries, and no more than it may hold: the nak is published
+        with this node's rights, so a session must not name any other subject (or flood the table).
+        """
+        if self.durable is None or not permissions.is_worker_ack(ack_subject, *self.durable):
+            self._log.warning(
+                "worker session %s says it holds %r, which is no delivery of its version; ignored", self.id, ack_subject
+            )
+        elif (
+            len(self.held_remotely) >= 2 * min(self.max_concurrency, MAX_REQUEST_CONCURRENCY)
+            and request_id not in self.held_remotely
+        ):
+            self._log.warning("worker session %s says it holds more than its slots; %r ignored", self.id, request_id)
+        else:
+            self.held_remotely[request_id] = ack_subject
 
     async def _on_frame(self, blob: bytes, out: MemoryObjectSendStream[NodeEnvelope]) -> None:
         try:

@@ -11,7 +11,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -26,6 +26,7 @@ from nats.aio.subscription import Subscription
 from nvcf_mono.auth.secret import KEYRING
 from nvcf_mono.auth.tokens import TokenSigner, mint_worker_token
 from nvcf_mono.bus.codec import TypedKV
+from nvcf_mono.bus.errors import RequestTimeout
 from nvcf_mono.contracts import buckets, subjects
 from nvcf_mono.contracts.buckets import StoredResult
 from nvcf_mono.contracts.frames import Frame, Request
@@ -42,10 +43,11 @@ from nvcf_mono.proto.serve_wire import NodeEnvelope, WorkerEnvelope
 from nvcf_mono.structure import evolve
 from nvcf_mono.testing.nats_server import raw_client
 from nvcf_mono.testing.platform import wait_for
+from nvcf_mono.testing.running import agent
 from nvcf_mono.worker.agent import SERVICE
 from tests.integration.control.test_sharing import account_key, add_account
 
-from .conftest import Platform, deployed, launching_agent, platform
+from .conftest import ECHO_FUNCTION, Platform, deployed, launching_agent, platform
 
 # Bodies past 1 KiB go through the object store, so the body fetch is attacked too.
 NATS = {"plugins.invocation.transport": "nats", "plugins.invocation.inline_body_limit": "1024"}
@@ -343,3 +345,52 @@ async def test_a_response_whose_node_went_away_is_kept_with_its_capability_only(
         assert stored.status == 200
         assert json.loads(base64.b64decode(stored.body))["message"] == own
         assert await results(p, foreign) is None
+
+
+@pytest.mark.slow
+async def test_a_session_cannot_make_its_node_publish_to_other_subjects(tmp_path: Path) -> None:
+    """A worker on the nats transport tells its node which deliveries it holds (their ack subjects);
+    when its session ends the node naks them, with its own rights. A hostile session naming other
+    subjects (a KV key, another version's acks, any subject) gets none of them published."""
+    async with platform(tmp_path, **NATS) as p, agent(p.bus):  # a scripted agent: no instance needed
+        fid, vid = await deployed(p.admin, {**ECHO_FUNCTION, "name": "held-probe"})
+        mine = await connect_once(p, fid, vid, "nvcf-default")
+        tag = uuid.uuid4().hex
+        own = f"$JS.ACK.{mine.stream}.{mine.durable}.1.99999.99999.1.0"  # its own version's: naked
+        foreign = [
+            f"$KV.nvcf_functions.{tag}",
+            f"$JS.ACK.{mine.stream}X.{mine.durable}.1.2.3.4.5",
+            f"$JS.ACK.{mine.stream}.{mine.durable}.1.2.3.4",  # one number short
+            f"$JS.ACK.{mine.stream}.{mine.durable}.1.2.3.4.5.6",
+            f"probe.{tag}",
+        ]
+        host, _, port = p.host.endpoints.grpc_address.rpartition(":")
+        async with AsyncExitStack() as stack:
+            subs = [await stack.enter_async_context(p.bus.subscribe(subject)) for subject in [own, *foreign]]
+            every_ack = await stack.enter_async_context(p.bus.subscribe(f"$JS.ACK.{mine.stream}.{mine.durable}.>"))
+            async with (
+                Channel(host, int(port)) as channel,
+                channel.request(f"{SERVICE}/Serve", Cardinality.STREAM_STREAM, WorkerEnvelope, NodeEnvelope) as s,
+            ):
+                hello = WorkerHello(session_token=mine.session_token, instance_id="hostile", max_concurrency=1)
+                await s.send_message(WorkerEnvelope(message=WorkerMessage(hello=hello)))
+                with anyio.fail_after(10):
+                    assert await s.recv_message() is not None  # the session started
+                for n, subject in enumerate([own, *foreign]):
+                    await s.send_message(WorkerEnvelope(held=(f"r{n}", subject)))
+                # Past twice its slots, more claims are not remembered (nor naked).
+                for n in range(10):
+                    await s.send_message(WorkerEnvelope(held=(f"flood{n}", own.replace("99999.99999", f"{n}.{n}"))))
+                await s.end()
+            naked = await subs[0].next(timeout=10)
+            assert naked.data == b"-NAK"
+            await anyio.sleep(0.5)
+            for sub, subject in zip(subs[1:], foreign, strict=True):
+                with pytest.raises(RequestTimeout):
+                    got = await sub.next(timeout=0.05)
+                    raise AssertionError(f"the node published {got.data!r} to {subject}")
+            # Its own delivery and the first flood claim (two slots' worth), nothing more.
+            acks = [(await every_ack.next(timeout=1)).subject for _ in range(2)]
+            assert sorted(acks) == sorted([own, own.replace("99999.99999", "0.0")]), acks
+            with pytest.raises(RequestTimeout):
+                await every_ack.next(timeout=0.2)
