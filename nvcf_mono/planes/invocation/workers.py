@@ -383,8 +383,13 @@ class WorkerSession:
         self.transport = transport
         #: nats transport: (stream, durable) the session's token grants; what it may say it holds.
         self.durable = durable
+        #: At most this many deliveries held, or responses orphaned, at once (a worker pulls within its slots).
+        self._held_limit = 2 * min(max(max_concurrency, 1), MAX_REQUEST_CONCURRENCY)
         #: nats transport: frames of requests whose node went away, kept here to be stored.
         self._orphans: dict[str, list[Frame]] = {}
+        self._orphaned_bytes = 0
+        #: Orphaned responses stored as too large whose last frame has not come (oldest first, bounded).
+        self._given_up: dict[str, None] = {}
         #: nats transport: request id -> ack subject of what the worker pulled and holds itself.
         self.held_remotely: dict[str, str] = {}
         self.function_id = function_id
@@ -611,10 +616,7 @@ class WorkerSession:
             self._log.warning(
                 "worker session %s says it holds %r, which is no delivery of its version; ignored", self.id, ack_subject
             )
-        elif (
-            len(self.held_remotely) >= 2 * min(self.max_concurrency, MAX_REQUEST_CONCURRENCY)
-            and request_id not in self.held_remotely
-        ):
+        elif request_id not in self.held_remotely and len(self.held_remotely) >= self._held_limit:
             self._log.warning("worker session %s says it holds more than its slots; %r ignored", self.id, request_id)
         else:
             self.held_remotely[request_id] = ack_subject
@@ -646,14 +648,36 @@ class WorkerSession:
             self.in_flight.pop(frame.request_id, None)
 
     async def _orphan(self, frame: Frame) -> None:
-        """Frames a nats-transport worker could not hand to their node: kept, and stored at their end."""
-        frames = self._orphans.setdefault(frame.request_id, [])
+        """Frames a nats-transport worker could not hand to their node: kept, and stored at their end.
+
+        Held in memory until then, so within :data:`ORPHANED_BYTES` for the whole session: a response
+        that would pass it is stored as a 502 instead, and its frames let go.
+        """
+        rid = frame.request_id
+        if rid in self._given_up:  # already stored as too large: the rest of it is dropped
+            if frame.last:
+                del self._given_up[rid]
+            return
+        frames = self._orphans.get(rid)
+        if frames is None:
+            if len(self._orphans) >= self._held_limit:
+                self._log.warning("worker session %s sends more orphaned responses than its slots", self.id)
+                return
+            frames = self._orphans[rid] = []
+        self._orphaned_bytes += len(frame.body)
         frames.append(frame)
-        if frame.last:
-            del self._orphans[frame.request_id]
-            if frames[0].seq != 0:
-                frames = [problem_frame(frame.request_id, 502, BROKEN_OFF)]
-            await self._svc.deps.get().sink.store(frames)
+        if self._orphaned_bytes > ORPHANED_BYTES:
+            frames = [problem_frame(rid, 502, f"{TOO_LARGE_TO_KEEP} ({ORPHANED_BYTES} bytes)")]
+            if not frame.last:
+                self._given_up[rid] = None
+                if len(self._given_up) > self._held_limit:
+                    del self._given_up[next(iter(self._given_up))]
+        elif not frame.last:
+            return
+        elif frames[0].seq != 0:
+            frames = [problem_frame(rid, 502, BROKEN_OFF)]
+        self._orphaned_bytes -= sum(len(f.body) for f in self._orphans.pop(rid))
+        await self._svc.deps.get().sink.store(frames)
 
     # ---- endings ------------------------------------------------------------------------------------
 
@@ -667,6 +691,11 @@ class WorkerSession:
         for ack_subject in remote.values():
             # Pulled by the worker itself (nats transport): handed back now, not after ack_wait.
             await self._svc.deps.get().bus.give_back(ack_subject)
+
+
+#: What a node keeps in memory of one session's orphaned responses (their caller's node went away).
+ORPHANED_BYTES = 64 * 1024 * 1024
+TOO_LARGE_TO_KEEP = "the response was larger than an invocation node keeps for a caller whose node went away"
 
 
 def _message(message: NodeMessage) -> NodeEnvelope:

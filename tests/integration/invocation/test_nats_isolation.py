@@ -30,6 +30,7 @@ from nvcf_mono.bus.errors import RequestTimeout
 from nvcf_mono.contracts import buckets, subjects
 from nvcf_mono.contracts.buckets import StoredResult
 from nvcf_mono.contracts.frames import Frame, Request
+from nvcf_mono.planes.invocation import workers
 from nvcf_mono.planes.invocation.responses import Capabilities
 from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     BodyChunk,
@@ -394,3 +395,45 @@ async def test_a_session_cannot_make_its_node_publish_to_other_subjects(tmp_path
             assert sorted(acks) == sorted([own, own.replace("99999.99999", "0.0")]), acks
             with pytest.raises(RequestTimeout):
                 await every_ack.next(timeout=0.2)
+
+
+@pytest.mark.slow
+async def test_orphaned_responses_are_kept_within_a_memory_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Frames a session sends up its gRPC stream for a caller whose node went away wait in the node's
+    memory until their last frame; past the session's budget the response is stored as a 502 instead,
+    its later frames are dropped, and the budget is free again for the next."""
+    monkeypatch.setattr(workers, "ORPHANED_BYTES", 1500)
+    async with platform(tmp_path, **NATS) as p, agent(p.bus):
+        fid, vid = await deployed(p.admin, {**ECHO_FUNCTION, "name": "orphan-budget"})
+        mine = await connect_once(p, fid, vid, "nvcf-default")
+        capabilities = Capabilities.of_keyring(p.host.services.get(KEYRING))
+        big, small = str(uuid.uuid4()), str(uuid.uuid4())
+        host, _, port = p.host.endpoints.grpc_address.rpartition(":")
+        async with (
+            Channel(host, int(port)) as channel,
+            channel.request(f"{SERVICE}/Serve", Cardinality.STREAM_STREAM, WorkerEnvelope, NodeEnvelope) as s,
+        ):
+            hello = WorkerHello(session_token=mine.session_token, instance_id="streamer", max_concurrency=1)
+            await s.send_message(WorkerEnvelope(message=WorkerMessage(hello=hello)))
+            with anyio.fail_after(10):
+                assert await s.recv_message() is not None
+
+            def frame(rid: str, seq: int, body: bytes, *, last: bool = False) -> WorkerEnvelope:
+                piece = Frame(request_id=rid, seq=seq, status=200 if seq == 0 else None, body=body, end=last)
+                return WorkerEnvelope(frame=evolve(piece, capability=capabilities.of(vid, rid)).encode())
+
+            for seq in range(5):  # 3,000 bytes of a response that never fits
+                await s.send_message(frame(big, seq, b"x" * 600))
+            await s.send_message(frame(big, 5, b"end", last=True))
+            await s.send_message(frame(small, 0, b"fits", last=True))
+
+            async def stored(rid: str) -> StoredResult | None:
+                return await results(p, rid)
+
+            kept = await wait_for(lambda: stored(small), timeout=10, what="the small response")
+            assert base64.b64decode(kept.body) == b"fits"
+            refused = await wait_for(lambda: stored(big), timeout=10, what="the large response's 502")
+            assert refused.status == 502 and b"larger than" in base64.b64decode(refused.body), refused
+            await s.end()
