@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import nats.errors
 import pytest
-from grpclib.client import Channel
+from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 from nats.aio.client import Client as NatsClient
@@ -139,6 +139,23 @@ async def fetch_body(p: Platform, session: ConnectResponse, request: Request, ca
                     end=True,
                 )
                 return b"".join([chunk.data async for chunk in s])
+
+
+@asynccontextmanager
+async def serve_session(
+    p: Platform, session: ConnectResponse, instance_id: str = "hostile"
+) -> AsyncIterator[Stream[WorkerEnvelope, NodeEnvelope]]:
+    """The session's Serve stream, started with its hello, as the worker opens it."""
+    host, _, port = p.host.endpoints.grpc_address.rpartition(":")
+    async with (
+        Channel(host, int(port)) as channel,
+        channel.request(f"{SERVICE}/Serve", Cardinality.STREAM_STREAM, WorkerEnvelope, NodeEnvelope) as s,
+    ):
+        hello = WorkerHello(session_token=session.session_token, instance_id=instance_id, max_concurrency=1)
+        await s.send_message(WorkerEnvelope(message=WorkerMessage(hello=hello)))
+        with anyio.fail_after(10):
+            assert await s.recv_message() is not None  # the session started
+        yield s
 
 
 @pytest.mark.slow
@@ -279,15 +296,7 @@ async def forged_orphans_are_not_kept(
     """Frames for the other function's requests up the session's gRPC stream, as a worker whose
     client's node went away sends them: none is kept as their result."""
     control = str(uuid.uuid4())
-    host, _, port = p.host.endpoints.grpc_address.rpartition(":")
-    async with (
-        Channel(host, int(port)) as channel,
-        channel.request(f"{SERVICE}/Serve", Cardinality.STREAM_STREAM, WorkerEnvelope, NodeEnvelope) as s,
-    ):
-        hello = WorkerHello(session_token=mine.session_token, instance_id="hostile", max_concurrency=1)
-        await s.send_message(WorkerEnvelope(message=WorkerMessage(hello=hello)))
-        with anyio.fail_after(10):
-            assert await s.recv_message() is not None  # the session started
+    async with serve_session(p, mine) as s:
         # No capability, a made-up one, and the one the request would have in another version.
         wrong = ("", "A" * 22, capabilities.of(str(uuid.uuid4()), victims[2]))
         for rid, capability in zip(victims, wrong, strict=True):
@@ -365,18 +374,10 @@ async def test_a_session_cannot_make_its_node_publish_to_other_subjects(tmp_path
             f"$JS.ACK.{mine.stream}.{mine.durable}.1.2.3.4.5.6",
             f"probe.{tag}",
         ]
-        host, _, port = p.host.endpoints.grpc_address.rpartition(":")
         async with AsyncExitStack() as stack:
             subs = [await stack.enter_async_context(p.bus.subscribe(subject)) for subject in [own, *foreign]]
             every_ack = await stack.enter_async_context(p.bus.subscribe(f"$JS.ACK.{mine.stream}.{mine.durable}.>"))
-            async with (
-                Channel(host, int(port)) as channel,
-                channel.request(f"{SERVICE}/Serve", Cardinality.STREAM_STREAM, WorkerEnvelope, NodeEnvelope) as s,
-            ):
-                hello = WorkerHello(session_token=mine.session_token, instance_id="hostile", max_concurrency=1)
-                await s.send_message(WorkerEnvelope(message=WorkerMessage(hello=hello)))
-                with anyio.fail_after(10):
-                    assert await s.recv_message() is not None  # the session started
+            async with serve_session(p, mine) as s:
                 for n, subject in enumerate([own, *foreign]):
                     await s.send_message(WorkerEnvelope(held=(f"r{n}", subject)))
                 # Past twice its slots, more claims are not remembered (nor naked).
@@ -410,15 +411,7 @@ async def test_orphaned_responses_are_kept_within_a_memory_budget(
         mine = await connect_once(p, fid, vid, "nvcf-default")
         capabilities = Capabilities.of_keyring(p.host.services.get(KEYRING))
         big, small = str(uuid.uuid4()), str(uuid.uuid4())
-        host, _, port = p.host.endpoints.grpc_address.rpartition(":")
-        async with (
-            Channel(host, int(port)) as channel,
-            channel.request(f"{SERVICE}/Serve", Cardinality.STREAM_STREAM, WorkerEnvelope, NodeEnvelope) as s,
-        ):
-            hello = WorkerHello(session_token=mine.session_token, instance_id="streamer", max_concurrency=1)
-            await s.send_message(WorkerEnvelope(message=WorkerMessage(hello=hello)))
-            with anyio.fail_after(10):
-                assert await s.recv_message() is not None
+        async with serve_session(p, mine, "streamer") as s:
 
             def frame(rid: str, seq: int, body: bytes, *, last: bool = False) -> WorkerEnvelope:
                 piece = Frame(request_id=rid, seq=seq, status=200 if seq == 0 else None, body=body, end=last)
