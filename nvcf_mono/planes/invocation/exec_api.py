@@ -178,7 +178,7 @@ EXEC_OPTIONS: Mapping[str, Any] = {
     "body": ExecRequest,
     "response": ExecResponse,
     "passthrough": True,
-    "errors": (404, 429),
+    "errors": (404, 409, 422, 429),
 }
 
 

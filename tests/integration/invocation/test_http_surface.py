@@ -332,6 +332,13 @@ async def test_idempotency_key_names_one_request(tmp_path: Path) -> None:
         assert (await call("order-big", {"pad": "x" * 1_500_000})).headers["NVCF-REQID"] == big.headers["NVCF-REQID"]
         assert (await call("order-big", {"pad": "y" * 1_500_000})).status == 422
         assert await calls_so_far() == before + 2  # the big body once, and this probe
+        # exec's requestBody is compared the same way.
+        exec_url, exec_key = f"/v2/nvcf/exec/functions/{fid}", {"Idempotency-Key": "exec-1"}
+        ran = await p.key.post(exec_url, {"requestBody": {"n": 1}}, headers=exec_key)
+        assert ran.status == 200, ran.body
+        again = await p.key.post(exec_url, {"requestBody": {"n": 1}}, headers=exec_key)
+        assert again.status == 200 and again.json["reqId"] == ran.json["reqId"]
+        assert (await p.key.post(exec_url, {"requestBody": {"n": 2}}, headers=exec_key)).status == 422
 
         # Two concurrent retries: one request, both get its answer.
         before = await calls_so_far()
