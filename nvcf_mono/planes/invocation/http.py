@@ -153,7 +153,7 @@ class Invoker:
             inv = attrs.evolve(inv, poll=poll_seconds(self.config, inv.headers, streaming=wants_stream(inv.headers)))
         if inv.body is None:
             inv = attrs.evolve(inv, head=await read_prefix(self.config, request, FINGERPRINTED + 1))
-        mark = fingerprint(inv.head if inv.body is None else inv.body[: FINGERPRINTED + 1])
+        mark = fingerprint(inv.head if inv.body is None else inv.body)
         for _ in range(CLAIM_ATTEMPTS):
             claim = await self.idempotency.claim(principal.account, fv, raw_key.strip(), mark)
             if claim.owner:

@@ -42,10 +42,13 @@ CLAIM_ATTEMPTS = 3
 FINGERPRINTED = 1024 * 1024
 
 
-def fingerprint(prefix: bytes) -> str:
-    """A body's fingerprint from its first ``FINGERPRINTED + 1`` bytes (all of it when shorter)."""
-    more = len(prefix) > FINGERPRINTED
-    return hashlib.sha256(prefix[:FINGERPRINTED]).hexdigest() + ("+" if more else "")
+def fingerprint(body: bytes) -> str:
+    """A body's fingerprint: the digest of its first ``FINGERPRINTED`` bytes and whether more follow.
+
+    ``body`` is the whole body or at least its first ``FINGERPRINTED + 1`` bytes.
+    """
+    more = len(body) > FINGERPRINTED
+    return hashlib.sha256(memoryview(body)[:FINGERPRINTED]).hexdigest() + ("+" if more else "")
 
 
 def key_digest(raw: str) -> str:
