@@ -46,7 +46,7 @@ from nvcf_mono.bus.replies import Replies
 from nvcf_mono.queues import Wakeup
 
 # JetStream API error codes (nats-server's errors.json).
-_STREAM_NOT_FOUND = 10059
+STREAM_NOT_FOUND = 10059
 _CONSUMER_NOT_FOUND = 10014
 _STREAM_NAME_IN_USE = 10058
 _MAX_MESSAGES = 10077
@@ -70,7 +70,7 @@ def translate(err: Exception, what: str) -> BusError:
             return StreamFull(f"{what}: {description}")
         if err.err_code in (_INSUFFICIENT_RESOURCES, _INSUFFICIENT_STORAGE):
             return StoreFull(f"{what}: {description or 'insufficient storage resources'}")
-        if err.err_code in (_STREAM_NOT_FOUND, _CONSUMER_NOT_FOUND) or err.code == 404:
+        if err.err_code in (STREAM_NOT_FOUND, _CONSUMER_NOT_FOUND) or err.code == 404:
             return NotFound(f"{what}: {description or 'not found'}")
         if err.code == 503:  # JetStream temporarily unavailable (e.g. still recovering its store)
             return BusUnavailable(f"{what}: {description or 'JetStream is unavailable'}")
@@ -406,7 +406,7 @@ class NatsStream:
         try:
             return _consumer_state(await self._js.add_consumer(self.name, config=consumer_config(spec)))
         except js_errors.APIError as err:
-            if err.err_code in (_STREAM_NOT_FOUND,):
+            if err.err_code in (STREAM_NOT_FOUND,):
                 raise NotFound(f"stream {self.name}: not found") from err
             raise SpecConflict(f"consumer {spec.durable} on {self.name}: {err.description}") from err
         except _NATS_ERRORS as err:

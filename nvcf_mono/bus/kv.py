@@ -17,8 +17,8 @@ from nats.js.kv import KeyValue as NatsKV
 
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import BucketSpec, Entry, KvOp
-from nvcf_mono.bus.errors import ConflictError, InvalidKey, RequestTimeout
-from nvcf_mono.bus.jetstream import translate
+from nvcf_mono.bus.errors import BusError, ConflictError, InvalidKey, NotFound, RequestTimeout
+from nvcf_mono.bus.jetstream import STREAM_NOT_FOUND, translate
 from nvcf_mono.bus.replies import Replies
 
 _KV_OP = "KV-Operation"
@@ -146,16 +146,32 @@ class NatsKeyValue:
         except js_errors.APIError as err:
             if err.err_code in _WRONG_LAST_SEQUENCE:
                 raise ConflictError(f"{self.bucket}/{key}: {err.description}") from err
-            raise translate(err, f"write {self.bucket}/{key}") from err
+            raise self._failed(err, f"write {self.bucket}/{key}") from err
         except _NATS_ERRORS as err:
-            raise translate(err, f"write {self.bucket}/{key}") from err
+            raise self._failed(err, f"write {self.bucket}/{key}") from err
         return seq
+
+    def _failed(self, err: Exception, what: str) -> BusError:
+        """The bus's error for a failed call, naming a bucket that does not exist as such.
+
+        (nats-py answers a read of a missing bucket as it answers a missing key; a plugin that forgot to
+        declare its bucket would otherwise see every key absent.)
+        """
+        error = translate(err, what)
+        if isinstance(error, NotFound):
+            return NotFound(
+                f"{what}: there is no KV bucket {self.bucket!r} "
+                "(a plugin declares the buckets it uses in setup(), with ctx.declare_bucket)"
+            )
+        return error
 
     async def _last(self, key: str) -> tuple[Entry | None, int]:
         """The newest revision of ``key`` (possibly a delete marker) and its sequence (0 if none)."""
         try:
             msg = await self._js.get_msg(self._stream, subject=self._prefix + check_key(key))
-        except js_errors.NotFoundError:
+        except js_errors.NotFoundError as err:
+            if err.err_code == STREAM_NOT_FOUND:
+                raise self._failed(err, f"read {self.bucket}/{key}") from err
             return None, 0
         except _NATS_ERRORS as err:
             raise translate(err, f"read {self.bucket}/{key}") from err
@@ -232,7 +248,7 @@ class NatsKeyValue:
         try:
             info = await self._js.stream_info(self._stream)
         except _NATS_ERRORS as err:
-            raise translate(err, f"bucket {self.bucket}") from err
+            raise self._failed(err, f"bucket {self.bucket}") from err
         return int(info.state.last_seq or 0)
 
     async def keys(self, pattern: str = ">") -> list[str]:
@@ -280,7 +296,7 @@ class NatsKeyValue:
                 pattern, include_history=include_history, inactive_threshold=_WATCH_INACTIVE
             )
         except _NATS_ERRORS as err:
-            raise translate(err, f"watch {self.bucket}/{pattern}") from err
+            raise self._failed(err, f"watch {self.bucket}/{pattern}") from err
         try:
             initial: dict[str, Entry] = {}
             last_seen = 0

@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from nvcf_mono.bus.api import BucketSpec, Entry, KvOp
-from nvcf_mono.bus.errors import ConflictError, RequestTimeout
+from nvcf_mono.bus.errors import ConflictError, NotFound, RequestTimeout
 from nvcf_mono.testing.nats_server import NatsServer
 from nvcf_mono.testing.platform import wait_for
 from tests.conftest import connect
@@ -302,3 +302,23 @@ async def test_a_finished_watch_leaves_no_consumer_behind(
             async with kv.watch("a") as watch:
                 assert len(watch.initial) == 1
         assert (await stream.info()).consumer_count == 0
+
+
+async def test_a_bucket_nobody_declared_is_named_as_missing_not_read_as_empty(
+    nats_server: NatsServer, unique: Callable[[str], str]
+) -> None:
+    # A plugin that reads a bucket it forgot to declare must hear so, not find every key absent.
+    name = unique("undeclared")
+    async with connect(nats_server.url) as bus:
+        kv = bus.kv(name)
+        calls = (
+            lambda: kv.get("a"),
+            lambda: kv.put("a", b"1"),
+            lambda: kv.create("a", b"1"),
+            lambda: kv.delete("a"),
+            lambda: kv.keys(),
+            lambda: kv.last_revision(),
+        )
+        for call in calls:
+            with pytest.raises(NotFound, match=f"there is no KV bucket '{name}'.*declare_bucket"):
+                await call()
