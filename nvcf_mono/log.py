@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 import time
-from typing import IO, Any
+from typing import IO, Any, final
 
 from nvcf_mono.config.model import LoggingSettings
 
@@ -103,3 +103,40 @@ def configure_logging(settings: LoggingSettings, *, stream: IO[str] | None = Non
 def plugin_logger(name: str) -> logging.Logger:
     """The logger of one plugin."""
     return logging.getLogger(f"nvcf_mono.plugin.{name}")
+
+
+@final
+class Throttle:
+    """Lines a peer can cause at will (a hostile worker, a flood of bad connections), kept to a few.
+
+    The first ``burst`` lines are written; after that, one per ``interval`` seconds, saying how many
+    were left out since the last. The log still shows that it happens and how often, not one line per
+    message: a peer that sends thousands a second must not fill the disk or spend the node's CPU on
+    formatting.
+    """
+
+    __slots__ = ("_dropped", "_interval", "_left", "_next")
+
+    def __init__(self, *, burst: int = 5, interval: float = 60.0) -> None:
+        self._interval = interval
+        self._left = burst
+        self._next = 0.0
+        self._dropped = 0
+
+    def log(self, logger: logging.Logger, level: int, msg: str, *args: object) -> bool:
+        """Write the line unless the throttle holds it back; True when it was written."""
+        if self._left > 0:
+            self._left -= 1
+        else:
+            now = time.monotonic()
+            if now < self._next:
+                self._dropped += 1
+                return False
+            self._next = now + self._interval
+        if self._left == 0 and not self._next:
+            self._next = time.monotonic() + self._interval
+        if self._dropped:
+            msg = f"{msg} (and {self._dropped} more like it left out of the log)"
+            self._dropped = 0
+        logger.log(level, msg, *args)
+        return True

@@ -14,6 +14,7 @@ with ``authorization { auth_callout { issuer: <its public key>, auth_users: [...
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from pathlib import Path
 from typing import ClassVar, Protocol, final
@@ -37,6 +38,7 @@ from nvcf_mono.bus.callout import (
     open_envelope,
 )
 from nvcf_mono.contracts import permissions
+from nvcf_mono.log import Throttle
 from nvcf_mono.plugin import BasePlugin, PluginSpec, RunContext, SetupContext
 from nvcf_mono.services import ExtensionPoint
 from nvcf_mono.structure import Seconds, positive, setting
@@ -136,6 +138,7 @@ class NatsAuth(BasePlugin[NatsAuthConfig]):
             return
         issuer = Issuer(self.seed_file.read_bytes())
         strategies = {ext.value.name: ext.value for ext in ctx.services.extensions(NATS_AUTH_STRATEGIES)}
+        refusals = Throttle()  # anything that reaches the NATS port can try, as often as it likes
 
         async def answer(msg: Msg) -> bytes:
             try:
@@ -150,7 +153,14 @@ class NatsAuth(BasePlugin[NatsAuthConfig]):
                     raise Refused(f"no NATS auth strategy {plugin!r}")
                 grant = await strategy.authorize(account, payload, request)
             except (CalloutError, Refused) as err:
-                ctx.log.info("refused NATS connection %r from %s: %s", request.client_name, request.client_host, err)
+                refusals.log(
+                    ctx.log,
+                    logging.INFO,
+                    "refused NATS connection %r from %s: %s",
+                    request.client_name,
+                    request.client_host,
+                    err,
+                )
                 return authorization_response(request, issuer, error=str(err))
             return authorization_response(request, issuer, grant=grant)
 

@@ -10,8 +10,9 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
+from nvcf_mono import log as log_module
 from nvcf_mono.config.model import LoggingSettings
-from nvcf_mono.log import bind, configure_logging, unbind
+from nvcf_mono.log import Throttle, bind, configure_logging, unbind
 
 
 @pytest.fixture
@@ -71,3 +72,28 @@ async def test_json_lines_carry_the_request_and_extra_fields(captured: io.String
     assert first["duration_ms"] == 12.5 and first["route"] == "/v2/x"
     assert second["request_id"] == "given" and "function_id" not in second
     assert not {"args", "levelno", "pathname", "exc_info", "taskName"} & set(first)
+
+
+def test_a_throttle_writes_a_burst_then_one_line_per_interval_with_a_count(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(log_module.time, "monotonic", lambda: clock[0])
+    logger = logging.getLogger("tests.throttle")
+    throttle = Throttle(burst=3, interval=10.0)
+    with caplog.at_level(logging.WARNING, logger="tests.throttle"):
+        written = [throttle.log(logger, logging.WARNING, "bad frame %d", n) for n in range(1000)]
+        assert written[:3] == [True, True, True] and not any(written[3:])
+        clock[0] += 10.0
+        assert throttle.log(logger, logging.WARNING, "bad frame %d", 1000)
+        assert not throttle.log(logger, logging.WARNING, "bad frame %d", 1001)
+        clock[0] += 10.0
+        assert throttle.log(logger, logging.WARNING, "bad frame %d", 1002)
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines == [
+        "bad frame 0",
+        "bad frame 1",
+        "bad frame 2",
+        "bad frame 1000 (and 997 more like it left out of the log)",
+        "bad frame 1002 (and 1 more like it left out of the log)",
+    ]

@@ -26,6 +26,7 @@ from nvcf_mono.auth.secret import Keyring, b64u
 from nvcf_mono.bus.api import Bus, Msg
 from nvcf_mono.contracts import subjects
 from nvcf_mono.contracts.frames import Frame, FrameError
+from nvcf_mono.log import Throttle
 from nvcf_mono.queues import Mailbox
 
 Verdict = Literal["ok", "gone"]
@@ -104,6 +105,8 @@ class ResponseRouter:
     def __init__(self, bus: Bus, node: str, log: logging.Logger, capabilities: Capabilities) -> None:
         self._bus = bus
         self._log = log
+        #: Frames nobody sends but a hostile worker (their subjects are open to every worker): a few lines.
+        self._complaints = Throttle()
         self._capabilities = capabilities
         # A fresh inbox per process: a restarted node never receives its predecessor's frames.
         self.inbox = f"{node}-{uuid.uuid4().hex[:8]}"
@@ -144,13 +147,17 @@ class ResponseRouter:
         try:
             frame = Frame.decode(msg.data)
         except FrameError as err:
-            self._log.warning("dropping a malformed response frame on %s: %s", msg.subject, err)
+            self._complaints.log(
+                self._log, logging.WARNING, "dropping a malformed response frame on %s: %s", msg.subject, err
+            )
             return GONE
         request_id, _, capability = msg.subject[len(self.prefix) :].partition(".")
         pending = self._pending.get(frame.request_id)
         if pending is None:
             return GONE  # finished or never here (the usual case for a late frame)
         if request_id != frame.request_id or not _same(pending.capability, capability):
-            self._log.warning("refusing a response frame for %s without its capability", frame.request_id)
+            self._complaints.log(
+                self._log, logging.WARNING, "refusing a response frame for %s without its capability", frame.request_id
+            )
             return GONE
         return OK if await pending.put(frame) == "ok" else GONE

@@ -38,6 +38,7 @@ from nvcf_mono.contracts.frames import Frame, FrameError, Request, problem_frame
 from nvcf_mono.contracts.messages import SecretsFetch, SecretsReply
 from nvcf_mono.grpc.batch import MOST, accept_large_frames, send_all
 from nvcf_mono.late import Late
+from nvcf_mono.log import Throttle
 from nvcf_mono.models.deployment import MAX_REQUEST_CONCURRENCY
 from nvcf_mono.planes.invocation.affinity import Affinity, session_key
 from nvcf_mono.planes.invocation.config import InvocationConfig
@@ -406,6 +407,8 @@ class WorkerSession:
         self.reported_in_flight = 0
         self.busy_seconds = 0.0
         self._log = service._log
+        #: What the worker says that it must not (a worker runs beside tenant code): logged, not line by line.
+        self._complaints = Throttle()
         #: Where messages to the worker go (set while the session runs): other sessions hand turns here.
         self._out: MemoryObjectSendStream[NodeEnvelope] | None = None
 
@@ -606,6 +609,9 @@ class WorkerSession:
                 self.draining = True
                 self.ready.set()  # wakes whatever waits for readiness; it sees the drain
 
+    def _complain(self, msg: str, *args: object) -> None:
+        self._complaints.log(self._log, logging.WARNING, msg, *args)
+
     def _held(self, request_id: str, ack_subject: str) -> None:
         """Remember a delivery the worker pulled, to nak it if the session ends first.
 
@@ -613,11 +619,11 @@ class WorkerSession:
         with this node's rights, so a session must not name any other subject (or flood the table).
         """
         if self.durable is None or not permissions.is_worker_ack(ack_subject, *self.durable):
-            self._log.warning(
+            self._complain(
                 "worker session %s says it holds %r, which is no delivery of its version; ignored", self.id, ack_subject
             )
         elif request_id not in self.held_remotely and len(self.held_remotely) >= self._held_limit:
-            self._log.warning("worker session %s says it holds more than its slots; %r ignored", self.id, request_id)
+            self._complain("worker session %s says it holds more than its slots; %r ignored", self.id, request_id)
         else:
             self.held_remotely[request_id] = ack_subject
 
@@ -625,7 +631,7 @@ class WorkerSession:
         try:
             frame = Frame.decode(blob)
         except FrameError as err:
-            self._log.warning("malformed frame from %s: %s", self.instance_id, err)
+            self._complain("malformed frame from %s: %s", self.instance_id, err)
             return
         held = self.in_flight.get(frame.request_id)
         if held is None:
@@ -635,7 +641,7 @@ class WorkerSession:
                 ):
                     await self._orphan(frame)
                 else:
-                    self._log.warning(
+                    self._complain(
                         "refusing a frame for %s from %s: a request it was not given",
                         frame.request_id,
                         self.instance_id,
@@ -661,7 +667,7 @@ class WorkerSession:
         frames = self._orphans.get(rid)
         if frames is None:
             if len(self._orphans) >= self._held_limit:
-                self._log.warning("worker session %s sends more orphaned responses than its slots", self.id)
+                self._complain("worker session %s sends more orphaned responses than its slots", self.id)
                 return
             frames = self._orphans[rid] = []
         self._orphaned_bytes += len(frame.body)

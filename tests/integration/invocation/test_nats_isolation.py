@@ -159,7 +159,9 @@ async def serve_session(
 
 
 @pytest.mark.slow
-async def test_a_worker_reaches_nothing_of_another_functions_requests(tmp_path: Path) -> None:
+async def test_a_worker_reaches_nothing_of_another_functions_requests(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     async with platform(tmp_path, **NATS) as p, launching_agent(p, tmp_path / "instances"):
         await add_account(p, ACCOUNT_B)
         b = p.api(await account_key(p, ACCOUNT_B))
@@ -275,6 +277,8 @@ async def test_a_worker_reaches_nothing_of_another_functions_requests(tmp_path: 
                         assert b"secret-of-b" in await fetch_body(p, theirs, request, stolen)  # its own version's may
                 assert answers == {0: True, 1: True, 2: True}  # the real answers, not "forged"
             assert forged_answers == [b"gone"] * 6
+            refused = [r for r in caplog.records if "without its capability" in r.getMessage()]
+            assert len(refused) == 5, [r.getMessage() for r in refused]  # six forgeries: the log keeps a few
 
             # Nothing of theirs ever reached any subscription the worker holds.
             await nc.flush(timeout=5)
@@ -358,10 +362,13 @@ async def test_a_response_whose_node_went_away_is_kept_with_its_capability_only(
 
 
 @pytest.mark.slow
-async def test_a_session_cannot_make_its_node_publish_to_other_subjects(tmp_path: Path) -> None:
+async def test_a_session_cannot_make_its_node_publish_to_other_subjects(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A worker on the nats transport tells its node which deliveries it holds (their ack subjects);
     when its session ends the node naks them, with its own rights. A hostile session naming other
-    subjects (a KV key, another version's acks, any subject) gets none of them published."""
+    subjects (a KV key, another version's acks, any subject) gets none of them published, and its
+    flood of claims does not become a flood of log lines."""
     async with platform(tmp_path, **NATS) as p, agent(p.bus):  # a scripted agent: no instance needed
         fid, vid = await deployed(p.admin, {**ECHO_FUNCTION, "name": "held-probe"})
         mine = await connect_once(p, fid, vid, "nvcf-default")
@@ -383,6 +390,8 @@ async def test_a_session_cannot_make_its_node_publish_to_other_subjects(tmp_path
                 # Past twice its slots, more claims are not remembered (nor naked).
                 for n in range(10):
                     await s.send_message(WorkerEnvelope(held=(f"flood{n}", own.replace("99999.99999", f"{n}.{n}"))))
+                for n in range(300):
+                    await s.send_message(WorkerEnvelope(held=(f"kv{n}", f"$KV.nvcf_functions.{tag}{n}")))
                 await s.end()
             naked = await subs[0].next(timeout=10)
             assert naked.data == b"-NAK"
@@ -396,6 +405,8 @@ async def test_a_session_cannot_make_its_node_publish_to_other_subjects(tmp_path
             assert sorted(acks) == sorted([own, own.replace("99999.99999", "0.0")]), acks
             with pytest.raises(RequestTimeout):
                 await every_ack.next(timeout=0.2)
+        refusals = [r for r in caplog.records if "says it holds" in r.getMessage()]
+        assert len(refusals) == 5, [r.getMessage() for r in refusals]  # 313 refused; the log has a few
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ with NATS credentials the platform grants them through the auth callout (scoped 
 
 from __future__ import annotations
 
+import logging
 import uuid
 from pathlib import Path
 from typing import Any
@@ -51,8 +52,9 @@ async def _connect(url: str, token: str, errors: list[str], **options: Any) -> N
 
 
 @pytest.mark.slow
-async def test_worker_credentials_reach_only_their_version(tmp_path: Path) -> None:
+async def test_worker_credentials_reach_only_their_version(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The auth callout grants a session token its version's durable and cancels, and nothing else."""
+    caplog.set_level(logging.INFO, logger="nvcf_mono.plugin.nats_auth")
     async with platform(tmp_path, **NATS) as p, launching_agent(p, tmp_path / "instances"):
         fid, vid = await deployed(p.admin)
         other = str(uuid.uuid4())
@@ -104,6 +106,9 @@ async def test_worker_credentials_reach_only_their_version(tmp_path: Path) -> No
         ]
         without_inbox = {k: v for k, v in claims.items() if k != "ib"}
         old = envelope("APP", "worker", signer.mint(permissions.WORKER_SESSION, without_inbox, ttl=60))
-        for bad in (forged, envelope("APP", "nobody", "x"), "not an envelope", *wider, old):
+        for bad in (forged, envelope("APP", "nobody", "x"), "not an envelope", *wider, old, *[forged] * 10):
             with pytest.raises(Exception, match=r"(?i)authorization"):
                 await _connect(url, bad, [])
+    # Anyone who reaches the NATS port can try as often as they like: the log says so in a few lines.
+    refusals = [r for r in caplog.records if "refused NATS connection" in r.getMessage()]
+    assert len(refusals) == 5, [r.getMessage() for r in refusals]
