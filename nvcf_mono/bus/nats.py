@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import ssl
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, final
@@ -51,6 +50,7 @@ from nvcf_mono.bus.kv import NatsKeyValue, bucket_stream_config
 from nvcf_mono.bus.objects import NatsObjectStore, object_store_stream_config
 from nvcf_mono.bus.replies import Replies
 from nvcf_mono.config.model import BusSettings
+from nvcf_mono.log import Throttle
 from nvcf_mono.metrics import Metrics
 
 _EVENT_BUFFER = 64
@@ -434,15 +434,16 @@ class _ConnectionEvents:
         self.bus: NatsBus | None = None
         self._servers = servers
         self._log = log
-        self._last_logged = 0.0
+        self._unreachable = Throttle(burst=1, interval=10.0)
 
     async def error(self, err: Exception) -> None:
         if self.bus is not None:
             await self.bus.on_error(err)
-        elif time.monotonic() - self._last_logged > 10:
-            self._last_logged = time.monotonic()
+        else:
             where = ", ".join(_redact(s) for s in self._servers)
-            self._log.warning("cannot reach NATS at %s yet: %s", where, err or type(err))
+            self._unreachable.log(
+                self._log, logging.WARNING, "cannot reach NATS at %s yet: %s", where, err or type(err)
+            )
 
     async def disconnected(self) -> None:
         if self.bus is not None:

@@ -62,6 +62,7 @@ from nvcf_mono.bus.errors import BusError, ConflictError
 from nvcf_mono.bus.mirror import KvMirror
 from nvcf_mono.contracts import buckets
 from nvcf_mono.http.problem import ProblemError
+from nvcf_mono.log import Throttle
 from nvcf_mono.metrics import Metrics
 from nvcf_mono.models.common import now_iso
 from nvcf_mono.models.function import FunctionVersion, RateLimit, parse_rates
@@ -311,7 +312,7 @@ class RateLimiter:
         self._next_prune = 0.0
         self._plans: dict[str, tuple[RateLimit, Plan]] = {}
         self._tg: TaskGroup | None = None
-        self._last_warning = -math.inf
+        self._warnings = Throttle(burst=1, interval=_LOG_EVERY)
         self.limited = metrics.counter(
             "nvcf_invocation_rate_limited_total", "Invocations refused by the rate limiter.", ["function_id"]
         )
@@ -542,7 +543,4 @@ class RateLimiter:
             return 0, entry.revision
 
     def _warn(self, message: str) -> None:
-        now = time.monotonic()
-        if now - self._last_warning >= _LOG_EVERY:
-            self._last_warning = now
-            self.log.warning(message)
+        self._warnings.log(self.log, logging.WARNING, "%s", message)
