@@ -131,6 +131,8 @@ class StoreUsage:
     reserved_memory: int
     streams: int
     consumers: int
+    #: The account's JetStream storage limit; None when it has none (the server's own limit applies).
+    max_storage: int | None = None
 
 
 @attrs.frozen(kw_only=True)

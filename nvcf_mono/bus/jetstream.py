@@ -232,7 +232,9 @@ async def store_usage(js: JetStreamContext, timeout: float) -> StoreUsage:
         resp = await js._api_request(f"{js._prefix}.INFO", b"", timeout=timeout)
     except _NATS_ERRORS as err:
         raise translate(err, "JetStream account info") from err
+    limit = int((resp.get("limits") or {}).get("max_storage") or -1)
     return StoreUsage(
+        max_storage=limit if limit > 0 else None,
         storage=int(resp.get("storage") or 0),
         memory=int(resp.get("memory") or 0),
         reserved_storage=int(resp.get("reserved_storage") or 0),

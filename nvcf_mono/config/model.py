@@ -290,6 +290,30 @@ class TracingSettings:
     export_delay: Seconds = setting(1.0, doc="How long finished spans gather before a batch is sent.", check=positive)
 
 
+@attrs.frozen(kw_only=True)
+class UploadSettings:
+    """Content tenants upload (asset content, task results), kept from taking what the platform runs on.
+
+    Uploads share the JetStream store with queued requests, kept results and the platform's own
+    records; without a reserve one account's uploads could fill it and every account's invocations
+    would be refused.
+    """
+
+    reserve: float = setting(
+        0.25,
+        doc="Share of the message store uploads never fill: kept for queued requests, results and the "
+        "platform's own records. An upload that would reach it is refused (507).",
+        check=in_range(0.0, 0.95),
+    )
+    store_size: ByteSize | None = setting(
+        None,
+        doc="The message store's size, for an external NATS whose account has no JetStream storage limit "
+        "(set it to the server's max_file_store). Default: embedded_nats.max_file_store, or the account's "
+        "limit; with neither no reserve can be kept.",
+        check=optional(positive),
+    )
+
+
 _PLUGIN_REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
@@ -321,6 +345,7 @@ class Settings:
     shutdown: ShutdownSettings = setting(factory=ShutdownSettings, doc="Graceful shutdown.")
     logging: LoggingSettings = setting(factory=LoggingSettings, doc="Logging.")
     tracing: TracingSettings = setting(factory=TracingSettings, doc="OpenTelemetry tracing (off by default).")
+    uploads: UploadSettings = setting(factory=UploadSettings, doc="Room for tenants' uploads in the message store.")
     extra_plugins: tuple[str, ...] = setting(
         (),
         doc="Plugin classes to load besides the installed entry points, as 'package.module:Class'.",

@@ -332,3 +332,18 @@ class TaskResultCall(WireModel):
 @wire
 class TaskResultReply(WireModel):
     result_id: str
+
+
+@wire
+class TaskRoomCall(WireModel):
+    """Asked before a result's content is uploaded: how large it may be."""
+
+    task_id: str
+
+
+@wire
+class TaskRoomReply(WireModel):
+    """The most a result's content may hold, and what sets that limit (for the error past it)."""
+
+    max_bytes: int
+    why: str

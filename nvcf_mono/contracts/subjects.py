@@ -65,7 +65,7 @@ def icms_call_of(subject: str) -> tuple[str, str]:
 #: Secrets of a function version or task, fetched at launch with the instance's worker token.
 SECRETS_FETCH = "nvcf.control.secrets"
 
-TaskCall = Literal["connect", "heartbeat", "result"]
+TaskCall = Literal["connect", "heartbeat", "room", "result"]
 #: What task workers send (through their invocation node): ``nvcf.task.<call>``.
 TASK_CALLS = "nvcf.task.>"
 

@@ -39,6 +39,7 @@ def main() -> int:
     parser.add_argument("--exit", type=int, default=0)
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--secrets-result", action="store_true", help="write the secrets file's names as a result")
+    parser.add_argument("--big-result", type=int, default=0, help="also write big.bin, of this many bytes")
     args = parser.parse_args()
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -56,6 +57,8 @@ def main() -> int:
         if step >= 100:  # results first: 100 completes the task
             for n in range(args.results):
                 (results / f"result-{n}.txt").write_text(f"result {n} of {environ.get('NVCT_TASK_ID')}\n")
+            if args.big_result:
+                (results / "big.bin").write_bytes(b"x" * args.big_result)
         progress(progress_file, step, f"step {i + 1}")
         print(f"progress {step}", flush=True)
         time.sleep(args.pause)

@@ -18,7 +18,7 @@ from typing import Any, final
 
 import anyio
 import attrs
-from grpclib.const import Cardinality
+from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from nvcf_mono.backoff import Backoff
@@ -44,6 +44,8 @@ CHUNK = 256 * 1024
 #: How often the results directory and the progress file are looked at.
 SCAN_INTERVAL = 0.5
 _LOST = (GRPCError, StreamTerminatedError, OSError, ConnectionError, TimeoutError)
+#: What the platform answers a result it will not keep as sent (too large, over the task's count).
+_REFUSED = frozenset({Status.INVALID_ARGUMENT, Status.RESOURCE_EXHAUSTED})
 _TERMINAL = {"COMPLETED", "ERRORED", "CANCELED", "EXCEEDED_MAX_RUNTIME_DURATION", "EXCEEDED_MAX_QUEUED_DURATION"}
 
 
@@ -215,6 +217,13 @@ class TaskWorker:
                 continue  # still being written
             try:
                 await self._upload(channel, name, stamp[0])
+                self._uploaded[name] = stamp
+            except GRPCError as err:
+                if err.status not in _REFUSED:
+                    log.warning("uploading result %s failed (%s); trying again later", name, err)
+                    continue
+                # Too large, one result too many: sending it again would be refused again.
+                log.error("result %s was refused: %s; it is not uploaded unless it changes", name, err.message)
                 self._uploaded[name] = stamp
             except _LOST as err:
                 log.warning("uploading result %s failed (%s); trying again later", name, err)

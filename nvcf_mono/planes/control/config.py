@@ -197,6 +197,12 @@ class ControlConfig:
         34 * 60.0, doc="How long an asset upload or download link stays valid (NVCF: 34 min).", check=positive
     )
     max_asset_size: int = setting(5 * 1024**3, doc="Largest asset accepted, in bytes.", check=positive)
+    max_account_asset_bytes: int = setting(
+        5 * 1024**3,
+        doc="The content of all of one account's assets together, in bytes (0: no limit but the store's). "
+        "An upload that would pass it is refused (413) until the account deletes assets.",
+        check=at_least(0),
+    )
     reconcile: ReconcileSettings = setting(factory=ReconcileSettings, doc="The deployment reconciler.")
     autoscaler: AutoscalerSettings = setting(factory=AutoscalerSettings, doc="The autoscaler.")
     tasks: TaskSettings = setting(factory=TaskSettings, doc="Tasks (NVCT).")

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any, final
 
+import anyio
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
@@ -26,6 +27,8 @@ from nvcf_mono.contracts.messages import (
     TaskHeartbeatCall,
     TaskResultCall,
     TaskResultReply,
+    TaskRoomCall,
+    TaskRoomReply,
     TaskStatusReply,
 )
 from nvcf_mono.models.common import new_id
@@ -121,30 +124,59 @@ class TaskCalls:
         if first.data or second is not None:
             # Content follows (result handling UPLOAD); a name alone (NONE) stores nothing.
             object_name = buckets.task_result_object(task_id, new_id())
-            size = 0
-
-            async def chunks() -> AsyncIterator[bytes]:
-                nonlocal size
-                for chunk in (first, second):
-                    if chunk is not None and chunk.data:
-                        size += len(chunk.data)
-                        yield chunk.data
-                if second is not None:
-                    async for chunk in stream:
-                        size += len(chunk.data)
-                        yield chunk.data
-
-            try:
-                await self._bus().objects(buckets.TASK_RESULT_CONTENT.name).put(object_name, chunks())
-            except BusError as err:
-                raise GRPCError(Status.UNAVAILABLE, f"result {name!r} could not be stored: {err}") from err
+            pieces = _chain((first, second), stream if second is not None else None)
+            size = await self._store(task_id, name, object_name, pieces)
         try:
             metadata = json.loads(first.metadata_json) if first.metadata_json else None
         except ValueError:
             metadata = None
-        answer: TaskResultReply = await self._call(
-            "result",
-            TaskResultCall(task_id=task_id, name=name, size=size, metadata=metadata, object_name=object_name),
-            TaskResultReply,
-        )
+        try:
+            answer: TaskResultReply = await self._call(
+                "result",
+                TaskResultCall(task_id=task_id, name=name, size=size, metadata=metadata, object_name=object_name),
+                TaskResultReply,
+            )
+        except BaseException:
+            if object_name is not None:  # not recorded: its content would be kept by nothing
+                with anyio.move_on_after(CALL_TIMEOUT, shield=True):
+                    await self._forget(object_name)
+            raise
         await stream.send_message(TaskResultAck(result_id=answer.result_id))
+
+    async def _store(self, task_id: str, name: str, object_name: str, pieces: AsyncIterable[TaskResultChunk]) -> int:
+        """Store a result's content, no larger than the control plane allows now; its size."""
+        room: TaskRoomReply = await self._call("room", TaskRoomCall(task_id=task_id), TaskRoomReply)
+        size = 0
+
+        async def chunks() -> AsyncIterator[bytes]:
+            nonlocal size
+            async for chunk in pieces:
+                if not chunk.data:
+                    continue
+                size += len(chunk.data)
+                if size > room.max_bytes:
+                    raise GRPCError(Status.RESOURCE_EXHAUSTED, f"result {name!r} is too large: {room.why}")
+                yield chunk.data
+
+        try:
+            await self._bus().objects(buckets.TASK_RESULT_CONTENT.name).put(object_name, chunks())
+        except BusError as err:
+            raise GRPCError(Status.UNAVAILABLE, f"result {name!r} could not be stored: {err}") from err
+        return size
+
+    async def _forget(self, object_name: str) -> None:
+        try:
+            await self._bus().objects(buckets.TASK_RESULT_CONTENT.name).delete(object_name)
+        except BusError as err:
+            self._log.warning("could not remove the content of an unrecorded result %s: %s", object_name, err)
+
+
+async def _chain(
+    head: tuple[TaskResultChunk, TaskResultChunk | None], rest: AsyncIterable[TaskResultChunk] | None
+) -> AsyncIterator[TaskResultChunk]:
+    for chunk in head:
+        if chunk is not None:
+            yield chunk
+    if rest is not None:
+        async for chunk in rest:
+            yield chunk

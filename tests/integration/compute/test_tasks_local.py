@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
+from nvcf_mono.contracts import buckets
 from nvcf_mono.testing.platform import Api, wait_for
 
 from .conftest import Platform, alive, all_gone, cluster, cluster_pids, compute_platform
@@ -121,6 +122,26 @@ async def test_a_task_reports_progress_and_results_and_completes(tmp_path: Path)
         status = await p.admin.get(f"/v1/accounts/nvcf-default/clusters/{cluster_id}/status")
         assert status.status == 200, status.body
         await all_gone(cluster_pids(cluster_id))
+
+
+@pytest.mark.slow
+async def test_results_past_the_size_or_count_limit_are_refused_and_leave_nothing_stored(tmp_path: Path) -> None:
+    limits = {"plugins.control.tasks.max_results": "2", "plugins.control.tasks.max_result_size": "1000"}
+    async with task_platform(tmp_path, **limits) as (p, _cluster_id):
+        task_id = await launch(p.admin, task_body("limits", "--steps 100 --results 3 --big-result 5000"))
+        task = await finished(p.admin, task_id)
+        assert task["status"] == "COMPLETED", task
+        results = (await p.admin.get(f"/v1/nvct/tasks/{task_id}/results")).json["results"]
+        # Uploaded in name order: big.bin is too large, result-2.txt one more than the task may keep.
+        assert sorted(r["name"] for r in results) == ["result-0.txt", "result-1.txt"]
+        stored = await p.bus.objects(buckets.TASK_RESULT_CONTENT.name).list()
+        assert len(stored) == 2, stored  # nothing refused was kept, in whole or in part
+        (instance,) = task["instances"]
+        logs = await p.admin.get(f"/v2/nvcf/instances/{instance['instanceId']}/logs")
+        worker = {log["name"]: log["text"] for log in logs.json["logs"]}["worker"]
+        assert "result big.bin was refused" in worker and "may hold 1000 bytes" in worker, worker
+        assert "result result-2.txt was refused" in worker and "the most one task may keep" in worker, worker
+        assert worker.count("big.bin was refused") == 1  # not sent again and again
 
 
 @pytest.mark.slow

@@ -12,11 +12,12 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import anyio
+import pytest
 
 from nvcf_mono.auth.secret import KEYRING, b64u
 from nvcf_mono.contracts import buckets
 from nvcf_mono.testing.platform import Reply
-from nvcf_mono.testing.running import other_account_key
+from nvcf_mono.testing.running import CONTAINER_FUNCTION, deployed, launching_agent, other_account_key
 
 from .conftest import Platform, platform
 
@@ -199,6 +200,55 @@ async def test_uploads_over_the_size_limit_are_refused_and_keep_the_earlier_cont
         got = await raw(p, "GET", await download_url(p, created["assetId"]))
         assert got.status == 200 and got.body == exact
         assert (await p.key.get(f"{ASSETS}/{created['assetId']}")).json["asset"]["size"] == 1024
+
+
+async def test_an_accounts_assets_together_are_held_to_its_quota(tmp_path: Path) -> None:
+    async with platform(tmp_path, **{"plugins.control.max_account_asset_bytes": str(3 * MiB)}) as p:
+        octets = {"Content-Type": "application/octet-stream"}
+        first = await create(p)
+        assert (await raw(p, "PUT", first["uploadUrl"], data=os.urandom(2 * MiB), headers=octets)).status == 200
+        second = await create(p)
+        declared = await raw(p, "PUT", second["uploadUrl"], data=os.urandom(2 * MiB), headers=octets)
+        assert declared.status == 413, declared.body
+        assert f"other assets hold {2 * MiB}" in declared.json["detail"]
+        streamed = await raw(p, "PUT", second["uploadUrl"], data=chunks(os.urandom(2 * MiB)), headers=octets)
+        assert streamed.status == 413
+        assert (await raw(p, "PUT", second["uploadUrl"], data=os.urandom(MiB), headers=octets)).status == 200
+        # New content for an asset frees what it replaces.
+        assert (await raw(p, "PUT", first["uploadUrl"], data=os.urandom(2 * MiB), headers=octets)).status == 200
+        # The quota is the account's: another account's assets have their own.
+        other = p.api(await other_account_key(p, "quota-neighbour"))
+        made = await other.post(ASSETS, {"contentType": "application/octet-stream", "description": "theirs"})
+        assert made.status == 200, made.body
+        theirs = await raw(p, "PUT", made.json["uploadUrl"], data=os.urandom(3 * MiB), headers=octets)
+        assert theirs.status == 200, theirs.body
+
+
+@pytest.mark.slow
+async def test_uploads_leave_the_store_room_for_everyones_invocations(tmp_path: Path) -> None:
+    """One account's uploads never fill the message store: its reserve stays for queued requests."""
+    settings = {"embedded_nats.max_file_store": str(64 * MiB), "plugins.control.max_account_asset_bytes": "0"}
+    async with platform(tmp_path, **settings) as p, launching_agent(p, tmp_path / "instances"):
+        fid, _ = await deployed(p.admin)
+        hostile = p.api(await other_account_key(p, "hoarder"))
+        octets = {"Content-Type": "application/octet-stream"}
+        refused = None
+        for n in range(4):
+            made = await hostile.post(ASSETS, {"contentType": "application/octet-stream", "description": f"{n}"})
+            assert made.status == 200, made.body
+            body = chunks(os.urandom(16 * MiB)) if n % 2 else os.urandom(16 * MiB)  # streamed and declared
+            put = await raw(p, "PUT", made.json["uploadUrl"], data=body, headers=octets)
+            if put.status != 200:
+                refused = put
+                break
+        assert refused is not None and refused.status == 507, refused
+        assert "no room for this upload" in refused.json["detail"]
+        usage = await p.bus.usage()
+        assert usage.storage < 0.8 * 64 * MiB, usage  # what was refused was not kept
+        for n in range(20):  # everyone else's work still fits
+            answer = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": f"still here {n}"})
+            assert answer.status == 200, answer.body
+        assert (await p.admin.post("/v2/nvcf/functions", CONTAINER_FUNCTION)).status == 200
 
 
 async def test_assets_belong_to_their_account(tmp_path: Path) -> None:

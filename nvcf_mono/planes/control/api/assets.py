@@ -15,6 +15,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.bus.errors import BusError
+from nvcf_mono.bus.upload_room import upload_room
 from nvcf_mono.contracts import buckets
 from nvcf_mono.http import signed_links
 from nvcf_mono.http.api import Call, Routes
@@ -201,7 +202,7 @@ async def get_asset_content_redirect(ctl: Control, call: Call[None]) -> ContentR
     # 200 with an empty body, as S3 answers a pre-signed PUT.
     raw_response="application/octet-stream",
     params=signed_links.LINK_PARAMS,
-    errors=(403, 404, 413, 503),
+    errors=(403, 404, 413, 503, 507),
 )
 async def upload_asset_content(ctl: Control, call: Call[None]) -> web.StreamResponse:
     asset_id = check_link(ctl, call, "upload")
@@ -214,8 +215,7 @@ async def upload_asset_content(ctl: Control, call: Call[None]) -> web.StreamResp
             400,
             f"Content-Type must be {asset.content_type!r}, as the asset was created with; got {sent_type!r}",
         )
-    limit = ctl.config.max_asset_size
-    too_large = ProblemError(413, f"the asset exceeds the limit of {limit} bytes", headers={"Connection": "close"})
+    limit, too_large = await _upload_limit(ctl, asset)
     declared = call.request.content_length
     if declared is not None and declared > limit:
         raise too_large
@@ -251,6 +251,46 @@ async def upload_asset_content(ctl: Control, call: Call[None]) -> web.StreamResp
         await objects.delete(name)  # deleted while uploading: keep no orphan content
         raise
     return web.Response(status=200, content_type="application/octet-stream")
+
+
+_CLOSE = {"Connection": "close"}  # refused before the body is read: the connection cannot serve another
+
+
+async def _upload_limit(ctl: Control, asset: Asset) -> tuple[int, ProblemError]:
+    """The most an upload of ``asset`` may bring, and the error for more: whichever limit is nearest.
+
+    The asset size limit, what the account's other assets leave of its quota, and the room uploads
+    have left in the message store (its reserve is kept for everyone's invocations). The content this
+    upload replaces counts as freed.
+    """
+    config = ctl.config
+    limits = [
+        (
+            config.max_asset_size,
+            ProblemError(413, f"the asset exceeds the limit of {config.max_asset_size} bytes", headers=_CLOSE),
+        )
+    ]
+    quota = config.max_account_asset_bytes
+    if quota:
+        used = sum(
+            a.size or 0 for a in ctl.store.assets.values() if a.nca_id == asset.nca_id and a.asset_id != asset.asset_id
+        )
+        detail = (
+            f"the account's assets may hold {quota} bytes together and its other assets hold {used}: "
+            "this upload does not fit; delete assets it no longer needs"
+        )
+        limits.append((max(0, quota - used), ProblemError(413, detail, headers=_CLOSE)))
+    try:
+        room = await upload_room(ctl.bus, ctl.settings)
+    except BusError as err:
+        raise ProblemError(503, f"the store's room cannot be read now: {err}", headers={"Retry-After": "1"}) from err
+    if room is not None:
+        detail = (
+            "the platform's message store has no room for this upload: the rest is kept for queued requests "
+            "and results. Delete assets or task results no longer needed, or ask the operator for a larger store"
+        )
+        limits.append((room + (asset.size or 0), ProblemError(507, detail, headers=_CLOSE)))
+    return min(limits, key=lambda item: item[0])
 
 
 @routes.route(

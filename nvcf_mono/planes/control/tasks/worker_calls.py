@@ -14,6 +14,7 @@ from typing import final
 from anyio.abc import TaskStatus as ReadyStatus
 
 from nvcf_mono.bus.mirror import Unchanged
+from nvcf_mono.bus.upload_room import upload_room
 from nvcf_mono.contracts import buckets, rpc, subjects
 from nvcf_mono.contracts.messages import (
     TaskConnectCall,
@@ -21,6 +22,8 @@ from nvcf_mono.contracts.messages import (
     TaskHeartbeatCall,
     TaskResultCall,
     TaskResultReply,
+    TaskRoomCall,
+    TaskRoomReply,
     TaskStatusReply,
 )
 from nvcf_mono.contracts.rpc import RpcError
@@ -41,6 +44,7 @@ class TaskWorkerCalls:
         endpoints: dict[str, rpc.Endpoint] = {
             "connect": (TaskConnectCall, self.connect),
             "heartbeat": (TaskHeartbeatCall, self.heartbeat),
+            "room": (TaskRoomCall, self.room),
             "result": (TaskResultCall, self.result),
         }
         handler = rpc.dispatcher(endpoints, lambda subject: subject.rsplit(".", 1)[-1])
@@ -113,12 +117,30 @@ class TaskWorkerCalls:
         current = await self._task(task.id)
         return TaskStatusReply(status=current.status.value)
 
+    async def _check_count(self, task: Task) -> None:
+        kept = await self._ctl.store.task_results.kv.keys(buckets.task_item_pattern(task.id))
+        if len(kept) >= self._ctl.config.tasks.max_results:
+            raise RpcError(400, f"task {task.id} already has {len(kept)} results, the most one task may keep")
+
+    async def room(self, subject: str, call: TaskRoomCall) -> TaskRoomReply:
+        """Before a result's content is stored: whether the task may add one, and how large."""
+        task = await self._task(call.task_id)
+        await self._check_count(task)
+        most = self._ctl.config.tasks.max_result_size
+        reply = TaskRoomReply(max_bytes=most, why=f"a result file may hold {most} bytes")
+        room = await upload_room(self._ctl.bus, self._ctl.settings)
+        if room is not None and room < most:
+            reply = TaskRoomReply(
+                max_bytes=room,
+                why="the platform's message store has no more room for results (the rest is kept for queued "
+                "requests); delete results no longer needed, or ask the operator for a larger store",
+            )
+        return reply
+
     async def result(self, subject: str, call: TaskResultCall) -> TaskResultReply:
         task = await self._task(call.task_id)
         store = self._ctl.store
-        kept = await store.task_results.kv.keys(buckets.task_item_pattern(task.id))
-        if len(kept) >= self._ctl.config.tasks.max_results:
-            raise RpcError(400, f"task {task.id} already has {len(kept)} results, the most one task may keep")
+        await self._check_count(task)
         result = TaskResult(
             result_id=new_id(),
             task_id=task.id,

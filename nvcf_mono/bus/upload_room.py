@@ -1,0 +1,37 @@
+"""How much tenants' uploads (asset content, task results) may still add to the message store.
+
+Uploads share the JetStream store with queued requests, kept results and the platform's own records.
+They may fill it up to its reserve (``uploads.reserve``), never past: what is left stays for the
+work every account depends on. The store's size is ``uploads.store_size`` when set, else the
+embedded server's ``max_file_store`` or the account's JetStream limit (the smaller when both are
+known); with none of them the platform cannot tell, and keeps no reserve.
+"""
+
+from __future__ import annotations
+
+from nvcf_mono.bus.api import Bus
+from nvcf_mono.config.model import Settings
+
+
+def store_size(settings: Settings, account_limit: int | None) -> int | None:
+    """The message store's size as far as this node can know it."""
+    if settings.uploads.store_size is not None:
+        return settings.uploads.store_size
+    known = [size for size in (account_limit,) if size is not None]
+    if settings.bus.url is None:
+        known.append(settings.embedded_nats.max_file_store)
+    return min(known) if known else None
+
+
+async def upload_room(bus: Bus, settings: Settings) -> int | None:
+    """Bytes uploads may still add before the store's reserve (0: none); None when the store's size is unknown.
+
+    One JetStream API call. Several uploads at once each see the room before the others: together they
+    may pass into the reserve by what they bring at the same time, never fill the store (JetStream's own
+    limit still refuses that).
+    """
+    usage = await bus.usage()
+    size = store_size(settings, usage.max_storage)
+    if size is None:
+        return None
+    return max(0, int(size * (1.0 - settings.uploads.reserve)) - usage.storage)
