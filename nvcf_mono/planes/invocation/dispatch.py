@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterable, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import final
 
 import anyio
@@ -17,6 +17,8 @@ import anyio
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.errors import BusError, BusUnavailable, NotFound, RequestTimeout, StreamFull
+from nvcf_mono.bus.upload_room import upload_room
+from nvcf_mono.config.model import Settings
 from nvcf_mono.contracts import buckets, streams, subjects
 from nvcf_mono.contracts.frames import Request
 from nvcf_mono.http.problem import ProblemError
@@ -31,9 +33,12 @@ HEADER_ROOM = 1024 * 1024
 class Dispatcher:
     """Publishes requests, cancels them, and keeps their large bodies."""
 
-    def __init__(self, bus: Bus, config: InvocationConfig, region: str, log: logging.Logger) -> None:
+    def __init__(
+        self, bus: Bus, config: InvocationConfig, region: str, log: logging.Logger, *, settings: Settings
+    ) -> None:
         self._bus = bus
         self._config = config
+        self._settings = settings
         self.region = region
         self._log = log
         self._ensured: set[str] = set()
@@ -133,6 +138,12 @@ class Dispatcher:
         gets the request's answer deletes it sooner (:meth:`drop_body`).
         """
         name = buckets.request_body_object(request_id)
+        try:
+            room = await upload_room(self._bus, self._settings)
+        except BusError as err:
+            raise ProblemError(503, f"the request could not be stored: {err}", headers={"Retry-After": "1"}) from err
+        if room is not None:
+            chunks = _within(chunks, room)
         info = await self.payloads.put(name, chunks, ttl=self._config.queue_deadline + self._config.result_ttl)
         return name, info.size
 
@@ -171,3 +182,21 @@ class Dispatcher:
         if consumer.delivered_stream_seq >= stored.seq:
             return "running", None
         return "queued", max(1, min(stored.seq - consumer.delivered_stream_seq, 1000))
+
+
+async def _within(chunks: AsyncIterable[bytes], room: int) -> AsyncIterator[bytes]:
+    """A large body, refused (507) once it passes what uploads may still add to the store.
+
+    Bodies too large for the request message are uploads like asset content: they may not take the
+    store's reserve, which keeps room for every account's queued requests (:mod:`nvcf_mono.bus.upload_room`).
+    """
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > room:
+            raise ProblemError(
+                507,
+                "the platform's message store has no room for a body this large now (the rest is kept for "
+                "queued requests); retry later or send a smaller body",
+            )
+        yield chunk

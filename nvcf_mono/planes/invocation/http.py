@@ -426,7 +426,7 @@ async def pexec(late: Late[Invoker], call: Call[None], version_id: str | None) -
     raw_response="*/*",
     passthrough=True,
     params=INVOKE_PARAMS,
-    errors=(404, 409, 413, 422, 429),
+    errors=(404, 409, 413, 422, 429, 507),
 )
 async def invoke_function(late: Late[Invoker], call: Call[None]) -> web.StreamResponse:
     return await pexec(late, call, None)
@@ -442,7 +442,7 @@ async def invoke_function(late: Late[Invoker], call: Call[None]) -> web.StreamRe
     raw_response="*/*",
     passthrough=True,
     params=INVOKE_PARAMS,
-    errors=(404, 409, 413, 422, 429),
+    errors=(404, 409, 413, 422, 429, 507),
 )
 async def invoke_function_version(late: Late[Invoker], call: Call[None]) -> web.StreamResponse:
     return await pexec(late, call, call.path("versionId"))

@@ -243,6 +243,9 @@ async def test_uploads_leave_the_store_room_for_everyones_invocations(tmp_path: 
                 break
         assert refused is not None and refused.status == 507, refused
         assert "no room for this upload" in refused.json["detail"]
+        # A request body too large for its message is an upload too: held to the same room.
+        big = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "x" * (20 * MiB)})
+        assert big.status == 507 and "no room for a body this large" in big.json["detail"], big.body
         usage = await p.bus.usage()
         assert usage.storage < 0.8 * 64 * MiB, usage  # what was refused was not kept
         for n in range(20):  # everyone else's work still fits
