@@ -9,6 +9,8 @@ known); with none of them the platform cannot tell, and keeps no reserve.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.config.model import Settings
 
@@ -35,3 +37,16 @@ async def upload_room(bus: Bus, settings: Settings) -> int | None:
     if size is None:
         return None
     return max(0, int(size * (1.0 - settings.uploads.reserve)) - usage.storage)
+
+
+async def held_to(chunks: AsyncIterable[bytes], most: int, refuse: Callable[[], BaseException]) -> AsyncIterator[bytes]:
+    """``chunks`` as they come, until they pass ``most`` bytes: then ``refuse()`` is raised.
+
+    Raised inside an object-store put, it fails the put, which keeps nothing of what it had stored.
+    """
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > most:
+            raise refuse()
+        yield chunk

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from typing import final
 
 import anyio
@@ -17,7 +17,7 @@ import anyio
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.errors import BusError, BusUnavailable, NotFound, RequestTimeout, StreamFull
-from nvcf_mono.bus.upload_room import upload_room
+from nvcf_mono.bus.upload_room import held_to, upload_room
 from nvcf_mono.config.model import Settings
 from nvcf_mono.contracts import buckets, streams, subjects
 from nvcf_mono.contracts.frames import Request
@@ -143,7 +143,7 @@ class Dispatcher:
         except BusError as err:
             raise ProblemError(503, f"the request could not be stored: {err}", headers={"Retry-After": "1"}) from err
         if room is not None:
-            chunks = _within(chunks, room)
+            chunks = held_to(chunks, room, _no_room)
         info = await self.payloads.put(name, chunks, ttl=self._config.queue_deadline + self._config.result_ttl)
         return name, info.size
 
@@ -184,19 +184,11 @@ class Dispatcher:
         return "queued", max(1, min(stored.seq - consumer.delivered_stream_seq, 1000))
 
 
-async def _within(chunks: AsyncIterable[bytes], room: int) -> AsyncIterator[bytes]:
-    """A large body, refused (507) once it passes what uploads may still add to the store.
-
-    Bodies too large for the request message are uploads like asset content: they may not take the
-    store's reserve, which keeps room for every account's queued requests (:mod:`nvcf_mono.bus.upload_room`).
-    """
-    size = 0
-    async for chunk in chunks:
-        size += len(chunk)
-        if size > room:
-            raise ProblemError(
-                507,
-                "the platform's message store has no room for a body this large now (the rest is kept for "
-                "queued requests); retry later or send a smaller body",
-            )
-        yield chunk
+def _no_room() -> ProblemError:
+    # A body too large for its message is an upload like asset content: it may not take the store's
+    # reserve, which keeps room for every account's queued requests (nvcf_mono.bus.upload_room).
+    return ProblemError(
+        507,
+        "the platform's message store has no room for a body this large now (the rest is kept for "
+        "queued requests); retry later or send a smaller body",
+    )

@@ -20,6 +20,8 @@ from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.codec import TypedKV
 from nvcf_mono.bus.errors import BusError, BusUnavailable, ConflictError, NotFound, RequestTimeout, StoreFull
+from nvcf_mono.bus.upload_room import held_to, upload_room
+from nvcf_mono.config.model import Settings
 from nvcf_mono.contracts import buckets
 from nvcf_mono.contracts.buckets import RequestRecord, StoredResult
 from nvcf_mono.contracts.frames import Frame, Headers
@@ -48,8 +50,9 @@ def is_progress(result: StoredResult) -> bool:
 class ResultStore:
     """Records and results of detached requests."""
 
-    def __init__(self, bus: Bus, *, result_ttl: float, log: logging.Logger) -> None:
+    def __init__(self, bus: Bus, *, result_ttl: float, log: logging.Logger, settings: Settings) -> None:
         self._bus = bus
+        self._settings = settings
         self._ttl = result_ttl
         self._log = log
         self.records = TypedKV(bus.kv(buckets.REQUESTS.name), buckets.REQUEST)
@@ -89,6 +92,11 @@ class ResultStore:
         else:
             name = buckets.result_body_object(request_id)
             try:
+                # A large result is kept like an upload: never in the store's reserve (nvcf_mono.bus.upload_room),
+                # or one account's results could fill the store for everyone.
+                room = await upload_room(self._bus, self._settings)
+                if room is not None:
+                    body = held_to(_chunks(body), room, lambda: StoreFull("no room left for uploads"))
                 info = await self.payloads.put(name, body, ttl=self._ttl)
             except StoreFull:
                 # Its caller gets an answer that says so, rather than none.
@@ -210,3 +218,11 @@ class ResultStore:
             return await self.results.get(request_id) is not None
 
         return await self.waits.wait(request_id, timeout, present)
+
+
+async def _chunks(body: bytes | AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    if isinstance(body, bytes):
+        yield body
+    else:
+        async for chunk in body:
+            yield chunk

@@ -20,6 +20,7 @@ from grpclib.server import Stream
 from nvcf_mono.auth.tokens import WORKER
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.errors import BusError
+from nvcf_mono.bus.upload_room import held_to
 from nvcf_mono.contracts import buckets, rpc, subjects
 from nvcf_mono.contracts.messages import (
     TaskConnectCall,
@@ -146,23 +147,21 @@ class TaskCalls:
     async def _store(self, task_id: str, name: str, object_name: str, pieces: AsyncIterable[TaskResultChunk]) -> int:
         """Store a result's content, no larger than the control plane allows now; its size."""
         room: TaskRoomReply = await self._call("room", TaskRoomCall(task_id=task_id), TaskRoomReply)
-        size = 0
 
-        async def chunks() -> AsyncIterator[bytes]:
-            nonlocal size
+        async def data() -> AsyncIterator[bytes]:
             async for chunk in pieces:
-                if not chunk.data:
-                    continue
-                size += len(chunk.data)
-                if size > room.max_bytes:
-                    raise GRPCError(Status.RESOURCE_EXHAUSTED, f"result {name!r} is too large: {room.why}")
-                yield chunk.data
+                if chunk.data:
+                    yield chunk.data
 
+        def refuse() -> GRPCError:
+            return GRPCError(Status.RESOURCE_EXHAUSTED, f"result {name!r} is too large: {room.why}")
+
+        objects = self._bus().objects(buckets.TASK_RESULT_CONTENT.name)
         try:
-            await self._bus().objects(buckets.TASK_RESULT_CONTENT.name).put(object_name, chunks())
+            info = await objects.put(object_name, held_to(data(), room.max_bytes, refuse))
         except BusError as err:
             raise GRPCError(Status.UNAVAILABLE, f"result {name!r} could not be stored: {err}") from err
-        return size
+        return info.size
 
     async def _forget(self, object_name: str) -> None:
         try:

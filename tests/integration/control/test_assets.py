@@ -16,7 +16,7 @@ import pytest
 
 from nvcf_mono.auth.secret import KEYRING, b64u
 from nvcf_mono.contracts import buckets
-from nvcf_mono.testing.platform import Reply
+from nvcf_mono.testing.platform import Reply, wait_for
 from nvcf_mono.testing.running import CONTAINER_FUNCTION, deployed, launching_agent, other_account_key
 
 from .conftest import Platform, platform
@@ -232,20 +232,32 @@ async def test_uploads_leave_the_store_room_for_everyones_invocations(tmp_path: 
         fid, _ = await deployed(p.admin)
         hostile = p.api(await other_account_key(p, "hoarder"))
         octets = {"Content-Type": "application/octet-stream"}
-        refused = None
-        for n in range(4):
-            made = await hostile.post(ASSETS, {"contentType": "application/octet-stream", "description": f"{n}"})
+        refusals = 0
+        size = 16 * MiB
+        while size >= 64 * 1024:  # fill the room for uploads, in smaller pieces once a piece is refused
+            made = await hostile.post(ASSETS, {"contentType": "application/octet-stream", "description": f"{size}"})
             assert made.status == 200, made.body
-            body = chunks(os.urandom(16 * MiB)) if n % 2 else os.urandom(16 * MiB)  # streamed and declared
+            body = chunks(os.urandom(size)) if refusals % 2 else os.urandom(size)  # streamed and declared
             put = await raw(p, "PUT", made.json["uploadUrl"], data=body, headers=octets)
             if put.status != 200:
-                refused = put
-                break
-        assert refused is not None and refused.status == 507, refused
-        assert "no room for this upload" in refused.json["detail"]
+                assert put.status == 507 and "no room for this upload" in put.json["detail"], put.body
+                refusals += 1
+                size //= 2
+        assert refusals >= 8
         # A request body too large for its message is an upload too: held to the same room.
         big = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "x" * (20 * MiB)})
         assert big.status == 507 and "no room for a body this large" in big.json["detail"], big.body
+        # So is a large answer kept for its caller to poll: the caller hears why it was not kept.
+        body = {"message": "r" * 200, "repeats": 5000, "delay": 3}  # a 1 MB answer, after the poll window
+        slow = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", body, headers={"NVCF-POLL-SECONDS": "1"})
+        assert slow.status == 202, slow.body
+
+        async def answered() -> Reply | None:
+            polled = await p.key.get(f"/v2/nvcf/pexec/status/{slow.headers['NVCF-REQID']}")
+            return None if polled.status == 202 else polled
+
+        kept = await wait_for(answered, timeout=30, what="the slow call's answer")
+        assert kept.status == 507 and "too large to keep" in kept.json["detail"], kept.body
         usage = await p.bus.usage()
         assert usage.storage < 0.8 * 64 * MiB, usage  # what was refused was not kept
         for n in range(20):  # everyone else's work still fits
