@@ -1,6 +1,8 @@
-"""How much tenants' uploads (asset content, task results) may still add to the message store.
+"""How much tenants' uploads may still add to the message store.
 
-Uploads share the JetStream store with queued requests, kept results and the platform's own records.
+Uploads are what a tenant can put in the store in bulk: asset content, task results, request bodies
+too large for their message, and large answers or zipped large responses kept for a caller. They
+share the JetStream store with queued requests, small results and the platform's own records.
 They may fill it up to its reserve (``uploads.reserve``), never past: what is left stays for the
 work every account depends on. The store's size is ``uploads.store_size`` when set, else the
 embedded server's ``max_file_store`` or the account's JetStream limit (the smaller when both are

@@ -10,11 +10,12 @@ and the expiry, keyed from the platform secret), so any node can serve it and it
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import final
 
 from nvcf_mono.bus.api import ObjectReader, ObjectStore
+from nvcf_mono.bus.upload_room import held_to
 from nvcf_mono.http import signed_links
 
 #: The download route (``GET``), under the invocation API.
@@ -43,28 +44,32 @@ class LargeResponses:
         base_url: Callable[[], str],
         ttl: float,
         limit: int,
+        room: Callable[[], Awaitable[int | None]],
     ) -> None:
         self._store = store
+        self._room = room
         self._link_key = link_key
         self._base_url = base_url
         self._ttl = ttl
         self._limit = limit
 
     async def store(self, request_id: str, chunks: AsyncIterable[bytes]) -> tuple[str, int]:
-        """Keep a request's zip; its download link and size. TooLarge past the limit (nothing is kept)."""
+        """Keep a request's zip; its download link and size. TooLarge past the limit (nothing is kept).
 
-        async def bounded() -> AsyncIterator[bytes]:
-            size = 0
-            async for chunk in chunks:
-                size += len(chunk)
-                if size > self._limit:
-                    raise TooLarge(
-                        f"the large response exceeds the limit of {self._limit} bytes "
-                        "(plugins.invocation.max_large_response)"
-                    )
-                yield chunk
-
-        info = await self._store.put(object_name(request_id), bounded(), ttl=self._ttl)
+        The limit is the plane's, or the room uploads have left in the store when that is less: a zip is
+        kept like an upload, never in the store's reserve (:mod:`nvcf_mono.bus.upload_room`).
+        """
+        limit = self._limit
+        why = f"the large response exceeds the limit of {limit} bytes (plugins.invocation.max_large_response)"
+        room = await self._room()
+        if room is not None and room < limit:
+            limit = room
+            why = (
+                "the platform's message store has no room for this large response "
+                "(the rest is kept for queued requests)"
+            )
+        bounded = held_to(chunks, limit, lambda: TooLarge(why))
+        info = await self._store.put(object_name(request_id), bounded, ttl=self._ttl)
         signed = signed_links.query(self._link_key(), PURPOSE, request_id, self._ttl)
         return f"{self._base_url()}{ROUTE.format(requestId=request_id)}?{signed}", info.size
 

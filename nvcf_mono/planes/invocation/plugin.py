@@ -7,6 +7,7 @@ a status poll on any node.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import ClassVar
 
 import anyio
@@ -15,6 +16,7 @@ from anyio.abc import TaskStatus
 from nvcf_mono.auth.secret import KEYRING
 from nvcf_mono.auth.strategy import AUTHENTICATOR, Authenticator
 from nvcf_mono.bus.callout import NATS_AUTH
+from nvcf_mono.bus.upload_room import upload_room
 from nvcf_mono.contracts import buckets
 from nvcf_mono.http.api import ApiRouter, Gatekeeper
 from nvcf_mono.late import Late
@@ -185,6 +187,7 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
             base_url=lambda: public,
             ttl=self.config.result_ttl,
             limit=self.config.max_large_response,
+            room=partial(upload_room, ctx.bus, ctx.settings),
         )
 
     def _worker_deps(
