@@ -88,6 +88,16 @@ def request_consumer(region: str, function_version_id: str, *, ack_wait: float) 
     )
 
 
+async def queue_bytes(bus: Bus, region: str) -> dict[str, int]:
+    """Bytes queued per version id (requests waiting or being served), for every version of ``region``."""
+    sizes = {}
+    for name, state in (await bus.stream_states(subjects.request_streams_filter(region))).items():
+        version_id = subjects.version_of_request_stream(region, name)
+        if version_id is not None:
+            sizes[version_id] = state.bytes
+    return sizes
+
+
 async def queue_depths(bus: Bus, region: str) -> dict[str, int]:
     """Requests waiting or being served, per version id, for every version of ``region`` with a queue.
 

@@ -55,6 +55,13 @@ class InvocationConfig:
         "it by what each accepts in a quarter of a second.",
         check=positive,
     )
+    account_queue_max_bytes: ByteSize = setting(
+        2 * 1024**3,
+        doc="Bytes the queues of one account's functions hold together; more are refused with 429, so one "
+        "account cannot fill the store every account's requests wait in. 0: no account limit. Enforced like "
+        "queue_max_bytes.",
+        check=at_least(0),
+    )
     publish_patience: Seconds = setting(
         15.0,
         doc="How long storing a request may wait for the bus (a NATS node lost: its streams elect new leaders) "

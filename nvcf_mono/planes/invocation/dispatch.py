@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterable, Awaitable, Callable
+from functools import partial
 from typing import final
 
 import anyio
@@ -34,7 +35,14 @@ class Dispatcher:
     """Publishes requests, cancels them, and keeps their large bodies."""
 
     def __init__(
-        self, bus: Bus, config: InvocationConfig, region: str, log: logging.Logger, *, settings: Settings
+        self,
+        bus: Bus,
+        config: InvocationConfig,
+        region: str,
+        log: logging.Logger,
+        *,
+        settings: Settings,
+        account_of: Callable[[str], str | None] = lambda _version: None,
     ) -> None:
         self._bus = bus
         self._config = config
@@ -42,7 +50,12 @@ class Dispatcher:
         self.region = region
         self._log = log
         self._ensured: set[str] = set()
-        self.quota = QueueQuota(config.queue_max_bytes)
+        self.quota = QueueQuota(
+            config.queue_max_bytes,
+            account_limit=config.account_queue_max_bytes,
+            queued=partial(streams.queue_bytes, bus, region),
+            account_of=account_of,
+        )
         self._lock = anyio.Lock()
         self.payloads = bus.objects(buckets.PAYLOADS.name)
         #: Told of every request stored (function id, version id): the load meter counts and wakes.
@@ -108,7 +121,7 @@ class Dispatcher:
             try:
                 await self.ensure(fvid, again=again)
                 if not admitted:
-                    await self.quota.admit(stream, fvid, len(data))
+                    await self.quota.admit(stream, fvid, len(data), account=request.nca_id)
                     admitted = True
                 await stream.publish(subject, data, msg_id=request.request_id)
                 break

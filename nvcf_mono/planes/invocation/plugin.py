@@ -103,7 +103,7 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
         routing = RoutingTable(bus, log)
         capabilities = Capabilities.of_keyring(ctx.services.get(KEYRING))
         router = ResponseRouter(bus, ctx.settings.node.id or "invocation", log, capabilities)
-        dispatcher = Dispatcher(bus, self.config, region, log, settings=ctx.settings)
+        dispatcher = Dispatcher(bus, self.config, region, log, settings=ctx.settings, account_of=routing.account_of)
         results = ResultStore(bus, result_ttl=self.config.result_ttl, log=log, settings=ctx.settings)
         large = self._large_responses(ctx)
         collector = Collector(router=router, results=results, dispatcher=dispatcher, log=log)

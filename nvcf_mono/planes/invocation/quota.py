@@ -1,4 +1,4 @@
-"""Each version's queued bytes, held to ``queue_max_bytes`` by the platform rather than by JetStream.
+"""Queued bytes, held to ``queue_max_bytes`` per version and ``account_queue_max_bytes`` per account.
 
 A JetStream byte limit reserves its whole size out of the server's store when the stream is made,
 so it cannot be the per-version limit of a platform with thousands of versions. Instead each node
@@ -6,11 +6,16 @@ keeps, per version, the stream's size at its last look plus what it published si
 the limit a publish costs no call at all; past half of it the node looks again (at most every
 ``REFRESH`` seconds) and refuses what would not fit. Several nodes may together overshoot by what
 each published since its last look, which is bounded by the refresh period.
+
+An account's versions together are held the same way, so that one account with many versions cannot
+fill the store every account's requests wait in: its look is one listing of every request stream's
+size (a call per 256 streams), summed over the account's versions.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import final
 
 import attrs
@@ -25,44 +30,90 @@ REFRESH = 0.25
 
 @attrs.define
 class _Seen:
+    """A queue's bytes at the last look, and what this node published to it since."""
+
     stored: int = 0
     published: int = 0
     at: float = -REFRESH
+
+    async def estimate(self, size: int, limit: int, look: Callable[[], Awaitable[int]]) -> int:
+        """What the queue would hold with ``size`` more; looked at again past half of ``limit``."""
+        estimate = self.stored + self.published + size
+        now = time.monotonic()
+        if estimate > limit // 2 and now - self.at >= REFRESH:
+            self.at = now  # one look at a time: calls in the meantime go by the estimate
+            counted = self.published
+            self.stored = await look()
+            self.published -= counted  # what was published before the look is in what it saw
+            estimate = self.stored + self.published + size
+        return estimate
 
 
 @final
 class QueueQuota:
     """Per version: bytes in its request stream, as far as this node knows."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(
+        self,
+        limit: int,
+        *,
+        account_limit: int = 0,
+        queued: Callable[[], Awaitable[Mapping[str, int]]] | None = None,
+        account_of: Callable[[str], str | None] = lambda _version: None,
+    ) -> None:
         self.limit = limit
         self._seen: dict[str, _Seen] = {}
+        #: 0: no account limit. ``queued()``: bytes queued per version id, every version; ``account_of``: whose.
+        self.account_limit = account_limit if queued is not None else 0
+        self._queued = queued
+        self._account_of = account_of
+        self._accounts: dict[str, _Seen] = {}
 
     def __len__(self) -> int:
         return len(self._seen)
 
-    async def admit(self, stream: Stream, function_version_id: str, size: int) -> None:
-        """Count ``size`` more bytes for the version, or raise 429 when its queue would exceed the limit."""
+    async def admit(self, stream: Stream, function_version_id: str, size: int, *, account: str = "") -> None:
+        """Count ``size`` more bytes for the version (and its account), or raise 429 when a queue would be full."""
         seen = self._seen.get(function_version_id)
         if seen is None:
             seen = self._seen[function_version_id] = _Seen()
-        estimate = seen.stored + seen.published + size
-        now = time.monotonic()
-        if estimate > self.limit // 2 and now - seen.at >= REFRESH:
+
+        async def stream_bytes() -> int:
             try:
-                seen.stored = (await stream.info()).bytes
+                return (await stream.info()).bytes
             except NotFound:
-                seen.stored = 0
-            seen.published, seen.at = 0, now
-            estimate = seen.stored + size
-        if estimate > self.limit:
+                return 0
+
+        if await seen.estimate(size, self.limit, stream_bytes) > self.limit:
             raise ProblemError(
                 429,
                 f"the function's request queue is full ({seen.stored + seen.published} bytes queued, limit "
                 f"{self.limit}); retry later, or raise its maxInstances so it drains faster",
                 headers={"Retry-After": "5"},
             )
+        owner = await self._admit_account(account, size) if self.account_limit and account else None
         seen.published += size
+        if owner is not None:
+            owner.published += size
+
+    async def _admit_account(self, account: str, size: int) -> _Seen:
+        owner = self._accounts.get(account)
+        if owner is None:
+            owner = self._accounts[account] = _Seen()
+
+        async def account_bytes() -> int:
+            assert self._queued is not None  # an account limit is kept only with a listing
+            queued = await self._queued()
+            return sum(n for version, n in queued.items() if self._account_of(version) == account)
+
+        if await owner.estimate(size, self.account_limit, account_bytes) > self.account_limit:
+            raise ProblemError(
+                429,
+                f"the account's request queues are full ({owner.stored + owner.published} bytes queued over its "
+                f"functions, limit {self.account_limit}); retry later, or let its queued requests drain first",
+                headers={"Retry-After": "5"},
+            )
+        return owner
 
     def forget(self, function_version_id: str) -> None:
         """The version's queue is gone."""

@@ -60,6 +60,11 @@ class RoutingTable:
             self._by_version = {fv.version_id: fv for fv in self.functions.values()}
         return self._by_version.get(version_id)
 
+    def account_of(self, version_id: str) -> str | None:
+        """The account whose function version this is (None for one not known here)."""
+        fv = self.version_by_id(version_id)
+        return None if fv is None else fv.nca_id
+
     def deployment(self, fv: FunctionVersion) -> Deployment | None:
         return self.deployments.get(buckets.version_key(fv.id, fv.version_id))
 
