@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import final
 
 import attrs
@@ -36,11 +37,14 @@ class _Seen:
     published: int = 0
     at: float = -REFRESH
 
-    async def estimate(self, size: int, limit: int, look: Callable[[], Awaitable[int]]) -> int:
-        """What the queue would hold with ``size`` more; looked at again past half of ``limit``."""
+    async def estimate(self, size: int, look: Callable[[], Awaitable[int]]) -> int:
+        """What the queue would hold with ``size`` more, after a look at it (unless one was just made).
+
+        Called only past half of its limit: far below it a publish costs no call at all.
+        """
         estimate = self.stored + self.published + size
         now = time.monotonic()
-        if estimate > limit // 2 and now - self.at >= REFRESH:
+        if now - self.at >= REFRESH:
             self.at = now  # one look at a time: calls in the meantime go by the estimate
             counted = self.published
             self.stored = await look()
@@ -78,43 +82,50 @@ class QueueQuota:
         if seen is None:
             seen = self._seen[function_version_id] = _Seen()
 
-        async def stream_bytes() -> int:
-            try:
-                return (await stream.info()).bytes
-            except NotFound:
-                return 0
-
-        if await seen.estimate(size, self.limit, stream_bytes) > self.limit:
+        estimate = seen.stored + seen.published + size
+        if estimate > self.limit // 2:  # far below it costs no call
+            estimate = await seen.estimate(size, partial(_stream_bytes, stream))
+        if estimate > self.limit:
             raise ProblemError(
                 429,
                 f"the function's request queue is full ({seen.stored + seen.published} bytes queued, limit "
                 f"{self.limit}); retry later, or raise its maxInstances so it drains faster",
                 headers={"Retry-After": "5"},
             )
-        owner = await self._admit_account(account, size) if self.account_limit and account else None
+        owner = None
+        if self.account_limit and account:
+            owner = self._accounts.get(account)
+            if owner is None:
+                owner = self._accounts[account] = _Seen()
+            if owner.stored + owner.published + size > self.account_limit // 2:
+                await self._check_account(owner, account, size)
         seen.published += size
         if owner is not None:
             owner.published += size
 
-    async def _admit_account(self, account: str, size: int) -> _Seen:
-        owner = self._accounts.get(account)
-        if owner is None:
-            owner = self._accounts[account] = _Seen()
+    async def _check_account(self, owner: _Seen, account: str, size: int) -> None:
+        """429 when the account's queues together would pass its limit (its versions' sizes, looked at)."""
 
         async def account_bytes() -> int:
             assert self._queued is not None  # an account limit is kept only with a listing
             queued = await self._queued()
             return sum(n for version, n in queued.items() if self._account_of(version) == account)
 
-        if await owner.estimate(size, self.account_limit, account_bytes) > self.account_limit:
+        if await owner.estimate(size, account_bytes) > self.account_limit:
             raise ProblemError(
                 429,
                 f"the account's request queues are full ({owner.stored + owner.published} bytes queued over its "
                 f"functions, limit {self.account_limit}); retry later, or let its queued requests drain first",
                 headers={"Retry-After": "5"},
             )
-        return owner
 
     def forget(self, function_version_id: str) -> None:
         """The version's queue is gone."""
         self._seen.pop(function_version_id, None)
+
+
+async def _stream_bytes(stream: Stream) -> int:
+    try:
+        return (await stream.info()).bytes
+    except NotFound:
+        return 0
