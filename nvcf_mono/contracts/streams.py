@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nvcf_mono.bus.api import Bus, ConsumerSpec, Discard, Retention, StreamSpec
+from nvcf_mono.bus.api import Bus, ConsumerSpec, Discard, Retention, StreamSpec, StreamState
 from nvcf_mono.contracts import subjects
 
 #: Creation messages wait here until the addressed cluster's agent takes them (reference §1: 96 h).
@@ -88,26 +88,26 @@ def request_consumer(region: str, function_version_id: str, *, ack_wait: float) 
     )
 
 
-async def queue_bytes(bus: Bus, region: str) -> dict[str, int]:
-    """Bytes queued per version id (requests waiting or being served), for every version of ``region``."""
-    sizes = {}
-    for name, state in (await bus.stream_states(subjects.request_streams_filter(region))).items():
-        version_id = subjects.version_of_request_stream(region, name)
-        if version_id is not None:
-            sizes[version_id] = state.bytes
-    return sizes
-
-
-async def queue_depths(bus: Bus, region: str) -> dict[str, int]:
-    """Requests waiting or being served, per version id, for every version of ``region`` with a queue.
+async def queues(bus: Bus, region: str) -> dict[str, StreamState]:
+    """Every request queue of ``region`` by version id (requests waiting or being served).
 
     A request stream is a work queue: a message stays until its request is settled, so the stream's
     count is what its consumer has pending plus what instances hold. One call per 256 versions, where
     asking each version's consumer costs a call per version.
     """
-    depths = {}
+    found = {}
     for name, state in (await bus.stream_states(subjects.request_streams_filter(region))).items():
         version_id = subjects.version_of_request_stream(region, name)
         if version_id is not None:
-            depths[version_id] = state.messages
-    return depths
+            found[version_id] = state
+    return found
+
+
+async def queue_bytes(bus: Bus, region: str) -> dict[str, int]:
+    """Bytes queued per version id, for every version of ``region`` with a queue."""
+    return {version_id: state.bytes for version_id, state in (await queues(bus, region)).items()}
+
+
+async def queue_depths(bus: Bus, region: str) -> dict[str, int]:
+    """Requests queued per version id, for every version of ``region`` with a queue."""
+    return {version_id: state.messages for version_id, state in (await queues(bus, region)).items()}
