@@ -21,7 +21,7 @@ def store_size(settings: Settings, account_limit: int | None) -> int | None:
     """The message store's size as far as this node can know it."""
     if settings.uploads.store_size is not None:
         return settings.uploads.store_size
-    known = [size for size in (account_limit,) if size is not None]
+    known = [] if account_limit is None else [account_limit]
     if settings.bus.url is None:
         known.append(settings.embedded_nats.max_file_store)
     return min(known) if known else None
@@ -41,13 +41,20 @@ async def upload_room(bus: Bus, settings: Settings) -> int | None:
     return max(0, int(size * (1.0 - settings.uploads.reserve)) - usage.storage)
 
 
-async def held_to(chunks: AsyncIterable[bytes], most: int, refuse: Callable[[], BaseException]) -> AsyncIterator[bytes]:
-    """``chunks`` as they come, until they pass ``most`` bytes: then ``refuse()`` is raised.
+async def held_to(
+    data: bytes | AsyncIterable[bytes], most: int, refuse: Callable[[], BaseException]
+) -> AsyncIterator[bytes]:
+    """``data`` as it comes, until it passes ``most`` bytes: then ``refuse()`` is raised.
 
     Raised inside an object-store put, it fails the put, which keeps nothing of what it had stored.
     """
+    if isinstance(data, bytes):
+        if len(data) > most:
+            raise refuse()
+        yield data
+        return
     size = 0
-    async for chunk in chunks:
+    async for chunk in data:
         size += len(chunk)
         if size > most:
             raise refuse()

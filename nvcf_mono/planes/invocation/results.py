@@ -96,7 +96,7 @@ class ResultStore:
                 # or one account's results could fill the store for everyone.
                 room = await upload_room(self._bus, self._settings)
                 if room is not None:
-                    body = held_to(_chunks(body), room, lambda: StoreFull("no room left for uploads"))
+                    body = held_to(body, room, lambda: StoreFull("no room left for uploads"))
                 info = await self.payloads.put(name, body, ttl=self._ttl)
             except StoreFull:
                 # Its caller gets an answer that says so, rather than none.
@@ -218,11 +218,3 @@ class ResultStore:
             return await self.results.get(request_id) is not None
 
         return await self.waits.wait(request_id, timeout, present)
-
-
-async def _chunks(body: bytes | AsyncIterable[bytes]) -> AsyncIterator[bytes]:
-    if isinstance(body, bytes):
-        yield body
-    else:
-        async for chunk in body:
-            yield chunk
