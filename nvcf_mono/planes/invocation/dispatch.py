@@ -24,7 +24,7 @@ from nvcf_mono.contracts import buckets, streams, subjects
 from nvcf_mono.contracts.frames import Request
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.planes.invocation.config import InvocationConfig
-from nvcf_mono.planes.invocation.quota import QueueQuota
+from nvcf_mono.planes.invocation.quota import Admission, QueueQuota
 
 #: Room in a request message besides its inline body: the method, path, headers and ids.
 HEADER_ROOM = 1024 * 1024
@@ -116,31 +116,36 @@ class Dispatcher:
         patience = self._config.publish_patience
         backoff = Backoff(0.05, 1.0)
         started = time.monotonic()
-        admitted, again = False, False
-        while True:
-            try:
-                await self.ensure(fvid, again=again)
-                if not admitted:
-                    await self.quota.admit(stream, fvid, len(data), account=request.nca_id)
-                    admitted = True
-                await stream.publish(subject, data, msg_id=request.request_id)
-                break
-            except StreamFull as err:
-                raise ProblemError(
-                    429, "the function's request queue is full; retry later or raise its maxInstances"
-                ) from err
-            except (NotFound, BusUnavailable, RequestTimeout) as err:
-                pause = backoff.next()
-                if time.monotonic() - started + pause > patience:
-                    self._log.warning("request %s not stored within %gs: %s", request.request_id, patience, err)
+        admission: Admission | None = None
+        again = False
+        try:
+            while True:
+                try:
+                    await self.ensure(fvid, again=again)
+                    if admission is None:
+                        admission = await self.quota.admit(stream, fvid, len(data), account=request.nca_id)
+                    await stream.publish(subject, data, msg_id=request.request_id)
+                    admission.stored()
+                    break
+                except StreamFull as err:
                     raise ProblemError(
-                        503,
-                        f"the request could not be stored: the platform's message bus did not take it within "
-                        f"{patience:g}s; it was not run, retry it",
-                        headers={"Retry-After": "5"},
+                        429, "the function's request queue is full; retry later or raise its maxInstances"
                     ) from err
-                again = isinstance(err, NotFound)  # made again only if it is really gone
-                await anyio.sleep(pause)
+                except (NotFound, BusUnavailable, RequestTimeout) as err:
+                    pause = backoff.next()
+                    if time.monotonic() - started + pause > patience:
+                        self._log.warning("request %s not stored within %gs: %s", request.request_id, patience, err)
+                        raise ProblemError(
+                            503,
+                            f"the request could not be stored: the platform's message bus did not take it within "
+                            f"{patience:g}s; it was not run, retry it",
+                            headers={"Retry-After": "5"},
+                        ) from err
+                    again = isinstance(err, NotFound)  # made again only if it is really gone
+                    await anyio.sleep(pause)
+        finally:
+            if admission is not None:
+                admission.withdraw()  # not stored (a no-op once it was): its bytes are not on the way any more
         if self.on_queued is not None:
             await self.on_queued(request.function_id, fvid)
 

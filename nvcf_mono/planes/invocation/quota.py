@@ -2,10 +2,11 @@
 
 A JetStream byte limit reserves its whole size out of the server's store when the stream is made,
 so it cannot be the per-version limit of a platform with thousands of versions. Instead each node
-keeps, per version, the stream's size at its last look plus what it published since: far below
-the limit a publish costs no call at all; past half of it the node looks again (at most every
-``REFRESH`` seconds) and refuses what would not fit. Several nodes may together overshoot by what
-each published since its last look, which is bounded by the refresh period.
+keeps, per version, the stream's size at its last look, what it stored since, and what it admitted
+that is still on its way: far below the limit a publish costs no call at all; past half of it the
+node looks again (at most every ``REFRESH`` seconds) and refuses what would not fit. Several nodes
+may together overshoot by what each stored since its last look, which is bounded by the refresh
+period.
 
 An account's versions together are held the same way, so that one account with many versions cannot
 fill the store every account's requests wait in: its look is one listing of every request stream's
@@ -31,26 +32,59 @@ REFRESH = 0.25
 
 @attrs.define
 class _Seen:
-    """A queue's bytes at the last look, and what this node published to it since."""
+    """A queue's bytes at the last look, what this node stored to it since, and what it has on the way."""
 
     stored: int = 0
     published: int = 0
+    #: Admitted, not yet stored: a look cannot have seen these, so it never takes them off.
+    pending: int = 0
     at: float = -REFRESH
+
+    @property
+    def held(self) -> int:
+        return self.stored + self.published + self.pending
 
     async def estimate(self, size: int, look: Callable[[], Awaitable[int]]) -> int:
         """What the queue would hold with ``size`` more, after a look at it (unless one was just made).
 
         Called only past half of its limit: far below it a publish costs no call at all.
         """
-        estimate = self.stored + self.published + size
         now = time.monotonic()
         if now - self.at >= REFRESH:
             self.at = now  # one look at a time: calls in the meantime go by the estimate
-            counted = self.published
             self.stored = await look()
-            self.published -= counted  # what was published before the look is in what it saw
-            estimate = self.stored + self.published + size
-        return estimate
+            # What was stored before the look began is in what it saw; what was stored while it was
+            # made probably is (counting it twice would refuse a whole burst until the next look).
+            self.published = 0
+        return self.held + size
+
+
+@attrs.define
+class Admission:
+    """Bytes admitted to a version's queue (and its account's), on their way to the stream.
+
+    ``stored()`` once the stream took them; ``withdraw()`` when it did not. Until either, they count
+    as pending, which no look at the stream takes off.
+    """
+
+    size: int
+    counts: tuple[_Seen, ...]
+    settled: bool = False
+
+    def stored(self) -> None:
+        self._settle(stored=True)
+
+    def withdraw(self) -> None:
+        self._settle(stored=False)
+
+    def _settle(self, *, stored: bool) -> None:
+        if self.settled:
+            return
+        self.settled = True
+        for seen in self.counts:
+            seen.pending -= self.size
+            if stored:
+                seen.published += self.size
 
 
 @final
@@ -76,19 +110,22 @@ class QueueQuota:
     def __len__(self) -> int:
         return len(self._seen)
 
-    async def admit(self, stream: Stream, function_version_id: str, size: int, *, account: str = "") -> None:
-        """Count ``size`` more bytes for the version (and its account), or raise 429 when a queue would be full."""
+    async def admit(self, stream: Stream, function_version_id: str, size: int, *, account: str = "") -> Admission:
+        """Count ``size`` more bytes for the version (and its account), or raise 429 when a queue would be full.
+
+        The caller settles the returned admission once its publish is stored or given up.
+        """
         seen = self._seen.get(function_version_id)
         if seen is None:
             seen = self._seen[function_version_id] = _Seen()
 
-        estimate = seen.stored + seen.published + size
+        estimate = seen.held + size
         if estimate > self.limit // 2:  # far below it costs no call
             estimate = await seen.estimate(size, partial(_stream_bytes, stream))
         if estimate > self.limit:
             raise ProblemError(
                 429,
-                f"the function's request queue is full ({seen.stored + seen.published} bytes queued, limit "
+                f"the function's request queue is full ({seen.held} bytes queued, limit "
                 f"{self.limit}); retry later, or raise its maxInstances so it drains faster",
                 headers={"Retry-After": "5"},
             )
@@ -97,11 +134,12 @@ class QueueQuota:
             owner = self._accounts.get(account)
             if owner is None:
                 owner = self._accounts[account] = _Seen()
-            if owner.stored + owner.published + size > self.account_limit // 2:
+            if owner.held + size > self.account_limit // 2:
                 await self._check_account(owner, account, size)
-        seen.published += size
-        if owner is not None:
-            owner.published += size
+        counts = (seen,) if owner is None else (seen, owner)
+        for each in counts:
+            each.pending += size
+        return Admission(size, counts)
 
     async def _check_account(self, owner: _Seen, account: str, size: int) -> None:
         """429 when the account's queues together would pass its limit (its versions' sizes, looked at)."""
@@ -114,7 +152,7 @@ class QueueQuota:
         if await owner.estimate(size, account_bytes) > self.account_limit:
             raise ProblemError(
                 429,
-                f"the account's request queues are full ({owner.stored + owner.published} bytes queued over its "
+                f"the account's request queues are full ({owner.held} bytes queued over its "
                 f"functions, limit {self.account_limit}); retry later, or let its queued requests drain first",
                 headers={"Retry-After": "5"},
             )
