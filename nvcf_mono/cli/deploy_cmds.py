@@ -15,6 +15,7 @@ from nvcf_mono.cli.progress import Progress
 DEPLOYMENTS = "/v2/nvcf/deployments"
 DEFAULT_WAIT = 900.0
 POLL_INTERVAL = 1.0
+ONLY_VERSION = "the version (optional when the function has one)"
 
 
 def _count(text: str) -> int:
@@ -31,6 +32,19 @@ def _path(fid: str, vid: str) -> str:
     return f"{DEPLOYMENTS}/functions/{fid}/versions/{vid}"
 
 
+def _pin_version(client: ApiClient, args: argparse.Namespace) -> str:
+    """The version named, or the function's only one: a deployment is always of one version."""
+    if not args.version_id:
+        listed = client.get(f"/v2/nvcf/functions/{args.function_id}/versions").get("functions") or []
+        ids = sorted({str(fn.get("versionId")) for fn in listed})
+        if len(ids) != 1:
+            raise CliError(
+                f"function {args.function_id} has {len(ids)} versions; name one after the function id: {', '.join(ids)}"
+            )
+        args.version_id = ids[0]
+    return _path(args.function_id, args.version_id)
+
+
 def register(sub: Any) -> None:
     """Add ``deploy`` and its subcommands."""
     deploy = sub.add_parser("deploy", help=help_of("deploy"))
@@ -44,7 +58,7 @@ def register(sub: Any) -> None:
         "showing progress on stderr. Flags override the fields of --input-file.",
     )
     create.add_argument("function_id", metavar="FID")
-    create.add_argument("version_id", metavar="VID")
+    create.add_argument("version_id", metavar="VID", nargs="?", help=ONLY_VERSION)
     create.add_argument("--gpu", help="GPU model, e.g. H100")
     create.add_argument("--instance-type", metavar="TYPE", help="e.g. ON-PREM.GPU.H100_1x")
     create.add_argument("--min-instances", type=_count, metavar="N", help="default 1")
@@ -73,7 +87,7 @@ def register(sub: Any) -> None:
 
     get = cmds.add_parser("get", help="show a version's deployment")
     get.add_argument("function_id", metavar="FID")
-    get.add_argument("version_id", metavar="VID")
+    get.add_argument("version_id", metavar="VID", nargs="?", help=ONLY_VERSION)
     add_api_options(get)
     get.set_defaults(func=_get)
 
@@ -85,7 +99,7 @@ def register(sub: Any) -> None:
         "remove and deploy again for that.",
     )
     update.add_argument("function_id", metavar="FID")
-    update.add_argument("version_id", metavar="VID")
+    update.add_argument("version_id", metavar="VID", nargs="?", help=ONLY_VERSION)
     update.add_argument("--spec-id", metavar="ID", help="the gpu specification (optional when there is one)")
     update.add_argument("--min-instances", type=_count, metavar="N")
     update.add_argument("--max-instances", type=_count, metavar="N")
@@ -107,7 +121,7 @@ def register(sub: Any) -> None:
         "remove", aliases=["undeploy"], help="remove a version's deployment (the version goes INACTIVE)"
     )
     remove.add_argument("function_id", metavar="FID")
-    remove.add_argument("version_id", metavar="VID")
+    remove.add_argument("version_id", metavar="VID", nargs="?", help=ONLY_VERSION)
     remove.add_argument("--graceful", action="store_true", help="let queued requests finish first")
     add_api_options(remove)
     remove.set_defaults(func=_remove)
@@ -157,7 +171,7 @@ def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
 def _create(args: argparse.Namespace, ctx: CliContext) -> int:
     specs = _specs(args)
     client = connect(args, ctx)
-    path = _path(args.function_id, args.version_id)
+    path = _pin_version(client, args)
     doc = client.post(path, {"deploymentSpecifications": specs})
     status = doc["deployment"].get("functionStatus")
     if args.no_wait or status == "ACTIVE":
@@ -317,7 +331,7 @@ def _print_deployment(ctx: CliContext, doc: Any, as_json: bool) -> None:
 
 def _get(args: argparse.Namespace, ctx: CliContext) -> int:
     client = connect(args, ctx)
-    doc = client.get(_path(args.function_id, args.version_id), management=True)
+    doc = client.get(_pin_version(client, args), management=True)
     _print_deployment(ctx, doc, args.json)
     return 0
 
@@ -336,7 +350,7 @@ def _update(args: argparse.Namespace, ctx: CliContext) -> int:
             "deploy update: give --min-instances, --max-instances, --autoscaling-policy and/or --autoscaling-file"
         )
     client = connect(args, ctx)
-    dep = client.get(_path(args.function_id, args.version_id), management=True)["deployment"]
+    dep = client.get(_pin_version(client, args), management=True)["deployment"]
     specs = dep.get("deploymentSpecifications") or []
     ids = [s.get("gpuSpecificationId") for s in specs]
     spec_id = args.spec_id
@@ -357,9 +371,7 @@ def _update(args: argparse.Namespace, ctx: CliContext) -> int:
 
 def _remove(args: argparse.Namespace, ctx: CliContext) -> int:
     client = connect(args, ctx)
-    doc = client.delete(
-        _path(args.function_id, args.version_id), query={"graceful": "true" if args.graceful else "false"}
-    )
+    doc = client.delete(_pin_version(client, args), query={"graceful": "true" if args.graceful else "false"})
     if args.json:
         emit_json(ctx, doc)
         return 0

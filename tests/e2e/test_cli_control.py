@@ -234,7 +234,7 @@ async def test_deploy_waits_for_active_then_rescales_and_removes(tmp_path: Path)
         assert dep["functionStatus"] == "ACTIVE"
         spec = dep["deploymentSpecifications"][0]
         assert spec["placement"]["runningInstances"] == 2
-        table = ok(await cli("deploy", "get", fid, vid, *conn, env=env))
+        table = ok(await cli("deploy", "get", fid, *conn, env=env))  # the function's only version
         assert re.search(
             rf"^{spec['gpuSpecificationId']}\s+H100\s+ON-PREM\.GPU\.H100_1x\s+2\s+2\s+1\s+any\s+2/2", table, re.M
         )
@@ -249,9 +249,7 @@ async def test_deploy_waits_for_active_then_rescales_and_removes(tmp_path: Path)
             rf"^  {spec['gpuSpecificationId']}: 2 instance\(s\) since .*scale to zero; minInstances keep 2$", why, re.M
         ), why
 
-        scaled = json.loads(
-            ok(await cli("deploy", "update", fid, vid, "--max-instances", "4", "--json", *conn, env=env))
-        )
+        scaled = json.loads(ok(await cli("deploy", "update", fid, "--max-instances", "4", "--json", *conn, env=env)))
         assert scaled["gpuSpecification"]["maxInstances"] == 4
         assert scaled["gpuSpecification"]["minInstances"] == 2
         refused = await cli("deploy", "update", fid, vid, "--min-instances", "5", *conn, env=env)
@@ -308,6 +306,27 @@ async def test_deploy_waits_for_active_then_rescales_and_removes(tmp_path: Path)
         again = await cli("deploy", "create", fid, vid, *H100, *conn, env=env)
         assert again.returncode == 1
         assert "HTTP 400: Function version is already deployed" in again.stderr
+        second = json.loads(
+            ok(
+                await cli(
+                    "function",
+                    "create",
+                    "--function-id",
+                    fid,
+                    "--input-file",
+                    _write(tmp_path),
+                    "--json",
+                    *conn,
+                    env=env,
+                )
+            )
+        )["function"]["versionId"]
+        which = await cli("deploy", "get", fid, *conn, env=env)  # two versions: the command cannot guess
+        assert which.returncode == 2
+        assert which.stderr.strip() == (
+            f"nvcf-mono: function {fid} has 2 versions; name one after the function id: "
+            + ", ".join(sorted([vid, second]))
+        )
 
         removed = ok(await cli("deploy", "remove", fid, vid, *conn, env=env))
         assert removed.strip() == f"removed the deployment of function {fid} version {vid}; status INACTIVE"

@@ -101,7 +101,8 @@ class RoutingTable:
         if not visible:
             if candidates and any(fv.nca_id == principal.account for fv in candidates):
                 raise ProblemError(403, "the API key does not grant access to this function")
-            raise ProblemError(404, f"function '{function_id}' not found")
+            pinned = "" if version_id is None else f" version '{version_id}'"
+            raise ProblemError(404, f"function '{function_id}'{pinned} not found")
         ready = [fv for fv in visible if fv.status in INVOCABLE]
         if ready:
             return random.choice(ready)

@@ -120,6 +120,8 @@ async def test_exec_wraps_the_functions_answer_and_refuses_bad_input(tmp_path: P
         no_asset = await p.key.post(url, {"requestBody": 1, "requestHeader": {"inputAssetReferences": [missing]}})
         assert no_asset.status == 404 and no_asset.detail == f"NotFound error: failed to find asset {missing}"
         assert (await p.key.post(f"/v2/nvcf/exec/functions/{uuid.uuid4()}", {"requestBody": 1})).status == 404
+        pinned = await p.key.post(f"{url}/versions/{missing}", {"requestBody": 1})  # a version it does not have
+        assert pinned.status == 404 and f"version '{missing}' not found" in pinned.detail
         assert (await p.anonymous.post(url, {"requestBody": 1})).status == 401
         assert (await p.task_key.post(url, {"requestBody": 1})).status == 403
 
