@@ -122,7 +122,15 @@ def main() -> None:
     ctx = CliContext(
         environ=dict(os.environ), stdout=sys.stdout, stderr=sys.stderr, run_host=run_host, run_worker=run_worker
     )
-    sys.exit(cli_main(sys.argv[1:], ctx))
+    try:
+        code = cli_main(sys.argv[1:], ctx)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader stopped reading (`| head`): not the command's fault, and no traceback. What is
+        # still buffered has nowhere to go; stdout goes to /dev/null so the exit flush is silent too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 128 + signal.SIGPIPE
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ In-process (``cli.main``), but for the console script itself, run as users run i
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -42,6 +43,21 @@ def test_the_console_script_reads_argv_and_the_environment(tmp_path: Path) -> No
     assert listed.returncode == 0
     assert re.search(r"^ +invoke +invoke a function and print its response$", listed.stdout, re.M), listed.stdout
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.e2e
+def test_a_reader_that_stops_early_gets_no_traceback() -> None:
+    """``nvcf-mono config reference | true``: the reader is gone before the command prints."""
+    script = Path(sys.executable).parent / "nvcf-mono"
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with subprocess.Popen(
+        [str(script), "config", "reference"], stdout=write_end, stderr=subprocess.PIPE, env=cli_env(), cwd=ROOT
+    ) as proc:
+        os.close(write_end)
+        _, stderr = proc.communicate(timeout=60)
+    assert stderr.decode() == ""
+    assert proc.returncode == 141  # as a process a SIGPIPE stopped: `set -o pipefail` still sees it
 
 
 @pytest.mark.parametrize(
