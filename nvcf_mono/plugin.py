@@ -98,6 +98,9 @@ class Route:
     path: str
     handler: Callable[[web.Request], Any]
     name: str | None = None
+    #: A GET route answers HEAD too (RFC 9110 asks it of every server); off for a GET that changes
+    #: something (a result handed out once), where a HEAD would lose what it fetched.
+    head: bool = True
 
 
 #: Sees each HTTP response just before its head is sent (:meth:`SetupContext.add_response_hook`).
@@ -158,12 +161,20 @@ class SetupContext:
         return self._sections[key]
 
     def add_route(
-        self, method: str, path: str, handler: Callable[[web.Request], Any], *, name: str | None = None
+        self,
+        method: str,
+        path: str,
+        handler: Callable[[web.Request], Any],
+        *,
+        name: str | None = None,
+        head: bool = True,
     ) -> None:
-        """Serve ``method path``; until this plugin is running the route answers 503."""
+        """Serve ``method path`` (a GET also for HEAD unless ``head`` is false); until this plugin is
+        running the route answers 503.
+        """
         self._contrib.check_open()
         self._contrib.routes.append(
-            Route(owner=self.name, method=method.upper(), path=path, handler=handler, name=name)
+            Route(owner=self.name, method=method.upper(), path=path, handler=handler, name=name, head=head)
         )
 
     def add_routes(self, routes: Iterable[web.RouteDef | web.AbstractRouteDef]) -> None:

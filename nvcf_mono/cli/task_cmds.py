@@ -340,7 +340,7 @@ def _wait(client: ApiClient, ctx: CliContext, task_id: str, timeout: float) -> d
 def _task_table(ctx: CliContext, tasks: list[dict[str, Any]]) -> None:
     table(
         ctx,
-        ("TASK ID", "NAME", "STATUS", "PROGRESS", "GPU", "CREATED"),
+        ("TASK ID", "NAME", "STATUS", "PROGRESS", "INSTANCE TYPE", "CREATED"),
         (
             (
                 t.get("id"),

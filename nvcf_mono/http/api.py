@@ -100,6 +100,8 @@ class Operation:
     twin: bool = False
     deprecated: bool = False
     description: str = ""
+    #: HEAD is answered as GET is; false for a GET that hands something out once.
+    head: bool = True
 
     @property
     def operation_id(self) -> str:
@@ -355,7 +357,7 @@ class ApiRouter:
     def install(self, ctx: SetupContext, extension_point: ExtensionPoint[Operation] = API_OPERATIONS) -> None:
         """Add every operation as a route of the plugin, and to the OpenAPI document."""
         for op in self._expand():
-            ctx.add_route(op.method, op.path, self._handler(op), name=None)
+            ctx.add_route(op.method, op.path, self._handler(op), name=None, head=op.head)
             ctx.extend(extension_point, op)
 
     def _expand(self) -> Iterator[Operation]:

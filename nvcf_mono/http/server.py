@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, final
 
 import anyio
+import attrs
 from aiohttp import web
 
 from nvcf_mono.bus.errors import BusError, BusUnavailable, InvalidKey, RequestTimeout, StoreFull
@@ -117,10 +118,9 @@ class HttpServer:
 
             self.app.on_response_prepare.append(on_prepare)
         seen: dict[tuple[str, str], str] = {}
-        for method, path, handler in host_routes:
-            seen[(method, path)] = "host"
-            self.app.router.add_route(method, path, handler)
-        for route in contributions.routes:
+        routes = [Route(owner="host", method=m, path=path, handler=handler) for m, path, handler in host_routes]
+        routes += [attrs.evolve(route, handler=_gate(route, is_running)) for route in contributions.routes]
+        for route in routes:
             key = (route.method, route.path)
             if key in seen:
                 raise HttpServerError(
@@ -128,11 +128,16 @@ class HttpServer:
                 )
             seen[key] = route.owner
             try:
-                self.app.router.add_route(route.method, route.path, _gate(route, is_running), name=route.name)
+                self.app.router.add_route(route.method, route.path, route.handler, name=route.name)
             except (ValueError, RuntimeError) as err:
                 raise HttpServerError(
                     f"plugin {route.owner!r}: cannot serve {route.method} {route.path}: {err}"
                 ) from err
+        explicit = {path for method, path in seen if method == "HEAD"}
+        for route in routes:
+            if route.method == "GET" and route.head and route.path not in explicit:
+                # aiohttp sends the head of the GET's answer without its body.
+                self.app.router.add_route("HEAD", route.path, route.handler)
         self._runner: ProblemAppRunner | None = None
         self._site: web.TCPSite | None = None
         self.port = 0

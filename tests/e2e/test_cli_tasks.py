@@ -80,7 +80,7 @@ async def test_task_commands(tmp_path: Path) -> None:
 
         listed = ok(await cli("task", "list", *conn, env=env))
         header, *rows = listed.splitlines()
-        assert header.split() == ["TASK", "ID", "NAME", "STATUS", "PROGRESS", "GPU", "CREATED"]
+        assert header.split() == ["TASK", "ID", "NAME", "STATUS", "PROGRESS", "INSTANCE", "TYPE", "CREATED"]
         assert [row.split()[0] for row in rows] == [task_id, second]
         paged = await cli("task", "list", "--limit", "1", *conn, env=env)
         assert [row.split()[0] for row in ok(paged).splitlines()[1:]] == [task_id]

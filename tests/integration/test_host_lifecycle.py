@@ -60,6 +60,12 @@ async def test_ready_host_serves_health_readiness_metrics_and_plugin_routes(
             async with http.get(f"{base}/recorder") as resp:
                 assert resp.status == 200
                 assert await resp.json() == {"hello": "recorder"}
+                length = resp.headers["Content-Length"]
+            async with http.head(f"{base}/recorder") as resp:  # every GET answers HEAD: its head, no body
+                assert resp.status == 200 and resp.headers["Content-Length"] == length
+                assert resp.content_type == "application/json" and await resp.read() == b""
+            async with http.head(f"{base}/metrics") as resp:
+                assert resp.status == 200
             async with http.get(f"{base}/metrics") as resp:
                 text = await resp.text()
                 assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
@@ -90,7 +96,7 @@ async def test_errors_are_problem_json_and_hide_internals(tmp_path: Path, nats_s
                 }
             async with http.post(f"{base}/recorder") as resp:
                 assert resp.status == 405
-                assert resp.headers["Allow"] == "GET"
+                assert resp.headers["Allow"] == "GET,HEAD"
                 assert (await resp.json())["detail"] == "method POST is not allowed on /recorder"
             async with http.get(f"{base}/recorder/crash") as resp:
                 assert resp.status == 500

@@ -206,6 +206,7 @@ async def exec_function_version(late: Late[Invoker], call: Call[ExecRequest]) ->
     "GET",
     "/v2/nvcf/exec/status/{requestId}",
     summary="Poll an exec request that answered 202: its wrapped result (once), 202 while it runs.",
+    head=False,  # a HEAD would take the result and drop it
     tag=TAG,
     scopes=(S.INVOKE_FUNCTION,),
     response=ExecResponse,

@@ -452,6 +452,7 @@ async def invoke_function_version(late: Late[Invoker], call: Call[None]) -> web.
     "GET",
     "/v2/nvcf/pexec/status/{requestId}",
     summary="Poll a request that answered 202: its result (once), 202 while it runs, 404 when unknown.",
+    head=False,  # a HEAD would take the result and drop it
     tag=TAG,
     scopes=(S.INVOKE_FUNCTION,),
     raw_response="*/*",

@@ -209,7 +209,10 @@ async def test_host_routing_passes_method_path_query_and_body_through(tmp_path: 
             "/echo-request/slow", {"answer": {"delay": 2.5, "body": "late"}}, headers={**host, "NVCF-POLL-SECONDS": "1"}
         )
         assert slow.status == 202 and slow.headers["NVCF-REQID"]
-        late = await until_done(p.key, f"/v2/nvcf/pexec/status/{slow.headers['NVCF-REQID']}")
+        status_url = f"/v2/nvcf/pexec/status/{slow.headers['NVCF-REQID']}"
+        peek = await p.key.call("HEAD", status_url)  # would hand the result out and drop it: not served
+        assert peek.status == 405 and peek.headers["Allow"] == "GET"
+        late = await until_done(p.key, status_url)
         assert late.status == 200 and late.body == b"late"
 
         # Auth as pexec, errors as problem+json.
