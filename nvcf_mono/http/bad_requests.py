@@ -26,6 +26,18 @@ _KINDS: tuple[tuple[type[BaseException], str], ...] = (
 _TOO_MANY_HEADERS = "Too many headers received"
 
 
+def unreadable_body(err: web.RequestPayloadError) -> str:
+    """A detail for a body that could not be read to its end, by what was wrong with it."""
+    cause = err.__cause__
+    if isinstance(cause, http_exceptions.ContentEncodingError):
+        return "the request body is not valid data of its Content-Encoding"
+    if isinstance(cause, http_exceptions.TransferEncodingError):
+        return "the request body's chunked framing is malformed"
+    if isinstance(cause, http_exceptions.ContentLengthError):
+        return "the request body ended before its Content-Length"
+    return "the request body could not be read to its end"
+
+
 def describe(exc: BaseException | None) -> str:
     """A detail for a request that could not be parsed, naming the kind of fault and none of its bytes."""
     if isinstance(exc, http_exceptions.BadHttpMessage) and exc.message == _TOO_MANY_HEADERS:
@@ -42,6 +54,14 @@ class ProblemRequestHandler(web.RequestHandler):
 
     __slots__ = ()
 
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        # After the answer, aiohttp reads what is left of the body to keep the connection; a body that
+        # cannot be read (the fault the answer already named) only closes the connection.
+        if isinstance(kw.get("exc_info"), web.RequestPayloadError):
+            self.logger.debug("connection closed after an unreadable request body")
+            return
+        super().log_exception(*args, **kw)
+
     def handle_error(
         self,
         request: web.BaseRequest,
@@ -57,6 +77,9 @@ class ProblemRequestHandler(web.RequestHandler):
             # not the request's bytes).
             self.logger.error("unanswered request (%d): %s", status, type(exc).__name__, exc_info=exc)
             detail = "internal error; the server log has the details" if status == 500 else "the server timed out"
+        elif isinstance(exc, http_exceptions.ContentEncodingError):
+            # Raised as the body begins: a coding this server has no decoder for (br, zstd).
+            status, detail = 415, "the request's Content-Encoding is not supported: send gzip, deflate or no coding"
         else:
             detail = describe(exc)
             self.logger.debug("unparseable request from %s: %s", request.remote, type(exc).__name__)

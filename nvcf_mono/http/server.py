@@ -17,7 +17,7 @@ from aiohttp import web
 from nvcf_mono.bus.errors import BusError, BusUnavailable, InvalidKey, RequestTimeout, StoreFull
 from nvcf_mono.config.model import HttpSettings
 from nvcf_mono.errors import NvcfMonoError
-from nvcf_mono.http.bad_requests import ProblemAppRunner
+from nvcf_mono.http.bad_requests import ProblemAppRunner, unreadable_body
 from nvcf_mono.http.problem import ProblemError, problem_response
 from nvcf_mono.late import NotReady
 from nvcf_mono.lifecycle import HTTP_REQUEST, InflightTracker
@@ -167,6 +167,9 @@ class HttpServer:
                     detail = f"request body exceeds the limit of {self._settings.max_request_body} bytes"
                 headers = {k: v for k, v in err.headers.items() if k.lower() in ("allow", "retry-after")}
                 response = problem_response(err.status, detail, instance=request.path, headers=headers)
+            except web.RequestPayloadError as err:
+                response = problem_response(400, unreadable_body(err), instance=request.path)
+                response.force_close()  # the rest of the body cannot be read past: the connection ends
             except NotReady as err:
                 response = problem_response(503, str(err), instance=request.path, headers={"Retry-After": "1"})
             except InvalidKey as err:

@@ -36,6 +36,20 @@ DROPPED = frozenset(
         "NVCF-POLL-SECONDS",
     )
 )  # fmt: skip
+#: Content codings the HTTP server decodes as it reads a request body (aiohttp's): the body that
+#: goes on is decoded, so such a ``Content-Encoding`` must not go with it. Any other coding is left
+#: to the function, with its body as it came.
+DECODED_CODINGS = frozenset({"gzip", "deflate", "br", "zstd"})
+
+
+def forwarded_headers(headers: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The caller's headers the function gets (every value of a repeated one)."""
+    coding = headers.get("Content-Encoding", "")
+    decoded = coding.isascii() and coding.lower() in DECODED_CODINGS
+    items = headers.items()
+    return [(k, v) for k, v in items if k.lower() not in DROPPED and not (decoded and k.lower() == "content-encoding")]
+
+
 #: Response headers the node sets itself.
 OWN_RESPONSE = frozenset(
     {"content-length", "transfer-encoding", "connection", "keep-alive", "nvcf-reqid", "nvcf-status"}

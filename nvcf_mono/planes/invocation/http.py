@@ -33,9 +33,9 @@ from nvcf_mono.log import bind, unbind
 from nvcf_mono.models.common import new_id
 from nvcf_mono.models.function import FunctionVersion
 from nvcf_mono.planes.invocation.answers import (
-    DROPPED,
     POLL,
     ReplyWriter,
+    forwarded_headers,
     problem,
     wants_stream,
 )
@@ -251,7 +251,7 @@ class Invoker:
             staged = await stage(self.dispatcher, self.dispatcher.inline_limit, request_id, body)
         pending = self.router.register(request_id, fv.version_id)
         enqueue = tracing.start("enqueue", parent=span, kind="producer")
-        forwarded: Iterable[tuple[str, str]] = [(k, v) for k, v in headers.items() if k.lower() not in DROPPED]
+        forwarded: Iterable[tuple[str, str]] = forwarded_headers(headers)
         if enqueue is not None:
             forwarded = tracing.replace_context(forwarded, enqueue)  # the worker's spans follow this one
         req = new_request(

@@ -7,11 +7,13 @@ got (``/echo-request``), or with the exact answer its JSON body asks for.
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import logging
 import re
 import uuid
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -576,3 +578,38 @@ def test_asset_references_are_parsed_as_nvcf_does() -> None:
     with pytest.raises(ProblemError) as bad:
         parse_references([f"{a},nope"])
     assert bad.value.status == 400 and "NVCF-INPUT-ASSET-REFERENCES" in bad.value.detail
+
+
+@pytest.mark.slow
+async def test_a_compressed_body_reaches_the_function_decoded_and_a_broken_one_is_refused(tmp_path: Path) -> None:
+    async with platform(tmp_path) as p, launching_agent(p, tmp_path / "instances"):
+        fid, _ = await deployed(p.admin, MIRROR)
+        url = f"/v2/nvcf/pexec/functions/{fid}"
+        doc = b'{"hello": "compressed"}'
+        json_type = {"Content-Type": "application/json"}
+        for coding, packed in (
+            ("gzip", gzip.compress(doc)),
+            ("deflate", zlib.compress(doc)),
+            ("GZIP", gzip.compress(doc)),
+        ):
+            # The server decoded it as it read it: the function gets the body, without the coding.
+            seen = await p.key.post(url, data=packed, headers={**json_type, "Content-Encoding": coding})
+            assert seen.status == 200, seen.body
+            assert seen.json["body"] == doc.decode()
+            assert "content-encoding" not in {k.lower() for k in seen.json["headers"]}, seen.json["headers"]
+        # A coding the server does not decode is the function's to read, as it came.
+        raw = await p.key.post(url, data=b"LZW bytes", headers={**json_type, "Content-Encoding": "compress"})
+        assert raw.status == 200 and raw.json["body"] == "LZW bytes"
+        assert {k.lower(): v for k, v in raw.json["headers"].items()}["content-encoding"] == "compress"
+
+        broken = await p.key.post(url, data=b"not gzip at all", headers={**json_type, "Content-Encoding": "gzip"})
+        assert broken.status == 400 and broken.detail == "the request body is not valid data of its Content-Encoding"
+        unsupported = await p.key.post(url, data=doc, headers={**json_type, "Content-Encoding": "br"})
+        assert unsupported.status == 415 and "Content-Encoding is not supported" in unsupported.detail
+        wrapped = await p.key.post(
+            f"/v2/nvcf/exec/functions/{fid}",
+            data=gzip.compress(b'{"requestBody": {"n": 1}}'),
+            headers={**json_type, "Content-Encoding": "gzip"},
+        )
+        assert wrapped.status == 200 and json.loads(wrapped.json["response"]["body"]) == {"n": 1}
+        assert (await p.key.post(url, {"after": "all that"})).status == 200  # the node serves on

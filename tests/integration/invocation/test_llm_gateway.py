@@ -6,6 +6,7 @@ compute plane on the local backend, reached through the durable invocation path.
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from collections.abc import AsyncIterator
@@ -239,6 +240,16 @@ async def test_bad_bodies_get_openai_errors_without_reaching_a_function(tmp_path
 
         async with p.key.session.post(url, data=pieces(), headers=headers) as resp:
             assert resp.status == 404 and "some-model" in (await resp.json())["error"]["message"]
+        zipped = {**headers, "Content-Encoding": "gzip"}
+        async with p.key.session.post(url, data=gzip.compress(b'{"model": "zipped-model"}'), headers=zipped) as resp:
+            assert resp.status == 404 and "zipped-model" in (await resp.json())["error"]["message"]  # read decoded
+        async with p.key.session.post(url, data=b"not gzip", headers=zipped) as resp:
+            doc = await resp.json()
+            assert (
+                resp.status == 400
+                and doc["error"]["message"] == "the request body is not valid data of its Content-Encoding"
+            )
+            assert resp.headers["Connection"] == "close"
         bad_id = {**headers, "X-NVCF-Function-ID": "not an id"}
         async with p.key.session.post(url, json={"model": "m"}, headers=bad_id) as resp:
             assert resp.status == 400 and "not a valid id" in (await resp.json())["error"]["message"]
@@ -257,7 +268,7 @@ async def test_bad_bodies_get_openai_errors_without_reaching_a_function(tmp_path
                 doc = await resp.json()
                 assert resp.status == status and doc["error"]["code"] is None, (path, doc)
                 assert path in doc["error"]["message"] and resp.headers["X-Request-ID"]
-                assert status == 404 or resp.headers["Allow"] in ("GET", "POST")
+                assert status == 404 or resp.headers["Allow"] in ("GET,HEAD", "POST")
         for path in ("/v1/chatty", "/v1/nvct/no-such-thing"):
             async with p.key.session.get(f"{p.key.base}{path}", headers=headers) as resp:
                 assert resp.status == 404 and resp.content_type == "application/problem+json", path

@@ -24,6 +24,7 @@ from nvcf_mono.auth import scopes as S
 from nvcf_mono.auth.principal import AuthError, Principal
 from nvcf_mono.auth.strategy import Authenticator
 from nvcf_mono.contracts.frames import COMPATIBILITY_OFF
+from nvcf_mono.http.bad_requests import unreadable_body
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late, NotReady
 from nvcf_mono.metrics import Metrics
@@ -162,10 +163,14 @@ class Gateway:
         if request.content_length is not None and request.content_length > limit:
             raise GatewayError(413, f"the request body exceeds {limit} bytes")
         raw = bytearray()
-        async for chunk in request.content.iter_any():  # read() may stop at any piece; this reads to the end
-            raw += chunk
-            if len(raw) > limit:
-                raise GatewayError(413, f"the request body exceeds {limit} bytes")
+        try:
+            async for chunk in request.content.iter_any():  # read() may stop at any piece; this reads to the end
+                raw += chunk
+                if len(raw) > limit:
+                    raise GatewayError(413, f"the request body exceeds {limit} bytes")
+        except web.RequestPayloadError as err:
+            # The rest of the body cannot be read past: the client must not send more on this connection.
+            raise GatewayError(400, unreadable_body(err), headers={"Connection": "close"}) from None
         try:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError as err:
