@@ -265,11 +265,7 @@ class ReplyWriter:
         buffered: bool = False,
     ) -> web.StreamResponse:
         """A stored result as the response: headers and status as kept, the body inline or streamed."""
-        headers = _passed_on(result.headers)
-        headers[REQID] = result.request_id
-        headers[STATUS] = nvcf_status(result.status)
-        if result.percent is not None:
-            headers[PERCENT] = str(result.percent)
+        headers = _result_headers(result)
         if not isinstance(body, bytes) and buffered:
             if result.body_size > BUFFER_LIMIT:
                 raise ProblemError(
@@ -285,6 +281,22 @@ class ReplyWriter:
             await response.write(chunk)
         await response.write_eof()
         return response
+
+
+def head_of(result: StoredResult) -> web.StreamResponse:
+    """What :meth:`ReplyWriter.render_result` would answer, without its body (a HEAD)."""
+    headers = _result_headers(result)
+    headers["Content-Length"] = str(result.body_size)
+    return web.Response(status=result.status, headers=headers)
+
+
+def _result_headers(result: StoredResult) -> CIMultiDict[str]:
+    headers = _passed_on(result.headers)
+    headers[REQID] = result.request_id
+    headers[STATUS] = nvcf_status(result.status)
+    if result.percent is not None:
+        headers[PERCENT] = str(result.percent)
+    return headers
 
 
 def _passed_on(given: Iterable[tuple[str, str]]) -> CIMultiDict[str]:

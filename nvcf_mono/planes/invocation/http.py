@@ -452,7 +452,6 @@ async def invoke_function_version(late: Late[Invoker], call: Call[None]) -> web.
     "GET",
     "/v2/nvcf/pexec/status/{requestId}",
     summary="Poll a request that answered 202: its result (once), 202 while it runs, 404 when unknown.",
-    head=False,  # a HEAD would take the result and drop it
     tag=TAG,
     scopes=(S.INVOKE_FUNCTION,),
     raw_response="*/*",
@@ -462,6 +461,19 @@ async def invoke_function_version(late: Late[Invoker], call: Call[None]) -> web.
 )
 async def get_request_status(late: Late[Invoker], call: Call[None]) -> web.StreamResponse:
     return await late.get().waiting.poll(call.request, call.principal, call.path("requestId"))
+
+
+@routes.route(
+    "HEAD",
+    "/v2/nvcf/pexec/status/{requestId}",
+    summary="Whether a request's result is ready, without fetching it: the GET's status and headers now.",
+    tag=TAG,
+    scopes=(S.INVOKE_FUNCTION,),
+    passthrough=True,
+    errors=(404,),
+)
+async def peek_request_status(late: Late[Invoker], call: Call[None]) -> web.StreamResponse:
+    return await late.get().waiting.peek(call.principal, call.path("requestId"))
 
 
 @routes.route(

@@ -174,6 +174,11 @@ class ResultStore:
         body = json.dumps(problem_body(status, detail)).encode()
         await self.store(request_id, status, (("Content-Type", PROBLEM_CONTENT_TYPE),), body)
 
+    async def peek(self, request_id: str) -> StoredResult | None:
+        """The stored result, left where it is (None while there is none)."""
+        found = await self.results.get(request_id)
+        return None if found is None else found.value
+
     async def take(self, request_id: str) -> tuple[StoredResult, bytes | AsyncIterator[bytes]] | None:
         """The stored result, removed so the next poll says 404 (None while there is none)."""
         found = await self.results.get(request_id)

@@ -23,6 +23,7 @@ from nvcf_mono.planes.invocation.answers import (
     STATUS,
     WAIT_REASON,
     ReplyWriter,
+    head_of,
     unknown_request,
 )
 from nvcf_mono.planes.invocation.config import InvocationConfig
@@ -99,22 +100,39 @@ class Waiting:
     ) -> web.StreamResponse:
         """A status poll: the result (once), 202 while the request runs, 404 when unknown or fetched."""
         poll = poll_seconds(self.config, request.headers, streaming=False)
-        record = await self.results.record(request_id)
+        record = await self._record(principal, request_id)
         if record is None:
             taken = await self.results.take(request_id)
             if taken is None:
                 raise ProblemError(404, unknown_request(request_id))
             return await self.writer.render_result(request, *taken, buffered=buffered)
-        if record.nca_id != principal.account:
-            fv = self.routing.version(record.function_id, record.function_version_id)
-            if fv is None or not self.routing.may_invoke(principal, fv):
-                raise ProblemError(404, unknown_request(request_id))
         if not await self.results.wait(request_id, poll):
             return web.Response(status=202, headers=await self.wait_headers(request_id, record.function_version_id))
         taken = await self.results.take(request_id)
         if taken is None:
             raise ProblemError(404, unknown_request(request_id))
         return await self.writer.render_result(request, *taken, buffered=buffered)
+
+    async def peek(self, principal: Principal, request_id: str) -> web.StreamResponse:
+        """A status poll's head, now: the result's status and headers (the result left for a GET), 202
+        while the request runs, 404 when unknown or fetched.
+        """
+        record = await self._record(principal, request_id)
+        result = await self.results.peek(request_id)
+        if result is not None:
+            return head_of(result)
+        if record is None:
+            raise ProblemError(404, unknown_request(request_id))
+        return web.Response(status=202, headers=await self.wait_headers(request_id, record.function_version_id))
+
+    async def _record(self, principal: Principal, request_id: str) -> RequestRecord | None:
+        """The request's record; 404 when it is another account's that the caller may not invoke."""
+        record = await self.results.record(request_id)
+        if record is not None and record.nca_id != principal.account:
+            fv = self.routing.version(record.function_id, record.function_version_id)
+            if fv is None or not self.routing.may_invoke(principal, fv):
+                raise ProblemError(404, unknown_request(request_id))
+        return record
 
     async def replay(
         self, request: web.Request, claim: Claim, *, poll: int, buffered: bool

@@ -35,6 +35,7 @@ async def test_pages_on_any_origin_may_invoke_and_read_the_request_id(tmp_path: 
             (f"/v2/nvcf/pexec/functions/{fid}/versions/{vid}", "POST"),
             (f"/v2/nvcf/exec/functions/{fid}", "POST"),
             ("/v2/nvcf/pexec/status/00000000-0000-0000-0000-000000000000", "GET,HEAD"),
+            ("/v2/nvcf/exec/status/00000000-0000-0000-0000-000000000000", "GET"),
             ("/v2/nvcf/pexec/large-responses/00000000-0000-0000-0000-000000000000", "GET,HEAD"),
         ):
             asked = {

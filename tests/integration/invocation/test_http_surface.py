@@ -32,7 +32,15 @@ from nvcf_mono.planes.invocation.http import Timing
 from nvcf_mono.planes.invocation.input_assets import parse_references
 from nvcf_mono.planes.invocation.plugin import InvocationPlane
 from nvcf_mono.testing.platform import Api, Reply, wait_for
-from nvcf_mono.testing.running import ECHO_FUNCTION, Platform, agent, deployed, launching_agent, platform
+from nvcf_mono.testing.running import (
+    ECHO_FUNCTION,
+    Platform,
+    agent,
+    deployed,
+    launching_agent,
+    other_account_key,
+    platform,
+)
 
 MIRROR = {**ECHO_FUNCTION, "name": "mirror", "inferenceUrl": "/echo-request"}
 PROBLEM = "application/problem+json"
@@ -212,10 +220,22 @@ async def test_host_routing_passes_method_path_query_and_body_through(tmp_path: 
         )
         assert slow.status == 202 and slow.headers["NVCF-REQID"]
         status_url = f"/v2/nvcf/pexec/status/{slow.headers['NVCF-REQID']}"
-        peek = await p.key.call("HEAD", status_url)  # would hand the result out and drop it: not served
-        assert peek.status == 405 and peek.headers["Allow"] == "GET"
-        late = await until_done(p.key, status_url)
+        running = await p.key.call("HEAD", status_url)  # a look at it, not a fetch
+        assert running.status == 202 and running.headers["NVCF-STATUS"] == "in-progress" and running.body == b""
+
+        async def ready() -> Reply | None:
+            head = await p.key.call("HEAD", status_url)
+            return head if head.status != 202 else None
+
+        done = await wait_for(ready, timeout=30, what="the result, by HEAD")
+        assert done.status == 200 and done.headers["NVCF-STATUS"] == "fulfilled" and done.body == b""
+        assert done.headers["Content-Length"] == "4" and done.headers["Content-Type"].startswith("text/plain")
+        assert (await p.key.call("HEAD", status_url)).status == 200  # still there: a HEAD takes nothing
+        stranger = p.api(await other_account_key(p, "stranger"))
+        assert (await stranger.call("HEAD", status_url)).status == 404  # nor shows it to another account
+        late = await p.key.get(status_url)
         assert late.status == 200 and late.body == b"late"
+        assert (await p.key.call("HEAD", status_url)).status == 404  # fetched: gone
 
         # Auth as pexec, errors as problem+json.
         for reply, status in (
