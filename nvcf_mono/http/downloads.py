@@ -32,6 +32,9 @@ async def stream_object(
         async with opened as reader:
             response.content_length = reader.info.size
             await response.prepare(request)
+            if request.method == "HEAD":  # its head is the answer: nothing of the object is read
+                await response.write_eof()
+                return response
             try:
                 async for chunk in reader:
                     await response.write(chunk)

@@ -431,7 +431,11 @@ async def test_results_are_listed_and_their_content_downloaded(tmp_path: Path) -
         assert got.status == 200 and got.body == content
         assert got.headers["Content-Type"] == "application/octet-stream"
         assert got.headers["Content-Disposition"] == 'attachment; filename="model.bin"'
+        head = await p.task_key.call("HEAD", f"{url}/{first}/content")  # the download's head, nothing read
+        assert head.status == 200 and head.body == b"" and head.headers["Content-Length"] == str(len(content))
+        assert head.headers["Content-Disposition"] == got.headers["Content-Disposition"]
         assert_problem(await p.task_key.get(f"{url}/{second}/content"), 404, "no stored content")
+        assert (await p.task_key.call("HEAD", f"{url}/{second}/content")).status == 404
         assert_problem(await p.task_key.get(f"{url}/{new_id()}/content"), 404, "not found")
         assert_problem(await p.task_key.get(f"{url}/a.b/content"), 404, "not found")
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from nvcf_mono.auth import scopes as S
-from nvcf_mono.bus.errors import BusError, NotFound
 from nvcf_mono.contracts import buckets
 from nvcf_mono.http.api import Call, Param, Routes
-from nvcf_mono.http.problem import ProblemError
+from nvcf_mono.http.downloads import stream_object
 from nvcf_mono.models.common import max_items
 from nvcf_mono.models.secret import SecretsRequest
 from nvcf_mono.models.task import CreateTaskRequest, Task, TaskResult
@@ -216,32 +215,14 @@ async def download_task_result(ctl: Control, call: Call[None]) -> web.StreamResp
 async def stream_result(ctl: Control, call: Call[None], result: TaskResult) -> web.StreamResponse:
     objects = ctl.bus.objects(buckets.TASK_RESULT_CONTENT.name)
     name = result.object_name or buckets.task_result_object(result.task_id, result.result_id)
-    response = web.StreamResponse(status=200)
-    try:
-        async with objects.open(name) as reader:
-            response.content_type = "application/octet-stream"
-            response.content_length = reader.info.size
-            response.headers["Content-Disposition"] = attachment(result.name)
-            await response.prepare(call.request)
-            try:
-                async for chunk in reader:
-                    await response.write(chunk)
-            except BusError as err:
-                # Headers are out: the short body (under Content-Length) tells the client it failed.
-                ctl.log.warning("download of result %s of task %s broke off: %s", result.result_id, result.task_id, err)
-                if call.request.transport is not None:
-                    call.request.transport.close()
-                return response
-            except ConnectionError:
-                return response  # the client went away
-    except NotFound:
-        raise ProblemError(
-            404, f"Result '{result.result_id}' of task '{result.task_id}' has no stored content"
-        ) from None
-    except BusError as err:
-        raise ProblemError(503, f"the result cannot be read now: {err}", headers={"Retry-After": "1"}) from err
-    await response.write_eof()
-    return response
+    return await stream_object(
+        call.request,
+        objects.open(name),
+        headers={"Content-Type": "application/octet-stream", "Content-Disposition": attachment(result.name)},
+        missing=f"Result '{result.result_id}' of task '{result.task_id}' has no stored content",
+        what=f"result {result.result_id} of task {result.task_id}",
+        log=ctl.log,
+    )
 
 
 @routes.route(
