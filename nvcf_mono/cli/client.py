@@ -194,27 +194,18 @@ class ApiClient:
             headers={"Authorization": f"Bearer {cred.value}", "User-Agent": f"nvcf-mono-cli/{__version__}"},
             method="GET",
         )
-        partial = dest.with_name(f".{dest.name}.partial")
-        received = 0
+        return self.fetch_into(request, dest, what=path)
+
+    def fetch_into(self, request: urllib.request.Request, dest: Path, *, what: str) -> int:
+        """The answer to ``request`` into the file ``dest``; its size. An error status is the API's error."""
         try:
             # The client's own opener: its proxies, and never a redirect that would carry the bearer elsewhere.
-            with self._opener.open(request, timeout=self.timeout) as resp, partial.open("wb") as out:
-                expected = resp.headers.get("Content-Length")
-                while chunk := resp.read(DOWNLOAD_CHUNK):
-                    out.write(chunk)
-                    received += len(chunk)
-            if expected is not None and received != int(expected):
-                raise CliError(f"download of {path} was cut short after {received} of {expected} bytes; try again", 1)
-            os.replace(partial, dest)
+            with self._opener.open(request, timeout=self.timeout) as resp:
+                return save_body(resp, dest, what=what)
         except urllib.error.HTTPError as err:
-            raise self._http_error(err, cred, False) from None
+            raise self._http_error(err, self.credential(), False) from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
-            raise CliError(f"download of {path} from {self.api_url} failed: {err}", 1) from None
-        except OSError as err:
-            raise CliError(f"cannot write {dest}: {err.strerror or err}", 1) from None
-        finally:
-            partial.unlink(missing_ok=True)
-        return received
+            raise CliError(f"download of {what} failed: {err}", 1) from None
 
     def _unreachable(self, reason: object, timeout: float) -> CliError:
         where = f"the API at {self.api_url} (from {self.url_origin})"
@@ -254,6 +245,31 @@ class ApiClient:
                 "scope: pass --token or set NVCF_TOKEN."
             )
         return CliError("\n".join(lines), 1)
+
+
+def save_body(resp: Any, dest: Path, *, what: str) -> int:
+    """An HTTP answer's body into the file ``dest``, written whole or not at all; its size.
+
+    Short of its ``Content-Length`` (the connection broke) it is an error, and ``dest`` is left as it was.
+    """
+    partial = dest.with_name(f".{dest.name}.partial")
+    received = 0
+    expected = resp.headers.get("Content-Length")
+    try:
+        with partial.open("wb") as out:
+            while chunk := resp.read(DOWNLOAD_CHUNK):
+                out.write(chunk)
+                received += len(chunk)
+        if expected is not None and received != int(expected):
+            raise CliError(f"download of {what} was cut short after {received} of {expected} bytes; try again", 1)
+        os.replace(partial, dest)
+    except (TimeoutError, ConnectionError) as err:
+        raise CliError(f"download of {what} failed after {received} bytes: {err}", 1) from None
+    except OSError as err:
+        raise CliError(f"cannot write {dest}: {err.strerror or err}", 1) from None
+    finally:
+        partial.unlink(missing_ok=True)
+    return received
 
 
 def _state_dir(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Path, str]:

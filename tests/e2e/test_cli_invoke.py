@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 import uuid
+import zipfile
 from pathlib import Path
 
 import anyio
@@ -79,6 +80,20 @@ async def test_invoke_prints_the_answer_follows_202s_and_streams(tmp_path: Path)
             fid, "--data", f"@{tmp_path / 'blob.bin'}", "-H", "Content-Type: application/x-blob", *conn, env=env
         )
         assert ok(raw) == blob
+        saved = await invoke(
+            fid, "--data", f"@{tmp_path / 'blob.bin'}", "-o", str(tmp_path / "out.bin"), *conn, env=env
+        )
+        assert ok(saved) == b"" and (tmp_path / "out.bin").read_bytes() == blob
+        assert f"saved {tmp_path / 'out.bin'} ({len(blob)} bytes)" in saved.stderr.decode()
+        # Too large to return directly (over 5 MiB): a 302 to its download, which -o follows (a zip).
+        large = {"message": "x" * 1000, "repeats": 6000}
+        zipped = await invoke(fid, "--data", json.dumps(large), "-o", str(tmp_path / "large.zip"), *conn, env=env)
+        ok(zipped)
+        with zipfile.ZipFile(tmp_path / "large.zip") as archive:
+            (member,) = archive.namelist()
+            assert json.loads(archive.read(member))["message"] == "x" * 6_000_000
+        both = await invoke(fid, "--data", "{}", "-o", str(tmp_path / "x"), "--json", *conn, env=env)
+        assert both.returncode == 2 and b"choose one" in both.stderr
 
         # Server-sent events are printed as they arrive, before the stream ends.
         events = {"message": "s", "repeats": 3, "delay": 1.5, "stream": True}
