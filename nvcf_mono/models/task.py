@@ -164,6 +164,8 @@ class Task(WireModel):
     events: int = 0
     #: True once the instance was asked to stop (cancel, a terminal state).
     terminating: bool = False
+    #: Bytes of result content stored for it (its account's results are held to a quota together).
+    result_bytes: int = 0
 
     @property
     def instance_gone(self) -> bool:

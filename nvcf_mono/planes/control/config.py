@@ -115,6 +115,12 @@ class TaskSettings:
     )
     max_results: int = setting(1000, doc="Results one task may store.", check=at_least(1))
     max_result_size: int = setting(5 * 1024**3, doc="Largest single result file uploaded, in bytes.", check=positive)
+    max_account_result_bytes: int = setting(
+        5 * 1024**3,
+        doc="The stored result content of all of one account's tasks together, in bytes (0: no limit but the "
+        "store's). A result that would pass it is refused until the account deletes finished tasks.",
+        check=at_least(0),
+    )
 
 
 @attrs.frozen(kw_only=True)

@@ -136,12 +136,42 @@ async def test_results_past_the_size_or_count_limit_are_refused_and_leave_nothin
         assert sorted(r["name"] for r in results) == ["result-0.txt", "result-1.txt"]
         stored = await p.bus.objects(buckets.TASK_RESULT_CONTENT.name).list()
         assert len(stored) == 2, stored  # nothing refused was kept, in whole or in part
-        (instance,) = task["instances"]
-        logs = await p.admin.get(f"/v2/nvcf/instances/{instance['instanceId']}/logs")
-        worker = {log["name"]: log["text"] for log in logs.json["logs"]}["worker"]
+        worker = await worker_log(p.admin, task)
         assert "result big.bin was refused" in worker and "may hold 1000 bytes" in worker, worker
         assert "result result-2.txt was refused" in worker and "the most one task may keep" in worker, worker
         assert worker.count("big.bin was refused") == 1  # not sent again and again
+
+
+async def worker_log(api: Api, task: dict[str, Any]) -> str:
+    (instance,) = task["instances"]
+    logs = await api.get(f"/v2/nvcf/instances/{instance['instanceId']}/logs")
+    return str({log["name"]: log["text"] for log in logs.json["logs"]}["worker"])
+
+
+@pytest.mark.slow
+async def test_an_accounts_tasks_together_are_held_to_its_result_quota(tmp_path: Path) -> None:
+    """One account's task results cannot take the room every account's uploads share."""
+    async with task_platform(tmp_path, **{"plugins.control.tasks.max_account_result_bytes": "3000"}) as (p, _):
+        first = await finished(p.admin, await launch(p.admin, task_body("first", "--steps 100 --big-result 2500")))
+        assert [r["name"] for r in (await p.admin.get(f"/v1/nvct/tasks/{first['id']}/results")).json["results"]] == [
+            "big.bin"
+        ]
+        # Another task of the account: 2,500 more would pass 3,000; a small result still fits.
+        second = await finished(
+            p.admin, await launch(p.admin, task_body("second", "--steps 100 --results 1 --big-result 2500"))
+        )
+        assert second["status"] == "COMPLETED", second
+        kept = (await p.admin.get(f"/v1/nvct/tasks/{second['id']}/results")).json["results"]
+        assert [r["name"] for r in kept] == ["result-0.txt"]
+        log = await worker_log(p.admin, second)
+        assert "result big.bin was refused" in log and "may keep 3000 bytes of results together" in log, log
+        assert len(await p.bus.objects(buckets.TASK_RESULT_CONTENT.name).list()) == 2  # nothing refused was kept
+        # Deleting the first task frees its share.
+        assert (await p.admin.delete(f"/v1/nvct/tasks/{first['id']}")).status == 204
+        third = await finished(p.admin, await launch(p.admin, task_body("third", "--steps 100 --big-result 2500")))
+        assert [r["name"] for r in (await p.admin.get(f"/v1/nvct/tasks/{third['id']}/results")).json["results"]] == [
+            "big.bin"
+        ]
 
 
 @pytest.mark.slow

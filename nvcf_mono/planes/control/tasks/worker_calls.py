@@ -126,10 +126,20 @@ class TaskWorkerCalls:
         """Before a result's content is stored: whether the task may add one, and how large."""
         task = await self._task(call.task_id)
         await self._check_count(task)
-        most = self._ctl.config.tasks.max_result_size
+        settings = self._ctl.config.tasks
+        most = settings.max_result_size
         reply = TaskRoomReply(max_bytes=most, why=f"a result file may hold {most} bytes")
+        quota = settings.max_account_result_bytes
+        if quota:
+            used = sum(t.result_bytes for t in self._ctl.store.tasks.values() if t.nca_id == task.nca_id)
+            if quota - used < reply.max_bytes:
+                reply = TaskRoomReply(
+                    max_bytes=max(0, quota - used),
+                    why=f"the account's tasks may keep {quota} bytes of results together and hold {used}; "
+                    "delete finished tasks whose results are no longer needed",
+                )
         room = await upload_room(self._ctl.bus, self._ctl.settings)
-        if room is not None and room < most:
+        if room is not None and room < reply.max_bytes:
             reply = TaskRoomReply(
                 max_bytes=room,
                 why="the platform's message store has no more room for results (the rest is kept for queued "
@@ -152,5 +162,13 @@ class TaskWorkerCalls:
             object_name=call.object_name,
         )
         await store.task_results.put(f"{task.id}.{result.result_id}", result)
+        if call.object_name is not None:  # its content is kept: it counts toward the account's quota
+
+            def counted(current: Task | None) -> Task:
+                if current is None:
+                    raise Unchanged
+                return evolve(current, result_bytes=current.result_bytes + call.size)
+
+            await store.tasks.mutate(task.id, counted)
         self._log.info("task %s: result %s (%d bytes)", task.id, call.name, call.size)
         return TaskResultReply(result_id=result.result_id)
