@@ -19,7 +19,8 @@ import pytest
 from nvcf_mono.auth.keystore import API_KEY_STORE
 from nvcf_mono.auth.scopes import TASK_KEY_SCOPES
 from nvcf_mono.bus.codec import TypedKV
-from nvcf_mono.contracts import buckets
+from nvcf_mono.contracts import buckets, rpc, subjects
+from nvcf_mono.contracts.messages import TaskRoomCall, TaskRoomReply
 from nvcf_mono.models.api_key import TASKS_SERVICE_ID, Authorizations, KeyResource, Policy, Product
 from nvcf_mono.models.common import new_id, now_iso
 from nvcf_mono.models.task import Task, TaskResult
@@ -444,6 +445,15 @@ async def test_results_are_listed_and_their_content_downloaded(tmp_path: Path) -
         none_url = f"{TASKS}/{metadata_only['id']}/results"
         assert [r["resultId"] for r in (await p.task_key.get(none_url)).json["results"]] == [none_id]
         assert_problem(await p.task_key.get(f"{none_url}/{none_id}/content"), 404, "resultHandlingStrategy is NONE")
+        # Content a worker sends anyway for such a task (one not to be trusted) finds no room at all.
+        room = await rpc.call(
+            p.bus, subjects.task_subject("room"), TaskRoomCall(task_id=metadata_only["id"]), TaskRoomReply, timeout=5
+        )
+        assert room.max_bytes == 0 and "NONE" in room.why
+        uploading = await rpc.call(
+            p.bus, subjects.task_subject("room"), TaskRoomCall(task_id=task["id"]), TaskRoomReply, timeout=5
+        )
+        assert uploading.max_bytes > 0
 
 
 async def test_tasks_belong_to_their_account(tmp_path: Path) -> None:

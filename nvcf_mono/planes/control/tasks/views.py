@@ -67,6 +67,7 @@ BOOKKEEPING = frozenset(
         "progress_metadata",
         "events",
         "terminating",
+        "result_bytes",
     }
 )
 _SHOWN = tuple(field.name for field in attrs.fields(TaskDto))

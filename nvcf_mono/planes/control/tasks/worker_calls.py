@@ -28,7 +28,7 @@ from nvcf_mono.contracts.messages import (
 )
 from nvcf_mono.contracts.rpc import RpcError
 from nvcf_mono.models.common import new_id, now_iso
-from nvcf_mono.models.task import TERMINAL, Task, TaskResult, TaskStatus
+from nvcf_mono.models.task import TERMINAL, ResultHandlingStrategy, Task, TaskResult, TaskStatus
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.tasks.lifecycle import transition
 from nvcf_mono.structure import evolve
@@ -126,6 +126,9 @@ class TaskWorkerCalls:
         """Before a result's content is stored: whether the task may add one, and how large."""
         task = await self._task(call.task_id)
         await self._check_count(task)
+        if task.result_handling_strategy is ResultHandlingStrategy.NONE:
+            # Its worker sends names and sizes only; content sent anyway (a worker not to be trusted) is refused.
+            return TaskRoomReply(max_bytes=0, why="the task's resultHandlingStrategy is NONE: no content is kept")
         settings = self._ctl.config.tasks
         most = settings.max_result_size
         reply = TaskRoomReply(max_bytes=most, why=f"a result file may hold {most} bytes")
