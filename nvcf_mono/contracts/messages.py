@@ -347,3 +347,5 @@ class TaskRoomReply(WireModel):
 
     max_bytes: int
     why: str
+    #: The limit is the store's room now, which frees as queued requests drain: worth trying again later.
+    passing: bool = False

@@ -40,6 +40,7 @@ def main() -> int:
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--secrets-result", action="store_true", help="write the secrets file's names as a result")
     parser.add_argument("--big-result", type=int, default=0, help="also write big.bin, of this many bytes")
+    parser.add_argument("--big-result-first", action="store_true", help="write big.bin before the first step")
     args = parser.parse_args()
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -52,12 +53,14 @@ def main() -> int:
         names = sorted(json.loads(Path(environ["SECRETS_FILE"]).read_text()))
         (results / "secret-names.json").write_text(json.dumps(names))
     time.sleep(args.sleep)
+    if args.big_result and args.big_result_first:
+        (results / "big.bin").write_bytes(b"x" * args.big_result)
     steps = [int(s) for s in args.steps.split(",") if s]
     for i, step in enumerate(steps):
         if step >= 100:  # results first: 100 completes the task
             for n in range(args.results):
                 (results / f"result-{n}.txt").write_text(f"result {n} of {environ.get('NVCT_TASK_ID')}\n")
-            if args.big_result:
+            if args.big_result and not args.big_result_first:
                 (results / "big.bin").write_bytes(b"x" * args.big_result)
         progress(progress_file, step, f"step {i + 1}")
         print(f"progress {step}", flush=True)

@@ -126,7 +126,7 @@ class TaskCalls:
             # Content follows (result handling UPLOAD); a name alone (NONE) stores nothing.
             object_name = buckets.task_result_object(task_id, new_id())
             pieces = _chain((first, second), stream if second is not None else None)
-            size = await self._store(task_id, name, object_name, pieces)
+            size = await self._store(task_id, name, object_name, pieces, declared=first.size)
         try:
             metadata = json.loads(first.metadata_json) if first.metadata_json else None
         except ValueError:
@@ -144,8 +144,15 @@ class TaskCalls:
             raise
         await stream.send_message(TaskResultAck(result_id=answer.result_id))
 
-    async def _store(self, task_id: str, name: str, object_name: str, pieces: AsyncIterable[TaskResultChunk]) -> int:
-        """Store a result's content, no larger than the control plane allows now; its size."""
+    async def _store(
+        self, task_id: str, name: str, object_name: str, pieces: AsyncIterable[TaskResultChunk], *, declared: int
+    ) -> int:
+        """Store a result's content, no larger than the control plane allows now; its size.
+
+        Refused with ``RESOURCE_EXHAUSTED`` past a limit that stays, ``UNAVAILABLE`` past the store's room
+        (it frees as queues drain: the worker tries again later). The worker's ``declared`` size refuses
+        it before any byte is stored; the bytes themselves are held to the limit whatever it declared.
+        """
         room: TaskRoomReply = await self._call("room", TaskRoomCall(task_id=task_id), TaskRoomReply)
 
         async def data() -> AsyncIterator[bytes]:
@@ -154,8 +161,11 @@ class TaskCalls:
                     yield chunk.data
 
         def refuse() -> GRPCError:
-            return GRPCError(Status.RESOURCE_EXHAUSTED, f"result {name!r} is too large: {room.why}")
+            status = Status.UNAVAILABLE if room.passing else Status.RESOURCE_EXHAUSTED
+            return GRPCError(status, f"result {name!r} is too large: {room.why}")
 
+        if declared > room.max_bytes:
+            raise refuse()
         objects = self._bus().objects(buckets.TASK_RESULT_CONTENT.name)
         try:
             info = await objects.put(object_name, held_to(data(), room.max_bytes, refuse))

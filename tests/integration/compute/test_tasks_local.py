@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
+from nvcf_mono.bus.upload_room import upload_room
 from nvcf_mono.contracts import buckets
 from nvcf_mono.testing.platform import Api, wait_for
 
@@ -145,7 +146,9 @@ async def test_results_past_the_size_or_count_limit_are_refused_and_leave_nothin
 async def worker_log(api: Api, task: dict[str, Any]) -> str:
     (instance,) = task["instances"]
     logs = await api.get(f"/v2/nvcf/instances/{instance['instanceId']}/logs")
-    return str({log["name"]: log["text"] for log in logs.json["logs"]}["worker"])
+    if logs.status != 200:  # not started yet
+        return ""
+    return str({log["name"]: log["text"] for log in logs.json["logs"]}.get("worker", ""))
 
 
 @pytest.mark.slow
@@ -172,6 +175,40 @@ async def test_an_accounts_tasks_together_are_held_to_its_result_quota(tmp_path:
         assert [r["name"] for r in (await p.admin.get(f"/v1/nvct/tasks/{third['id']}/results")).json["results"]] == [
             "big.bin"
         ]
+
+
+@pytest.mark.slow
+async def test_a_result_refused_for_want_of_store_room_is_uploaded_once_there_is_room(tmp_path: Path) -> None:
+    """The store's room frees as queues drain: a result it could not take is tried again, unlike one too large."""
+    async with task_platform(tmp_path, **{"uploads.store_size": "16MiB"}) as (p, _):
+        room = await upload_room(p.bus, p.host.settings)
+        assert room is not None and room > 10_000
+        payloads = p.bus.objects(buckets.PAYLOADS.name)
+        await payloads.put("filler", _once(b"f" * (room - 1000)))  # someone else's upload, leaving 1,000 bytes
+        body = task_body("waits", "--steps 10,100 --pause 8 --big-result 5000 --big-result-first")
+        task_id = await launch(p.admin, body)
+
+        async def refused_for_now() -> str | None:
+            task = await get_task(p.admin, task_id)
+            if not task.get("instances"):
+                return None
+            log = await worker_log(p.admin, task)
+            return log if "uploading result big.bin failed" in log else None
+
+        log = await wait_for(refused_for_now, timeout=30, what="the upload refused for want of room")
+        assert "no more room for results" in log and "trying again later" in log and "was refused" not in log, log
+        await payloads.delete("filler")  # room again
+
+        async def uploaded() -> list[str] | None:
+            results = (await p.admin.get(f"/v1/nvct/tasks/{task_id}/results")).json["results"]
+            return [r["name"] for r in results] or None
+
+        assert await wait_for(uploaded, timeout=30, what="big.bin uploaded") == ["big.bin"]
+        assert (await finished(p.admin, task_id))["status"] == "COMPLETED"
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
 
 
 @pytest.mark.slow

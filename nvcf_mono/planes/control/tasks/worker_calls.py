@@ -147,6 +147,7 @@ class TaskWorkerCalls:
                 max_bytes=room,
                 why="the platform's message store has no more room for results (the rest is kept for queued "
                 "requests); delete results no longer needed, or ask the operator for a larger store",
+                passing=True,
             )
         return reply
 
