@@ -9,13 +9,13 @@ from typing import Any
 from nvcf_mono.cli.client import ApiClient, add_api_options, connect, csv_list, positive_float, read_json_object
 from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
+from nvcf_mono.cli.function_cmds import ONLY_VERSION, only_version
 from nvcf_mono.cli.output import emit_json, fields, table
 from nvcf_mono.cli.progress import Progress
 
 DEPLOYMENTS = "/v2/nvcf/deployments"
 DEFAULT_WAIT = 900.0
 POLL_INTERVAL = 1.0
-ONLY_VERSION = "the version (optional when the function has one)"
 
 
 def _count(text: str) -> int:
@@ -33,16 +33,8 @@ def _path(fid: str, vid: str) -> str:
 
 
 def _pin_version(client: ApiClient, args: argparse.Namespace) -> str:
-    """The version named, or the function's only one: a deployment is always of one version."""
-    if not args.version_id:
-        listed = client.get(f"/v2/nvcf/functions/{args.function_id}/versions").get("functions") or []
-        ids = sorted({str(fn.get("versionId")) for fn in listed})
-        if len(ids) != 1:
-            raise CliError(
-                f"function {args.function_id} has {len(ids)} versions; name one after the function id: {', '.join(ids)}"
-            )
-        args.version_id = ids[0]
-    return _path(args.function_id, args.version_id)
+    """The deployment's path: of the version named, or of the function's only one."""
+    return _path(args.function_id, only_version(client, args))
 
 
 def register(sub: Any) -> None:

@@ -114,7 +114,7 @@ def _register_changes(cmds: Any) -> None:
         "(replaced whole).",
     )
     update.add_argument("function_id", metavar="FID")
-    update.add_argument("version_id", metavar="VID")
+    update.add_argument("version_id", metavar="VID", nargs="?", help=ONLY_VERSION)
     _metadata_options(update)
     update.add_argument("--input-file", metavar="FILE", help="the PUT body as JSON; flags override its fields")
     add_api_options(update)
@@ -129,6 +129,23 @@ def _register_changes(cmds: Any) -> None:
     delete.add_argument("version_id", metavar="VID")
     add_api_options(delete)
     delete.set_defaults(func=_delete)
+
+
+#: The help of a version id that may be left out.
+ONLY_VERSION = "the version (optional when the function has one)"
+
+
+def only_version(client: ApiClient, args: argparse.Namespace) -> str:
+    """``args.version_id``, or when it was left out the function's only version (set on ``args``)."""
+    if not args.version_id:
+        listed = client.get(f"{FUNCTIONS}/{args.function_id}/versions").get("functions") or []
+        ids = sorted({str(fn.get("versionId")) for fn in listed})
+        if len(ids) != 1:
+            raise CliError(
+                f"function {args.function_id} has {len(ids)} versions; name one after the function id: {', '.join(ids)}"
+            )
+        args.version_id = ids[0]
+    return str(args.version_id)
 
 
 def _metadata_options(parser: argparse.ArgumentParser) -> None:
@@ -315,7 +332,7 @@ def _update(args: argparse.Namespace, ctx: CliContext) -> int:
     if not body:
         raise CliError("function update: give at least one of --tags, --description, --rate-limit or --input-file")
     client = connect(args, ctx)
-    doc = client.put(f"{FUNCTIONS}/{args.function_id}/versions/{args.version_id}", body)
+    doc = client.put(f"{FUNCTIONS}/{args.function_id}/versions/{only_version(client, args)}", body)
     if args.json:
         emit_json(ctx, doc)
     else:

@@ -146,6 +146,8 @@ async def test_function_commands_with_flags(tmp_path: Path) -> None:
         deleted = await cli("function", "delete", fid, vid2, *conn, env=env)
         assert ok(deleted).strip() == f"deleted version {vid2} of function {fid}"
         assert (await p.admin.get(f"/v2/nvcf/functions/{fid}/versions/{vid2}")).status == 404
+        only = kv(ok(await cli("function", "update", fid, "--tags", "d", *conn, env=env)))  # its one version left
+        assert only["version id"] == vid and only["tags"] == "d"
         gone = await cli("function", "get", fid, vid2, *conn, env=env)
         assert gone.returncode == 1
         assert gone.stderr.startswith("nvcf-mono: HTTP 404: "), gone.stderr
