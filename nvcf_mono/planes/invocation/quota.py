@@ -44,11 +44,12 @@ class _Seen:
     def held(self) -> int:
         return self.stored + self.published + self.pending
 
-    async def estimate(self, size: int, look: Callable[[], Awaitable[int]]) -> int:
-        """What the queue would hold with ``size`` more, after a look at it (unless one was just made).
-
-        Called only past half of its limit: far below it a publish costs no call at all.
+    async def fits(self, size: int, limit: int, look: Callable[[], Awaitable[int]]) -> bool:
+        """Whether ``size`` more stays within ``limit``: far below it by the count alone (no call at all),
+        past half of it after a look at the queue (unless one was just made).
         """
+        if self.held + size <= limit // 2:
+            return True
         now = time.monotonic()
         if now - self.at >= REFRESH:
             self.at = now  # one look at a time: calls in the meantime go by the estimate
@@ -56,7 +57,7 @@ class _Seen:
             # What was stored before the look began is in what it saw; what was stored while it was
             # made probably is (counting it twice would refuse a whole burst until the next look).
             self.published = 0
-        return self.held + size
+        return self.held + size <= limit
 
 
 @attrs.define
@@ -116,46 +117,37 @@ class QueueQuota:
         The caller settles the returned admission once its publish is stored or given up.
         """
         seen = self._seen.get(function_version_id)
-        if seen is None:
+        if seen is None:  # not setdefault: no new count made on every call
             seen = self._seen[function_version_id] = _Seen()
-
-        estimate = seen.held + size
-        if estimate > self.limit // 2:  # far below it costs no call
-            estimate = await seen.estimate(size, partial(_stream_bytes, stream))
-        if estimate > self.limit:
+        if not await seen.fits(size, self.limit, partial(_stream_bytes, stream)):
             raise ProblemError(
                 429,
                 f"the function's request queue is full ({seen.held} bytes queued, limit "
                 f"{self.limit}); retry later, or raise its maxInstances so it drains faster",
                 headers={"Retry-After": "5"},
             )
-        owner = None
+        counts: tuple[_Seen, ...] = (seen,)
         if self.account_limit and account:
             owner = self._accounts.get(account)
             if owner is None:
                 owner = self._accounts[account] = _Seen()
-            if owner.held + size > self.account_limit // 2:
-                await self._check_account(owner, account, size)
-        counts = (seen,) if owner is None else (seen, owner)
+            if not await owner.fits(size, self.account_limit, partial(self._account_bytes, account)):
+                raise ProblemError(
+                    429,
+                    f"the account's request queues are full ({owner.held} bytes queued over its "
+                    f"functions, limit {self.account_limit}); retry later, or let its queued requests drain first",
+                    headers={"Retry-After": "5"},
+                )
+            counts = (seen, owner)
         for each in counts:
             each.pending += size
         return Admission(size, counts)
 
-    async def _check_account(self, owner: _Seen, account: str, size: int) -> None:
-        """429 when the account's queues together would pass its limit (its versions' sizes, looked at)."""
-
-        async def account_bytes() -> int:
-            assert self._queued is not None  # an account limit is kept only with a listing
-            queued = await self._queued()
-            return sum(n for version, n in queued.items() if self._account_of(version) == account)
-
-        if await owner.estimate(size, account_bytes) > self.account_limit:
-            raise ProblemError(
-                429,
-                f"the account's request queues are full ({owner.held} bytes queued over its "
-                f"functions, limit {self.account_limit}); retry later, or let its queued requests drain first",
-                headers={"Retry-After": "5"},
-            )
+    async def _account_bytes(self, account: str) -> int:
+        """Bytes queued over the account's versions: one listing of every request queue."""
+        assert self._queued is not None  # an account limit is kept only with a listing
+        queued = await self._queued()
+        return sum(n for version, n in queued.items() if self._account_of(version) == account)
 
     def forget(self, function_version_id: str) -> None:
         """The version's queue is gone."""
