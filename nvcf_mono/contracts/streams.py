@@ -103,11 +103,6 @@ async def queues(bus: Bus, region: str) -> dict[str, StreamState]:
     return found
 
 
-async def queue_bytes(bus: Bus, region: str) -> dict[str, int]:
-    """Bytes queued per version id, for every version of ``region`` with a queue."""
-    return {version_id: state.bytes for version_id, state in (await queues(bus, region)).items()}
-
-
 async def queue_depths(bus: Bus, region: str) -> dict[str, int]:
     """Requests queued per version id, for every version of ``region`` with a queue."""
     return {version_id: state.messages for version_id, state in (await queues(bus, region)).items()}

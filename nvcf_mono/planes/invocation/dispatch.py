@@ -53,7 +53,7 @@ class Dispatcher:
         self.quota = QueueQuota(
             config.queue_max_bytes,
             account_limit=config.account_queue_max_bytes,
-            queued=partial(streams.queue_bytes, bus, region),
+            queued=partial(streams.queues, bus, region),
             account_of=account_of,
         )
         self._lock = anyio.Lock()
@@ -124,8 +124,9 @@ class Dispatcher:
                     await self.ensure(fvid, again=again)
                     if admission is None:
                         admission = await self.quota.admit(stream, fvid, len(data), account=request.nca_id)
-                    await stream.publish(subject, data, msg_id=request.request_id)
-                    admission.stored()
+                    ack = await stream.publish(subject, data, msg_id=request.request_id)
+                    if not ack.duplicate:  # a duplicate's bytes were counted when it was first stored
+                        admission.stored(ack.seq)
                     break
                 except StreamFull as err:
                     raise ProblemError(

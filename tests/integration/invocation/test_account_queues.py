@@ -42,11 +42,12 @@ async def test_an_accounts_functions_together_are_held_to_its_queue_limit(tmp_pa
         neighbour = p.api(await other_account_key(p, "neighbour", scopes.ACCOUNT_ADMIN_SCOPES))
         theirs, _ = await deployed(neighbour)
         # 22 calls of about 4.5 KB over two functions of one account: about 100 KB against 64 KiB, where
-        # 14 fit. A burst admitted together is counted as it is admitted, not as it lands: at most what
-        # lands while one look is made goes over.
+        # 14 fit. A burst is counted as it is admitted and, once stored, until a look has seen it (by
+        # sequence, however slowly the look answers): one node does not go over. Fewer may get in: a
+        # request stored but not yet acknowledged counts twice while a look sees it.
         mine = await queue_many(p.key, {first: 8, second: 14})
         statuses = mine[first] + mine[second]
         counts = {status: statuses.count(status) for status in set(statuses)}
-        assert set(counts) == {202, 429} and 11 <= counts[202] <= 16, counts
-        theirs_only = await queue_many(neighbour, {theirs: 12})  # about 54 KB: its own limit, untouched
+        assert set(counts) == {202, 429} and 11 <= counts[202] <= 15, counts
+        theirs_only = await queue_many(neighbour, {theirs: 10})  # about 45 KB: its own limit, untouched
         assert set(theirs_only[theirs]) == {202}, theirs_only
