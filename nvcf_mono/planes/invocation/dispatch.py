@@ -18,7 +18,7 @@ import anyio
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.errors import BusError, BusUnavailable, NotFound, RequestTimeout, StreamFull
-from nvcf_mono.bus.upload_room import held_to, upload_room
+from nvcf_mono.bus.upload_room import upload_room
 from nvcf_mono.config.model import Settings
 from nvcf_mono.contracts import buckets, streams, subjects
 from nvcf_mono.contracts.frames import Request
@@ -57,6 +57,8 @@ class Dispatcher:
             account_of=account_of,
         )
         self._lock = anyio.Lock()
+        #: The room uploads have left in the store, shared with every other upload of this process.
+        self.room = upload_room(bus, settings)
         self.payloads = bus.objects(buckets.PAYLOADS.name)
         #: Told of every request stored (function id, version id): the load meter counts and wakes.
         self.on_queued: Callable[[str, str], Awaitable[None]] | None = None
@@ -158,12 +160,14 @@ class Dispatcher:
         """
         name = buckets.request_body_object(request_id)
         try:
-            room = await upload_room(self._bus, self._settings)
+            room = await self.room.left()
         except BusError as err:
             raise ProblemError(503, f"the request could not be stored: {err}", headers={"Retry-After": "1"}) from err
-        if room is not None:
-            chunks = held_to(chunks, room, _no_room)
-        info = await self.payloads.put(name, chunks, ttl=self._config.queue_deadline + self._config.result_ttl)
+        if room == 0:
+            raise _no_room()
+        info = await self.payloads.put(
+            name, self.room.hold(chunks, _no_room), ttl=self._config.queue_deadline + self._config.result_ttl
+        )
         return name, info.size
 
     async def drop_body(self, name: str | None) -> None:

@@ -10,12 +10,12 @@ and the expiry, keyed from the platform secret), so any node can serve it and it
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, Awaitable, Callable
+from collections.abc import AsyncIterable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import final
 
 from nvcf_mono.bus.api import ObjectReader, ObjectStore
-from nvcf_mono.bus.upload_room import held_to
+from nvcf_mono.bus.upload_room import UploadRoom, held_to
 from nvcf_mono.http import signed_links
 
 #: The download route (``GET``), under the invocation API.
@@ -44,7 +44,7 @@ class LargeResponses:
         base_url: Callable[[], str],
         ttl: float,
         limit: int,
-        room: Callable[[], Awaitable[int | None]],
+        room: UploadRoom,
     ) -> None:
         self._store = store
         self._room = room
@@ -61,14 +61,13 @@ class LargeResponses:
         """
         limit = self._limit
         why = f"the large response exceeds the limit of {limit} bytes (plugins.invocation.max_large_response)"
-        room = await self._room()
+        no_room = (
+            "the platform's message store has no room for this large response (the rest is kept for queued requests)"
+        )
+        room = await self._room.left()
         if room is not None and room < limit:
-            limit = room
-            why = (
-                "the platform's message store has no room for this large response "
-                "(the rest is kept for queued requests)"
-            )
-        bounded = held_to(chunks, limit, lambda: TooLarge(why))
+            limit, why = room, no_room
+        bounded = self._room.hold(held_to(chunks, limit, lambda: TooLarge(why)), lambda: TooLarge(no_room))
         info = await self._store.put(object_name(request_id), bounded, ttl=self._ttl)
         signed = signed_links.query(self._link_key(), PURPOSE, request_id, self._ttl)
         return f"{self._base_url()}{ROUTE.format(requestId=request_id)}?{signed}", info.size

@@ -7,7 +7,6 @@ a status poll on any node.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import ClassVar
 
 import anyio
@@ -187,7 +186,7 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
             base_url=lambda: public,
             ttl=self.config.result_ttl,
             limit=self.config.max_large_response,
-            room=partial(upload_room, ctx.bus, ctx.settings),
+            room=upload_room(ctx.bus, ctx.settings),
         )
 
     def _worker_deps(

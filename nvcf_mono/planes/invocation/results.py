@@ -20,7 +20,7 @@ from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.codec import TypedKV
 from nvcf_mono.bus.errors import BusError, BusUnavailable, ConflictError, NotFound, RequestTimeout, StoreFull
-from nvcf_mono.bus.upload_room import held_to, upload_room
+from nvcf_mono.bus.upload_room import upload_room
 from nvcf_mono.config.model import Settings
 from nvcf_mono.contracts import buckets
 from nvcf_mono.contracts.buckets import RequestRecord, StoredResult
@@ -52,7 +52,7 @@ class ResultStore:
 
     def __init__(self, bus: Bus, *, result_ttl: float, log: logging.Logger, settings: Settings) -> None:
         self._bus = bus
-        self._settings = settings
+        self._room = upload_room(bus, settings)
         self._ttl = result_ttl
         self._log = log
         self.records = TypedKV(bus.kv(buckets.REQUESTS.name), buckets.REQUEST)
@@ -94,9 +94,7 @@ class ResultStore:
             try:
                 # A large result is kept like an upload: never in the store's reserve (nvcf_mono.bus.upload_room),
                 # or one account's results could fill the store for everyone.
-                room = await upload_room(self._bus, self._settings)
-                if room is not None:
-                    body = held_to(body, room, lambda: StoreFull("no room left for uploads"))
+                body = self._room.hold(body, lambda: StoreFull("no room left for uploads"))
                 info = await self.payloads.put(name, body, ttl=self._ttl)
             except StoreFull:
                 # Its caller gets an answer that says so, rather than none.

@@ -20,7 +20,7 @@ from grpclib.server import Stream
 from nvcf_mono.auth.tokens import WORKER
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.errors import BusError
-from nvcf_mono.bus.upload_room import held_to
+from nvcf_mono.bus.upload_room import UploadRoom, held_to
 from nvcf_mono.contracts import buckets, rpc, subjects
 from nvcf_mono.contracts.messages import (
     TaskConnectCall,
@@ -51,9 +51,16 @@ _CODES = {400: Status.INVALID_ARGUMENT, 404: Status.NOT_FOUND, 409: Status.FAILE
 class TaskCalls:
     """Handlers the WorkerService mounts; ``verify`` checks a worker token and returns its claims."""
 
-    def __init__(self, verify: Callable[[str, str], dict[str, Any]], bus: Callable[[], Bus], log: logging.Logger):
+    def __init__(
+        self,
+        verify: Callable[[str, str], dict[str, Any]],
+        bus: Callable[[], Bus],
+        room: Callable[[], UploadRoom],
+        log: logging.Logger,
+    ):
         self._verify = verify
         self._bus = bus
+        self._room = room
         self._log = log
 
     def _task(self, token: str) -> dict[str, Any]:
@@ -166,9 +173,15 @@ class TaskCalls:
 
         if declared > room.max_bytes:
             raise refuse()
+
+        def no_room() -> GRPCError:
+            return GRPCError(Status.UNAVAILABLE, f"result {name!r} does not fit in the platform's message store now")
+
         objects = self._bus().objects(buckets.TASK_RESULT_CONTENT.name)
         try:
-            info = await objects.put(object_name, held_to(data(), room.max_bytes, refuse))
+            # Held to the store's room as this node sees it too: results stored at once share it.
+            held = self._room().hold(held_to(data(), room.max_bytes, refuse), no_room)
+            info = await objects.put(object_name, held)
         except BusError as err:
             raise GRPCError(Status.UNAVAILABLE, f"result {name!r} could not be stored: {err}") from err
         return info.size

@@ -116,7 +116,7 @@ class WorkerService:
         #: What calls need, set when the plugin runs (calls before that get UNAVAILABLE).
         self.deps: Late[WorkerDeps] = Late("the invocation plane")
         self._policy = Policy(max_deliver=config.max_deliver)
-        self._tasks = TaskCalls(self._verify, lambda: self.deps.get().bus, log)
+        self._tasks = TaskCalls(self._verify, lambda: self.deps.get().bus, lambda: self.deps.get().dispatcher.room, log)
 
     def serving_session(self, version_id: str, instance_id: str) -> WorkerSession | None:
         """The grpc session of an instance that can take one more request of ``version_id`` now."""

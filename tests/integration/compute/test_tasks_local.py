@@ -181,7 +181,7 @@ async def test_an_accounts_tasks_together_are_held_to_its_result_quota(tmp_path:
 async def test_a_result_refused_for_want_of_store_room_is_uploaded_once_there_is_room(tmp_path: Path) -> None:
     """The store's room frees as queues drain: a result it could not take is tried again, unlike one too large."""
     async with task_platform(tmp_path, **{"uploads.store_size": "16MiB"}) as (p, _):
-        room = await upload_room(p.bus, p.host.settings)
+        room = await upload_room(p.bus, p.host.settings).left()
         assert room is not None and room > 10_000
         payloads = p.bus.objects(buckets.PAYLOADS.name)
         await payloads.put("filler", _once(b"f" * (room - 1000)))  # someone else's upload, leaving 1,000 bytes

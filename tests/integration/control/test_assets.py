@@ -300,3 +300,37 @@ async def test_asset_requests_are_validated_and_scoped(tmp_path: Path) -> None:
         assert (await p.anonymous.post(ASSETS, {"contentType": "image/png", "description": "x"})).status == 401
         assert (await p.task_key.post(ASSETS, {"contentType": "image/png", "description": "x"})).status == 403
         assert (await p.task_key.get(ASSETS)).status == 403
+
+
+@pytest.mark.slow
+async def test_uploads_made_at_once_share_the_room_one_look_saw(tmp_path: Path) -> None:
+    """A tenant's uploads started together each saw the whole room at their start: together they went
+    into the reserve, up to the store's own limit, and everyone's invocations were refused.
+    """
+    settings = {"embedded_nats.max_file_store": str(64 * MiB), "plugins.control.max_account_asset_bytes": "0"}
+    async with platform(tmp_path, **settings) as p, launching_agent(p, tmp_path / "instances"):
+        fid, _ = await deployed(p.admin)
+        hostile = p.api(await other_account_key(p, "hoarder"))
+        octets = {"Content-Type": "application/octet-stream"}
+        links = []
+        for n in range(6):
+            made = await hostile.post(ASSETS, {"contentType": "application/octet-stream", "description": f"{n}"})
+            assert made.status == 200, made.body
+            links.append(made.json["uploadUrl"])
+        statuses: list[int] = []
+
+        async def upload(n: int, url: str) -> None:
+            body = chunks(os.urandom(16 * MiB)) if n % 2 else os.urandom(16 * MiB)  # streamed and declared
+            put = await raw(p, "PUT", url, data=body, headers=octets)
+            assert put.status in (200, 507), put.body
+            statuses.append(put.status)
+
+        async with anyio.create_task_group() as tg:
+            for n, url in enumerate(links):
+                tg.start_soon(upload, n, url)
+        assert 1 <= statuses.count(200) <= 3 and statuses.count(507) >= 3, statuses  # 48 MiB of room at most
+        usage = await p.bus.usage()
+        assert usage.storage < 0.8 * 64 * MiB, usage  # the reserve was kept
+        for n in range(20):
+            answer = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": f"still here {n}"})
+            assert answer.status == 200, answer.body

@@ -8,6 +8,7 @@ no bearer token and any node holding the platform secret can check them.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Literal
 
 from aiohttp import ClientPayloadError, web
@@ -15,7 +16,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.bus.errors import BusError
-from nvcf_mono.bus.upload_room import upload_room
+from nvcf_mono.bus.upload_room import UploadRoom, upload_room
 from nvcf_mono.contracts import buckets
 from nvcf_mono.http import signed_links
 from nvcf_mono.http.api import Call, Routes
@@ -215,7 +216,8 @@ async def upload_asset_content(ctl: Control, call: Call[None]) -> web.StreamResp
             400,
             f"Content-Type must be {asset.content_type!r}, as the asset was created with; got {sent_type!r}",
         )
-    limit, too_large = await _upload_limit(ctl, asset)
+    room = upload_room(ctl.bus, ctl.settings)
+    limit, too_large = await _upload_limit(ctl, asset, room)
     declared = call.request.content_length
     if declared is not None and declared > limit:
         raise too_large
@@ -235,7 +237,9 @@ async def upload_asset_content(ctl: Control, call: Call[None]) -> web.StreamResp
     objects = ctl.bus.objects(buckets.ASSET_CONTENT.name)
     try:
         # A failed put (too large, cut short) leaves any earlier content in place.
-        info = await objects.put(name, body(), metadata={"contentType": asset.content_type})
+        held = room.hold(body(), _no_room, credit=asset.size or 0, declared=declared)
+        async with aclosing(held):
+            info = await objects.put(name, held, metadata={"contentType": asset.content_type})
     except BusError as err:
         raise ProblemError(503, f"the asset could not be stored: {err}", headers={"Retry-After": "1"}) from err
     uploaded = now_iso()
@@ -256,12 +260,12 @@ async def upload_asset_content(ctl: Control, call: Call[None]) -> web.StreamResp
 _CLOSE = {"Connection": "close"}  # refused before the body is read: the connection cannot serve another
 
 
-async def _upload_limit(ctl: Control, asset: Asset) -> tuple[int, ProblemError]:
+async def _upload_limit(ctl: Control, asset: Asset, room: UploadRoom) -> tuple[int, ProblemError]:
     """The most an upload of ``asset`` may bring, and the error for more: whichever limit is nearest.
 
     The asset size limit, what the account's other assets leave of its quota, and the room uploads
     have left in the message store (its reserve is kept for everyone's invocations). The content this
-    upload replaces counts as freed.
+    upload replaces counts as freed. The room is shared with the uploads under way (``room.hold``).
     """
     config = ctl.config
     limits = [
@@ -281,16 +285,20 @@ async def _upload_limit(ctl: Control, asset: Asset) -> tuple[int, ProblemError]:
         )
         limits.append((max(0, quota - used), ProblemError(413, detail, headers=_CLOSE)))
     try:
-        room = await upload_room(ctl.bus, ctl.settings)
+        left = await room.left()
     except BusError as err:
         raise ProblemError(503, f"the store's room cannot be read now: {err}", headers={"Retry-After": "1"}) from err
-    if room is not None:
-        detail = (
-            "the platform's message store has no room for this upload: the rest is kept for queued requests "
-            "and results. Delete assets or task results no longer needed, or ask the operator for a larger store"
-        )
-        limits.append((room + (asset.size or 0), ProblemError(507, detail, headers=_CLOSE)))
+    if left is not None:
+        limits.append((left + (asset.size or 0), _no_room()))
     return min(limits, key=lambda item: item[0])
+
+
+def _no_room() -> ProblemError:
+    detail = (
+        "the platform's message store has no room for this upload: the rest is kept for queued requests "
+        "and results. Delete assets or task results no longer needed, or ask the operator for a larger store"
+    )
+    return ProblemError(507, detail, headers=_CLOSE)
 
 
 @routes.route(

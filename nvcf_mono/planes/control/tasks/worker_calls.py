@@ -141,7 +141,7 @@ class TaskWorkerCalls:
                     why=f"the account's tasks may keep {quota} bytes of results together and hold {used}; "
                     "delete finished tasks whose results are no longer needed",
                 )
-        room = await upload_room(self._ctl.bus, self._ctl.settings)
+        room = await upload_room(self._ctl.bus, self._ctl.settings).left()
         if room is not None and room < reply.max_bytes:
             reply = TaskRoomReply(
                 max_bytes=room,
