@@ -18,6 +18,7 @@ from nvcf_mono.config.model import Settings
 from nvcf_mono.contracts import env
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late
+from nvcf_mono.planes.control.account_uploads import AccountUploads
 from nvcf_mono.planes.control.config import ControlConfig
 from nvcf_mono.planes.control.store import ControlStore
 from nvcf_mono.planes.control.traffic import TrafficHistory
@@ -57,6 +58,8 @@ class Control:
     #: The last hour of traffic per version (fed by the autoscaler's load report listener).
     traffic: TrafficHistory = attrs.field(factory=TrafficHistory)
     parts: Late[ControlParts] = attrs.field(factory=lambda: Late[ControlParts]("the control plane"))
+    #: Asset uploads under way on this node, per account (held to the account's quota together).
+    asset_uploads: AccountUploads = attrs.field(factory=AccountUploads)
 
     @property
     def store(self) -> ControlStore:

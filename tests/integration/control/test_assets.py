@@ -224,6 +224,31 @@ async def test_an_accounts_assets_together_are_held_to_its_quota(tmp_path: Path)
         assert theirs.status == 200, theirs.body
 
 
+async def test_uploads_made_at_once_are_held_to_the_accounts_quota_together(tmp_path: Path) -> None:
+    """Each upload used to see only the finished assets: six at once passed a quota that holds two."""
+    async with platform(tmp_path, **{"plugins.control.max_account_asset_bytes": str(3 * MiB)}) as p:
+        octets = {"Content-Type": "application/octet-stream"}
+        links = [(await create(p, description=f"{n}"))["uploadUrl"] for n in range(6)]
+        statuses: list[int] = []
+
+        async def upload(n: int, url: str) -> None:
+            size = 3 * MiB // 2
+            body = chunks(os.urandom(size)) if n % 2 else os.urandom(size)  # streamed and declared
+            put = await raw(p, "PUT", url, data=body, headers=octets)
+            assert put.status in (200, 413), put.body
+            if put.status == 413:
+                assert "the account's assets may hold" in put.json["detail"], put.body
+            statuses.append(put.status)
+
+        async with anyio.create_task_group() as tg:
+            for n, url in enumerate(links):
+                tg.start_soon(upload, n, url)
+        assert 1 <= statuses.count(200) <= 2 and statuses.count(413) >= 4, statuses
+        listed = await p.key.get(ASSETS)
+        assert sum(a.get("size") or 0 for a in listed.json["assets"]) <= 3 * MiB, listed.json
+        assert len(p.host.plugin("control").ctl.asset_uploads) == 0  # nothing kept once the uploads are done
+
+
 @pytest.mark.slow
 async def test_uploads_leave_the_store_room_for_everyones_invocations(tmp_path: Path) -> None:
     """One account's uploads never fill the message store: its reserve stays for queued requests."""

@@ -7,7 +7,7 @@ no bearer token and any node holding the platform secret can check them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Literal
 
@@ -33,6 +33,7 @@ from nvcf_mono.models.asset import (
     same_content_type,
 )
 from nvcf_mono.models.common import is_uuid, new_id, now_iso
+from nvcf_mono.planes.control.account_uploads import Flow
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.structure import evolve
 
@@ -219,30 +220,38 @@ async def upload_asset_content(ctl: Control, call: Call[None]) -> web.StreamResp
     room = upload_room(ctl.bus, ctl.settings)
     limit, too_large = await _upload_limit(ctl, asset, room)
     declared = call.request.content_length
-    if declared is not None and declared > limit:
-        raise too_large
+    with ctl.asset_uploads.flow(asset.nca_id) as flow:
+        fits = _account_quota(ctl, asset, flow)
+        if declared is not None:
+            if declared > limit:
+                raise too_large
+            fits(declared)
+            flow.bring(declared)  # set aside whole: of uploads made at once, the first ones fit
 
-    async def body() -> AsyncIterator[bytes]:
-        received = 0
+        async def body() -> AsyncIterator[bytes]:
+            received = 0
+            try:
+                async for chunk in call.request.content.iter_chunked(_CHUNK):
+                    received += len(chunk)
+                    if received > limit:
+                        raise too_large
+                    if received > flow.mine:
+                        fits(received)
+                        flow.bring(received - flow.mine)
+                    yield chunk
+            except (ClientPayloadError, HttpProcessingError, ConnectionError) as err:
+                raise ProblemError(400, f"the upload was cut short after {received} bytes: {err}") from err
+
+        name = buckets.asset_object(asset.nca_id, asset.asset_id)
+        objects = ctl.bus.objects(buckets.ASSET_CONTENT.name)
         try:
-            async for chunk in call.request.content.iter_chunked(_CHUNK):
-                received += len(chunk)
-                if received > limit:
-                    raise too_large
-                yield chunk
-        except (ClientPayloadError, HttpProcessingError, ConnectionError) as err:
-            raise ProblemError(400, f"the upload was cut short after {received} bytes: {err}") from err
-
-    name = buckets.asset_object(asset.nca_id, asset.asset_id)
-    objects = ctl.bus.objects(buckets.ASSET_CONTENT.name)
-    try:
-        # A failed put (too large, cut short) leaves any earlier content in place.
-        held = room.hold(body(), _no_room, credit=asset.size or 0, declared=declared)
-        async with aclosing(held):
-            info = await objects.put(name, held, metadata={"contentType": asset.content_type})
-    except BusError as err:
-        raise ProblemError(503, f"the asset could not be stored: {err}", headers={"Retry-After": "1"}) from err
-    uploaded = now_iso()
+            # A failed put (too large, cut short) leaves any earlier content in place.
+            held = room.hold(body(), _no_room, credit=asset.size or 0, declared=declared)
+            async with aclosing(held):
+                info = await objects.put(name, held, metadata={"contentType": asset.content_type})
+        except BusError as err:
+            raise ProblemError(503, f"the asset could not be stored: {err}", headers={"Retry-After": "1"}) from err
+        uploaded = now_iso()
 
     def record(current: Asset | None) -> Asset | None:
         if current is None:
@@ -263,9 +272,9 @@ _CLOSE = {"Connection": "close"}  # refused before the body is read: the connect
 async def _upload_limit(ctl: Control, asset: Asset, room: UploadRoom) -> tuple[int, ProblemError]:
     """The most an upload of ``asset`` may bring, and the error for more: whichever limit is nearest.
 
-    The asset size limit, what the account's other assets leave of its quota, and the room uploads
-    have left in the message store (its reserve is kept for everyone's invocations). The content this
-    upload replaces counts as freed. The room is shared with the uploads under way (``room.hold``).
+    The asset size limit, and the room uploads have left in the message store (its reserve is kept
+    for everyone's invocations; the content this upload replaces counts as freed). The room is shared
+    with the uploads under way (``room.hold``), as is the account's quota (:func:`_account_quota`).
     """
     config = ctl.config
     limits = [
@@ -274,16 +283,6 @@ async def _upload_limit(ctl: Control, asset: Asset, room: UploadRoom) -> tuple[i
             ProblemError(413, f"the asset exceeds the limit of {config.max_asset_size} bytes", headers=_CLOSE),
         )
     ]
-    quota = config.max_account_asset_bytes
-    if quota:
-        used = sum(
-            a.size or 0 for a in ctl.store.assets.values() if a.nca_id == asset.nca_id and a.asset_id != asset.asset_id
-        )
-        detail = (
-            f"the account's assets may hold {quota} bytes together and its other assets hold {used}: "
-            "this upload does not fit; delete assets it no longer needs"
-        )
-        limits.append((max(0, quota - used), ProblemError(413, detail, headers=_CLOSE)))
     try:
         left = await room.left()
     except BusError as err:
@@ -291,6 +290,30 @@ async def _upload_limit(ctl: Control, asset: Asset, room: UploadRoom) -> tuple[i
     if left is not None:
         limits.append((left + (asset.size or 0), _no_room()))
     return min(limits, key=lambda item: item[0])
+
+
+def _account_quota(ctl: Control, asset: Asset, flow: Flow) -> Callable[[int], None]:
+    """A check that ``size`` bytes of this upload keep the account within ``max_account_asset_bytes``,
+    beside its other assets and its other uploads under way; 413 when they do not.
+    """
+    quota = ctl.config.max_account_asset_bytes
+    used = 0
+    if quota:
+        used = sum(
+            a.size or 0 for a in ctl.store.assets.values() if a.nca_id == asset.nca_id and a.asset_id != asset.asset_id
+        )
+
+    def fits(size: int) -> None:
+        others = flow.others()
+        if quota and used + others + size > quota:
+            under_way = f" and its uploads under way bring {others}" if others else ""
+            detail = (
+                f"the account's assets may hold {quota} bytes together and its other assets hold {used}"
+                f"{under_way}: this upload does not fit; delete assets it no longer needs"
+            )
+            raise ProblemError(413, detail, headers=_CLOSE)
+
+    return fits
 
 
 def _no_room() -> ProblemError:
