@@ -49,19 +49,19 @@ class CertFiles:
     ca: Path | None = None
 
 
+#: The listeners' protocols: HTTP/1.1 (the API) and HTTP/2 (gRPC).
+_ALPNS = ("http/1.1", "h2")
+
+
 def _context(files: CertFiles, alpn: str) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.set_alpn_protocols([alpn])
-    _load(context, files)
-    return context
-
-
-def _load(context: ssl.SSLContext, files: CertFiles) -> None:
     try:
         context.load_cert_chain(files.cert, files.key)
     except (OSError, ssl.SSLError) as err:
         raise TlsError(f"cannot use the certificate {files.cert} with the key {files.key}: {err}") from err
+    return context
 
 
 def _stamp(files: CertFiles) -> tuple[float, ...]:
@@ -73,14 +73,32 @@ def _stamp(files: CertFiles) -> tuple[float, ...]:
 
 @final
 class ServerTls:
-    """The server contexts of the HTTP and gRPC listeners, kept in step with the files."""
+    """The server contexts of the HTTP and gRPC listeners, kept in step with the files.
+
+    A listener keeps the context it was made with; each handshake is handed the pair last loaded
+    (``sni_callback``, called on every client hello). A renewal loads the new pair into new contexts
+    and swaps them in whole: loading into the contexts in use let a handshake made in between take
+    the new certificate with the old key, and fail.
+    """
 
     def __init__(self, files: CertFiles) -> None:
         self.files = files
-        self.http = _context(files, "http/1.1")
-        self.grpc = _context(files, "h2")
+        self._live = {alpn: _context(files, alpn) for alpn in _ALPNS}
+        self.http = self._listening("http/1.1")
+        self.grpc = self._listening("h2")
         self._stamp = _stamp(files)
         self._refused: tuple[float, ...] = ()
+
+    def _listening(self, alpn: str) -> ssl.SSLContext:
+        context = _context(self.files, alpn)
+
+        def latest(conn: ssl.SSLObject | ssl.SSLSocket, _name: str | None, _context: ssl.SSLContext) -> None:
+            live = self._live[alpn]
+            if conn.context is not live:
+                conn.context = live
+
+        context.sni_callback = latest
+        return context
 
     def reload_if_changed(self) -> bool:
         """Load the files again when either changed; a pair that does not load leaves the old one in use."""
@@ -88,12 +106,12 @@ class ServerTls:
         if not stamp or stamp in (self._stamp, self._refused):
             return False
         try:
-            for context in (self.http, self.grpc):
-                _load(context, self.files)
+            loaded = {alpn: _context(self.files, alpn) for alpn in _ALPNS}
         except TlsError as err:
             self._refused = stamp  # said once; the next change is tried again
             log.error("%s; still serving the previous certificate", err)
             return False
+        self._live = loaded
         self._stamp = stamp
         log.info("reloaded the TLS certificate %s", self.files.cert)
         return True

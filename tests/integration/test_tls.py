@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import ssl
+import threading
 from pathlib import Path
 
 import aiohttp
 import anyio
+import anyio.abc
+import attrs
 import pytest
-from anyio.streams.tls import TLSAttribute
+from anyio.streams.tls import TLSAttribute, TLSStream
 from cryptography import x509
 from grpclib.client import Channel
 from grpclib.health.v1.health_grpc import HealthStub
@@ -165,3 +170,64 @@ def test_a_pair_that_does_not_load_keeps_the_old_one_and_is_reported_once(
     files.cert.write_bytes(renewed.cert.read_bytes())
     assert served.reload_if_changed() is True
     assert files.cert.read_bytes() != good
+
+
+async def test_handshakes_made_while_a_certificate_is_renewed_all_succeed(tmp_path: Path) -> None:
+    """Renewal loaded the new pair into the contexts in use: a handshake between the certificate and
+    the key took the new certificate with the old key and was cut off (EndOfStream at the client).
+    """
+    pairs = [development_certificate(tmp_path / name) for name in ("a", "b")]
+    served_dir = tmp_path / "served"
+    served_dir.mkdir()
+    files = attrs.evolve(pairs[0], cert=served_dir / "cert.pem", key=served_dir / "key.pem")
+    shutil.copy(pairs[0].cert, files.cert)
+    shutil.copy(pairs[0].key, files.key)
+    served = ServerTls(files)
+    trust = ssl.create_default_context()
+    for pair in pairs:
+        assert pair.ca is not None
+        trust.load_verify_locations(cafile=str(pair.ca))
+    failures: list[BaseException] = []
+    handshakes = 0
+
+    async def serve(client: anyio.abc.SocketStream) -> None:
+        async with client:
+            with contextlib.suppress(Exception):
+                wrapped = await TLSStream.wrap(
+                    client, server_side=True, ssl_context=served.http, standard_compatible=False
+                )
+                await wrapped.aclose()
+
+    def renew(stop: threading.Event) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            pair = pairs[n % 2]
+            # Each file is replaced whole (a rename): only the platform's own loading can mix them.
+            for source, target in ((pair.key, files.key), (pair.cert, files.cert)):
+                shutil.copy(source, target.with_suffix(".new"))
+                os.replace(target.with_suffix(".new"), target)
+            os.utime(files.cert, (n, n))  # a new stamp every time, whatever the clock's resolution
+            served.reload_if_changed()
+
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        stop = threading.Event()
+        renewing = threading.Thread(target=renew, args=(stop,))
+        renewing.start()
+        try:
+            with anyio.move_on_after(3):
+                while True:
+                    try:
+                        await serial_served("127.0.0.1", port, trust)
+                    except ssl.SSLCertVerificationError:
+                        pass  # a half-copied pair is refused by its own check (the old one stays)
+                    except (anyio.EndOfStream, ssl.SSLError, OSError) as err:
+                        failures.append(err)
+                    handshakes += 1
+        finally:
+            stop.set()
+            renewing.join()
+        tg.cancel_scope.cancel()
+    assert handshakes > 50 and not failures, (handshakes, failures[:3])
