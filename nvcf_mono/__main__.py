@@ -63,10 +63,36 @@ async def _serve(host: Host, on_ready: Callable[[Endpoints], None]) -> None:
             tg.cancel_scope.cancel()
 
 
+def _allow_many_open_files() -> None:
+    """Raise the open-file limit to what the system allows the process.
+
+    The soft limit is often 1024: a thousand idle client connections (one load test, or one tenant)
+    would spend it, and then no one's connection is accepted. Servers raise it to the hard limit.
+    """
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else _MOST_OPEN_FILES
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError) as err:
+            log.warning("open files stay limited to %d (raising it to %d failed: %s)", soft, wanted, err)
+            return
+        log.debug("open files limit raised from %d to %d", soft, wanted)
+
+
+#: Where the hard limit is unlimited: Linux's usual fs.nr_open.
+_MOST_OPEN_FILES = 1 << 20
+
+
 def run_host(host: Host, on_ready: Callable[[Endpoints], None]) -> int:
     """Serve until signalled; 0 after a clean stop, 1 when something failed."""
     from nvcf_mono.host import HostFailed
 
+    _allow_many_open_files()
     try:
         anyio.run(_serve, host, on_ready, backend="asyncio")
     except HostFailed as err:

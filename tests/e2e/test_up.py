@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
+import socket
 import stat
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -64,6 +68,30 @@ anyio.run(main)
         text=True,
     ).stdout.split()
     return out[0].encode(), out[1].encode()
+
+
+def test_a_low_open_files_limit_is_raised_so_many_idle_connections_do_not_lock_everyone_out(tmp_path: Path) -> None:
+    """Started with a soft limit of 256 open files, 400 idle connections used to leave no descriptor to
+    accept the next client with: the platform raises its soft limit to the hard one.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.fail(f"this machine's hard open-files limit ({hard}) is too low for the test")
+    state = tmp_path / "state"
+    limited = ["sh", "-c", 'ulimit -S -n 256 && exec "$@"', "sh", sys.executable, "-m", "nvcf_mono"]
+    platform = Platform(["up", *fast_flags(state)], state, command=[*limited, "up", *fast_flags(state)])
+    idle: list[socket.socket] = []
+    try:
+        doc = platform.wait_ready()
+        address = urllib.parse.urlsplit(doc["api_url"])
+        for _ in range(400):
+            idle.append(socket.create_connection((address.hostname, address.port), timeout=5))
+        assert get(doc["api_url"] + "/health") == (200, b'{"status": "OK"}')  # a client that came later
+        assert "Too many open files" not in platform.stderr()
+    finally:
+        for conn in idle:
+            conn.close()
+        platform.stop()
 
 
 @pytest.mark.slow
