@@ -74,7 +74,7 @@ def test_a_low_open_files_limit_is_raised_so_many_idle_connections_do_not_lock_e
     """Started with a soft limit of 256 open files, 400 idle connections used to leave no descriptor to
     accept the next client with: the platform raises its soft limit to the hard one.
     """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 1024:
         pytest.fail(f"this machine's hard open-files limit ({hard}) is too low for the test")
     state = tmp_path / "state"
