@@ -203,6 +203,18 @@ class ControlConfig:
         34 * 60.0, doc="How long an asset upload or download link stays valid (NVCF: 34 min).", check=positive
     )
     max_asset_size: int = setting(5 * 1024**3, doc="Largest asset accepted, in bytes.", check=positive)
+    max_account_assets: int = setting(
+        10_000,
+        doc="Assets one account may keep (0: no limit). Creating one more is refused (400) until it deletes some: "
+        "each is a record every control node keeps in memory.",
+        check=at_least(0),
+    )
+    max_account_versions: int = setting(
+        10_000,
+        doc="Function versions one account may keep over all its functions (0: no limit; the number of functions "
+        "is the account's maxFunctionsAllowed). One more is refused (400) until it deletes some.",
+        check=at_least(0),
+    )
     max_account_asset_bytes: int = setting(
         5 * 1024**3,
         doc="The content of all of one account's assets together, in bytes (0: no limit but the store's). "

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 from typing import TypeVar, final
 
+import anyio
 import attrs
 
 from nvcf_mono.auth.delegation import DelegationTokens
@@ -60,6 +61,9 @@ class Control:
     parts: Late[ControlParts] = attrs.field(factory=lambda: Late[ControlParts]("the control plane"))
     #: Asset uploads under way on this node, per account (held to the account's quota together).
     asset_uploads: AccountUploads = attrs.field(factory=AccountUploads)
+    #: Held from counting an account's records to making one more (functions, versions, assets), so that
+    #: requests at once are counted one after another and cannot pass a limit together.
+    counted_creation: anyio.Lock = attrs.field(factory=anyio.Lock)
 
     @property
     def store(self) -> ControlStore:

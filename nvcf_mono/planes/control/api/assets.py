@@ -124,7 +124,15 @@ async def create_asset(ctl: Control, call: Call[CreateAssetRequest]) -> CreatedA
         description=call.body.description,
         created_at=now_iso(),
     )
-    await ctl.store.assets.create(buckets.account_item_key(asset.nca_id, asset.asset_id), asset)
+    most = ctl.config.max_account_assets
+    async with ctl.counted_creation:  # counted and made in one step: requests at once cannot pass the limit together
+        if most and sum(1 for a in ctl.store.assets.values() if a.nca_id == call.account) >= most:
+            raise ProblemError(
+                400,
+                f"the account keeps {most} assets, the most it may (plugins.control.max_account_assets); "
+                "delete assets it no longer needs",
+            )
+        await ctl.store.assets.create(buckets.account_item_key(asset.nca_id, asset.asset_id), asset)
     return CreatedAsset(
         asset_id=asset.asset_id,
         upload_url=link(ctl, "upload", asset.asset_id),

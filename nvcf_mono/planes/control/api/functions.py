@@ -52,54 +52,64 @@ async def new_version(ctl: Control, call: Call[CreateFunctionRequest], function_
             auth=helm_auth(store, ctl.keyring, call.account, req.helm_chart),
             what=f"helmChart {req.helm_chart!r}",
         )
-    account = await store.accounts.fetch(call.account)
-    if account is None:
-        raise ProblemError(404, f"account {call.account!r} not found")
-    if function_id is None:
-        owned = {fv.id for fv in store.functions.values() if fv.nca_id == call.account}
-        if len(owned) >= account.max_functions_allowed:
+    secrets = check_secrets(req.secrets)
+    async with ctl.counted_creation:  # counted and made in one step: requests at once cannot pass a limit together
+        account = await store.accounts.fetch(call.account)
+        if account is None:
+            raise ProblemError(404, f"account {call.account!r} not found")
+        versions = [fv for fv in store.functions.values() if fv.nca_id == call.account]
+        most = ctl.config.max_account_versions
+        if most and len(versions) >= most:
             raise ProblemError(
                 400,
-                "Reached or exceeded the max limit for the number of functions allowed: "
-                f"{account.max_functions_allowed}",
+                f"Reached or exceeded the max limit for the number of function versions allowed: {most} "
+                "(plugins.control.max_account_versions, over all the account's functions); delete versions "
+                "no longer needed",
             )
-        function_id = new_id()
-    else:
-        siblings = [fv for fv in await store.versions_now(function_id) if fv.nca_id == call.account]
-        if not siblings:
-            raise not_found(function_id)
-    version_id = new_id()
-    key = buckets.version_key(function_id, version_id)
-    secrets = check_secrets(req.secrets)
-    if secrets:
-        await store.secrets.put(
-            buckets.function_secrets_key(function_id, version_id),
-            seal_secrets(ctl, buckets.function_secrets_key(function_id, version_id), secrets),
+        if function_id is None:
+            owned = {fv.id for fv in versions}
+            if len(owned) >= account.max_functions_allowed:
+                raise ProblemError(
+                    400,
+                    "Reached or exceeded the max limit for the number of functions allowed: "
+                    f"{account.max_functions_allowed}",
+                )
+            function_id = new_id()
+        else:
+            siblings = [fv for fv in await store.versions_now(function_id) if fv.nca_id == call.account]
+            if not siblings:
+                raise not_found(function_id)
+        version_id = new_id()
+        key = buckets.version_key(function_id, version_id)
+        if secrets:
+            await store.secrets.put(
+                buckets.function_secrets_key(function_id, version_id),
+                seal_secrets(ctl, buckets.function_secrets_key(function_id, version_id), secrets),
+            )
+        fv = FunctionVersion(
+            id=function_id,
+            nca_id=call.account,
+            version_id=version_id,
+            name=req.name,
+            status=FunctionStatus.INACTIVE,
+            created_at=now_iso(),
+            inference_url=req.inference_url,
+            inference_port=req.inference_port,
+            container_image=req.container_image,
+            container_args=req.container_args,
+            container_environment=req.container_environment,
+            helm_chart=req.helm_chart,
+            helm_chart_service_name=req.helm_chart_service_name,
+            health=req.health,
+            health_uri=req.health_uri,
+            api_body_format=req.api_body_format or ApiBodyFormat.CUSTOM,
+            function_type=req.function_type or FunctionType.DEFAULT,
+            description=req.description if req.description is not None else req.name,
+            tags=req.tags,
+            secrets=tuple(sorted(secrets)) if secrets else None,
+            rate_limit=req.rate_limit,
         )
-    fv = FunctionVersion(
-        id=function_id,
-        nca_id=call.account,
-        version_id=version_id,
-        name=req.name,
-        status=FunctionStatus.INACTIVE,
-        created_at=now_iso(),
-        inference_url=req.inference_url,
-        inference_port=req.inference_port,
-        container_image=req.container_image,
-        container_args=req.container_args,
-        container_environment=req.container_environment,
-        helm_chart=req.helm_chart,
-        helm_chart_service_name=req.helm_chart_service_name,
-        health=req.health,
-        health_uri=req.health_uri,
-        api_body_format=req.api_body_format or ApiBodyFormat.CUSTOM,
-        function_type=req.function_type or FunctionType.DEFAULT,
-        description=req.description if req.description is not None else req.name,
-        tags=req.tags,
-        secrets=tuple(sorted(secrets)) if secrets else None,
-        rate_limit=req.rate_limit,
-    )
-    await store.functions.create(key, fv)
+        await store.functions.create(key, fv)
     return FunctionResponse(function=function_view(store, fv, owner=True, details=True, include_secrets=True))
 
 
