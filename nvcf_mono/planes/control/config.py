@@ -113,6 +113,12 @@ class TaskSettings:
         doc="Finished tasks, their events and results are removed after this (NVCF: 7 days).",
         check=positive,
     )
+    max_account_tasks: int = setting(
+        10_000,
+        doc="Tasks one account may keep, finished ones included until deleted or past their retention (0: no "
+        "limit). One more is refused (400).",
+        check=at_least(0),
+    )
     max_results: int = setting(1000, doc="Results one task may store.", check=at_least(1))
     max_result_size: int = setting(5 * 1024**3, doc="Largest single result file uploaded, in bytes.", check=positive)
     max_account_result_bytes: int = setting(
@@ -207,6 +213,12 @@ class ControlConfig:
         10_000,
         doc="Assets one account may keep (0: no limit). Creating one more is refused (400) until it deletes some: "
         "each is a record every control node keeps in memory.",
+        check=at_least(0),
+    )
+    max_account_keys: int = setting(
+        1000,
+        doc="API keys one account may hold that are active and not expired (0: no limit). One more is refused "
+        "(400) until it revokes some or they expire.",
         check=at_least(0),
     )
     max_account_versions: int = setting(

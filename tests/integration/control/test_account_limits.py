@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -11,7 +12,9 @@ from nvcf_mono.models.account import DEFAULT_ACCOUNT
 from nvcf_mono.testing.platform import Reply
 from nvcf_mono.testing.running import CONTAINER_FUNCTION
 
-from .conftest import platform
+from .conftest import agent, platform
+from .test_registry_credentials import RC
+from .test_tasks_api import TASK, TASKS, task_key
 
 
 async def at_once(n: int, make: Callable[[int], Awaitable[Reply]]) -> list[Reply]:
@@ -65,3 +68,36 @@ async def test_assets_made_at_once_stay_within_the_accounts_limit(tmp_path: Path
         first = next(r for r in made if r.status == 200).json["assetId"]
         assert (await p.key.delete(f"/v2/nvcf/assets/{first}")).status == 204
         assert (await p.key.post("/v2/nvcf/assets", asset)).status == 200
+
+
+async def test_tasks_keys_and_registry_credentials_made_at_once_stay_within_the_accounts_limits(
+    tmp_path: Path,
+) -> None:
+    settings = {"plugins.control.max_account_keys": "8", "plugins.control.tasks.max_account_tasks": "2"}
+    async with platform(tmp_path, **settings) as p, agent(p.bus):
+        limited = await p.admin.patch(f"/v2/nvcf/accounts/{DEFAULT_ACCOUNT}", {"maxRegistryCredentialsAllowed": 2})
+        assert limited.status == 200, limited.body
+        tasks = await task_key(p)
+        launched = await at_once(5, lambda i: tasks.post(TASKS, {**TASK, "name": f"t{i}"}))
+        assert statuses(launched) == {200: 2, 400: 3}, [r.body for r in launched]
+        assert "max_account_tasks" in next(r for r in launched if r.status == 400).detail
+        # Registry credentials: two hosts of four; the same host twice at once is one credential and a 409.
+        added = await at_once(4, lambda i: p.admin.post(RC, credential(f"r{i}.example.com")))
+        assert statuses(added) == {200: 2, 400: 2}, [r.body for r in added]
+        listed = await p.admin.get(RC)
+        hosts = [c["registryHostname"] for c in listed.json["registryCredentials"]]
+        gone = await p.admin.delete(f"{RC}/{listed.json['registryCredentials'][0]['registryCredentialId']}")
+        assert gone.status == 204, gone.body
+        twice = await at_once(2, lambda i: p.admin.post(RC, credential("same.example.com")))
+        assert statuses(twice) == {200: 1, 409: 1}, [r.body for r in twice]
+        assert len(hosts) == 2
+        # API keys: active ones, up to eight (the bootstrap and task keys among them).
+        held = len([k for k in (await p.admin.get("/v1/keys")).json["keys"] if k["status"] == "ACTIVE"])
+        minted = await at_once(10, lambda i: p.admin.post("/v1/admin/keys", {}))
+        assert statuses(minted) == {200: 8 - held, 400: 2 + held}, [r.body for r in minted]
+        assert "max_account_keys" in next(r for r in minted if r.status == 400).detail
+
+
+def credential(host: str) -> dict[str, object]:
+    secret = base64.b64encode(b"robot:pa55-WORD-xyz").decode()
+    return {"registryHostname": host, "secret": {"name": "cred", "value": secret}, "artifactTypes": ["CONTAINER"]}

@@ -33,6 +33,7 @@ from nvcf_mono.models.asset import (
     same_content_type,
 )
 from nvcf_mono.models.common import is_uuid, new_id, now_iso
+from nvcf_mono.planes.control.account_limits import one_more
 from nvcf_mono.planes.control.account_uploads import Flow
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.structure import evolve
@@ -125,13 +126,13 @@ async def create_asset(ctl: Control, call: Call[CreateAssetRequest]) -> CreatedA
         created_at=now_iso(),
     )
     most = ctl.config.max_account_assets
-    async with ctl.counted_creation:  # counted and made in one step: requests at once cannot pass the limit together
-        if most and sum(1 for a in ctl.store.assets.values() if a.nca_id == call.account) >= most:
-            raise ProblemError(
-                400,
-                f"the account keeps {most} assets, the most it may (plugins.control.max_account_assets); "
-                "delete assets it no longer needs",
-            )
+    async with one_more(
+        ctl,
+        count=lambda: sum(1 for a in ctl.store.assets.values() if a.nca_id == call.account),
+        most=most or None,
+        refusal=f"the account keeps {most} assets, the most it may (plugins.control.max_account_assets); "
+        "delete assets it no longer needs",
+    ):
         await ctl.store.assets.create(buckets.account_item_key(asset.nca_id, asset.asset_id), asset)
     return CreatedAsset(
         asset_id=asset.asset_id,

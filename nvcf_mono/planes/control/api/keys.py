@@ -7,6 +7,7 @@ its creator holds: every scope must be held by the caller, and every resource re
 from __future__ import annotations
 
 import re
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -42,6 +43,7 @@ from nvcf_mono.models.api_key import (
 )
 from nvcf_mono.models.common import iso, parse_iso, utc_now
 from nvcf_mono.planes.control.access import shared_with
+from nvcf_mono.planes.control.account_limits import one_more
 from nvcf_mono.planes.control.context import Control
 
 TAG = "api-keys"
@@ -262,15 +264,16 @@ async def create_key(ctl: Control, call: Call[CreateKeyRequest]) -> KeyDto:
     authorizations = normalized(req.authorizations)
     audience_ids = audiences(req.audience_service_ids, authorizations)
     check_grantable(ctl, principal, nca_id, authorizations)
-    record, value = await ctl.keys.create(
-        nca_id=nca_id,
-        owner_id=principal.subject,
-        description=req.description,
-        authorizations=authorizations,
-        expires_at=expires_at,
-        issuer_service_id=SERVICE_IDS[authorizations.policies[0].product],
-        audience_service_ids=audience_ids,
-    )
+    async with _one_more_key(ctl, nca_id):
+        record, value = await ctl.keys.create(
+            nca_id=nca_id,
+            owner_id=principal.subject,
+            description=req.description,
+            authorizations=authorizations,
+            expires_at=expires_at,
+            issuer_service_id=SERVICE_IDS[authorizations.policies[0].product],
+            audience_service_ids=audience_ids,
+        )
     return dto(record, value=value, details=True)
 
 
@@ -311,16 +314,28 @@ async def create_admin_key(ctl: Control, call: Call[AdminKeyRequest]) -> KeyDto:
     policy = Policy(scopes=ADMIN_KEY_SCOPES, resources=(KeyResource(id="*", type="account-functions"),))
     authorizations = normalized(Authorizations(policies=(policy,)))
     check_grantable(ctl, principal, nca_id, authorizations)
-    record, value = await ctl.keys.create(
-        nca_id=nca_id,
-        owner_id=principal.subject,
-        description="admin key",
-        authorizations=authorizations,
-        expires_in=ADMIN_KEY_LIFETIME,
-        issuer_service_id=FUNCTIONS_SERVICE_ID,
-        audience_service_ids=(FUNCTIONS_SERVICE_ID,),
-    )
+    async with _one_more_key(ctl, nca_id):
+        record, value = await ctl.keys.create(
+            nca_id=nca_id,
+            owner_id=principal.subject,
+            description="admin key",
+            authorizations=authorizations,
+            expires_in=ADMIN_KEY_LIFETIME,
+            issuer_service_id=FUNCTIONS_SERVICE_ID,
+            audience_service_ids=(FUNCTIONS_SERVICE_ID,),
+        )
     return dto(record, value=value, details=True)
+
+
+def _one_more_key(ctl: Control, nca_id: str) -> AbstractAsyncContextManager[None]:
+    most = ctl.config.max_account_keys
+    return one_more(
+        ctl,
+        count=lambda: sum(1 for r in ctl.keys.list(nca_id=nca_id) if effective_status(r) is KeyStatus.ACTIVE),
+        most=most or None,
+        refusal=f"the account holds {most} active API keys, the most it may (plugins.control.max_account_keys); "
+        "revoke keys no longer needed",
+    )
 
 
 @routes.route(

@@ -87,40 +87,41 @@ async def add_registry_credential(ctl: Control, call: Call[AddRegistryCredential
     account = await ctl.store.accounts.fetch(call.account)
     if account is None:
         raise ProblemError(404, f"account {call.account!r} not found")
-    existing = find_credential(ctl.store, call.account, hostname)
-    if existing is not None:
-        cred = existing[1].credential
-        raise ProblemError(
-            409,
-            f"a registry credential for '{cred.registry_hostname}' already exists "
-            f"({cred.registry_credential_id}); update it with PATCH {BASE}/{cred.registry_credential_id}",
+    async with ctl.counted_creation:  # checked and made in one step: requests at once are seen in turn
+        existing = find_credential(ctl.store, call.account, hostname)
+        if existing is not None:
+            cred = existing[1].credential
+            raise ProblemError(
+                409,
+                f"a registry credential for '{cred.registry_hostname}' already exists "
+                f"({cred.registry_credential_id}); update it with PATCH {BASE}/{cred.registry_credential_id}",
+            )
+        count = sum(1 for c in ctl.store.registry_credentials.values() if c.credential.nca_id == call.account)
+        if count >= account.max_registry_credentials_allowed:
+            raise ProblemError(
+                400,
+                "Reached or exceeded the max limit for the number of registry credentials allowed: "
+                f"{account.max_registry_credentials_allowed}",
+            )
+        cred_id = new_id()
+        key = buckets.account_item_key(call.account, cred_id)
+        now = now_iso()
+        cred = RegistryCredential(
+            registry_credential_id=cred_id,
+            nca_id=call.account,
+            registry_credential_name=req.secret.name,
+            registry_name=registry_name(hostname),
+            registry_hostname=hostname,
+            artifact_types=tuple(dict.fromkeys(req.artifact_types)),
+            provisioned_by=ProvisionedBy.USER,
+            created_at=now,
+            last_updated_at=now,
+            tags=req.tags,
+            description=req.description,
         )
-    count = sum(1 for c in ctl.store.registry_credentials.values() if c.credential.nca_id == call.account)
-    if count >= account.max_registry_credentials_allowed:
-        raise ProblemError(
-            400,
-            "Reached or exceeded the max limit for the number of registry credentials allowed: "
-            f"{account.max_registry_credentials_allowed}",
+        await ctl.store.registry_credentials.create(
+            key, StoredRegistryCredential(credential=cred, sealed_secret=seal(ctl, key, req.secret))
         )
-    cred_id = new_id()
-    key = buckets.account_item_key(call.account, cred_id)
-    now = now_iso()
-    cred = RegistryCredential(
-        registry_credential_id=cred_id,
-        nca_id=call.account,
-        registry_credential_name=req.secret.name,
-        registry_name=registry_name(hostname),
-        registry_hostname=hostname,
-        artifact_types=tuple(dict.fromkeys(req.artifact_types)),
-        provisioned_by=ProvisionedBy.USER,
-        created_at=now,
-        last_updated_at=now,
-        tags=req.tags,
-        description=req.description,
-    )
-    await ctl.store.registry_credentials.create(
-        key, StoredRegistryCredential(credential=cred, sealed_secret=seal(ctl, key, req.secret))
-    )
     return RegistryCredentialResponse(registry_credential=cred)
 
 

@@ -35,6 +35,7 @@ from nvcf_mono.models.task import (
     TaskResult,
     TaskStatus,
 )
+from nvcf_mono.planes.control.account_limits import one_more
 from nvcf_mono.planes.control.catalog import HELM_CAPABILITY, check_placement
 from nvcf_mono.planes.control.charts import check_chart, helm_auth
 from nvcf_mono.planes.control.context import Control
@@ -204,34 +205,42 @@ async def create_task(ctl: Control, principal: Principal, account: str, req: Cre
     durations = check_durations(req, spec.backend)
     secrets = check_secrets(req.secrets)
     check_secret_size(secrets)
-    task_id = new_id()
-    if secrets:
-        key = buckets.task_secrets_key(task_id)
-        await ctl.store.secrets.put(key, seal_secrets(ctl, key, secrets))
-    stamp = now_iso()
-    task = Task(
-        id=task_id,
-        nca_id=account,
-        name=req.name,
-        status=TaskStatus.QUEUED,
-        gpu_specification=spec,
-        created_at=stamp,
-        last_updated_at=stamp,
-        result_handling_strategy=req.result_handling_strategy or ResultHandlingStrategy.UPLOAD,
-        max_queued_duration=durations.max_queued,
-        termination_grace_period_duration=durations.grace,
-        max_runtime_duration=durations.max_runtime,
-        container_image=req.container_image,
-        helm_chart=req.helm_chart,
-        container_args=req.container_args,
-        container_environment=req.container_environment,
-        results_location=req.results_location,
-        secrets=tuple(sorted(secrets)) or None,
-        tags=req.tags,
-        description=req.description,
-        events=1,
-    )
-    await ctl.store.tasks.create(task_id, task)
+    most = ctl.config.tasks.max_account_tasks
+    async with one_more(
+        ctl,
+        count=lambda: sum(1 for t in ctl.store.tasks.values() if t.nca_id == account),
+        most=most or None,
+        refusal=f"the account keeps {most} tasks, the most it may (plugins.control.tasks.max_account_tasks; "
+        "finished ones count until they are deleted or their retention ends); delete tasks no longer needed",
+    ):
+        task_id = new_id()
+        if secrets:
+            key = buckets.task_secrets_key(task_id)
+            await ctl.store.secrets.put(key, seal_secrets(ctl, key, secrets))
+        stamp = now_iso()
+        task = Task(
+            id=task_id,
+            nca_id=account,
+            name=req.name,
+            status=TaskStatus.QUEUED,
+            gpu_specification=spec,
+            created_at=stamp,
+            last_updated_at=stamp,
+            result_handling_strategy=req.result_handling_strategy or ResultHandlingStrategy.UPLOAD,
+            max_queued_duration=durations.max_queued,
+            termination_grace_period_duration=durations.grace,
+            max_runtime_duration=durations.max_runtime,
+            container_image=req.container_image,
+            helm_chart=req.helm_chart,
+            container_args=req.container_args,
+            container_environment=req.container_environment,
+            results_location=req.results_location,
+            secrets=tuple(sorted(secrets)) or None,
+            tags=req.tags,
+            description=req.description,
+            events=1,
+        )
+        await ctl.store.tasks.create(task_id, task)
     await first_event(ctl, task)
     ctl.poke()
     return task
