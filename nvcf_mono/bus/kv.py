@@ -256,14 +256,16 @@ class NatsKeyValue:
         async with self.watch(pattern) as watch:
             return [entry.key for entry in watch.initial]
 
-    async def _catch_up(self, watcher: Any, keep: Callable[[Any], None], last_seen: Callable[[], int]) -> None:
+    async def _catch_up(self, watcher: Any, keep: Callable[[Any], None], received: Callable[[], int]) -> None:
         """Read what the server delivered before nats-py said the initial values were done.
 
         nats-py can end the initial load early: messages already sent to the subscription but not yet
         through its callback are not counted (nats-io/nats.py#842), so a watch (and ``keys()``) may
-        miss keys that exist. The consumer says what it still has to send and which stream sequence
-        it sent last: once nothing is left to send, read on until that one has arrived. A straggler
-        that never comes (a marker nats-py drops) ends the wait at the deadline.
+        miss keys that exist. The consumer says what it still has to send and how many messages it
+        sent: once nothing is left to send, read on until that many have arrived. (Not the last stream
+        sequence it names: a filtered consumer moves that past messages it skipped, so a pattern that
+        matched nothing in a bucket that is not empty waited for one that never comes, the whole
+        deadline.) A straggler that never comes (a marker nats-py drops) ends the wait at the deadline.
         """
         with anyio.move_on_after(self._timeout):
             backoff = Backoff(0.002, 0.05)
@@ -277,8 +279,8 @@ class NatsKeyValue:
                 if not info.num_pending:
                     break
                 await anyio.sleep(backoff.next())
-            delivered = info.delivered.stream_seq or 0
-            while last_seen() < delivered:
+            delivered = info.delivered.consumer_seq or 0
+            while received() < delivered:
                 try:
                     raw = await watcher.updates(timeout=self._timeout)
                 except nats.errors.TimeoutError:
@@ -300,9 +302,11 @@ class NatsKeyValue:
         try:
             initial: dict[str, Entry] = {}
             last_seen = 0
+            received = 0
 
             def keep(raw: Any) -> None:
-                nonlocal last_seen
+                nonlocal last_seen, received
+                received += 1
                 entry = _entry(self.bucket, raw)
                 last_seen = max(last_seen, entry.revision)
                 if entry.deleted and not include_history:
@@ -320,7 +324,7 @@ class NatsKeyValue:
                 if raw is None:
                     break
                 keep(raw)
-            await self._catch_up(watcher, keep, lambda: last_seen)
+            await self._catch_up(watcher, keep, lambda: received)
             yield NatsWatch(watcher, tuple(initial.values()), self.bucket, last_seen)
         finally:
             with anyio.move_on_after(self._timeout, shield=True):
