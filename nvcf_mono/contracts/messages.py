@@ -349,3 +349,7 @@ class TaskRoomReply(WireModel):
     why: str
     #: The limit is the store's room now, which frees as queued requests drain: worth trying again later.
     passing: bool = False
+    #: Whose task it is, and what its quota leaves (None: no quota): results stored at once on a node
+    #: share it (the node counts what the account's other uploads bring until they are recorded).
+    account: str = ""
+    account_left: int | None = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nvcf_mono.planes.control.account_uploads import AccountUploads
+from nvcf_mono.account_uploads import AccountUploads
 
 
 def test_each_upload_sees_what_the_others_brought_that_no_record_holds_yet() -> None:

@@ -9,6 +9,7 @@ from typing import TypeVar, final
 import anyio
 import attrs
 
+from nvcf_mono.account_uploads import AccountUploads
 from nvcf_mono.auth.delegation import DelegationTokens
 from nvcf_mono.auth.keystore import ApiKeyStore
 from nvcf_mono.auth.secret import Keyring
@@ -19,7 +20,6 @@ from nvcf_mono.config.model import Settings
 from nvcf_mono.contracts import env
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late
-from nvcf_mono.planes.control.account_uploads import AccountUploads
 from nvcf_mono.planes.control.config import ControlConfig
 from nvcf_mono.planes.control.store import ControlStore
 from nvcf_mono.planes.control.traffic import TrafficHistory

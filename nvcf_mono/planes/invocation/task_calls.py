@@ -17,6 +17,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
+from nvcf_mono.account_uploads import AccountUploads, Flow
 from nvcf_mono.auth.tokens import WORKER
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.errors import BusError
@@ -62,6 +63,8 @@ class TaskCalls:
         self._bus = bus
         self._room = room
         self._log = log
+        #: Result content being stored on this node, per account, until it is recorded.
+        self._uploads = AccountUploads()
 
     def _task(self, token: str) -> dict[str, Any]:
         claims = self._verify(token, WORKER)
@@ -127,32 +130,44 @@ class TaskCalls:
         if not name or len(name) > 1024 or name.startswith("/") or ".." in name.split("/"):
             raise GRPCError(Status.INVALID_ARGUMENT, f"invalid result name {first.name!r}")
         second = await stream.recv_message()
-        object_name: str | None = None
-        size = first.size
-        if first.data or second is not None:
-            # Content follows (result handling UPLOAD); a name alone (NONE) stores nothing.
-            object_name = buckets.task_result_object(task_id, new_id())
-            pieces = _chain((first, second), stream if second is not None else None)
-            size = await self._store(task_id, name, object_name, pieces, declared=first.size)
         try:
             metadata = json.loads(first.metadata_json) if first.metadata_json else None
         except ValueError:
             metadata = None
-        try:
-            answer: TaskResultReply = await self._call(
-                "result",
-                TaskResultCall(task_id=task_id, name=name, size=size, metadata=metadata, object_name=object_name),
-                TaskResultReply,
+        if not first.data and second is None:  # a name alone (result handling NONE) stores nothing
+            answer = await self._record(TaskResultCall(task_id=task_id, name=name, size=first.size, metadata=metadata))
+            await stream.send_message(TaskResultAck(result_id=answer.result_id))
+            return
+        room: TaskRoomReply = await self._call("room", TaskRoomCall(task_id=task_id), TaskRoomReply)
+        object_name = buckets.task_result_object(task_id, new_id())
+        pieces = _chain((first, second), stream if second is not None else None)
+        # Until it is recorded, what it brings counts against the account's quota for its other results.
+        with self._uploads.flow(room.account) as flow:
+            size = await self._store(name, object_name, pieces, room=room, flow=flow, declared=first.size)
+            answer = await self._record(
+                TaskResultCall(task_id=task_id, name=name, size=size, metadata=metadata, object_name=object_name)
             )
-        except BaseException:
-            if object_name is not None:  # not recorded: its content would be kept by nothing
-                with anyio.move_on_after(CALL_TIMEOUT, shield=True):
-                    await self._forget(object_name)
-            raise
         await stream.send_message(TaskResultAck(result_id=answer.result_id))
 
+    async def _record(self, call: TaskResultCall) -> TaskResultReply:
+        try:
+            answer: TaskResultReply = await self._call("result", call, TaskResultReply)
+        except BaseException:
+            if call.object_name is not None:  # not recorded: its content would be kept by nothing
+                with anyio.move_on_after(CALL_TIMEOUT, shield=True):
+                    await self._forget(call.object_name)
+            raise
+        return answer
+
     async def _store(
-        self, task_id: str, name: str, object_name: str, pieces: AsyncIterable[TaskResultChunk], *, declared: int
+        self,
+        name: str,
+        object_name: str,
+        pieces: AsyncIterable[TaskResultChunk],
+        *,
+        room: TaskRoomReply,
+        flow: Flow,
+        declared: int,
     ) -> int:
         """Store a result's content, no larger than the control plane allows now; its size.
 
@@ -160,19 +175,36 @@ class TaskCalls:
         (it frees as queues drain: the worker tries again later). The worker's ``declared`` size refuses
         it before any byte is stored; the bytes themselves are held to the limit whatever it declared.
         """
-        room: TaskRoomReply = await self._call("room", TaskRoomCall(task_id=task_id), TaskRoomReply)
-
-        async def data() -> AsyncIterator[bytes]:
-            async for chunk in pieces:
-                if chunk.data:
-                    yield chunk.data
 
         def refuse() -> GRPCError:
             status = Status.UNAVAILABLE if room.passing else Status.RESOURCE_EXHAUSTED
             return GRPCError(status, f"result {name!r} is too large: {room.why}")
 
+        def fits(size: int) -> None:
+            """The account's quota, beside its other results being stored on this node."""
+            others = flow.others()
+            if room.account_left is not None and size + others > room.account_left:
+                raise GRPCError(
+                    Status.RESOURCE_EXHAUSTED,
+                    f"result {name!r} is too large: its account's quota leaves {room.account_left} bytes for "
+                    f"results and its other results being stored bring {others}; delete finished tasks whose "
+                    "results are no longer needed",
+                )
+
         if declared > room.max_bytes:
             raise refuse()
+        fits(declared)
+        flow.bring(declared)  # set aside whole: of results stored at once, the first ones fit
+
+        async def data() -> AsyncIterator[bytes]:
+            received = 0
+            async for chunk in pieces:
+                if chunk.data:
+                    received += len(chunk.data)
+                    if received > flow.mine:
+                        fits(received)
+                        flow.bring(received - flow.mine)
+                    yield chunk.data
 
         def no_room() -> GRPCError:
             return GRPCError(Status.UNAVAILABLE, f"result {name!r} does not fit in the platform's message store now")

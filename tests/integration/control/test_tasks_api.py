@@ -7,7 +7,7 @@ everything a task leaves behind, secrets, results and their content, accounts, s
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -15,9 +15,14 @@ from typing import Any
 import anyio
 import attrs
 import pytest
+from grpclib.client import Channel
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
 
 from nvcf_mono.auth.keystore import API_KEY_STORE
 from nvcf_mono.auth.scopes import TASK_KEY_SCOPES
+from nvcf_mono.auth.secret import KEYRING
+from nvcf_mono.auth.tokens import TokenSigner, mint_worker_token
 from nvcf_mono.bus.codec import TypedKV
 from nvcf_mono.contracts import buckets, rpc, subjects
 from nvcf_mono.contracts.messages import TaskRoomCall, TaskRoomReply
@@ -25,7 +30,8 @@ from nvcf_mono.models.api_key import TASKS_SERVICE_ID, Authorizations, KeyResour
 from nvcf_mono.models.common import new_id, now_iso
 from nvcf_mono.models.task import Task, TaskResult
 from nvcf_mono.planes.control.tasks.views import BOOKKEEPING, TaskDto
-from nvcf_mono.testing.platform import Api, Reply
+from nvcf_mono.proto.gen.nvcf.worker.v1 import TaskResultAck, TaskResultChunk, WorkerServiceStub
+from nvcf_mono.testing.platform import Api, Reply, wait_for
 
 from .conftest import Platform, agent, platform
 
@@ -540,3 +546,58 @@ async def test_the_openapi_document_describes_the_task_routes(tmp_path: Path) ->
         assert schema["additionalProperties"] is False
         assert not {"requestId", "events", "terminating"} & set(schema["properties"])
         assert doc["components"]["schemas"]["TaskListResponse"]["additionalProperties"] is False
+
+
+async def test_results_stored_at_once_share_the_accounts_result_quota(tmp_path: Path) -> None:
+    """Each result's room was what the recorded results left: two stored at once on a node both got in,
+    together past the quota. What an upload under way brings (its declared size first) counts for the others.
+    """
+    async with platform(tmp_path, **{"plugins.control.tasks.max_account_result_bytes": "4000"}) as p, agent(p.bus):
+        signer = TokenSigner(p.host.services.get(KEYRING).token_key)
+        tokens = []
+        for n in range(3):
+            task = await launch(p.task_key, name=f"results-{n}")
+            tokens.append(
+                mint_worker_token(
+                    signer,
+                    nca_id=task["ncaId"],
+                    function_id="",
+                    function_version_id="",
+                    request_id="r",
+                    task_id=task["id"],
+                )
+            )
+        host, port = p.host.endpoints.grpc_address.rsplit(":", 1)
+        release = anyio.Event()
+
+        async def chunks(token: str, size: int, *, hold: bool = False) -> AsyncIterator[TaskResultChunk]:
+            yield TaskResultChunk(worker_token=token, name="out.bin", size=size, data=b"a" * 1000)
+            yield TaskResultChunk(data=b"b" * 500)
+            if hold:
+                await release.wait()
+            yield TaskResultChunk(data=b"c" * (size - 1500))
+
+        channel = Channel(host, int(port))
+        try:
+            stub = WorkerServiceStub(channel)
+            async with anyio.create_task_group() as tg:
+                first: list[TaskResultAck] = []
+
+                async def held_open() -> None:
+                    first.append(await stub.task_upload_result(chunks(tokens[0], 2500, hold=True), timeout=30))
+
+                tg.start_soon(held_open)
+                await wait_for(lambda: _under_way(p), timeout=10, what="the first upload under way")
+                with pytest.raises(GRPCError) as refused:
+                    await stub.task_upload_result(chunks(tokens[1], 2500), timeout=30)
+                assert refused.value.status is Status.RESOURCE_EXHAUSTED, refused.value
+                assert "other results being stored bring 2500" in str(refused.value.message)
+                release.set()
+            assert first and first[0].result_id
+            assert (await stub.task_upload_result(chunks(tokens[2], 1500), timeout=30)).result_id  # 4000 exactly
+        finally:
+            channel.close()
+
+
+async def _under_way(p: Platform) -> bool:
+    return len(p.host.plugin("invocation").workers._tasks._uploads) > 0

@@ -14,6 +14,7 @@ from typing import Literal
 from aiohttp import ClientPayloadError, web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from nvcf_mono.account_uploads import Flow
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.bus.errors import BusError
 from nvcf_mono.bus.upload_room import UploadRoom, upload_room
@@ -34,7 +35,6 @@ from nvcf_mono.models.asset import (
 )
 from nvcf_mono.models.common import is_uuid, new_id, now_iso
 from nvcf_mono.planes.control.account_limits import one_more
-from nvcf_mono.planes.control.account_uploads import Flow
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.structure import evolve
 

@@ -135,15 +135,19 @@ class TaskWorkerCalls:
         quota = settings.max_account_result_bytes
         if quota:
             used = sum(t.result_bytes for t in self._ctl.store.tasks.values() if t.nca_id == task.nca_id)
-            if quota - used < reply.max_bytes:
-                reply = TaskRoomReply(
-                    max_bytes=max(0, quota - used),
+            left = max(0, quota - used)
+            reply = evolve(reply, account=task.nca_id, account_left=left)
+            if left < reply.max_bytes:
+                reply = evolve(
+                    reply,
+                    max_bytes=left,
                     why=f"the account's tasks may keep {quota} bytes of results together and hold {used}; "
                     "delete finished tasks whose results are no longer needed",
                 )
         room = await upload_room(self._ctl.bus, self._ctl.settings).left()
         if room is not None and room < reply.max_bytes:
-            reply = TaskRoomReply(
+            reply = evolve(
+                reply,
                 max_bytes=room,
                 why="the platform's message store has no more room for results (the rest is kept for queued "
                 "requests); delete results no longer needed, or ask the operator for a larger store",
