@@ -61,8 +61,8 @@ class Control:
     parts: Late[ControlParts] = attrs.field(factory=lambda: Late[ControlParts]("the control plane"))
     #: Asset uploads under way on this node, per account (held to the account's quota together).
     asset_uploads: AccountUploads = attrs.field(factory=AccountUploads)
-    #: Held from counting an account's records to making one more (functions, versions, assets), so that
-    #: requests at once are counted one after another and cannot pass a limit together.
+    #: Held from counting an account's records to making one more (functions, versions, assets, tasks, API
+    #: keys, registry credentials), so that requests at once are counted in turn and cannot pass a limit together.
     counted_creation: anyio.Lock = attrs.field(factory=anyio.Lock)
 
     @property

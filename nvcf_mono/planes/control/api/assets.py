@@ -262,16 +262,17 @@ async def upload_asset_content(ctl: Control, call: Call[None]) -> web.StreamResp
             raise ProblemError(503, f"the asset could not be stored: {err}", headers={"Retry-After": "1"}) from err
         uploaded = now_iso()
 
-    def record(current: Asset | None) -> Asset | None:
-        if current is None:
-            raise _not_found(asset_id)
-        return evolve(current, size=info.size, uploaded_at=uploaded)
+        def record(current: Asset | None) -> Asset | None:
+            if current is None:
+                raise _not_found(asset_id)
+            return evolve(current, size=info.size, uploaded_at=uploaded)
 
-    try:
-        await ctl.store.assets.mutate(buckets.account_item_key(asset.nca_id, asset.asset_id), record)
-    except ProblemError:
-        await objects.delete(name)  # deleted while uploading: keep no orphan content
-        raise
+        # Recorded before the flow ends: an upload that begins meanwhile sees it in one or the other.
+        try:
+            await ctl.store.assets.mutate(buckets.account_item_key(asset.nca_id, asset.asset_id), record)
+        except ProblemError:
+            await objects.delete(name)  # deleted while uploading: keep no orphan content
+            raise
     return web.Response(status=200, content_type="application/octet-stream")
 
 
