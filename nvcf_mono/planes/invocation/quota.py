@@ -3,11 +3,12 @@
 A JetStream byte limit reserves its whole size out of the server's store when the stream is made,
 so it cannot be the per-version limit of a platform with thousands of versions. Instead each node
 keeps, per version, the stream's size at its last look, what it stored that the look did not see
-(told by sequence), and what it admitted that is still on its way: far below the limit a publish
-costs no call at all; past half of it the node looks again (at most every ``REFRESH`` seconds) and
-refuses what would not fit. A node counts its own stores whole (but for each message's few bytes of
-subject and headers), however fast they come; several nodes together may overshoot by what the others
-stored since a node's last look, which is bounded by the refresh period.
+(told by sequence), and what it admitted that is still on its way. Its first publish to a version
+looks first (what the queue held before this node counted: a restart, other nodes); after that, far
+below the limit a publish costs no call at all; past half of it the node looks again (at most every
+``REFRESH`` seconds) and refuses what would not fit. A node counts its own stores whole (but for each
+message's few bytes of subject and headers), however fast they come; several nodes together may
+overshoot by what the others stored since a node's last look, which is bounded by the refresh period.
 
 An account's versions together are held the same way, so that one account with many versions cannot
 fill the store every account's requests wait in: its look is one listing of every request stream's
@@ -21,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import final
 
+import anyio
 import attrs
 
 from nvcf_mono.bus.api import Stream, StreamState
@@ -58,6 +60,10 @@ class _Seen:
     pending: int = 0
     looks: int = 0
     at: float = -REFRESH
+    #: A look has answered: until one has, the count says nothing of what the queue held before this
+    #: node counted (a restarted node, a queue filled through other nodes).
+    known: bool = False
+    looking: anyio.Event | None = None
 
     @property
     def held(self) -> int:
@@ -73,13 +79,21 @@ class _Seen:
         """Whether ``size`` more stays within ``limit``: far below it by the count alone (no call at all),
         past half of it after a look at the queues (unless one was just made).
         """
-        if self.held + size <= limit // 2 and len(self.since) < MAX_REMEMBERED:
+        if self.known and self.held + size <= limit // 2 and len(self.since) < MAX_REMEMBERED:
             return True
         now = time.monotonic()
-        if now - self.at >= REFRESH:
-            self.at = now  # one look at a time: calls in the meantime go by the estimate
+        if self.looking is None and now - self.at >= REFRESH:
+            self.at = now  # one look at a time: calls in the meantime go by the estimate (once there is one)
             self.looks += 1
-            self._saw(await look(), begun=self.looks)
+            self.looking = looking = anyio.Event()
+            try:
+                self._saw(await look(), begun=self.looks)
+                self.known = True
+            finally:
+                self.looking = None
+                looking.set()
+        elif not self.known and self.looking is not None:
+            await self.looking.wait()
         return self.held + size <= limit
 
     def _saw(self, states: Mapping[str, StreamState], *, begun: int) -> None:

@@ -83,12 +83,12 @@ async def test_an_accounts_versions_together_are_held_to_its_limit(monkeypatch: 
     await queue(quota, queues, "a3", 200)
 
 
-async def test_far_below_the_limit_no_listing_is_made_and_no_account_means_no_account_limit() -> None:
+async def test_far_below_the_limit_only_the_first_listing_is_made_and_no_account_means_no_account_limit() -> None:
     queues = Queues()
     quota = QueueQuota(10_000, account_limit=10_000, queued=queues.listing, account_of=OWNERS.get)
     for _ in range(40):
         await queue(quota, queues, "a1", 100)
-    assert queues.listings == 0
+    assert queues.listings == 1  # what the queues held before this node counted; then the count alone
     unlimited = QueueQuota(10_000)  # no listing given: only the version limit
     for _ in range(50):
         await unlimited.admit(Stream(queues, "b1"), "b1", 100, account="acct-b")  # type: ignore[arg-type]
@@ -185,3 +185,35 @@ async def test_what_is_remembered_between_looks_stays_bounded_far_below_the_limi
 
 async def _append(into: list[Admission], admission: Any) -> None:
     into.append(await admission)
+
+
+async def test_a_node_that_starts_beside_full_queues_looks_before_it_admits() -> None:
+    """A restarted node's count starts at nothing: far below half the limit by that count, it admitted
+    up to half the limit more into a queue that was already full, without a look.
+    """
+    queues = Queues()
+    for _ in range(9):
+        queues.store("a1", 100)  # 900 of 1000, queued before this node started
+    quota = QueueQuota(1000, account_limit=10_000, queued=queues.listing, account_of=OWNERS.get)
+    await queue(quota, queues, "a1", 100)
+    with pytest.raises(ProblemError) as full:
+        await queue(quota, queues, "a1", 100)
+    assert "1000 bytes queued" in full.value.detail
+    # Calls made while the first look is under way wait for it, rather than go by an empty count.
+    queues.hold = anyio.Event()
+    fresh = QueueQuota(10_000, account_limit=1000, queued=queues.listing, account_of=OWNERS.get)
+    outcomes: list[str] = []
+
+    async def one() -> None:
+        try:
+            await admit(fresh, queues, "a2", 100)
+            outcomes.append("admitted")
+        except ProblemError:
+            outcomes.append("refused")
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(one)
+        await anyio.wait_all_tasks_blocked()
+        queues.hold.set()
+    assert outcomes == ["refused"] * 3  # the account's queues hold 1000 already
