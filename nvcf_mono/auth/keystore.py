@@ -183,6 +183,19 @@ class ApiKeyStore:
 
         return await self.mirror.mutate(record.hash, change)
 
+    async def remove_expired(self, kept: timedelta) -> int:
+        """Remove the records of keys expired more than ``kept`` ago; how many went.
+
+        An expired key is listed as EXPIRED for a while (its owner sees why calls fail), then goes: the
+        bucket holds the keys that work or just stopped, not every key ever minted.
+        """
+        cutoff = utc_now() - kept
+        gone = 0
+        for record in self.mirror.values():
+            if parse_iso(record.expires_at) < cutoff and await self.revoke(record.id):
+                gone += 1
+        return gone
+
     async def revoke(self, key_id: str) -> bool:
         """Delete a key; it stops working on this node at once and on others within the watch delay."""
         record = self.find(key_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import ClassVar, final
 
 import anyio
@@ -11,9 +12,15 @@ from nvcf_mono.auth.keystore import API_KEY_STORE, ApiKeyStore
 from nvcf_mono.auth.principal import Principal
 from nvcf_mono.auth.secret import KEYRING
 from nvcf_mono.auth.strategy import AUTH_STRATEGIES
+from nvcf_mono.bus.errors import BusError
 from nvcf_mono.contracts import buckets
 from nvcf_mono.plugin import BasePlugin, NoConfig, PluginSpec, RunContext, SetupContext
 from nvcf_mono.plugins.auth import API_ROLES
+
+#: Expired keys stay listed (as EXPIRED) this long before their records are removed.
+EXPIRED_KEPT = timedelta(days=30)
+#: How often each node looks for keys to remove.
+SWEEP_EVERY = 3600.0
 
 
 @final
@@ -50,6 +57,19 @@ class ApiKeyAuth(BasePlugin[NoConfig]):
         self.store.bind(ctx.services.get(KEYRING))
         async with anyio.create_task_group() as tg:
             await tg.start(self.store.run, ctx.bus)
+            tg.start_soon(self._sweep, ctx, name="auth_api_key:sweep")
             task_status.started()
             await ctx.wait_stopping()
             tg.cancel_scope.cancel()
+
+    async def _sweep(self, ctx: RunContext[NoConfig]) -> None:
+        """Remove keys long expired, now and then (every node may; a key removed twice is no harm)."""
+        while True:
+            try:
+                gone = await self.store.remove_expired(EXPIRED_KEPT)
+            except BusError as err:
+                ctx.log.warning("could not remove expired API keys: %s", err)
+            else:
+                if gone:
+                    ctx.log.info("removed %d API keys expired more than %d days ago", gone, EXPIRED_KEPT.days)
+            await anyio.sleep(SWEEP_EVERY)

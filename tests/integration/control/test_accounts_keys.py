@@ -15,9 +15,11 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from nvcf_mono.auth.keystore import API_KEY_STORE
 from nvcf_mono.contracts import buckets
-from nvcf_mono.models.api_key import FUNCTIONS_SERVICE_ID, TASKS_SERVICE_ID
+from nvcf_mono.models.api_key import FUNCTIONS_SERVICE_ID, TASKS_SERVICE_ID, Authorizations, Policy
 from nvcf_mono.models.common import parse_iso
+from nvcf_mono.plugins.auth_api_key import EXPIRED_KEPT
 from nvcf_mono.testing.platform import Reply, wait_for
 
 from .conftest import CONTAINER_FUNCTION, Platform, agent, platform
@@ -674,3 +676,27 @@ async def test_an_admin_key_manages_the_accounts_functions_for_twelve_hours(tmp_
         assert (await p.admin.call("POST", "/v1/admin/keys")).status == 200
         assert_problem(await p.admin.post("/v1/admin/keys", {"nca_id": "no-such-team"}), 404)
         assert_problem(await p.anonymous.post("/v1/admin/keys", {}), 401)
+
+
+async def test_keys_expired_long_ago_are_removed_and_recent_ones_stay_listed(tmp_path: Path) -> None:
+    """Expired key records used to be kept for ever: the bucket grew with every key minted."""
+    async with platform(tmp_path) as p:
+        store = p.host.services.get(API_KEY_STORE)
+        now = datetime.now(UTC)
+        made = {}
+        for name, expires in (("old", now - timedelta(days=31)), ("recent", now - timedelta(days=1))):
+            record, _ = await store.create(
+                nca_id="nvcf-default",
+                owner_id="tests",
+                description=name,
+                authorizations=Authorizations(policies=(Policy(scopes=("invoke_function",)),)),
+                expires_at=expires,
+                issuer_service_id=FUNCTIONS_SERVICE_ID,
+                audience_service_ids=(FUNCTIONS_SERVICE_ID,),
+            )
+            made[name] = record.id
+        assert await store.remove_expired(EXPIRED_KEPT) == 1
+        listed = {k["id"]: k["status"] for k in (await p.admin.get("/v1/keys")).json["keys"]}
+        assert made["old"] not in listed and listed[made["recent"]] == "EXPIRED"
+        assert "ACTIVE" in listed.values()  # the keys that work stay
+        assert len(await p.bus.kv(buckets.API_KEYS.name).keys()) == len(listed)
