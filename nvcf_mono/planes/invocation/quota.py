@@ -26,13 +26,13 @@ import anyio
 import attrs
 
 from nvcf_mono.bus.api import Stream, StreamState
-from nvcf_mono.bus.errors import NotFound
+from nvcf_mono.bus.errors import BusError, NotFound
 from nvcf_mono.http.problem import ProblemError
 
 #: Least seconds between two looks at one version's stream size.
 REFRESH = 0.25
-#: Stores remembered between two looks before a look is made even far below the limit: memory grows
-#: with what is stored between looks, not with history.
+#: Stores remembered between two looks; past it, far below the limit, they are folded into the count
+#: (no call): memory grows with what is stored between looks, not with history.
 MAX_REMEMBERED = 256
 
 #: A look at some request queues: their state by version id.
@@ -79,7 +79,9 @@ class _Seen:
         """Whether ``size`` more stays within ``limit``: far below it by the count alone (no call at all),
         past half of it after a look at the queues (unless one was just made).
         """
-        if self.known and self.held + size <= limit // 2 and len(self.since) < MAX_REMEMBERED:
+        if self.known and self.held + size <= limit // 2:
+            if len(self.since) >= MAX_REMEMBERED:
+                self._fold()
             return True
         now = time.monotonic()
         if self.looking is None and now - self.at >= REFRESH:
@@ -89,12 +91,22 @@ class _Seen:
             try:
                 self._saw(await look(), begun=self.looks)
                 self.known = True
+            except BusError:
+                pass  # the stream cannot be asked now (a leader being elected): the estimate decides
             finally:
                 self.looking = None
                 looking.set()
         elif not self.known and self.looking is not None:
             await self.looking.wait()
         return self.held + size <= limit
+
+    def _fold(self) -> None:
+        """Count the stores remembered since the last look as stored: what the queue holds at most
+        (until its consumers take them), and no call to make far below the limit.
+        """
+        self.stored += self.published
+        self.published = 0
+        self.since = {}
 
     def _saw(self, states: Mapping[str, StreamState], *, begun: int) -> None:
         self.stored = sum(state.bytes for state in states.values())

@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 from nvcf_mono.bus.api import StreamState
+from nvcf_mono.bus.errors import RequestTimeout
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.planes.invocation import quota as quota_module
 from nvcf_mono.planes.invocation.quota import Admission, QueueQuota
@@ -24,6 +25,8 @@ class Queues:
         self.listings = 0
         #: Set: a listing's answer waits for it (its snapshot is taken when it is asked).
         self.hold: anyio.Event | None = None
+        #: Set: the streams cannot be asked (a leader being elected).
+        self.down = False
 
     def state(self, version: str) -> StreamState:
         return StreamState(
@@ -37,6 +40,8 @@ class Queues:
 
     async def listing(self) -> dict[str, StreamState]:
         self.listings += 1
+        if self.down:
+            raise RequestTimeout("no answer from JetStream in time")
         snapshot = {version: self.state(version) for version in self.bytes}
         if self.hold is not None:
             await self.hold.wait()
@@ -179,8 +184,10 @@ async def test_what_is_remembered_between_looks_stays_bounded_far_below_the_limi
     quota = QueueQuota(10**12, account_limit=10**12, queued=queues.listing, account_of=OWNERS.get)
     for _ in range(3 * quota_module.MAX_REMEMBERED):
         await queue(quota, queues, "a1", 10)
-    remembered = [len(seen.since) for seen in (quota._seen["a1"], quota._accounts["acct-a"])]
-    assert max(remembered) <= quota_module.MAX_REMEMBERED and queues.listings >= 2, (remembered, queues.listings)
+    counts = (quota._seen["a1"], quota._accounts["acct-a"])
+    remembered = [len(seen.since) for seen in counts]
+    assert max(remembered) <= quota_module.MAX_REMEMBERED and queues.listings == 1, (remembered, queues.listings)
+    assert all(seen.held == 3 * quota_module.MAX_REMEMBERED * 10 for seen in counts)  # folded, not forgotten
 
 
 async def _append(into: list[Admission], admission: Any) -> None:
@@ -217,3 +224,19 @@ async def test_a_node_that_starts_beside_full_queues_looks_before_it_admits() ->
         await anyio.wait_all_tasks_blocked()
         queues.hold.set()
     assert outcomes == ["refused"] * 3  # the account's queues hold 1000 already
+
+
+async def test_a_look_that_gets_no_answer_leaves_the_decision_to_the_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a stream elects a new leader nothing can be asked of it: admissions go by the count rather
+    than fail (the publish that follows waits the election out on its own).
+    """
+    monkeypatch.setattr(quota_module, "REFRESH", 0.0)
+    queues = Queues()
+    quota = QueueQuota(10_000, account_limit=1000, queued=queues.listing, account_of=OWNERS.get)
+    await queue(quota, queues, "a1", 100)  # the first look answered: nothing queued
+    queues.down = True
+    for _ in range(8):
+        await queue(quota, queues, "a1", 100)  # past half: each looks, gets no answer, goes by the count
+    with pytest.raises(ProblemError):
+        await queue(quota, queues, "a1", 200)  # 900 counted: 200 more would pass 1000
+    assert queues.listings > 2
