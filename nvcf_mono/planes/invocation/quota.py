@@ -80,7 +80,7 @@ class _Seen:
         past half of it after a look at the queues (unless one was just made).
         """
         if self.known and self.held + size <= limit // 2:
-            if len(self.since) >= MAX_REMEMBERED:
+            if len(self.since) >= MAX_REMEMBERED and self.looking is None:  # a look under way sorts them
                 self._fold()
             return True
         now = time.monotonic()
