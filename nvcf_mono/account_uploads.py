@@ -10,7 +10,7 @@ seen once they are recorded.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import final
 
@@ -35,11 +35,20 @@ class Flow:
     _base: int
     mine: int = 0
 
-    def bring(self, size: int) -> None:
-        """``size`` more bytes of this upload (set aside ahead when its size is announced)."""
-        self.mine += size
-        self._account.brought += size
-        self._account.open += size
+    def reach(self, total: int, room: int | None, refuse: Callable[[int], BaseException]) -> None:
+        """The upload has brought, or announced, ``total`` bytes: what passes what it counts already is
+        counted, unless with the others' it would pass ``room`` (None: no limit); then ``refuse(others)``
+        is raised. Announced first, its size is set aside whole: of uploads made at once, the first fit.
+        """
+        more = total - self.mine
+        if more <= 0:
+            return
+        others = self.others()
+        if room is not None and total + others > room:
+            raise refuse(others)
+        self.mine = total
+        self._account.brought += more
+        self._account.open += more
 
     def others(self) -> int:
         """Bytes the account's other uploads brought that a finished record may not hold yet."""

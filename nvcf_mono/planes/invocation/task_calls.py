@@ -180,30 +180,25 @@ class TaskCalls:
             status = Status.UNAVAILABLE if room.passing else Status.RESOURCE_EXHAUSTED
             return GRPCError(status, f"result {name!r} is too large: {room.why}")
 
-        def fits(size: int) -> None:
+        def over_quota(others: int) -> GRPCError:
             """The account's quota, beside its other results being stored on this node."""
-            others = flow.others()
-            if room.account_left is not None and size + others > room.account_left:
-                raise GRPCError(
-                    Status.RESOURCE_EXHAUSTED,
-                    f"result {name!r} is too large: its account's quota leaves {room.account_left} bytes for "
-                    f"results and its other results being stored bring {others}; delete finished tasks whose "
-                    "results are no longer needed",
-                )
+            return GRPCError(
+                Status.RESOURCE_EXHAUSTED,
+                f"result {name!r} is too large: its account's quota leaves {room.account_left} bytes for "
+                f"results and its other results being stored bring {others}; delete finished tasks whose "
+                "results are no longer needed",
+            )
 
         if declared > room.max_bytes:
             raise refuse()
-        fits(declared)
-        flow.bring(declared)  # set aside whole: of results stored at once, the first ones fit
+        flow.reach(declared, room.account_left, over_quota)
 
         async def data() -> AsyncIterator[bytes]:
             received = 0
             async for chunk in pieces:
                 if chunk.data:
                     received += len(chunk.data)
-                    if received > flow.mine:
-                        fits(received)
-                        flow.bring(received - flow.mine)
+                    flow.reach(received, room.account_left, over_quota)
                     yield chunk.data
 
         def no_room() -> GRPCError:

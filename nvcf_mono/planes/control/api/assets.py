@@ -14,7 +14,6 @@ from typing import Literal
 from aiohttp import ClientPayloadError, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from nvcf_mono.account_uploads import Flow
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.bus.errors import BusError
 from nvcf_mono.bus.upload_room import UploadRoom, upload_room
@@ -230,12 +229,11 @@ async def upload_asset_content(ctl: Control, call: Call[None]) -> web.StreamResp
     limit, too_large = await _upload_limit(ctl, asset, room)
     declared = call.request.content_length
     with ctl.asset_uploads.flow(asset.nca_id) as flow:
-        fits = _account_quota(ctl, asset, flow)
+        quota_left, over_quota = _account_quota(ctl, asset)
         if declared is not None:
             if declared > limit:
                 raise too_large
-            fits(declared)
-            flow.bring(declared)  # set aside whole: of uploads made at once, the first ones fit
+            flow.reach(declared, quota_left, over_quota)
 
         async def body() -> AsyncIterator[bytes]:
             received = 0
@@ -244,9 +242,7 @@ async def upload_asset_content(ctl: Control, call: Call[None]) -> web.StreamResp
                     received += len(chunk)
                     if received > limit:
                         raise too_large
-                    if received > flow.mine:
-                        fits(received)
-                        flow.bring(received - flow.mine)
+                    flow.reach(received, quota_left, over_quota)
                     yield chunk
             except (ClientPayloadError, HttpProcessingError, ConnectionError) as err:
                 raise ProblemError(400, f"the upload was cut short after {received} bytes: {err}") from err
@@ -302,9 +298,9 @@ async def _upload_limit(ctl: Control, asset: Asset, room: UploadRoom) -> tuple[i
     return min(limits, key=lambda item: item[0])
 
 
-def _account_quota(ctl: Control, asset: Asset, flow: Flow) -> Callable[[int], None]:
-    """A check that ``size`` bytes of this upload keep the account within ``max_account_asset_bytes``,
-    beside its other assets and its other uploads under way; 413 when they do not.
+def _account_quota(ctl: Control, asset: Asset) -> tuple[int | None, Callable[[int], ProblemError]]:
+    """What ``max_account_asset_bytes`` leaves this upload beside the account's other assets (None: no
+    quota), and its 413 given what the account's other uploads under way bring (:meth:`Flow.reach`).
     """
     quota = ctl.config.max_account_asset_bytes
     used = 0
@@ -313,17 +309,15 @@ def _account_quota(ctl: Control, asset: Asset, flow: Flow) -> Callable[[int], No
             a.size or 0 for a in ctl.store.assets.values() if a.nca_id == asset.nca_id and a.asset_id != asset.asset_id
         )
 
-    def fits(size: int) -> None:
-        others = flow.others()
-        if quota and used + others + size > quota:
-            under_way = f" and its uploads under way bring {others}" if others else ""
-            detail = (
-                f"the account's assets may hold {quota} bytes together and its other assets hold {used}"
-                f"{under_way}: this upload does not fit; delete assets it no longer needs"
-            )
-            raise ProblemError(413, detail, headers=_CLOSE)
+    def over(others: int) -> ProblemError:
+        under_way = f" and its uploads under way bring {others}" if others else ""
+        detail = (
+            f"the account's assets may hold {quota} bytes together and its other assets hold {used}"
+            f"{under_way}: this upload does not fit; delete assets it no longer needs"
+        )
+        return ProblemError(413, detail, headers=_CLOSE)
 
-    return fits
+    return (quota - used if quota else None), over
 
 
 def _no_room() -> ProblemError:
