@@ -1,8 +1,10 @@
 """gRPC echo function: ``python -m nvcf_mono.examples.grpc_echo --port 8001``.
 
 Serves ``examples.echo.v1.EchoService`` (``nvcf_mono/proto/examples/echo/v1/echo.proto``): unary
-``Echo`` answers ``message`` repeated ``repeats`` times after ``delay_seconds``; server-streaming
-``EchoStream`` answers ``repeats`` messages, ``delay_seconds`` apart. ``grpc.health.v1`` says SERVING.
+``Echo`` answers ``message`` repeated ``repeats`` times after ``delay_seconds``, or ends the call with
+``status_code``; server-streaming ``EchoStream`` answers ``repeats`` messages, ``delay_seconds`` apart.
+Every answer carries the metadata the call arrived with. ``grpc.health.v1`` says SERVING.
+The tests run it too (``cancelled_path`` and ``gate_path`` are their hooks, see the proto).
 
 Register it with ``inferenceUrl: /grpc``, ``inferencePort: 8001``, ``containerImage: grpc-echo`` and
 ``health: {protocol: gRPC, port: 8001}``; clients call the platform's gRPC port with the metadata
@@ -16,13 +18,18 @@ import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, final
 
-from grpclib.const import Status
+import anyio
+from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
-from grpclib.server import Server
+from grpclib.metadata import encode_bin_value
+from grpclib.server import Server, Stream
 from grpclib.utils import graceful_exit
 
-from nvcf_mono.proto.gen.examples.echo.v1 import EchoRequest, EchoResponse, EchoServiceBase, EchoStreamRequest
+from nvcf_mono.grpc.raw import RawStatusDetails, encode_status
+from nvcf_mono.proto.gen.examples.echo.v1 import EchoRequest, EchoResponse, EchoStreamRequest
 from nvcf_mono.proto.gen.grpc.health.v1 import (
     HealthBase,
     HealthCheckRequest,
@@ -42,24 +49,70 @@ def _check(repeats: int, delay: float) -> None:
         raise GRPCError(Status.INVALID_ARGUMENT, f"delay_seconds must be from 0 to {MAX_DELAY:g}")
 
 
-class EchoService(EchoServiceBase):
-    """The echo service."""
+def _metadata(stream: Stream[Any, Any]) -> dict[str, str]:
+    """The call's metadata, binary values base64-encoded as on the wire."""
+    out: dict[str, str] = {}
+    for key, value in (stream.metadata or {}).items():
+        out[key] = encode_bin_value(value).decode("ascii") if isinstance(value, bytes) else value
+    return out
 
-    async def echo(self, echo_request: EchoRequest) -> EchoResponse:
-        """The message, ``repeats`` times (once when 0, proto3's unset)."""
-        _check(echo_request.repeats, echo_request.delay_seconds)
-        await asyncio.sleep(echo_request.delay_seconds)
-        return EchoResponse(message=echo_request.message * max(echo_request.repeats, 1))
 
-    async def echo_stream(self, echo_stream_request: EchoStreamRequest) -> AsyncIterator[EchoResponse]:
+@final
+class EchoService:
+    """The echo service, on grpclib streams directly (the answers need the call's metadata)."""
+
+    async def echo(self, stream: Stream[EchoRequest, EchoResponse]) -> None:
+        """The message, ``repeats`` times (once when 0, proto3's unset), or the status asked for."""
+        request = await stream.recv_message()
+        if request is None:
+            raise GRPCError(Status.INVALID_ARGUMENT, "no request message")
+        _check(request.repeats, request.delay_seconds)
+        if request.delay_seconds:
+            try:
+                await asyncio.sleep(request.delay_seconds)
+            except asyncio.CancelledError:
+                if request.cancelled_path:
+                    Path(request.cancelled_path).touch()  # noqa: ASYNC240 - no await while being cancelled
+                raise
+        if request.status_code:
+            try:
+                status = Status(request.status_code)
+            except ValueError:
+                detail = f"status_code {request.status_code} is no gRPC status"
+                raise GRPCError(Status.INVALID_ARGUMENT, detail) from None
+            raise GRPCError(status, request.message, encode_status(status, request.message))
+        message = request.message * max(request.repeats, 1)
+        await stream.send_message(EchoResponse(message=message, metadata=_metadata(stream)))
+
+    async def echo_stream(self, stream: Stream[EchoStreamRequest, EchoResponse]) -> None:
         """``repeats`` messages, one at a time."""
-        _check(echo_stream_request.repeats, echo_stream_request.delay_seconds)
-        for index in range(max(echo_stream_request.repeats, 1)):
-            if index:
-                await asyncio.sleep(echo_stream_request.delay_seconds)
-            yield EchoResponse(message=echo_stream_request.message, index=index)
+        request = await stream.recv_message()
+        if request is None:
+            raise GRPCError(Status.INVALID_ARGUMENT, "no request message")
+        _check(request.repeats, request.delay_seconds)
+        metadata = _metadata(stream)
+        for index in range(max(request.repeats, 1)):
+            if index and request.gate_path:
+                await _until_exists(anyio.Path(f"{request.gate_path}.{index}"))
+            if index and request.delay_seconds:
+                await asyncio.sleep(request.delay_seconds)
+            await stream.send_message(EchoResponse(message=request.message, index=index, metadata=metadata))
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {
+            f"/{SERVICE}/Echo": Handler(self.echo, Cardinality.UNARY_UNARY, EchoRequest, EchoResponse),
+            f"/{SERVICE}/EchoStream": Handler(
+                self.echo_stream, Cardinality.UNARY_STREAM, EchoStreamRequest, EchoResponse
+            ),
+        }
 
 
+async def _until_exists(path: anyio.Path) -> None:
+    while not await path.exists():  # noqa: ASYNC110 - a file appearing has no event to wait on
+        await asyncio.sleep(0.01)
+
+
+@final
 class Health(HealthBase):
     """SERVING for the whole server and for the echo service."""
 
@@ -77,7 +130,8 @@ class Health(HealthBase):
 
 async def serve(host: str, port: int) -> None:
     """Serve until SIGTERM or SIGINT."""
-    server = Server([EchoService(), Health()])
+    # Status details as google.rpc.Status bytes, as servers with googleapis' protos send them.
+    server = Server([EchoService(), Health()], status_details_codec=RawStatusDetails())
     with graceful_exit([server], signals=(signal.SIGINT, signal.SIGTERM)):
         await server.start(host, port, reuse_address=True)
         await server.wait_closed()

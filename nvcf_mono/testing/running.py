@@ -10,7 +10,7 @@ import functools
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -34,7 +34,7 @@ from nvcf_mono.models.common import now_iso
 from nvcf_mono.testing.host import running_host
 from nvcf_mono.testing.openapi import ResponseChecker
 from nvcf_mono.testing.platform import Api, credentials, platform_config, wait_for
-from nvcf_mono.testing.scripted_agent import ProcessLauncher, ScriptedAgent, gpu_inventory
+from nvcf_mono.testing.scripted_agent import ProcessLauncher, ScriptedAgent, gpu_inventory, inference_command
 
 CONTAINER_FUNCTION = {
     "name": "echo",
@@ -157,17 +157,23 @@ LLM_FUNCTION = {
 
 @asynccontextmanager
 async def launching_agent(
-    p: Platform, workdir: Path, *, worker_addresses: Sequence[str] = (), **options: Any
+    p: Platform,
+    workdir: Path,
+    *,
+    worker_addresses: Sequence[str] = (),
+    inference: Callable[[Mapping[str, str], int], list[str]] = inference_command,
+    **options: Any,
 ) -> AsyncIterator[ScriptedAgent]:
     """A scripted agent that starts real instances: the test echo server and ``nvcf-mono worker``.
 
-    ``worker_addresses``: the invocation nodes' gRPC addresses, dialled by the instances in turn.
+    ``worker_addresses``: the invocation nodes' gRPC addresses, dialled by the instances in turn;
+    ``inference``: the inference server's command line for an instance's environment and port.
     """
     options.setdefault("cluster_id", "6b1e4d3a-58a1-4a5e-9d58-2a1c0f000002")
     options.setdefault("cluster_name", "local")
     options.setdefault("gpus", [gpu_inventory("H100", 8)])
     environ = dict(os.environ)  # noqa: TID251 - child processes inherit it
-    launcher = ProcessLauncher(workdir, environ=environ, worker_addresses=worker_addresses)
+    launcher = ProcessLauncher(workdir, environ=environ, worker_addresses=worker_addresses, inference=inference)
     fake = ScriptedAgent(p.bus, behaviour="launch", launcher=launcher, **options)
     async with anyio.create_task_group() as tg:
         await tg.start(fake.run)

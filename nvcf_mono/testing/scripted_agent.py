@@ -314,7 +314,7 @@ class ScriptedAgent:
 def inference_command(spec_env: Mapping[str, str], port: int) -> list[str]:
     """The test inference server of an instance: the gRPC echo server for gRPC functions, else the HTTP one."""
     grpc = spec_env.get("INFERENCE_URL") == "/grpc" or spec_env.get("INFERENCE_PROTOCOL") == "grpc"
-    module = "nvcf_mono.testing.grpc_echo" if grpc else "nvcf_mono.testing.echo_server"
+    module = "nvcf_mono.examples.grpc_echo" if grpc else "nvcf_mono.testing.echo_server"
     return [sys.executable, "-m", module, "--port", str(port)]
 
 
@@ -350,8 +350,11 @@ class ProcessLauncher:
         ready_timeout: float = 30.0,
         restart_inference: bool = False,
         worker_addresses: Sequence[str] = (),
+        inference: Callable[[Mapping[str, str], int], list[str]] = inference_command,
     ) -> None:
         self.workdir = workdir
+        #: The inference server's command line for an instance's environment and port.
+        self.inference = inference
         #: WorkerService addresses the instances' workers dial in turn (several invocation nodes); by
         #: default the one the creation message names.
         self.worker_addresses = tuple(worker_addresses)
@@ -386,7 +389,7 @@ class ProcessLauncher:
         out = log.open("ab")
         inference_env = {k: v for k, v in env.items() if k != "NVCF_WORKER_TOKEN"}
         inference = await anyio.open_process(
-            inference_command(spec_env, port),
+            self.inference(spec_env, port),
             env=inference_env,
             stdout=out,
             stderr=out,
@@ -401,7 +404,7 @@ class ProcessLauncher:
             health_port=health_port,
             inference_port=port,
             log=log,
-            inference_argv=list(inference_command(spec_env, port)),
+            inference_argv=list(self.inference(spec_env, port)),
             inference_env=inference_env,
         )
         self.running[msg.request_id] = launched

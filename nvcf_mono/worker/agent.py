@@ -87,6 +87,8 @@ log = logging.getLogger("nvcf_mono.worker")
 LARGE_UPLOAD_TIMEOUT = 600.0
 #: In an output directory but not an output: the progress file the worker reads itself.
 _NOT_OUTPUTS = frozenset({PROGRESS_FILE})
+#: The session's own end, met while answering: it ends the session, not only the request.
+_SESSION_GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError)
 #: A request that finds the inference server down waits at least this long for it to come back
 #: (up to the request's queue deadline) before it is handed back for another instance.
 RECOVERY_WAIT = 30.0
@@ -600,7 +602,11 @@ class Worker:
         received = time.perf_counter()
         out = link.out
 
+        answered = False
+
         async def answer(frame: Frame) -> None:
+            nonlocal answered
+            answered = True
             if held is not None:
                 # nats transport: straight to the client's node; nobody wants the rest: stop serving it.
                 if not await held.relay(frame):
@@ -653,6 +659,17 @@ class Worker:
                 log.warning("request %s: calling the inference server failed: %s", rid, err)
                 detail = "Inference connection error while making inference request"
                 await answer(problem_frame(rid, attempt, 500, detail, source=INFERENCE_CONNECTION))
+                return
+            except _SESSION_GONE:
+                raise
+            except Exception as err:
+                # A fault of the worker's own: this request fails, the session and its other requests go on.
+                log.exception("request %s: the worker failed serving it", rid)
+                reason = f"the worker failed serving the request: {type(err).__name__}: {err}"
+                if answered:
+                    await failed(reason)  # part of the answer went out: another instance tries it whole
+                else:
+                    await answer(internal_error(reason))
                 return
 
     async def _call_once(

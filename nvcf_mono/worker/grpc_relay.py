@@ -22,6 +22,7 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from grpclib.metadata import encode_bin_value
 
 from nvcf_mono.contracts.frames import Frame, Headers, Request, header_value
+from nvcf_mono.grpc import compression
 from nvcf_mono.grpc.raw import (
     DETAILS,
     GRPC_CONTENT_TYPE,
@@ -60,6 +61,7 @@ def _channel(host: str, port: int) -> Channel:
     per_loop = _channels.setdefault(asyncio.get_running_loop(), {})
     channel = per_loop.get((host, port))
     if channel is None:
+        compression.install()  # a server may compress its answers
         channel = per_loop[(host, port)] = Channel(host, port, status_details_codec=RawStatusDetails())
     return channel
 

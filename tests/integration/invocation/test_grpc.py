@@ -1,13 +1,14 @@
 """gRPC functions through the platform's gRPC proxy: unary and server-streaming calls, errors, deadlines.
 
-Instances are real processes: the gRPC echo server (``nvcf_mono.testing.grpc_echo``) beside
+Instances are real processes: the gRPC echo server (``nvcf_mono.examples.grpc_echo``) beside
 ``nvcf-mono worker``; the client is a plain grpclib channel to the host's gRPC port.
 """
 
 from __future__ import annotations
 
+import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from nvcf_mono.proto.gen.examples.echo.v1 import EchoRequest, EchoResponse, Echo
 from nvcf_mono.proto.gen.grpc.health.v1 import HealthCheckRequest, HealthStub
 from nvcf_mono.testing.platform import wait_for
 from nvcf_mono.testing.running import agent
+from nvcf_mono.testing.scripted_agent import inference_command
 
 from .conftest import ECHO_FUNCTION, Platform, deployed, launching_agent, platform
 
@@ -248,3 +250,28 @@ async def _unary(
     ) as s:
         await s.send_message(HealthCheckRequest(service=""), end=True)
         await s.recv_message()
+
+
+def _grpcio_echo(spec_env: Mapping[str, str], port: int) -> list[str]:
+    return [sys.executable, "-m", "tests.support.grpcio_echo", "--port", str(port)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compressing_function", [False, True], ids=["grpclib-function", "gzip-function"])
+async def test_compressed_messages_pass_both_ways(tmp_path: Path, compressing_function: bool) -> None:
+    # grpcio clients made with compression= send gzip or deflate messages, and servers set to compress
+    # answer so; grpclib refused both (the client's call ended UNKNOWN, the function's answer broke its
+    # worker's session). Both clients and servers here are grpcio's, as users have them.
+    import grpc  # grpcio: a test dependency (grpcio-tools), not the platform's
+
+    inference = _grpcio_echo if compressing_function else inference_command
+    async with platform(tmp_path) as p, launching_agent(p, tmp_path / "instances", inference=inference):
+        fid, _ = await deployed(p.admin, GRPC_FUNCTION)
+        md = tuple(call_metadata(p.key.token, fid).items())
+        async with grpc.aio.insecure_channel(p.host.endpoints.grpc_address) as channel:
+            call = channel.unary_unary(ECHO, request_serializer=bytes, response_deserializer=EchoResponse().parse)
+            for compression in (grpc.Compression.NoCompression, grpc.Compression.Gzip, grpc.Compression.Deflate):
+                message = f"{compression.name} " * 5_000
+                with anyio.fail_after(15):
+                    reply = await call(EchoRequest(message=message), metadata=md, compression=compression)
+                assert reply.message == message, compression

@@ -26,12 +26,14 @@ from grpclib.server import Server, Stream
 
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.contracts import buckets, states
+from nvcf_mono.contracts.frames import Frame, Request
 from nvcf_mono.ports import spare_port
 from nvcf_mono.proto.gen.nvcf.worker.v1 import ConnectRequest, ConnectResponse
 from nvcf_mono.proto.serve_wire import NodeEnvelope, WorkerEnvelope
 from nvcf_mono.testing import echo_server
 from nvcf_mono.testing.platform import Api, wait_for
 from nvcf_mono.testing.scripted_agent import Launched, ProcessLauncher, ScriptedAgent, gpu_inventory
+from nvcf_mono.worker import agent as agent_module
 from nvcf_mono.worker.agent import Worker
 from nvcf_mono.worker.config import WorkerConfig
 
@@ -566,3 +568,92 @@ async def test_the_worker_reconnects_with_backoff_and_drains(tmp_path: Path) -> 
 
 async def _false(value: bool) -> bool:
     return not value
+
+
+# ---- a fault of the worker's own -----------------------------------------------------------------------
+
+
+class ServingNode(FakeNode):
+    """A node that hands the worker the given requests and collects the frames it answers with."""
+
+    def __init__(self, requests: list[Request]) -> None:
+        super().__init__(refuse=0)
+        self.requests = requests
+        self.frames: dict[str, list[Frame]] = {}
+        self.answered = anyio.Event()
+
+    async def serve(self, stream: Stream[WorkerEnvelope, NodeEnvelope]) -> None:
+        hello = await stream.recv_message()
+        assert hello is not None and hello.kind == "hello"
+        self.sessions += 1
+        for request in self.requests:
+            await stream.send_message(NodeEnvelope(request=request.encode(), attempt=1))
+        async for message in stream:
+            if message.frame is not None:
+                frame = Frame.decode(message.frame)
+                self.frames.setdefault(frame.request_id, []).append(frame)
+                if all(any(f.end for f in self.frames.get(r.request_id, ())) for r in self.requests):
+                    self.answered.set()
+
+
+def _request(request_id: str, path: str) -> Request:
+    return Request(
+        request_id=request_id,
+        nca_id="nca",
+        function_id="fid",
+        function_version_id="fvid",
+        method="POST",
+        path=path,
+        headers=(("Content-Type", "application/json"),),
+        reply="r",
+        time_ms=0,
+        deadline_ms=0,
+        poll_seconds=60,
+        body=b'{"message": "still here"}',
+    )
+
+
+async def test_a_fault_of_the_workers_own_fails_its_request_not_the_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, an unexpected exception while serving one request ended the worker's whole session: every
+    # request it held went back to the queue and the faulty one failed only after three deliveries.
+    real_call = agent_module.call
+
+    def faulty(http: Any, config: WorkerConfig, request: Request, *args: Any, **kwargs: Any) -> Any:
+        if request.path == "/boom":
+            raise RuntimeError("a bug in the worker")
+        return real_call(http, config, request, *args, **kwargs)
+
+    monkeypatch.setattr(agent_module, "call", faulty)
+    node_port, echo_port = spare_port(), spare_port()
+    config = WorkerConfig(
+        worker_token="token",
+        grpc_address=f"127.0.0.1:{node_port}",
+        function_id="fid",
+        function_version_id="fvid",
+        function_name="echo",
+        nca_id="nca",
+        instance_id="instance-1",
+        inference_port=echo_port,
+        health_port=echo_port,
+        health_endpoint="/health",
+        health_interval=0.1,
+        asset_dir=str(tmp_path / "assets"),
+        response_dir=str(tmp_path / "responses"),
+    )
+    fake = ServingNode([_request("boom", "/boom"), _request("fine", "/echo")])
+    async with echo(echo_port), node(fake, node_port), anyio.create_task_group() as tg:
+        await tg.start(Worker(config).run)
+        with anyio.fail_after(10):
+            await fake.answered.wait()
+        tg.cancel_scope.cancel()
+    (failed,) = fake.frames["boom"]
+    assert failed.status == 500 and failed.end
+    assert (
+        "the worker failed serving the request: RuntimeError: a bug in the worker" in json.loads(failed.body)["detail"]
+    )
+    served = fake.frames["fine"]
+    assert served[0].status == 200
+    assert json.loads(b"".join(f.body for f in served))["message"] == "still here"
+    assert fake.sessions == 1  # the session went on
