@@ -10,3 +10,7 @@ Each is one small module, runnable on its own as ``python -m nvcf_mono.examples.
 
 Copy one to start your own function; ``examples/README.md`` in the repository walks through it.
 """
+
+#: The largest request body the HTTP examples read: the platform's own default limit, so an example
+#: takes whatever the platform passes on (aiohttp's default is 1 MiB).
+MAX_BODY = 64 << 20

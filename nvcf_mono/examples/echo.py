@@ -20,6 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
+from nvcf_mono.examples import MAX_BODY
+
 MAX_REPEATS = 10_000
 MAX_DELAY = 600.0
 
@@ -54,7 +56,7 @@ async def echo(request: web.Request) -> web.StreamResponse:
     raw = await request.read()
     try:
         message, repeats, delay, stream = parse(json.loads(raw) if raw.strip() else {})
-    except ValueError as err:  # BadInput, or a body that is not JSON
+    except (ValueError, RecursionError) as err:  # BadInput, or a body that is not JSON (or nested too deep)
         detail = str(err) if isinstance(err, BadInput) else f"the body is not JSON: {err}"
         return web.json_response({"title": "Bad Request", "status": 400, "detail": detail}, status=400)
     if stream:
@@ -78,7 +80,7 @@ async def health(request: web.Request) -> web.Response:
 
 def app() -> web.Application:
     """The echo server's routes."""
-    application = web.Application()
+    application = web.Application(client_max_size=MAX_BODY)
     application.router.add_post("/echo", echo)
     application.router.add_get("/health", health)
     application.router.add_get("/v2/health/ready", health)

@@ -29,6 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
+from nvcf_mono.examples import MAX_BODY
 from nvcf_mono.examples.sse import default_port
 
 WORDS = (
@@ -214,7 +215,7 @@ class Model:
 async def body_of(request: web.Request) -> dict[str, Any]:
     try:
         doc = json.loads(await request.read())
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:  # RecursionError: nested too deep
         raise BadRequest(f"the body is not JSON: {err}") from None
     if not isinstance(doc, dict):
         raise BadRequest("the body must be a JSON object")
@@ -429,7 +430,7 @@ def app(model: Model) -> web.Application:
     async def ready(request: web.Request) -> web.Response:
         return web.json_response({"status": "ready"})
 
-    application = web.Application()
+    application = web.Application(client_max_size=MAX_BODY)
     for path, handler in (
         ("/v1/chat/completions", chat),
         ("/v1/completions", completions),

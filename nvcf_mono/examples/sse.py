@@ -19,6 +19,8 @@ from typing import Any
 
 from aiohttp import web
 
+from nvcf_mono.examples import MAX_BODY
+
 DEFAULT_TEXT = "The quick brown fox jumps over the lazy dog"
 MAX_TOKENS = 100_000
 MAX_INTERVAL = 60.0
@@ -55,7 +57,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     raw = await request.read()
     try:
         tokens, interval = parse(json.loads(raw) if raw.strip() else {})
-    except ValueError as err:  # BadInput, or a body that is not JSON
+    except (ValueError, RecursionError) as err:  # BadInput, or a body that is not JSON (or nested too deep)
         detail = str(err) if isinstance(err, BadInput) else f"the body is not JSON: {err}"
         return web.json_response({"title": "Bad Request", "status": 400, "detail": detail}, status=400)
     # Headers go out at once, so the client (and the platform) sees the stream start before the first token.
@@ -77,7 +79,7 @@ async def health(request: web.Request) -> web.Response:
 
 def app() -> web.Application:
     """The streamer's routes."""
-    application = web.Application()
+    application = web.Application(client_max_size=MAX_BODY)
     application.router.add_post("/stream", stream)
     application.router.add_get("/health", health)
     return application
