@@ -103,6 +103,17 @@ async def set_status(
     return updated or fv
 
 
+async def forget_deployment(ctl: Control, dep: Deployment) -> None:
+    """Remove this deployment (not one made since in its place) from the store."""
+
+    def remove(current: Deployment | None) -> Deployment | None:
+        if current is None or current.deployment_id != dep.deployment_id:
+            raise Unchanged
+        return None
+
+    await ctl.store.deployments.mutate(buckets.version_key(dep.function_id, dep.function_version_id), remove)
+
+
 async def undeploy(ctl: Control, fv: FunctionVersion, *, graceful: bool) -> FunctionVersion:
     """Remove the deployment; the reconciler terminates the instances. Graceful waits for the queue.
 

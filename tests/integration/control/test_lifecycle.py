@@ -239,3 +239,48 @@ async def test_graceful_undeploy_waits_for_the_queue_to_drain(tmp_path: Path) ->
         await wait_for(gone, what="instances terminated and the deployment removed")
         redeployed = await p.admin.post(d, {"deploymentSpecifications": [spec(1, 1)]})
         assert redeployed.status == 200
+
+
+async def test_a_version_deleted_while_it_is_deployed_leaves_no_deployment_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The delete found no deployment yet, the deploy found the version still there: both answered as
+    # if alone, and a deployment of a deleted version stayed listed (DEPLOYING) for ever.
+    from nvcf_mono.planes.control.api import deployments as deployments_api
+
+    async with platform(tmp_path) as p, agent(p.bus) as fake:
+        fid, vid, d = await new_function(p.admin)
+        checked = deployments_api.check_values
+
+        async def deleted_meanwhile(*args: Any) -> None:
+            gone = await p.admin.delete(f"/v2/nvcf/functions/{fid}/versions/{vid}")
+            assert gone.status == 204, gone.body
+            await checked(*args)
+
+        monkeypatch.setattr(deployments_api, "check_values", deleted_meanwhile)
+        reply = await p.admin.post(d, {"deploymentSpecifications": [spec(1, 1)]})
+        assert reply.status == 404, reply.body
+        assert "deleted while it was being deployed" in reply.json["detail"]
+        listed = await p.admin.get("/v2/nvcf/accounts/nvcf-default/deployments")
+        assert fid not in {dep["functionId"] for dep in listed.json["deployments"]}
+        assert (await p.admin.get(d)).status == 404
+        assert fake.creations == []
+
+
+async def test_the_reconciler_removes_a_deployment_whose_version_is_gone(tmp_path: Path) -> None:
+    # However it came about (the race above across two control nodes), a deployment without its
+    # version is removed and its instances terminated.
+    from nvcf_mono.contracts import buckets
+
+    async with platform(tmp_path) as p, agent(p.bus) as fake:
+        fid, vid, d = await new_function(p.admin)
+        assert (await p.admin.post(d, {"deploymentSpecifications": [spec(1, 1)]})).status == 200
+        await wait_status(p.admin, d, "ACTIVE")
+        await p.bus.kv(buckets.FUNCTIONS.name).delete(buckets.version_key(fid, vid))  # the version only
+
+        async def removed() -> bool:
+            listed = await p.admin.get("/v2/nvcf/accounts/nvcf-default/deployments")
+            return fid not in {dep["functionId"] for dep in listed.json["deployments"]} and not fake.live()
+
+        await wait_for(removed, timeout=15, what="the orphaned deployment and its instance to go")
+        assert len(fake.terminations) == 1

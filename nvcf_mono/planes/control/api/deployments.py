@@ -27,7 +27,7 @@ from nvcf_mono.planes.control.catalog import check_autoscaling, check_spec
 from nvcf_mono.planes.control.charts import check_chart, helm_auth
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.reconcile.plan import mark_rollover
-from nvcf_mono.planes.control.service import find_version, new_deployment, set_status, undeploy
+from nvcf_mono.planes.control.service import find_version, forget_deployment, new_deployment, set_status, undeploy
 from nvcf_mono.planes.control.validation import workload_problem
 from nvcf_mono.planes.control.views import deployment_view, function_view
 from nvcf_mono.structure import evolve
@@ -99,6 +99,10 @@ async def create_deployment(ctl: Control, call: Call[DeploymentRequest]) -> Depl
         raise ProblemError(
             400, "Function version is already deployed; use PATCH endpoint to update gpu-specification"
         ) from None
+    if await store.functions.fetch(key) is None:
+        # The version was deleted meanwhile, by a call that found no deployment to remove: take it back.
+        await forget_deployment(ctl, dep)
+        raise ProblemError(404, f"Function '{fv.id}' version '{fv.version_id}' was deleted while it was being deployed")
     status = FunctionStatus.ACTIVE if all(s.min_instances == 0 for s in specs) else FunctionStatus.DEPLOYING
     await set_status(ctl, fv, status)
     ctl.poke()

@@ -38,7 +38,7 @@ from nvcf_mono.planes.control.registry import (
     chart_credentials_for,
     pull_credentials_for,
 )
-from nvcf_mono.planes.control.service import set_status
+from nvcf_mono.planes.control.service import forget_deployment, set_status
 from nvcf_mono.structure import evolve
 
 #: A change-triggered round waits at least this many times the last round's duration.
@@ -102,6 +102,7 @@ class Reconciler:
         for dep in sorted(store.deployments.values(), key=lambda d: (d.created_at, d.deployment_id)):
             fv = store.functions.get(buckets.version_key(dep.function_id, dep.function_version_id))
             if fv is None:
+                await self._orphaned(dep)
                 continue
             await self._deployment(
                 dep, fv=fv, clusters=clusters, ledgers=ledgers, capacity=capacity, seen=seen, now=now
@@ -109,6 +110,22 @@ class Reconciler:
         for key, ledger in ledgers.items():
             if key not in seen:
                 await self._retire(key, ledger, clusters, now)
+
+    async def _orphaned(self, dep: Deployment) -> None:
+        """A deployment whose version is gone (deleted while it was being deployed) is removed.
+
+        Its instances are retired with every placement no deployment claims. The version is read
+        from its bucket first: one made a moment ago may not have reached this node's view yet.
+        """
+        if await self._ctl.store.functions.fetch(buckets.version_key(dep.function_id, dep.function_version_id)):
+            return
+        self._log.info(
+            "function %s version %s is deleted: its deployment %s is removed",
+            dep.function_id,
+            dep.function_version_id,
+            dep.deployment_id,
+        )
+        await forget_deployment(self._ctl, dep)
 
     async def _deployment(
         self,
@@ -170,10 +187,7 @@ class Reconciler:
             states.append(SpecState(min_instances=spec.min_instances, ledger=saved or original))
         if dep.undeploying:
             if drained and all(s.ledger is None or not s.ledger.instances for s in states):
-                await store.deployments.mutate(
-                    buckets.version_key(fv.id, fv.version_id),
-                    lambda cur: None if cur is not None and cur.deployment_id == dep.deployment_id else _unchanged(),
-                )
+                await forget_deployment(self._ctl, dep)
             return
         status = next_status(fv.status, states, failure_limit=limit)
         if status is not fv.status:
@@ -339,7 +353,3 @@ class Reconciler:
             except NotFound:
                 return True
         return info.num_pending + info.num_ack_pending == 0
-
-
-def _unchanged() -> Deployment | None:
-    raise Unchanged
