@@ -600,32 +600,8 @@ class Worker:
     ) -> None:
         rid = request.request_id
         received = time.perf_counter()
-        out = link.out
-
-        answered = False
-
-        async def answer(frame: Frame) -> None:
-            nonlocal answered
-            answered = True
-            if held is not None:
-                # nats transport: straight to the client's node; nobody wants the rest: stop serving it.
-                if not await held.relay(frame):
-                    self._cancels.get(rid, anyio.CancelScope()).cancel()
-            else:
-                envelope = WorkerEnvelope(frame=frame.encode())
-                try:
-                    out.send_nowait(envelope)  # the usual case: room in the buffer, no extra loop turn
-                except anyio.WouldBlock:
-                    await out.send(envelope)
-
-        async def failed(reason: str) -> None:
-            # Another instance gets it (or the client a 500 after max_deliver attempts).
-            if held is not None:
-                await held.failed(reason)
-            else:
-                await out.send(
-                    WorkerEnvelope(message=WorkerMessage(failed=RequestFailed(request_id=rid, reason=reason)))
-                )
+        reply = _Reply(rid, link.out, held, stop=lambda: self._cancels.get(rid, anyio.CancelScope()).cancel())
+        answer, failed = reply.answer, reply.failed
 
         def internal_error(detail: str) -> Frame:
             return problem_frame(rid, attempt, 500, detail, source=WORKER_SERVICE)
@@ -666,7 +642,7 @@ class Worker:
                 # A fault of the worker's own: this request fails, the session and its other requests go on.
                 log.exception("request %s: the worker failed serving it", rid)
                 reason = f"the worker failed serving the request: {type(err).__name__}: {err}"
-                if answered:
+                if reply.answered:
                     await failed(reason)  # part of the answer went out: another instance tries it whole
                 else:
                     await answer(internal_error(reason))
@@ -885,6 +861,37 @@ async def fetch_secrets(config: _Platform) -> dict[str, object]:
     assert reply is not None
     secrets: dict[str, object] = json.loads(reply.secrets_json or "{}")
     return secrets
+
+
+@final
+class _Reply:
+    """Where one request's answer goes: its frames, or word that it failed here."""
+
+    def __init__(self, rid: str, out: Out, held: Settlement | None, *, stop: Callable[[], None]) -> None:
+        self._rid, self._out, self._held, self._stop = rid, out, held, stop
+        #: Whether any frame went out (a failure then cannot be a clean answer of its own).
+        self.answered = False
+
+    async def answer(self, frame: Frame) -> None:
+        self.answered = True
+        if self._held is not None:
+            # nats transport: straight to the client's node; nobody wants the rest: stop serving it.
+            if not await self._held.relay(frame):
+                self._stop()
+            return
+        envelope = WorkerEnvelope(frame=frame.encode())
+        try:
+            self._out.send_nowait(envelope)  # the usual case: room in the buffer, no extra loop turn
+        except anyio.WouldBlock:
+            await self._out.send(envelope)
+
+    async def failed(self, reason: str) -> None:
+        """Another instance gets it (or the client a 500 after max_deliver attempts)."""
+        if self._held is not None:
+            await self._held.failed(reason)
+        else:
+            failure = RequestFailed(request_id=self._rid, reason=reason)
+            await self._out.send(WorkerEnvelope(message=WorkerMessage(failed=failure)))
 
 
 class _NotPrepared(Exception):
