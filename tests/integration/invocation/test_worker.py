@@ -511,9 +511,9 @@ async def echo(port: int) -> AsyncIterator[None]:
         await runner.cleanup()
 
 
-async def test_the_worker_reconnects_with_backoff_and_drains(tmp_path: Path) -> None:
-    node_port, echo_port = spare_port(), spare_port()
-    config = WorkerConfig(
+def worker_config(tmp_path: Path, node_port: int, echo_port: int) -> WorkerConfig:
+    """A worker for the echo server on ``echo_port``, dialling the node on ``node_port``."""
+    return WorkerConfig(
         worker_token="token",
         grpc_address=f"127.0.0.1:{node_port}",
         function_id="fid",
@@ -528,6 +528,11 @@ async def test_the_worker_reconnects_with_backoff_and_drains(tmp_path: Path) -> 
         asset_dir=str(tmp_path / "assets"),
         response_dir=str(tmp_path / "responses"),
     )
+
+
+async def test_the_worker_reconnects_with_backoff_and_drains(tmp_path: Path) -> None:
+    node_port, echo_port = spare_port(), spare_port()
+    config = worker_config(tmp_path, node_port, echo_port)
     worker = Worker(config)
     worker.backoff = Backoff(0.1, 0.4, rand=lambda low, high: 1.0)
     fake = FakeNode(refuse=3)
@@ -627,21 +632,7 @@ async def test_a_fault_of_the_workers_own_fails_its_request_not_the_session(
 
     monkeypatch.setattr(agent_module, "call", faulty)
     node_port, echo_port = spare_port(), spare_port()
-    config = WorkerConfig(
-        worker_token="token",
-        grpc_address=f"127.0.0.1:{node_port}",
-        function_id="fid",
-        function_version_id="fvid",
-        function_name="echo",
-        nca_id="nca",
-        instance_id="instance-1",
-        inference_port=echo_port,
-        health_port=echo_port,
-        health_endpoint="/health",
-        health_interval=0.1,
-        asset_dir=str(tmp_path / "assets"),
-        response_dir=str(tmp_path / "responses"),
-    )
+    config = worker_config(tmp_path, node_port, echo_port)
     fake = ServingNode([_request("boom", "/boom"), _request("fine", "/echo")])
     async with echo(echo_port), node(fake, node_port), anyio.create_task_group() as tg:
         await tg.start(Worker(config).run)
