@@ -75,14 +75,32 @@ def error_response(
     return web.Response(status=status, body=json.dumps(doc).encode(), content_type="application/json", headers=headers)
 
 
-def from_problem(response: web.Response) -> web.Response:
-    """A platform problem+json answer, not yet sent, in OpenAI's shape (anything else unchanged)."""
-    if response.prepared or response.content_type != PROBLEM_CONTENT_TYPE:
+#: How much of a function's own error answer its OpenAI-shaped twin quotes.
+QUOTED = 500
+
+
+def in_openai_shape(response: web.Response) -> web.Response:
+    """An error answer, not yet sent, in OpenAI's shape; a success, or an error already in it, unchanged.
+
+    The platform's problem+json gives its ``detail``. A function's error that is not OpenAI-shaped (a
+    server's plain "404: Not Found", a web framework's ``{"detail": ...}``) is quoted, so a client's
+    exception says what went wrong rather than nothing.
+    """
+    if response.prepared or response.status < 400:
         return response
+    body = response.body if isinstance(response.body, bytes) else b""
     try:
-        body = response.body
-        detail = json.loads(body if isinstance(body, bytes) else b"{}").get("detail", "")
-    except (ValueError, AttributeError):
-        detail = ""
+        doc = json.loads(body) if body else None
+    except (ValueError, RecursionError):
+        doc = None
+    if response.content_type == PROBLEM_CONTENT_TYPE:
+        detail = doc.get("detail", "") if isinstance(doc, dict) else ""
+        message = str(detail or response.reason)
+    elif isinstance(doc, dict) and "error" in doc:
+        return response  # OpenAI's shape already (vLLM, NIM, the example)
+    else:
+        said = doc.get("detail") or doc.get("message") if isinstance(doc, dict) else None
+        text = str(said) if said else body.decode("utf-8", "replace").strip()
+        message = f"the model's server answered {response.status}" + (f": {text[:QUOTED]}" if text else "")
     headers = {k: response.headers[k] for k in _KEPT if k in response.headers}
-    return error_response(response.status, str(detail or response.reason), headers=headers)
+    return error_response(response.status, message, headers=headers)

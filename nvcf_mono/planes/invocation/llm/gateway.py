@@ -32,7 +32,7 @@ from nvcf_mono.models.function import FunctionVersion
 from nvcf_mono.planes.invocation import affinity
 from nvcf_mono.planes.invocation.http import Invocation, Invoker
 from nvcf_mono.planes.invocation.idempotency import IDEMPOTENCY_KEY
-from nvcf_mono.planes.invocation.llm.errors import GatewayError, error_response, from_problem
+from nvcf_mono.planes.invocation.llm.errors import GatewayError, error_response, in_openai_shape
 from nvcf_mono.planes.invocation.llm.limits import Lease, Limits, estimate_tokens
 from nvcf_mono.planes.invocation.llm.models import ModelCatalog, created_epoch
 from nvcf_mono.planes.invocation.llm.settings import LlmGatewaySettings
@@ -236,7 +236,7 @@ class Gateway:
                 headers={"NVCF-REQID": reqid, "Retry-After": "1"},
             )
         if isinstance(response, web.Response):
-            response = from_problem(response)
+            response = in_openai_shape(response)
         return response, used
 
     async def list_models(self, request: web.Request) -> web.StreamResponse:

@@ -1,0 +1,51 @@
+"""Error answers reach OpenAI clients in OpenAI's shape, whoever made them."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from nvcf_mono.contracts.problems import PROBLEM_CONTENT_TYPE
+from nvcf_mono.planes.invocation.llm.errors import QUOTED, in_openai_shape
+
+
+def error_of(response: web.Response) -> dict[str, object]:
+    assert isinstance(response.body, bytes) and response.content_type == "application/json"
+    error: dict[str, object] = json.loads(response.body)["error"]
+    return error
+
+
+def test_the_platforms_problem_gives_its_detail_and_keeps_the_request_id() -> None:
+    problem = web.Response(
+        status=429,
+        body=json.dumps({"status": 429, "detail": "queue full"}).encode(),
+        content_type=PROBLEM_CONTENT_TYPE,
+        headers={"NVCF-REQID": "r1", "Retry-After": "2", "X-Other": "x"},
+    )
+    shaped = in_openai_shape(problem)
+    assert shaped.status == 429 and error_of(shaped)["message"] == "queue full"
+    assert error_of(shaped)["code"] == "rate_limit_exceeded"
+    assert shaped.headers["NVCF-REQID"] == "r1" and shaped.headers["Retry-After"] == "2"
+    assert "X-Other" not in shaped.headers
+
+
+def test_a_functions_error_in_another_shape_is_quoted() -> None:
+    # A server that is not an OpenAI one answered its framework's 404: the client said only "Error code: 404".
+    plain = in_openai_shape(web.Response(status=404, text="404: Not Found", headers={"NVCF-REQID": "r2"}))
+    assert plain.status == 404 and error_of(plain)["message"] == "the model's server answered 404: 404: Not Found"
+    assert error_of(plain)["code"] == "model_not_found" and plain.headers["NVCF-REQID"] == "r2"
+    framework = in_openai_shape(web.json_response({"detail": "Method Not Allowed"}, status=405))
+    assert error_of(framework)["message"] == "the model's server answered 405: Method Not Allowed"
+    huge = in_openai_shape(web.Response(status=500, text="x" * 10_000))
+    assert len(str(error_of(huge)["message"])) < QUOTED + 50
+    assert error_of(in_openai_shape(web.Response(status=502)))["message"] == "the model's server answered 502"
+
+
+def test_answers_already_in_openai_shape_and_successes_pass_unchanged() -> None:
+    own = web.json_response(
+        {"error": {"message": "messages must not be empty", "type": "invalid_request_error"}}, status=400
+    )
+    assert in_openai_shape(own) is own
+    ok = web.json_response({"id": "chatcmpl-1"})
+    assert in_openai_shape(ok) is ok
