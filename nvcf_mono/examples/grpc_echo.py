@@ -4,7 +4,8 @@ Serves ``examples.echo.v1.EchoService`` (``nvcf_mono/proto/examples/echo/v1/echo
 ``Echo`` answers ``message`` repeated ``repeats`` times after ``delay_seconds``, or ends the call with
 ``status_code``; server-streaming ``EchoStream`` answers ``repeats`` messages, ``delay_seconds`` apart.
 Every answer carries the metadata the call arrived with. ``grpc.health.v1`` says SERVING.
-The tests run it too (``cancelled_path`` and ``gate_path`` are their hooks, see the proto).
+The tests run it too, with ``--test-hooks``: only then does it honour ``cancelled_path`` and
+``gate_path`` (files a caller names; see the proto), never as the catalog starts it.
 
 Register it with ``inferenceUrl: /grpc``, ``inferencePort: 8001``, ``containerImage: grpc-echo`` and
 ``health: {protocol: gRPC, port: 8001}``; clients call the platform's gRPC port with the metadata
@@ -59,7 +60,13 @@ def _metadata(stream: Stream[Any, Any]) -> dict[str, str]:
 
 @final
 class EchoService:
-    """The echo service, on grpclib streams directly (the answers need the call's metadata)."""
+    """The echo service, on grpclib streams directly (the answers need the call's metadata).
+
+    ``test_hooks``: honour the requests' file hooks (the tests' way to see cancellation and pacing).
+    """
+
+    def __init__(self, *, test_hooks: bool = False) -> None:
+        self.test_hooks = test_hooks
 
     async def echo(self, stream: Stream[EchoRequest, EchoResponse]) -> None:
         """The message, ``repeats`` times (once when 0, proto3's unset), or the status asked for."""
@@ -71,7 +78,7 @@ class EchoService:
             try:
                 await asyncio.sleep(request.delay_seconds)
             except asyncio.CancelledError:
-                if request.cancelled_path:
+                if request.cancelled_path and self.test_hooks:
                     Path(request.cancelled_path).touch()  # noqa: ASYNC240 - no await while being cancelled
                 raise
         if request.status_code:
@@ -92,7 +99,7 @@ class EchoService:
         _check(request.repeats, request.delay_seconds)
         metadata = _metadata(stream)
         for index in range(max(request.repeats, 1)):
-            if index and request.gate_path:
+            if index and request.gate_path and self.test_hooks:
                 await _until_exists(anyio.Path(f"{request.gate_path}.{index}"))
             if index and request.delay_seconds:
                 await asyncio.sleep(request.delay_seconds)
@@ -128,10 +135,15 @@ class Health(HealthBase):
         await asyncio.Event().wait()
 
 
-async def serve(host: str, port: int) -> None:
-    """Serve until SIGTERM or SIGINT."""
+def make_server(*, test_hooks: bool = False) -> Server:
+    """The echo and health services on a grpclib server (not started)."""
     # Status details as google.rpc.Status bytes, as servers with googleapis' protos send them.
-    server = Server([EchoService(), Health()], status_details_codec=RawStatusDetails())
+    return Server([EchoService(test_hooks=test_hooks), Health()], status_details_codec=RawStatusDetails())
+
+
+async def serve(host: str, port: int, *, test_hooks: bool = False) -> None:
+    """Serve until SIGTERM or SIGINT."""
+    server = make_server(test_hooks=test_hooks)
     with graceful_exit([server], signals=(signal.SIGINT, signal.SIGTERM)):
         await server.start(host, port, reuse_address=True)
         await server.wait_closed()
@@ -147,8 +159,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, default=default_port(), help="default: $INFERENCE_PORT, $PORT or 8001")
     parser.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (0.0.0.0 in a container)")
+    parser.add_argument("--test-hooks", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    asyncio.run(serve(args.host, args.port))
+    asyncio.run(serve(args.host, args.port, test_hooks=args.test_hooks))
 
 
 if __name__ == "__main__":

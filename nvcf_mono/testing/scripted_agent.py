@@ -314,8 +314,9 @@ class ScriptedAgent:
 def inference_command(spec_env: Mapping[str, str], port: int) -> list[str]:
     """The test inference server of an instance: the gRPC echo server for gRPC functions, else the HTTP one."""
     grpc = spec_env.get("INFERENCE_URL") == "/grpc" or spec_env.get("INFERENCE_PROTOCOL") == "grpc"
-    module = "nvcf_mono.examples.grpc_echo" if grpc else "nvcf_mono.testing.echo_server"
-    return [sys.executable, "-m", module, "--port", str(port)]
+    if grpc:
+        return [sys.executable, "-m", "nvcf_mono.examples.grpc_echo", "--port", str(port), "--test-hooks"]
+    return [sys.executable, "-m", "nvcf_mono.testing.echo_server", "--port", str(port)]
 
 
 @attrs.define(eq=False)

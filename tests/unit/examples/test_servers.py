@@ -19,7 +19,6 @@ from aiohttp import web
 from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
-from grpclib.server import Server
 
 from nvcf_mono.examples import echo, grpc_echo, llm, sse
 from nvcf_mono.proto.gen.examples.echo.v1 import EchoRequest, EchoServiceStub, EchoStreamRequest
@@ -143,7 +142,7 @@ async def test_llm_refuses_what_it_cannot_do_in_openais_shape(path: str, body: d
 
 
 async def test_grpc_echo_unary_streaming_health_and_bad_input() -> None:
-    server = Server([grpc_echo.EchoService(), grpc_echo.Health()])
+    server = grpc_echo.make_server()
     await server.start("127.0.0.1", 0)
     port = server._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     channel = Channel("127.0.0.1", port)
@@ -156,6 +155,15 @@ async def test_grpc_echo_unary_streaming_health_and_bad_input() -> None:
         with pytest.raises(GRPCError) as err:
             await stub.echo(EchoRequest(message="x", repeats=-1))
         assert err.value.status is Status.INVALID_ARGUMENT
+        # The status asked for, and the call's metadata in the answer, as the proto says.
+        with pytest.raises(GRPCError) as asked:
+            await stub.echo(EchoRequest(message="no such thing", status_code=5))
+        assert asked.value.status is Status.NOT_FOUND and asked.value.message == "no such thing"
+        assert (await stub.echo(EchoRequest(message="m"), metadata={"x-trace": "t1"})).metadata["x-trace"] == "t1"
+        # The tests' file hooks are ignored unless the server was started with them.
+        with anyio.fail_after(5):
+            paced = [r async for r in stub.echo_stream(EchoStreamRequest(message="g", repeats=2, gate_path="/nope"))]
+        assert len(paced) == 2
         health = HealthStub(channel)
         reply = await health.check(HealthCheckRequest(service=grpc_echo.SERVICE))
         assert reply.status == HealthCheckResponseServingStatus.SERVING
