@@ -29,6 +29,7 @@ from grpclib.metadata import encode_bin_value
 from grpclib.server import Server, Stream
 from grpclib.utils import graceful_exit
 
+from nvcf_mono.grpc import compression
 from nvcf_mono.grpc.raw import RawStatusDetails, encode_status
 from nvcf_mono.proto.gen.examples.echo.v1 import EchoRequest, EchoResponse, EchoStreamRequest
 from nvcf_mono.proto.gen.grpc.health.v1 import (
@@ -136,7 +137,8 @@ class Health(HealthBase):
 
 
 def make_server(*, test_hooks: bool = False) -> Server:
-    """The echo and health services on a grpclib server (not started)."""
+    """The echo and health services on a grpclib server (not started) that reads compressed requests too."""
+    compression.install()
     # Status details as google.rpc.Status bytes, as servers with googleapis' protos send them.
     return Server([EchoService(test_hooks=test_hooks), Health()], status_details_codec=RawStatusDetails())
 

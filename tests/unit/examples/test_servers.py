@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import anyio
+import grpc  # grpcio: a test dependency (grpcio-tools), as users' clients are
 import pytest
 from aiohttp import web
 from grpclib.client import Channel
@@ -21,7 +22,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from nvcf_mono.examples import echo, grpc_echo, llm, sse
-from nvcf_mono.proto.gen.examples.echo.v1 import EchoRequest, EchoServiceStub, EchoStreamRequest
+from nvcf_mono.proto.gen.examples.echo.v1 import EchoRequest, EchoResponse, EchoServiceStub, EchoStreamRequest
 from nvcf_mono.proto.gen.grpc.health.v1 import HealthCheckRequest, HealthCheckResponseServingStatus, HealthStub
 from nvcf_mono.testing.platform import wait_for
 
@@ -160,6 +161,14 @@ async def test_grpc_echo_unary_streaming_health_and_bad_input() -> None:
             await stub.echo(EchoRequest(message="no such thing", status_code=5))
         assert asked.value.status is Status.NOT_FOUND and asked.value.message == "no such thing"
         assert (await stub.echo(EchoRequest(message="m"), metadata={"x-trace": "t1"})).metadata["x-trace"] == "t1"
+        # Called directly by a compressing client (grpcio's, as users have it), it reads the request.
+        with grpc.insecure_channel(f"127.0.0.1:{port}", compression=grpc.Compression.Gzip) as direct:
+            call = direct.unary_unary(
+                f"/{grpc_echo.SERVICE}/Echo", request_serializer=bytes, response_deserializer=EchoResponse().parse
+            )
+            zipped = "zipped " * 1000  # large enough to be worth compressing
+            reply = await anyio.to_thread.run_sync(lambda: call(EchoRequest(message=zipped), timeout=10))
+        assert reply.message == zipped
         # The tests' file hooks are ignored unless the server was started with them.
         with anyio.fail_after(5):
             paced = [r async for r in stub.echo_stream(EchoStreamRequest(message="g", repeats=2, gate_path="/nope"))]
