@@ -264,7 +264,11 @@ async def test_a_version_deleted_while_it_is_deployed_leaves_no_deployment_behin
         listed = await p.admin.get("/v2/nvcf/accounts/nvcf-default/deployments")
         assert fid not in {dep["functionId"] for dep in listed.json["deployments"]}
         assert (await p.admin.get(d)).status == 404
-        assert fake.creations == []
+
+        async def nothing_runs() -> bool:
+            return not fake.live()
+
+        await wait_for(nothing_runs, timeout=15, what="no instance of the deleted version")
 
 
 async def test_the_reconciler_removes_a_deployment_whose_version_is_gone(tmp_path: Path) -> None:
@@ -283,4 +287,4 @@ async def test_the_reconciler_removes_a_deployment_whose_version_is_gone(tmp_pat
             return fid not in {dep["functionId"] for dep in listed.json["deployments"]} and not fake.live()
 
         await wait_for(removed, timeout=15, what="the orphaned deployment and its instance to go")
-        assert len(fake.terminations) == 1
+        assert fake.terminations  # terminated, not only forgotten
