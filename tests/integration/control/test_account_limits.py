@@ -101,3 +101,23 @@ async def test_tasks_keys_and_registry_credentials_made_at_once_stay_within_the_
 def credential(host: str) -> dict[str, object]:
     secret = base64.b64encode(b"robot:pa55-WORD-xyz").decode()
     return {"registryHostname": host, "secret": {"name": "cred", "value": secret}, "artifactTypes": ["CONTAINER"]}
+
+
+async def test_an_accounts_max_tasks_allowed_bounds_its_unfinished_tasks_not_its_kept_ones(tmp_path: Path) -> None:
+    async with platform(tmp_path) as p, agent(p.bus):
+        limited = await p.admin.patch(f"/v2/nvcf/accounts/{DEFAULT_ACCOUNT}", {"maxTasksAllowed": 2})
+        assert limited.status == 200, limited.body
+        tasks = await task_key(p)
+        launched = await at_once(5, lambda i: tasks.post(TASKS, {**TASK, "name": f"t{i}"}))
+        assert statuses(launched) == {200: 2, 400: 3}, [r.body for r in launched]
+        refused = next(r for r in launched if r.status == 400)
+        assert "number of tasks allowed: 2" in refused.detail and "maxTasksAllowed" in refused.detail
+        # A finished task (here canceled) is kept but no longer counts: one more may start.
+        first = next(r for r in launched if r.status == 200).json["task"]["id"]
+        canceled = await tasks.post(f"{TASKS}/{first}/cancel", {})
+        assert canceled.status == 200, canceled.body
+        again = await tasks.post(TASKS, {**TASK, "name": "again"})
+        assert again.status == 200, again.body
+        assert (await tasks.post(TASKS, {**TASK, "name": "one-too-many"})).status == 400
+        listed = await tasks.get(TASKS + "?limit=100")
+        assert len(listed.json["tasks"]) == 3

@@ -26,6 +26,7 @@ from nvcf_mono.auth.tokens import TokenSigner, mint_worker_token
 from nvcf_mono.bus.codec import TypedKV
 from nvcf_mono.contracts import buckets, rpc, subjects
 from nvcf_mono.contracts.messages import TaskRoomCall, TaskRoomReply
+from nvcf_mono.models.account import DEFAULT_ACCOUNT
 from nvcf_mono.models.api_key import TASKS_SERVICE_ID, Authorizations, KeyResource, Policy, Product
 from nvcf_mono.models.common import new_id, now_iso
 from nvcf_mono.models.task import Task, TaskResult
@@ -225,6 +226,8 @@ async def test_launch_validation(tmp_path: Path) -> None:
 @pytest.mark.slow
 async def test_pages_return_every_task_once_in_creation_order(tmp_path: Path) -> None:
     async with platform(tmp_path) as p, agent(p.bus):
+        raised = await p.admin.patch(f"/v2/nvcf/accounts/{DEFAULT_ACCOUNT}", {"maxTasksAllowed": 250})
+        assert raised.status == 200, raised.body
         created: list[str] = []
 
         async def launch_some(count: int) -> None:

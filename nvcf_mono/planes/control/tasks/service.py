@@ -183,6 +183,26 @@ def check_secret_size(values: dict[str, Any]) -> None:
         )
 
 
+async def check_unfinished(ctl: Control, account: str) -> None:
+    """400 when the account already has its ``maxTasksAllowed`` tasks queued, launched or running.
+
+    The account's limit is on tasks at work, not kept ones (``max_account_tasks`` bounds those): a batch of
+    tasks may be launched again and again as earlier ones finish, without deleting them.
+    """
+    record = await ctl.store.accounts.fetch(account)
+    if record is None:
+        return
+    most = record.max_tasks_allowed
+    unfinished = sum(1 for t in ctl.store.tasks.values() if t.nca_id == account and t.status not in TERMINAL)
+    if unfinished >= most:
+        raise ProblemError(
+            400,
+            f"Reached or exceeded the max limit for the number of tasks allowed: {most} (the account's "
+            f"maxTasksAllowed, which an admin may raise; {unfinished} of its tasks are queued or running); launch "
+            "more once some have finished or been canceled",
+        )
+
+
 async def create_task(ctl: Control, principal: Principal, account: str, req: CreateTaskRequest) -> Task:
     """Validate and store a new task, QUEUED, with its first event; the scheduler places it."""
     if not key_reaches(principal, None):
@@ -213,6 +233,7 @@ async def create_task(ctl: Control, principal: Principal, account: str, req: Cre
         refusal=f"the account keeps {most} tasks, the most it may (plugins.control.tasks.max_account_tasks; "
         "finished ones count until they are deleted or their retention ends); delete tasks no longer needed",
     ):
+        await check_unfinished(ctl, account)
         task_id = new_id()
         if secrets:
             key = buckets.task_secrets_key(task_id)
