@@ -90,6 +90,8 @@ class Request:
     client_subject: str = ""
     streaming: bool = False
     grpc: bool = False
+    #: A gRPC call whose client had not closed its side: more of its stream follows (contracts/live_input.py).
+    live_input: bool = False
     #: The region of the invocation node that accepted it (the function's ``NVCF-INVOCATION-REGION``).
     invocation_region: str = ""
 
@@ -120,6 +122,8 @@ class Request:
             header["s"] = 1
         if self.grpc:
             header["g"] = 1
+        if self.live_input:
+            header["li"] = 1
         if self.invocation_region:
             header["ir"] = self.invocation_region
         return _pack(header, self.body)
@@ -148,6 +152,7 @@ class Request:
                 client_subject=h.get("c", ""),
                 streaming=bool(h.get("s")),
                 grpc=bool(h.get("g")),
+                live_input=bool(h.get("li")),
                 invocation_region=str(h.get("ir", "")),
             )
         except (KeyError, TypeError, ValueError) as err:

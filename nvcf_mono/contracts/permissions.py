@@ -6,7 +6,8 @@ The reference's worker allow-list (invocation-plane §3.7), narrowed to one sess
   durable's deliveries (``$JS.API`` and ``$JS.ACK`` of nothing else: no stream, KV or object-store
   API), and response frames (``nvcf.resp.<inbox>.<requestId>.<capability>``; the receiving node
   takes a frame only with the capability that came inside the request, so this right is no use
-  for a request the worker was not given);
+  for a request the worker was not given), and questions for a gRPC call's live input
+  (``nvcf.input.<inbox>.<requestId>.<capability>``, answered only with the same capability);
 - subscribe: its own inbox prefix (where its pulls and request replies arrive; every other
   session's and the platform's inboxes stay unreadable) and its version's cancels.
 
@@ -45,6 +46,7 @@ def worker_publish(stream: str, durable: str) -> tuple[str, ...]:
         f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
         f"$JS.ACK.{stream}.{durable}.>",
         subjects.RESPONSE_SUBJECTS,
+        subjects.INPUT_SUBJECTS,
     )
 
 

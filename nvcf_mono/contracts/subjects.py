@@ -144,6 +144,24 @@ def response_subject(inbox: str, request_id: str, capability: str) -> str:
 RESPONSE_SUBJECTS = response_prefix("*") + ".*.*"
 
 
+def input_subject(reply: str) -> str:
+    """``nvcf.input.<inbox>.<requestId>.<capability>``: the live input of the request answered on ``reply``
+    (a response subject), served by the same node with the same capability (contracts/live_input.py).
+    """
+    return INPUT_ROOT + reply[len(RESPONSE_ROOT) :] if reply.startswith(RESPONSE_ROOT) else ""
+
+
+def input_prefix(inbox: str) -> str:
+    """Where an invocation node answers for its requests' live input: ``nvcf.input.<inbox>``."""
+    return INPUT_ROOT + response_prefix(inbox)[len(RESPONSE_ROOT) :]
+
+
+RESPONSE_ROOT = "nvcf.resp."
+INPUT_ROOT = "nvcf.input."
+#: Any live input subject (what a worker on the nats transport may ask on).
+INPUT_SUBJECTS = input_prefix("*") + ".*.*"
+
+
 def response_capability(reply: str) -> str:
     """The capability of a response subject (its last token)."""
     return reply.rsplit(".", 1)[-1]

@@ -2,7 +2,9 @@
 
 Serves ``examples.echo.v1.EchoService`` (``nvcf_mono/proto/examples/echo/v1/echo.proto``): unary
 ``Echo`` answers ``message`` repeated ``repeats`` times after ``delay_seconds``, or ends the call with
-``status_code``; server-streaming ``EchoStream`` answers ``repeats`` messages, ``delay_seconds`` apart.
+``status_code``; server-streaming ``EchoStream`` answers ``repeats`` messages, ``delay_seconds`` apart;
+bidirectional ``Converse`` answers each message as it arrives; client-streaming ``Collect`` answers
+once, with every message joined.
 Every answer carries the metadata the call arrived with. ``grpc.health.v1`` says SERVING.
 The tests run it too, with ``--test-hooks``: only then does it honour ``cancelled_path`` and
 ``gate_path`` (files a caller names; see the proto), never as the catalog starts it.
@@ -106,12 +108,31 @@ class EchoService:
                 await asyncio.sleep(request.delay_seconds)
             await stream.send_message(EchoResponse(message=request.message, index=index, metadata=metadata))
 
+    async def converse(self, stream: Stream[EchoRequest, EchoResponse]) -> None:
+        """Each message back as it arrives, ``repeats`` times joined, numbered by ``index``."""
+        metadata = _metadata(stream)
+        index = 0
+        while (request := await stream.recv_message()) is not None:
+            _check(request.repeats, request.delay_seconds)
+            if request.delay_seconds:
+                await asyncio.sleep(request.delay_seconds)
+            message = request.message * max(request.repeats, 1)
+            await stream.send_message(EchoResponse(message=message, index=index, metadata=metadata))
+            index += 1
+
+    async def collect(self, stream: Stream[EchoRequest, EchoResponse]) -> None:
+        """One answer after the client's last message: the messages joined with spaces, and their count."""
+        words = [request.message async for request in stream]
+        await stream.send_message(EchoResponse(message=" ".join(words), index=len(words), metadata=_metadata(stream)))
+
     def __mapping__(self) -> dict[str, Handler]:
         return {
             f"/{SERVICE}/Echo": Handler(self.echo, Cardinality.UNARY_UNARY, EchoRequest, EchoResponse),
             f"/{SERVICE}/EchoStream": Handler(
                 self.echo_stream, Cardinality.UNARY_STREAM, EchoStreamRequest, EchoResponse
             ),
+            f"/{SERVICE}/Converse": Handler(self.converse, Cardinality.STREAM_STREAM, EchoRequest, EchoResponse),
+            f"/{SERVICE}/Collect": Handler(self.collect, Cardinality.STREAM_UNARY, EchoRequest, EchoResponse),
         }
 
 

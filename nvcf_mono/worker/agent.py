@@ -30,7 +30,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from nvcf_mono import tracing
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.holding import hold_until_ready
-from nvcf_mono.contracts import redelivery, subjects, trace
+from nvcf_mono.contracts import live_input, redelivery, subjects, trace
 from nvcf_mono.contracts.frames import Frame, FrameError, Request
 from nvcf_mono.grpc.batch import MOST, accept_large_frames, send_all
 from nvcf_mono.grpc.uploads import upload as upload_all
@@ -73,6 +73,7 @@ from nvcf_mono.worker.inference import (
 )
 from nvcf_mono.worker.large_output import CHUNK as LARGE_CHUNK
 from nvcf_mono.worker.large_output import gather, has_outputs, over_direct_limit, package, unsized
+from nvcf_mono.worker.live_input import NodeInputs
 from nvcf_mono.worker.nats_transport import WorkerSink
 from nvcf_mono.worker.progress import PROGRESS_FILE, ProgressMonitor, ProgressReports
 from nvcf_mono.worker.scratch import Scratch
@@ -113,6 +114,8 @@ class _Link:
     session: ConnectResponse
     out: Out
     http: Http1Client
+    #: nats transport: the worker's own NATS connection.
+    bus: Bus | None = None
 
 
 @final
@@ -168,6 +171,7 @@ class Worker:
         self.config = config
         self.state = WorkerState()
         self._cancels: dict[str, anyio.CancelScope] = {}
+        self._inputs = NodeInputs()
         self._health_changed = anyio.Event()
         #: Set while the inference server is healthy.
         self._healthy = anyio.Event()
@@ -377,6 +381,9 @@ class Worker:
                             held = self._cancels.get(envelope.message.cancel.request_id)
                             if held is not None:
                                 held.cancel()
+                        elif envelope.kind == "input":
+                            assert envelope.message is not None
+                            self._inputs.arrived(envelope.message.input)
                 tg.cancel_scope.cancel()
             self.state.connected = False
 
@@ -451,6 +458,7 @@ class Worker:
             inbox_prefix=session.nats_inbox_prefix,
         ) as bus:
             log.info("pulling requests from NATS (%s)", session.durable)
+            link = attrs.evolve(link, bus=bus)  # a live gRPC call's client stream is asked for over it
             stream = bus.stream(session.stream)
             concurrency = max(1, session.max_concurrency or self.config.max_concurrency)
             async with anyio.create_task_group() as tg:
@@ -670,7 +678,8 @@ class Worker:
             headers = dict(tracing.replace_context(headers.items(), calling))  # the server's spans join under it
         try:
             if request.grpc:
-                await _relay(grpc_call(self.config, request, body, attempt=attempt), answer)
+                more = self._more_input(request, link) if request.live_input else None
+                await grpc_call(self.config, request, body, attempt=attempt, answer=answer, more=more)
             elif request.streaming:
                 frames = call(link.http, self.config, request, body, headers, attempt=attempt, received=received)
                 await _relay(frames, answer)
@@ -681,6 +690,14 @@ class Worker:
             tracing.end(calling, error=f"{type(err).__name__}: {err}")
             raise
         tracing.end(calling)
+
+    def _more_input(self, request: Request, link: _Link) -> Callable[[int], Awaitable[bytes]]:
+        """How a live gRPC call asks for its client's later messages: over the worker's own NATS
+        connection (nats transport), else through its node.
+        """
+        if link.bus is not None:
+            return partial(live_input.fetch, link.bus, subjects.input_subject(request.reply))
+        return partial(self._inputs.fetch, link.out, request.request_id)
 
     async def _prepare(self, request: Request, link: _Link, *, asset_dir: str, output_dir: str) -> dict[str, str]:
         """The request's output directory and assets, and the headers the inference server gets (raises

@@ -4,7 +4,9 @@ The call is made with the client's method path and metadata (plus the ``nvcf-*``
 worker contract) on a channel to ``127.0.0.1:INFERENCE_PORT``; messages are never decoded. The
 reply becomes frames: the first with status 200 and the response metadata, one frame per reply
 message (length-prefixed as on the wire, split if larger than a frame) sent as it arrives, and an
-end frame with the trailers (``grpc-status``, ``grpc-message``, details, trailing metadata).
+end frame with the trailers (``grpc-status``, ``grpc-message``, details, trailing metadata). A live
+call (``Request.live_input``) sends the client's later messages as they are fetched, while its
+answer comes back.
 """
 
 from __future__ import annotations
@@ -13,14 +15,16 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, Awaitable, Callable
 from typing import final
 
+import anyio
 from grpclib.client import Channel, Stream
 from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from grpclib.metadata import encode_bin_value
 
+from nvcf_mono.contracts import live_input
 from nvcf_mono.contracts.frames import Frame, Headers, Request, header_value
 from nvcf_mono.grpc import compression
 from nvcf_mono.grpc.raw import (
@@ -31,6 +35,7 @@ from nvcf_mono.grpc.raw import (
     FramingError,
     RawMessage,
     RawStatusDetails,
+    Unpacker,
     metadata_to_pairs,
     pack,
     pairs_to_metadata,
@@ -118,25 +123,35 @@ class _Frames:
         return self._next(trailers=trailers)
 
 
-async def grpc_call(
-    config: WorkerConfig, request: Request, body: bytes | AsyncIterable[bytes], *, attempt: int
-) -> AsyncIterator[Frame]:
-    """Relay one gRPC call to the inference server; yields its frames.
+#: Asks for a live call's client stream from an offset: a live input answer (contracts/live_input.py).
+MoreInput = Callable[[int], Awaitable[bytes]]
 
-    Raises :class:`InferenceUnreachable` when it does not accept the connection (nothing was sent),
-    :class:`InferenceCrashed` when the connection breaks during the call.
+
+async def grpc_call(
+    config: WorkerConfig,
+    request: Request,
+    body: bytes | AsyncIterable[bytes],
+    *,
+    attempt: int,
+    answer: Callable[[Frame], Awaitable[None]],
+    more: MoreInput | None = None,
+) -> None:
+    """Relay one gRPC call to the inference server; its frames go to ``answer``.
+
+    With ``more`` (a live call) the client's later messages are asked for and sent on while the
+    answer comes back. Raises :class:`InferenceUnreachable` when the server does not accept the
+    connection (nothing was sent), :class:`InferenceCrashed` when the connection breaks during the call.
     """
     rid = request.request_id
     data = body if isinstance(body, bytes) else b"".join([chunk async for chunk in body])
     try:
         messages = unpack(data)
     except FramingError as err:
-        yield problem_frame(rid, attempt, 400, f"the relayed request is not gRPC: {err}", source=WORKER_SERVICE)
+        await answer(problem_frame(rid, attempt, 400, f"the relayed request is not gRPC: {err}", source=WORKER_SERVICE))
         return
     channel = _channel(config.inference_host, config.inference_port)
     frames = _Frames(rid, attempt, config.frame_size)
-    status, message, details = Status.OK, None, None
-    trailing: list[tuple[str, str]] = []
+    ended = _Ending()
     try:
         async with channel.request(
             request.path,
@@ -146,27 +161,19 @@ async def grpc_call(
             timeout=_timeout(request),
             metadata=_metadata(config, request),
         ) as stream:
-            await _send_all(stream, messages)
-            head_taken = False
-            try:
-                await stream.recv_initial_metadata()
-                head_taken = True
-                frames.head = (*frames.head, *metadata_to_pairs((stream.initial_metadata or {}).items()))
-                while (reply := await stream.recv_message()) is not None:
-                    for frame in frames.message(reply.data):
-                        yield frame
-                await stream.recv_trailing_metadata()
-            except GRPCError as err:
-                status, message, details = err.status, err.message, err.details
-                if not head_taken:
-                    # Ended with the head: leave at once, not waiting for trailers the answer will not send.
-                    status, message, details = _status_of_head(stream, err)
-                    raise _HeadOnly from err
-            trailing = list(metadata_to_pairs((stream.trailing_metadata or {}).items()))
+            await _send_all(stream, messages, end=more is None)
+            failure: Exception | None = None  # stays None when the client's leaving cancelled the call
+            async with anyio.create_task_group() as tg:
+                if more is not None:
+                    tg.start_soon(_send_live, stream, more, ended, tg.cancel_scope)
+                failure = await _receive(stream, frames, answer, ended)
+                tg.cancel_scope.cancel()  # the answer ended: the client's later messages are not wanted
+            if failure is not None:
+                raise failure
     except _HeadOnly:
-        trailing = list(metadata_to_pairs((stream.trailing_metadata or {}).items()))
+        ended.trailing = list(metadata_to_pairs((stream.trailing_metadata or {}).items()))
     except TimeoutError:
-        status, message = Status.DEADLINE_EXCEEDED, "the call's deadline passed in the function"
+        ended.status, ended.message = Status.DEADLINE_EXCEEDED, "the call's deadline passed in the function"
     except (StreamTerminatedError, ConnectionResetError, BrokenPipeError) as err:
         raise InferenceCrashed(f"the gRPC call to the inference server broke: {type(err).__name__}: {err}") from err
     except OSError as err:
@@ -176,8 +183,83 @@ async def grpc_call(
     except ProtocolError as err:
         # Ends the call like a status of the function's (also after messages were relayed).
         log.warning("request %s: gRPC protocol error from the inference server: %s", rid, err)
-        status, message = Status.INTERNAL, f"the inference server broke the gRPC protocol: {err}"
-    yield frames.end((*_status_trailers(status, message, details), *trailing))
+        ended.status, ended.message = Status.INTERNAL, f"the inference server broke the gRPC protocol: {err}"
+    if ended.client_gone:
+        ended.status, ended.message = Status.CANCELLED, "the caller's side of the call went away"
+    await answer(frames.end((*_status_trailers(ended.status, ended.message, ended.details), *ended.trailing)))
+
+
+@final
+class _Ending:
+    """How the call ended: its status, details and trailing metadata, or that the client went away."""
+
+    def __init__(self) -> None:
+        self.status: Status = Status.OK
+        self.message: str | None = None
+        self.details: object = None
+        self.trailing: list[tuple[str, str]] = []
+        self.client_gone = False
+
+
+async def _receive(
+    stream: Stream[RawMessage, RawMessage], frames: _Frames, answer: Callable[[Frame], Awaitable[None]], ended: _Ending
+) -> Exception | None:
+    """The server's answer to ``answer``, its end into ``ended``; what ended it badly is returned, not
+    raised, so that it leaves the task group of a live call as itself.
+    """
+    head_taken = False
+    try:
+        try:
+            await stream.recv_initial_metadata()
+            head_taken = True
+            frames.head = (*frames.head, *metadata_to_pairs((stream.initial_metadata or {}).items()))
+            while (reply := await stream.recv_message()) is not None:
+                for frame in frames.message(reply.data):
+                    await answer(frame)
+            await stream.recv_trailing_metadata()
+        except GRPCError as err:
+            ended.status, ended.message, ended.details = err.status, err.message, err.details
+            if not head_taken:
+                # Ended with the head: leave at once, not waiting for trailers the answer will not send.
+                ended.status, ended.message, ended.details = _status_of_head(stream, err)
+                return _HeadOnly()
+        ended.trailing = list(metadata_to_pairs((stream.trailing_metadata or {}).items()))
+    except Exception as err:
+        return err
+    return None
+
+
+async def _send_live(
+    stream: Stream[RawMessage, RawMessage], more: MoreInput, ended: _Ending, call: anyio.CancelScope
+) -> None:
+    """A live call's later messages, as the client sends them, then the end of the request side."""
+    offset = 0
+    unpacker = Unpacker()
+    try:
+        while True:
+            kind, data = live_input.read_answer(await more(offset))
+            if kind == "G":
+                ended.client_gone = True
+                call.cancel()
+                return
+            offset += len(data)
+            for message in unpacker.feed(data):
+                await stream.send_message(RawMessage(message))
+            if kind == "E":
+                await stream.end()
+                return
+    except (
+        FramingError,
+        GRPCError,
+        StreamTerminatedError,
+        ProtocolError,
+        OSError,
+        anyio.BrokenResourceError,
+        anyio.ClosedResourceError,
+    ) as err:
+        # The call broke (its receiving side says how), the input was not gRPC, or the session to the
+        # node ended (its requests end with it): nothing more is sent.
+        log.debug("sending the client's later messages stopped: %s", err)
 
 
 class _HeadOnly(Exception):
@@ -201,12 +283,12 @@ def _status_of_head(stream: Stream[RawMessage, RawMessage], err: GRPCError) -> t
         return bad.status, bad.message, bad.details
 
 
-async def _send_all(stream: Stream[RawMessage, RawMessage], messages: list[bytes]) -> None:
-    """The client's messages, the last one ending the request side (an empty request: just the end)."""
+async def _send_all(stream: Stream[RawMessage, RawMessage], messages: list[bytes], *, end: bool) -> None:
+    """The client's messages, the last one ending the request side when ``end`` (no message: the head)."""
     if not messages:
-        await stream.send_request(end=True)
+        await stream.send_request(end=end)
     for i, msg in enumerate(messages):
-        await stream.send_message(RawMessage(msg), end=i == len(messages) - 1)
+        await stream.send_message(RawMessage(msg), end=end and i == len(messages) - 1)
 
 
 def _status_trailers(status: Status, message: str | None, details: object) -> list[tuple[str, str]]:

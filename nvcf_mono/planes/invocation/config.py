@@ -26,6 +26,14 @@ class InvocationConfig:
         doc="A request no instance has started by then is dropped with a stored 504 result.",
         check=positive,
     )
+    grpc_live_after: Seconds = setting(
+        0.05,
+        doc="A gRPC call whose client has not closed its side within this is started with the messages it sent so "
+        "far, and its later messages reach the function while it answers (full duplex: a client waiting for an "
+        "answer before it sends more is served); one that closes within it (unary and server-streaming calls at "
+        "once) is stored whole first. 0: every call starts at once.",
+        check=at_least(0),
+    )
     result_ttl: Seconds = setting(3600.0, doc="How long the result of a 202'd request is kept.", check=positive)
     inline_body_limit: ByteSize = setting(
         4 * 1024 * 1024,

@@ -9,8 +9,10 @@ reply messages come back in response frames, relayed to the client one by one as
 the call ends with the function's own status and trailers.
 
 The call waits for the function's first answer until the client's deadline or, without one,
-``default_poll_seconds`` (then DEADLINE_EXCEEDED; there is no 202 for gRPC). Client-streaming calls
-are relayed half-duplex: the whole request stream is collected before the call is dispatched.
+``default_poll_seconds`` (then DEADLINE_EXCEEDED; there is no 202 for gRPC). A client that closes its
+side within ``grpc_live_after`` has its whole request stored as the call; one that keeps it open is
+dispatched with the messages it sent so far, and the rest is read from this node by whoever serves
+the call as the client sends it (full duplex; contracts/live_input.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import math
 from functools import partial
 from typing import NoReturn, final
 
+import anyio
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 from grpclib.metadata import decode_bin_value, encode_timeout
@@ -49,6 +52,7 @@ from nvcf_mono.models.common import new_id
 from nvcf_mono.models.function import FunctionVersion
 from nvcf_mono.planes.invocation.http import Invoker
 from nvcf_mono.planes.invocation.intake import new_request, stage
+from nvcf_mono.planes.invocation.live_input import InputTooLarge, LiveInput
 from nvcf_mono.planes.invocation.responses import Pending
 
 FUNCTION_ID = "function-id"
@@ -142,8 +146,35 @@ class GrpcProxy:
         )
         if window <= 0:
             raise GRPCError(Status.DEADLINE_EXCEEDED, "the call's deadline passed before it was dispatched")
-        body = await self._read_request(stream, invoker)
-        await self._invoke(stream, invoker, principal, fv, path=path, body=body, window=window)
+        live = LiveInput(invoker.config.max_request_body)
+        too_large: InputTooLarge | None = None
+        failure: Exception | None = None
+        async with anyio.create_task_group() as tg:
+
+            async def read_client() -> None:
+                nonlocal too_large
+                try:
+                    await _read_client(stream, live)
+                except InputTooLarge as err:
+                    too_large = err
+                    tg.cancel_scope.cancel()
+
+            tg.start_soon(read_client)
+            # A client that closes its side at once (unary, server streaming) is stored whole: durable, and
+            # served again elsewhere should an instance fail; one that keeps it open is served as it sends.
+            ended = await live.wait_end(invoker.config.grpc_live_after)
+            body = live.take()
+            try:
+                await self._invoke(
+                    stream, invoker, principal, fv, path=path, body=body, window=window, live=None if ended else live
+                )
+            except Exception as err:  # raised after the task group, as itself (not in an exception group)
+                failure = err
+            tg.cancel_scope.cancel()  # the function ended the call: whatever the client still sends is not wanted
+        if too_large is not None:
+            raise GRPCError(Status.RESOURCE_EXHAUSTED, str(too_large))
+        if failure is not None:
+            raise failure
 
     async def _authenticate(self, auth: Authenticator, header: str) -> Principal:
         if not header.strip():
@@ -152,18 +183,6 @@ class GrpcProxy:
             return await auth.authenticate(header)
         except AuthError as err:
             raise GRPCError(Status.UNAUTHENTICATED, err.detail) from None
-
-    async def _read_request(self, stream: Stream[RawMessage, RawMessage], invoker: Invoker) -> bytes:
-        """The client's messages, length-prefixed (all of them: client streams are collected)."""
-        limit = invoker.config.max_request_body
-        messages: list[bytes] = []
-        size = 0
-        while (message := await stream.recv_message()) is not None:
-            size += len(message.data)
-            if size > limit:
-                raise GRPCError(Status.RESOURCE_EXHAUSTED, f"the request exceeds the limit of {limit} bytes")
-            messages.append(message.data)
-        return pack(messages)
 
     async def _invoke(
         self,
@@ -175,6 +194,7 @@ class GrpcProxy:
         path: str,
         body: bytes,
         window: float,
+        live: LiveInput | None,
     ) -> None:
         request_id = new_id()
         headers = metadata_to_pairs((stream.metadata or {}).items(), drop=DROPPED)
@@ -183,6 +203,7 @@ class GrpcProxy:
             headers = [*headers, ("grpc-timeout", encode_timeout(window))]
         staged = await stage(invoker.dispatcher, invoker.dispatcher.inline_limit, request_id, body)
         pending = invoker.router.register(request_id, fv.version_id)
+        pending.input = live
         req = new_request(
             principal,
             fv,
@@ -197,6 +218,7 @@ class GrpcProxy:
             poll_seconds=max(1, math.ceil(window)),
             region=invoker.dispatcher.region,
             grpc=True,
+            live_input=live is not None,
         )
         ended: _Ended | None = None
         cancelled = False
@@ -247,10 +269,15 @@ class GrpcProxy:
         try:
             first = await pending.next(timeout=window)
         except TimeoutError:
-            raise GRPCError(
-                Status.DEADLINE_EXCEEDED,
-                f"no instance of function '{req.function_id}' answered within {window:.3g}s",
-            ) from None
+            if pending.input is None or not pending.input.started:
+                raise GRPCError(
+                    Status.DEADLINE_EXCEEDED,
+                    f"no instance of function '{req.function_id}' answered within {window:.3g}s",
+                ) from None
+            # A live call an instance serves may answer only once the client has said enough.
+            first = await _next_frame(pending, stream, invoker)
+        if pending.input is not None:
+            pending.input.answered()  # the call stays with this attempt: its input need not be replayable
         if first.problem is not None:
             raise GRPCError(grpc_status(first.problem.status), first.problem.detail)
         if first.status != 200:
@@ -286,13 +313,16 @@ class GrpcProxy:
                 status, text = await _send_status(stream, frame, with_reqid=None if sent_head else req.request_id)
                 raise _Ended(status, text)
             expected += 1
-            remaining = (
-                stream.deadline.time_remaining() if stream.deadline is not None else invoker.config.queue_deadline
-            )
-            try:
-                frame = await pending.next(timeout=max(remaining, 0.0))
-            except TimeoutError:
-                raise GRPCError(Status.DEADLINE_EXCEEDED, "the function's answer did not finish in time") from None
+            frame = await _next_frame(pending, stream, invoker)
+
+
+async def _next_frame(pending: Pending, stream: Stream[RawMessage, RawMessage], invoker: Invoker) -> Frame:
+    """The answer's next frame, within the client's deadline (without one, ``queue_deadline``)."""
+    remaining = stream.deadline.time_remaining() if stream.deadline is not None else invoker.config.queue_deadline
+    try:
+        return await pending.next(timeout=max(remaining, 0.0))
+    except TimeoutError:
+        raise GRPCError(Status.DEADLINE_EXCEEDED, "the function's answer did not finish in time") from None
 
 
 async def _send_status(
@@ -333,6 +363,16 @@ def _detail(frame: Frame) -> str:
     if isinstance(doc, dict) and isinstance(doc.get("detail"), str):
         return str(doc["detail"])
     return f"the function's instance answered HTTP status {frame.status}"
+
+
+async def _read_client(stream: Stream[RawMessage, RawMessage], live: LiveInput) -> None:
+    """The client's messages into ``live``, length-prefixed, until it closes its side (or goes away)."""
+    try:
+        while (message := await stream.recv_message()) is not None:
+            await live.append(pack([message.data]))
+    except (StreamTerminatedError, ProtocolError):
+        return  # the client went away; the call ends with it
+    live.end()
 
 
 def _metadata(stream: Stream[RawMessage, RawMessage], key: str) -> str:

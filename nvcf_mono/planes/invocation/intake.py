@@ -58,6 +58,7 @@ def new_request(
     region: str,
     streaming: bool = False,
     grpc: bool = False,
+    live_input: bool = False,
     asset_ids: tuple[str, ...] = (),
 ) -> Request:
     """The request to publish; nobody waits for it past ``window`` seconds from now. ``region``: this
@@ -83,6 +84,7 @@ def new_request(
         client_subject=principal.subject,
         streaming=streaming,
         grpc=grpc,
+        live_input=live_input,
         asset_ids=asset_ids,
         invocation_region=region,
     )

@@ -12,7 +12,8 @@ from typing import final
 
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.errors import BusError, NoResponders, RequestTimeout
-from nvcf_mono.contracts.frames import Frame
+from nvcf_mono.contracts import live_input, subjects
+from nvcf_mono.contracts.frames import Frame, Request
 from nvcf_mono.planes.invocation.responses import OK, ResponseRouter
 from nvcf_mono.settlement import Outcome
 
@@ -42,3 +43,11 @@ class Relay:
             self._log.warning("cannot relay a frame of %s: %s", frame.request_id, err)
             return "orphaned"
         return "ok" if answer.data == OK else "gone"
+
+    async def input(self, request: Request, offset: int) -> bytes:
+        """A live call's client stream from ``offset`` (contracts/live_input.py), from this node directly
+        when its client is here.
+        """
+        if self._router.is_local(request.reply):
+            return await self._router.read_input(request.request_id, offset)
+        return await live_input.fetch(self._bus, subjects.input_subject(request.reply), offset)

@@ -6,6 +6,9 @@ slow client slows the relay down all the way to the inference server). Answers: 
 when no request waits for the frame (the client left: stop) or the subject's capability is not the
 request's. A relay on this node hands frames over directly, without the bus.
 
+The same node answers questions for a live gRPC call's later client messages on the twin subject
+``nvcf.input.<inbox>.<requestId>.<capability>`` (contracts/live_input.py), with the same check.
+
 The capability is what makes a reply subject unforgeable: workers on the nats transport publish
 their frames themselves, and may publish to any response subject, so a frame counts only when its
 subject carries the token that came inside the request the worker was given.
@@ -17,6 +20,7 @@ import hmac
 import logging
 import math
 import uuid
+from functools import partial
 from typing import Literal, final
 
 import anyio
@@ -24,9 +28,10 @@ from anyio.abc import TaskStatus
 
 from nvcf_mono.auth.secret import Keyring, b64u
 from nvcf_mono.bus.api import Bus, Msg
-from nvcf_mono.contracts import subjects
+from nvcf_mono.contracts import live_input, subjects
 from nvcf_mono.contracts.frames import Frame, FrameError
 from nvcf_mono.log import Throttle
+from nvcf_mono.planes.invocation.live_input import LiveInput
 from nvcf_mono.queues import Mailbox
 
 Verdict = Literal["ok", "gone"]
@@ -77,6 +82,8 @@ class Pending:
         self._frames: Mailbox[Frame] = Mailbox(capacity)
         #: The client got a 202: whoever holds this stores the result.
         self.detached = False
+        #: A live gRPC call: the client's later messages, for its server to read.
+        self.input: LiveInput | None = None
 
     @property
     def closed(self) -> bool:
@@ -96,6 +103,8 @@ class Pending:
 
     def close(self) -> None:
         self._frames.close()
+        if self.input is not None:
+            self.input.close()
 
 
 @final
@@ -111,6 +120,7 @@ class ResponseRouter:
         # A fresh inbox per process: a restarted node never receives its predecessor's frames.
         self.inbox = f"{node}-{uuid.uuid4().hex[:8]}"
         self.prefix = subjects.response_prefix(self.inbox) + "."
+        self.input_prefix = subjects.input_prefix(self.inbox) + "."
         self._pending: dict[str, Pending] = {}
 
     def is_local(self, reply_subject: str) -> bool:
@@ -140,8 +150,41 @@ class ResponseRouter:
         return await pending.put(frame)
 
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Answer relays until cancelled."""
-        await self._bus.serve(self.prefix + ">", self._on_frame, concurrency=1024, task_status=task_status)
+        """Answer relays (and questions for live input) until cancelled."""
+        async with anyio.create_task_group() as tg:
+            await tg.start(partial(self._bus.serve, self.prefix + ">", self._on_frame, concurrency=1024))
+            # A question may wait (live_input.HOLD_SECONDS) for the client: one task each, one per live call.
+            await tg.start(partial(self._bus.serve, self.input_prefix + ">", self._on_input, concurrency=4096))
+            task_status.started()
+
+    def _holder(self, subject: str, prefix: str, request_id: str) -> Pending | None:
+        """The request waiting here that ``subject`` (``<prefix><requestId>.<capability>``) names with its
+        capability; None (quietly) when none waits, and with a complaint when the capability is wrong.
+        """
+        named, _, capability = subject[len(prefix) :].partition(".")
+        pending = self._pending.get(request_id)
+        if pending is None:
+            return None  # finished or never here (the usual case for a late frame)
+        if named != request_id or not _same(pending.capability, capability):
+            self._complaints.log(
+                self._log, logging.WARNING, "refusing a message for request %s without its capability", request_id
+            )
+            return None
+        return pending
+
+    async def read_input(self, request_id: str, offset: int) -> bytes:
+        """A question for the live input of a request waiting here, asked on this node."""
+        pending = self._pending.get(request_id)
+        if pending is None or pending.input is None:
+            return live_input.answer(live_input.GONE)
+        return await pending.input.read(offset)
+
+    async def _on_input(self, msg: Msg) -> bytes:
+        request_id = msg.subject[len(self.input_prefix) :].partition(".")[0]
+        offset = live_input.parse_question(msg.data)
+        if offset is None or self._holder(msg.subject, self.input_prefix, request_id) is None:
+            return live_input.answer(live_input.GONE)
+        return await self.read_input(request_id, offset)
 
     async def _on_frame(self, msg: Msg) -> bytes:
         try:
@@ -151,13 +194,7 @@ class ResponseRouter:
                 self._log, logging.WARNING, "dropping a malformed response frame on %s: %s", msg.subject, err
             )
             return GONE
-        request_id, _, capability = msg.subject[len(self.prefix) :].partition(".")
-        pending = self._pending.get(frame.request_id)
+        pending = self._holder(msg.subject, self.prefix, frame.request_id)
         if pending is None:
-            return GONE  # finished or never here (the usual case for a late frame)
-        if request_id != frame.request_id or not _same(pending.capability, capability):
-            self._complaints.log(
-                self._log, logging.WARNING, "refusing a response frame for %s without its capability", frame.request_id
-            )
             return GONE
         return OK if await pending.put(frame) == "ok" else GONE

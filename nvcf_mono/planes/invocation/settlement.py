@@ -29,6 +29,10 @@ class NodeSink:
     async def send(self, request: Request, frame: Frame, blob: bytes) -> Outcome:
         return await self._relay.send(request.reply, frame, blob)
 
+    async def input(self, request: Request, offset: int) -> bytes:
+        """A live gRPC call's client stream from ``offset``, for the worker serving it here."""
+        return await self._relay.input(request, offset)
+
     async def keep(self, request: Request, frames: Sequence[Frame]) -> None:
         await self.store(frames)
         await self._dispatcher.drop_body(request.body_object)

@@ -20,6 +20,7 @@ from typing import Any, final
 
 import anyio
 import attrs
+from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
@@ -33,7 +34,7 @@ from nvcf_mono.bus.callout import CalloutStatus, envelope
 from nvcf_mono.bus.codec import TypedKV
 from nvcf_mono.bus.errors import BusError, NotFound
 from nvcf_mono.bus.holding import hold_until_ready
-from nvcf_mono.contracts import buckets, permissions, redelivery, rpc, subjects, trace
+from nvcf_mono.contracts import buckets, live_input, permissions, redelivery, rpc, subjects, trace
 from nvcf_mono.contracts.frames import Frame, FrameError, Request, problem_frame
 from nvcf_mono.contracts.messages import SecretsFetch, SecretsReply
 from nvcf_mono.grpc.batch import MOST, accept_large_frames, send_all
@@ -57,6 +58,8 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     Cancel,
     ConnectRequest,
     ConnectResponse,
+    InputChunk,
+    InputWanted,
     LargeResponseChunk,
     LargeResponseStored,
     NodeMessage,
@@ -411,6 +414,8 @@ class WorkerSession:
         self._complaints = Throttle()
         #: Where messages to the worker go (set while the session runs): other sessions hand turns here.
         self._out: MemoryObjectSendStream[NodeEnvelope] | None = None
+        #: Live gRPC calls whose client stream this node is asking for on the worker's behalf (one question each).
+        self._asking: set[str] = set()
 
     @property
     def serving(self) -> bool:
@@ -460,7 +465,7 @@ class WorkerSession:
                     tg.start_soon(self._pull, send)
                     tg.start_soon(self._keepalive)
                     tg.start_soon(self._cancellations, send)
-                await self._receive(stream, send)
+                await self._receive(stream, send, tg)
                 tg.cancel_scope.cancel()
         finally:
             self._out = None
@@ -576,7 +581,10 @@ class WorkerSession:
     # ---- frames up ----------------------------------------------------------------------------------
 
     async def _receive(
-        self, stream: Stream[WorkerEnvelope, NodeEnvelope], out: MemoryObjectSendStream[NodeEnvelope]
+        self,
+        stream: Stream[WorkerEnvelope, NodeEnvelope],
+        out: MemoryObjectSendStream[NodeEnvelope],
+        tasks: TaskGroup,
     ) -> None:
         while True:
             envelope = await stream.recv_message()
@@ -608,6 +616,32 @@ class WorkerSession:
             elif kind == "drain":
                 self.draining = True
                 self.ready.set()  # wakes whatever waits for readiness; it sees the drain
+            elif kind == "input_wanted":
+                await self._want_input(message.input_wanted, out, tasks)
+
+    async def _want_input(
+        self, wanted: InputWanted, out: MemoryObjectSendStream[NodeEnvelope], tasks: TaskGroup
+    ) -> None:
+        """Ask the client's node for a live call's stream, for the worker (which has no NATS of its own)."""
+        rid = wanted.request_id
+        held = self.in_flight.get(rid)
+        if held is None or not held.request.live_input:
+            # Not (or no longer) this worker's live call: nothing will come.
+            gone = InputChunk(request_id=rid, offset=wanted.offset, answer=live_input.answer(live_input.GONE))
+            await out.send(_message(NodeMessage(input=gone)))
+            return
+        if rid in self._asking:
+            return  # asked already: that answer comes (a worker asks again only after giving up waiting)
+        self._asking.add(rid)
+        tasks.start_soon(self._fetch_input, held.request, wanted.offset, out)
+
+    async def _fetch_input(self, request: Request, offset: int, out: MemoryObjectSendStream[NodeEnvelope]) -> None:
+        try:
+            answer = await self._svc.deps.get().sink.input(request, offset)
+        finally:
+            self._asking.discard(request.request_id)
+        chunk = InputChunk(request_id=request.request_id, offset=offset, answer=answer)
+        await out.send(_message(NodeMessage(input=chunk)))
 
     def _complain(self, msg: str, *args: object) -> None:
         self._complaints.log(self._log, logging.WARNING, msg, *args)

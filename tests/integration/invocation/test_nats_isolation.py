@@ -190,6 +190,7 @@ async def test_a_worker_reaches_nothing_of_another_functions_requests(
                 f"{their_inbox}.>",
                 "nvcf.resp.>",
                 subjects.RESPONSE_SUBJECTS,
+                subjects.INPUT_SUBJECTS,
                 subjects.request_filter("ncp", vid2),
                 "rq.>",
                 theirs.cancel_subject,

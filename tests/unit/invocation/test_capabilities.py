@@ -38,6 +38,7 @@ def test_the_grant_is_the_sessions_own_and_no_wider() -> None:
         "$JS.API.CONSUMER.INFO.rq_ncp_v1.rq_ncp_v1_workers",
         "$JS.ACK.rq_ncp_v1.rq_ncp_v1_workers.>",
         "nvcf.resp.*.*.*",
+        "nvcf.input.*.*.*",
     )
     for bad_inbox in ("_INBOX.s1", "_INBOX", f"{subjects.WORKER_INBOX_ROOT}.*", f"{subjects.WORKER_INBOX_ROOT}.a.b"):
         with pytest.raises(permissions.NotGrantable):

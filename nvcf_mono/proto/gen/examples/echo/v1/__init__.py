@@ -6,9 +6,12 @@
 from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
+    AsyncIterable,
     AsyncIterator,
     Dict,
+    Iterable,
     Optional,
+    Union,
 )
 
 import betterproto
@@ -98,6 +101,43 @@ class EchoServiceStub(betterproto.ServiceStub):
         ):
             yield response
 
+    async def converse(
+        self,
+        echo_request_iterator: Union[AsyncIterable[EchoRequest], Iterable[EchoRequest]],
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> AsyncIterator[EchoResponse]:
+        async for response in self._stream_stream(
+            "/examples.echo.v1.EchoService/Converse",
+            echo_request_iterator,
+            EchoRequest,
+            EchoResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        ):
+            yield response
+
+    async def collect(
+        self,
+        echo_request_iterator: Union[AsyncIterable[EchoRequest], Iterable[EchoRequest]],
+        *,
+        timeout: Optional[float] = None,
+        deadline: Optional["Deadline"] = None,
+        metadata: Optional["MetadataLike"] = None
+    ) -> "EchoResponse":
+        return await self._stream_unary(
+            "/examples.echo.v1.EchoService/Collect",
+            echo_request_iterator,
+            EchoRequest,
+            EchoResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class EchoServiceBase(ServiceBase):
 
@@ -109,6 +149,17 @@ class EchoServiceBase(ServiceBase):
     ) -> AsyncIterator[EchoResponse]:
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
         yield EchoResponse()
+
+    async def converse(
+        self, echo_request_iterator: AsyncIterator[EchoRequest]
+    ) -> AsyncIterator[EchoResponse]:
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+        yield EchoResponse()
+
+    async def collect(
+        self, echo_request_iterator: AsyncIterator[EchoRequest]
+    ) -> "EchoResponse":
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
     async def __rpc_echo(
         self, stream: "grpclib.server.Stream[EchoRequest, EchoResponse]"
@@ -127,6 +178,23 @@ class EchoServiceBase(ServiceBase):
             request,
         )
 
+    async def __rpc_converse(
+        self, stream: "grpclib.server.Stream[EchoRequest, EchoResponse]"
+    ) -> None:
+        request = stream.__aiter__()
+        await self._call_rpc_handler_server_stream(
+            self.converse,
+            stream,
+            request,
+        )
+
+    async def __rpc_collect(
+        self, stream: "grpclib.server.Stream[EchoRequest, EchoResponse]"
+    ) -> None:
+        request = stream.__aiter__()
+        response = await self.collect(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> Dict[str, grpclib.const.Handler]:
         return {
             "/examples.echo.v1.EchoService/Echo": grpclib.const.Handler(
@@ -139,6 +207,18 @@ class EchoServiceBase(ServiceBase):
                 self.__rpc_echo_stream,
                 grpclib.const.Cardinality.UNARY_STREAM,
                 EchoStreamRequest,
+                EchoResponse,
+            ),
+            "/examples.echo.v1.EchoService/Converse": grpclib.const.Handler(
+                self.__rpc_converse,
+                grpclib.const.Cardinality.STREAM_STREAM,
+                EchoRequest,
+                EchoResponse,
+            ),
+            "/examples.echo.v1.EchoService/Collect": grpclib.const.Handler(
+                self.__rpc_collect,
+                grpclib.const.Cardinality.STREAM_UNARY,
+                EchoRequest,
                 EchoResponse,
             ),
         }

@@ -101,6 +101,20 @@ class WorkerMessage(betterproto.Message):
     nats transport: the worker settled it (acked, handed back or ended): nothing to hand back.
     """
 
+    input_wanted: "InputWanted" = betterproto.message_field(8, group="kind")
+    """
+    grpc transport: the next piece of a live gRPC call's client stream, please (answered by an InputChunk).
+    """
+
+
+@dataclass(eq=False, repr=False)
+class InputWanted(betterproto.Message):
+    request_id: str = betterproto.string_field(1)
+    offset: int = betterproto.uint64_field(2)
+    """
+    Byte offset into the client's stream after the request's body (contracts/live_input.py).
+    """
+
 
 @dataclass(eq=False, repr=False)
 class WorkerStatus(betterproto.Message):
@@ -154,6 +168,16 @@ class NodeMessage(betterproto.Message):
     """
 
     session: "SessionInfo" = betterproto.message_field(4, group="kind")
+    input: "InputChunk" = betterproto.message_field(5, group="kind")
+    """The answer to an InputWanted."""
+
+
+@dataclass(eq=False, repr=False)
+class InputChunk(betterproto.Message):
+    request_id: str = betterproto.string_field(1)
+    offset: int = betterproto.uint64_field(2)
+    answer: bytes = betterproto.bytes_field(3)
+    """A live input answer: a kind byte and data (contracts/live_input.py)."""
 
 
 @dataclass(eq=False, repr=False)
