@@ -15,8 +15,9 @@ from typing import Any
 import anyio
 import pytest
 
-from nvcf_mono.contracts import live_input, subjects
+from nvcf_mono.contracts import live_input, states, subjects
 from nvcf_mono.proto.gen.examples.echo.v1 import EchoRequest, EchoResponse
+from nvcf_mono.testing.platform import wait_for
 
 from .conftest import deployed, launching_agent, platform, two_invocation_nodes
 from .test_grpc import GRPC_FUNCTION, call_metadata
@@ -201,3 +202,47 @@ async def test_a_live_call_whose_client_is_on_another_node(tmp_path: Path) -> No
                     assert (await call.read()).message == f"far{n}"
                 await call.done_writing()
                 assert await call.code() == grpc.StatusCode.OK
+
+
+@pytest.mark.slow
+@BOTH_TRANSPORTS
+async def test_a_live_call_whose_function_dies_before_answering_is_served_whole_by_another(
+    tmp_path: Path, transport: str
+) -> None:
+    """Everything the client sent is kept until the function answers: a redelivered call reads it again."""
+    import grpc
+
+    settings = {"plugins.invocation.transport": transport}
+    async with platform(tmp_path, **settings) as p, launching_agent(p, tmp_path / "instances") as fake:
+        fid, _ = await deployed(p.admin, GRPC_FUNCTION, min_instances=2, max_instances=2)
+
+        async def both_running() -> bool:
+            return sum(i.state == states.RUNNING for i in fake.instances.values()) == 2
+
+        await wait_for(both_running, timeout=30, what="two running instances")
+        assert fake.launcher is not None
+        workers = p.host.plugin("invocation").workers
+
+        async def holder() -> Any:
+            for session in list(workers.sessions.values()):
+                if session.in_flight or session.held_remotely:
+                    return fake.launcher.running[session.instance_id.removeprefix("0-sr-")]
+            return None
+
+        md = tuple(call_metadata(p.key.token, fid).items())
+        async with grpc.aio.insecure_channel(p.host.endpoints.grpc_address) as channel:
+            collect = channel.stream_unary(
+                f"{SERVICE}/Collect", request_serializer=bytes, response_deserializer=EchoResponse().parse
+            )
+
+            async def words() -> Any:
+                for n, word in enumerate("abcdef"):
+                    if n == 3:  # half sent, and read by the function: its server dies
+                        victim = await wait_for(holder, timeout=10, what="the instance serving the call")
+                        victim.inference.kill()
+                    yield EchoRequest(message=word)
+                    await anyio.sleep(0.2)
+
+            with anyio.fail_after(30):
+                reply = await collect(words(), metadata=md, timeout=30)
+        assert (reply.message, reply.index) == ("a b c d e f", 6)
