@@ -20,6 +20,8 @@ import grpclib.server
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
+from nvcf_mono.grpc import request_head
+
 #: The largest message a compressed one may inflate to (what the platform accepts as a whole request
 #: by default); past it the call ends with RESOURCE_EXHAUSTED rather than filling memory.
 MAX_INFLATED = 64 << 20
@@ -53,7 +55,7 @@ async def _recv_message(stream: Any, codec: Any, message_type: Any) -> Any:
     """The message grpclib's ``recv_message`` reads, inflating a compressed message by the stream's ``grpc-encoding``.
 
     ``stream`` is grpclib's HTTP/2 stream: its ``headers`` are the request's on a server and the
-    response's on a client (read before any message).
+    response's on a client (read before any message; a server's are kept by :mod:`request_head`).
     """
     prefix = await stream.recv_data(_PREFIX.size)
     if not prefix:
@@ -70,15 +72,6 @@ async def _recv_message(stream: Any, codec: Any, message_type: Any) -> Any:
     return codec.decode(data, message_type)
 
 
-_serve_request = grpclib.server.request_handler
-
-
-async def _request_handler(mapping: Any, stream: Any, headers: Any, *args: Any) -> None:
-    """Grpclib's server handling of one call, with the request's head kept on its stream for the reader."""
-    stream.headers = headers
-    await _serve_request(mapping, stream, headers, *args)
-
-
 def install() -> None:
     """Make grpclib's clients and servers in this process read compressed messages (idempotent).
 
@@ -88,4 +81,4 @@ def install() -> None:
     """
     grpclib.client.recv_message = _recv_message  # type: ignore[attr-defined]
     grpclib.server.recv_message = _recv_message  # type: ignore[attr-defined]
-    grpclib.server.request_handler = _request_handler  # type: ignore[assignment]
+    request_head.install()

@@ -12,7 +12,7 @@ import logging
 import ssl
 import typing
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, final, overload
 
 import anyio
@@ -33,6 +33,8 @@ from nvcf_mono.metrics import Metrics
 
 IsRunning = Callable[[str], bool]
 Fallback = Callable[[str], Handler | None]
+#: Whether the fallback takes a call by its request head, whatever its path (``__claims__``).
+Claims = Callable[[Sequence[tuple[str, str]]], bool]
 #: The metrics label of calls served by the fallback (their paths are the callers' choice).
 FALLBACK_LABEL = "*"
 _T = TypeVar("_T")
@@ -60,13 +62,32 @@ async def _unimplemented(stream: Stream[Any, Any]) -> None:
 _UNIMPLEMENTED = Handler(_unimplemented, Cardinality.STREAM_STREAM, RawMessage, RawMessage)
 
 
-class _Mapping(dict[str, Handler]):
-    """The method table grpclib consults with ``get(path)``; unserved services go to the fallback."""
+@final
+class _FallbackOnly:
+    """The method table of a call the fallback claims: every path is the fallback's."""
 
-    def __init__(self, mapping: dict[str, Handler], fallback: Fallback) -> None:
+    def __init__(self, fallback: Fallback) -> None:
+        self._fallback = fallback
+
+    def get(self, key: str, default: Any = None, /) -> Any:
+        return self._fallback(key) or default
+
+
+class _Mapping(dict[str, Handler]):
+    """The method table grpclib consults with ``get(path)``; unserved services go to the fallback, and so do
+    calls whose head the fallback claims (``for_call``, see :mod:`nvcf_mono.grpc.request_head`).
+    """
+
+    def __init__(self, mapping: dict[str, Handler], fallback: Fallback, claims: Claims | None = None) -> None:
         super().__init__(mapping)
         self._services = frozenset(path.rpartition("/")[0] for path in mapping)
         self._fallback = fallback
+        self._claims = claims
+
+    def for_call(self, headers: Sequence[tuple[str, str]]) -> Any:
+        if self._claims is not None and self._claims(headers):
+            return _FallbackOnly(self._fallback)
+        return self
 
     @overload
     def get(self, key: str, default: None = None, /) -> Handler | None: ...
@@ -156,12 +177,14 @@ class GrpcServer:
         mapping: dict[str, Handler] = {}
         owners: dict[str, str] = {}
         fallback: tuple[str, Fallback] | None = None
+        claims: Claims | None = None
         for owner, servicer in servicers:
             find: Fallback | None = getattr(servicer, "__fallback__", None)
             if find is not None:
                 if fallback is not None:
                     raise GrpcServerError(f"both {fallback[0]!r} and {owner!r} want to serve unknown gRPC methods")
                 fallback = (owner, find)
+                claims = getattr(servicer, "__claims__", None)
             for path, handler in servicer.__mapping__().items():
                 if path in mapping:
                     raise GrpcServerError(f"gRPC method {path} is served by both {owners[path]!r} and {owner!r}")
@@ -193,7 +216,7 @@ class GrpcServer:
                 return _wrap(FALLBACK_LABEL, owner, handler, is_running=is_running, inflight=inflight, calls=calls)
 
             # grpclib copies the servicers' mappings into a plain dict and only ever calls .get() on it.
-            self._server._mapping = _Mapping(self._server._mapping, wrapped)
+            self._server._mapping = _Mapping(self._server._mapping, wrapped, claims)
         self.port = 0
 
     async def start(self, ssl_context: ssl.SSLContext | None = None) -> int:

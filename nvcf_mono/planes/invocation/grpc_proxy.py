@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import math
+from collections.abc import Sequence
 from functools import partial
 from typing import NoReturn, final
 
@@ -107,6 +108,12 @@ class GrpcProxy:
 
     def __mapping__(self) -> dict[str, Handler]:
         return {}
+
+    def __claims__(self, headers: Sequence[tuple[str, str]]) -> bool:
+        """A call that names a function is the function's, even on a path the host serves itself: a client
+        checking its function with ``grpc.health.v1.Health/Check`` hears from the function, not the platform.
+        """
+        return any(key == FUNCTION_ID for key, _ in headers)
 
     def __fallback__(self, path: str) -> Handler:
         # STREAM_STREAM: grpclib then allows any number of messages each way; the function decides.

@@ -17,6 +17,7 @@ import pytest
 
 from nvcf_mono.contracts import live_input, states, subjects
 from nvcf_mono.proto.gen.examples.echo.v1 import EchoRequest, EchoResponse
+from nvcf_mono.proto.gen.grpc.health.v1 import HealthCheckRequest, HealthCheckResponse, HealthCheckResponseServingStatus
 from nvcf_mono.testing.platform import wait_for
 
 from .conftest import deployed, launching_agent, platform, two_invocation_nodes
@@ -246,3 +247,36 @@ async def test_a_live_call_whose_function_dies_before_answering_is_served_whole_
             with anyio.fail_after(30):
                 reply = await collect(words(), metadata=md, timeout=30)
         assert (reply.message, reply.index) == ("a b c d e f", 6)
+
+
+@pytest.mark.slow
+async def test_a_health_check_that_names_a_function_is_answered_by_the_function(tmp_path: Path) -> None:
+    """grpc.health.v1 is also a path the host serves (its own health): with ``function-id`` metadata the
+    call is the function's, as every call that names one (standard health probes through the platform).
+    """
+    import grpc
+
+    async with platform(tmp_path) as p, launching_agent(p, tmp_path / "instances"):
+        fid, _ = await deployed(p.admin, GRPC_FUNCTION)
+        md = tuple(call_metadata(p.key.token, fid).items())
+        async with grpc.aio.insecure_channel(p.host.endpoints.grpc_address) as channel:
+            check = channel.unary_unary(
+                "/grpc.health.v1.Health/Check",
+                request_serializer=bytes,
+                response_deserializer=HealthCheckResponse().parse,
+            )
+            with anyio.fail_after(15):
+                call = check(HealthCheckRequest(service="examples.echo.v1.EchoService"), metadata=md, timeout=10)
+                assert (await call).status == HealthCheckResponseServingStatus.SERVING
+                assert (await call.initial_metadata())["nvcf-reqid"]  # through the proxy
+                # A service the platform has (its invocation plugin) but the function does not.
+                with pytest.raises(grpc.aio.AioRpcError) as unknown:
+                    await check(HealthCheckRequest(service="invocation"), metadata=md, timeout=10)
+                assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+                # Without function-id it is the platform's own health, as before.
+                mine = await check(HealthCheckRequest(service="invocation"), timeout=10)
+                assert mine.status == HealthCheckResponseServingStatus.SERVING
+            # A function id without a key is refused as any function call is.
+            with anyio.fail_after(15), pytest.raises(grpc.aio.AioRpcError) as refused:
+                await check(HealthCheckRequest(service=""), metadata=(("function-id", fid),), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
