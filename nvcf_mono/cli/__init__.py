@@ -45,6 +45,27 @@ def chosen_command(argv: Sequence[str]) -> str | None:
     return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
+#: The API connection options every client command takes (``add_api_options``), with a value.
+_CONNECTION = frozenset({"--state-dir", "--api-url", "--token", "--api-key"})
+
+
+def options_after_command(argv: Sequence[str]) -> list[str]:
+    """``argv`` with connection options given before the command (``nvcf-mono --state-dir D function list``,
+    as many CLIs allow) moved after its words (``function list --state-dir D``), where they belong.
+    """
+    moved: list[str] = []
+    rest = list(argv)
+    while rest and rest[0].partition("=")[0] in _CONNECTION:
+        option = rest.pop(0)
+        moved.append(option)
+        if "=" not in option and rest:
+            moved.append(rest.pop(0))
+    if not moved:
+        return rest
+    words = next((i for i, arg in enumerate(rest) if arg.startswith("-")), len(rest))
+    return [*rest[:words], *moved, *rest[words:]]
+
+
 def build_parser(ctx: CliContext, modules: Collection[str] = COMMAND_MODULES) -> argparse.ArgumentParser:
     """The parser, with the commands of ``modules`` complete and the others only listed."""
     parser = _parser_class(ctx)(
@@ -65,6 +86,7 @@ def build_parser(ctx: CliContext, modules: Collection[str] = COMMAND_MODULES) ->
 
 def main(argv: Sequence[str], ctx: CliContext) -> int:
     """Run one command; returns the exit code (2 for usage and configuration errors)."""
+    argv = options_after_command(argv)
     name = chosen_command(argv)
     parser = build_parser(ctx, {c.module for c in COMMANDS if c.name == name})
     try:

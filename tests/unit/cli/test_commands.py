@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
+from pathlib import Path
 
 import pytest
 
 from nvcf_mono import __version__
-from nvcf_mono.cli import COMMAND_MODULES, build_parser, chosen_command, main
+from nvcf_mono.cli import COMMAND_MODULES, build_parser, chosen_command, main, options_after_command
 from nvcf_mono.cli.commands import COMMANDS
 from nvcf_mono.cli.context import CliContext
 
@@ -97,3 +98,27 @@ def test_a_command_runs_with_the_context_it_is_given() -> None:
 )
 def test_the_chosen_command_is_the_first_word(argv: list[str], command: str | None) -> None:
     assert chosen_command(argv) == command
+
+
+@pytest.mark.parametrize(
+    ("argv", "rewritten"),
+    [
+        (["--state-dir", "/s", "function", "list"], ["function", "list", "--state-dir", "/s"]),
+        (
+            ["--state-dir=/s", "--token", "t", "invoke", "F", "-d", "{}"],
+            ["invoke", "F", "--state-dir=/s", "--token", "t", "-d", "{}"],
+        ),
+        (["function", "list", "--state-dir", "/s"], ["function", "list", "--state-dir", "/s"]),
+        (["--help"], ["--help"]),
+        (["--state-dir"], ["--state-dir"]),
+    ],
+)
+def test_connection_options_before_the_command_move_after_its_words(argv: list[str], rewritten: list[str]) -> None:
+    assert options_after_command(argv) == rewritten
+
+
+def test_a_state_dir_before_the_command_is_the_commands(tmp_path: Path) -> None:
+    ctx, _, err = _ctx()
+    # An empty state directory: the command says it found no platform there (not "invalid choice").
+    assert main(["--state-dir", str(tmp_path), "function", "list"], ctx) == 2
+    assert str(tmp_path) in err.getvalue() and "invalid choice" not in err.getvalue(), err.getvalue()
