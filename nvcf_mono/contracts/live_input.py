@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final, Literal
 
-from nvcf_mono.bus.errors import BusError, NoResponders
+import anyio
+
+from nvcf_mono.bus.errors import BusError, NoResponders, RequestTimeout
 
 if TYPE_CHECKING:  # a worker on the grpc transport imports this module and never the bus
     from nvcf_mono.bus.api import Bus
@@ -33,6 +35,8 @@ GONE: Final = b"G"
 
 #: How long the client's node holds a question open when nothing new has come.
 HOLD_SECONDS: Final = 10.0
+#: How long to wait before asking again when the bus could not take the question at all.
+RETRY_PAUSE: Final = 0.5
 #: Most bytes in one answer (core NATS carries it: well under its payload limit).
 MOST_BYTES: Final = 256 * 1024
 
@@ -66,7 +70,10 @@ async def fetch(bus: Bus, subject: str, offset: int) -> bytes:
         reply = await bus.request(subject, question(offset), timeout=HOLD_SECONDS + 5)
     except NoResponders:
         return GONE  # the client's node is gone, and the client with it
+    except RequestTimeout:
+        return WAIT  # a busy node is not yet an end: the caller asks again
     except BusError:
-        # No answer in time (a busy node, a reconnect) is not yet an end: the caller asks again.
+        # The bus is away (reconnecting): not an end either, but asking again at once would only spin.
+        await anyio.sleep(RETRY_PAUSE)
         return WAIT
     return reply.data

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import anyio
 import pytest
 
+from nvcf_mono.bus.api import Msg
 from nvcf_mono.contracts import live_input as wire
+from nvcf_mono.contracts import subjects
 from nvcf_mono.grpc.raw import pack
 from nvcf_mono.planes.invocation.live_input import WINDOW, InputTooLarge, LiveInput
+from nvcf_mono.testing.nats_server import NatsServer
+from tests.conftest import connect
 
 
 async def test_reads_by_offset_wait_for_what_comes_and_end_with_the_client() -> None:
@@ -90,3 +97,23 @@ async def test_a_closed_call_answers_gone_and_lets_a_held_back_client_go() -> No
         await anyio.sleep(0.05)
         live.close()
     assert await live.read(0) == wire.GONE
+
+
+async def test_a_question_nobody_can_answer_reads_as_gone_and_one_answered_passes_through(
+    nats_server: NatsServer, unique: Callable[[str], str]
+) -> None:
+    # A real nats-server: with no node serving the subject (the client's node is gone) the call is over.
+    async with connect(nats_server.url) as bus:
+        subject = f"{subjects.input_prefix(unique('node'))}.r1.cap"
+        assert await wire.fetch(bus, subject, 0) == wire.GONE
+
+        async def answer(msg: Msg) -> bytes:
+            assert wire.parse_question(msg.data) == 7
+            return wire.answer(wire.END, b"tail")
+
+        async with anyio.create_task_group() as tg:
+            await tg.start(partial(bus.serve, subject, answer))
+            assert wire.read_answer(await wire.fetch(bus, subject, 7)) == ("E", b"tail")
+            tg.cancel_scope.cancel()
+    for bad in (b"", b"-1", b"1e3", b"12345678901234", "٣".encode()):
+        assert wire.parse_question(bad) is None, bad
