@@ -163,11 +163,13 @@ async def grpc_call(
         ) as stream:
             await _send_all(stream, messages, end=more is None)
             failure: Exception | None = None  # stays None when the client's leaving cancelled the call
-            async with anyio.create_task_group() as tg:
-                if more is not None:
-                    tg.start_soon(_send_live, stream, more, ended, tg.cancel_scope)
+            if more is None:
                 failure = await _receive(stream, frames, answer, ended)
-                tg.cancel_scope.cancel()  # the answer ended: the client's later messages are not wanted
+            else:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_send_live, stream, more, ended, tg.cancel_scope)
+                    failure = await _receive(stream, frames, answer, ended)
+                    tg.cancel_scope.cancel()  # the answer ended: the client's later messages are not wanted
             if failure is not None:
                 raise failure
     except _HeadOnly:
