@@ -25,7 +25,7 @@ from grpclib.server import Server, Stream
 
 from nvcf_mono.config.model import GrpcSettings
 from nvcf_mono.errors import NvcfMonoError
-from nvcf_mono.grpc import compression
+from nvcf_mono.grpc import compression, hpack_plain
 from nvcf_mono.grpc.raw import RawMessage, encode_status
 from nvcf_mono.late import NotReady
 from nvcf_mono.lifecycle import GRPC_CALL, GRPC_STREAM, InflightTracker
@@ -173,6 +173,7 @@ class GrpcServer:
         self._settings = settings
         self._log = log
         compression.install()  # clients may compress what they send
+        hpack_plain.install()  # every call's response head and trailers
         calls = metrics.counter("grpc_server_handled_total", "gRPC calls handled.", ["method", "code"])
         mapping: dict[str, Handler] = {}
         owners: dict[str, str] = {}
