@@ -39,6 +39,8 @@ class LiveInput:
         self._taken = 0
         self._keep_all = True
         self._asked = False
+        #: Counts questions: only the latest one waits (a flood of them holds one answer open, not many).
+        self._question = 0
         self._ended = False
         self._gone = False
         self._changed = anyio.Event()
@@ -113,13 +115,19 @@ class LiveInput:
     async def read(self, offset: int, *, hold: float = wire.HOLD_SECONDS) -> bytes:
         """The answer to a question for ``offset``: what is there, else what comes within ``hold`` seconds.
 
-        Gone when the call is over, or for an offset no longer (or never) in the stream.
+        Gone when the call is over, or for an offset no longer (or never) in the stream. A question
+        still waiting when the next one comes is answered ``W`` at once.
         """
         self._asked = True
+        self._question += 1
+        mine = self._question
+        self._wake()  # an earlier question still waiting gives way
         if self._base <= offset <= self._base + len(self._data):
             self._reached(offset)
         with anyio.move_on_after(hold):
             while True:
+                if mine != self._question:
+                    break
                 start = offset - self._base
                 if self._gone or start < 0 or start > len(self._data):
                     return wire.answer(wire.GONE)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from functools import partial
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from nvcf_mono.bus.api import Msg
@@ -117,3 +118,23 @@ async def test_a_question_nobody_can_answer_reads_as_gone_and_one_answered_passe
             tg.cancel_scope.cancel()
     for bad in (b"", b"-1", b"1e3", b"12345678901234", "٣".encode()):
         assert wire.parse_question(bad) is None, bad
+
+
+async def test_only_the_latest_question_waits() -> None:
+    # A flood of questions for one call (a hostile worker holds its capability) keeps one answer open.
+    live = LiveInput(limit=1 << 20)
+    answers: list[bytes] = []
+    async with anyio.create_task_group() as tg:
+
+        async def ask() -> None:
+            answers.append(await live.read(0))
+
+        for _ in range(50):
+            tg.start_soon(ask)
+            await anyio.lowlevel.checkpoint()
+        with anyio.fail_after(5):
+            while len(answers) < 49:
+                await anyio.sleep(0.01)
+        assert set(answers) == {wire.WAIT}  # given way at once, not after HOLD_SECONDS
+        await live.append(pack([b"now"]))
+    assert answers[-1] == wire.DATA + pack([b"now"])
