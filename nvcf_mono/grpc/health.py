@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import final
 
-import anyio
 from grpclib.const import Status as GrpcStatus
 from grpclib.exceptions import GRPCError
 
+from nvcf_mono.bus.mirror import Signal
 from nvcf_mono.proto.gen.grpc.health.v1 import (
     HealthBase,
     HealthCheckRequest,
@@ -27,12 +27,11 @@ class HealthServicer(HealthBase):
 
     def __init__(self, source: StatusSource) -> None:
         self._source = source
-        self._changed = anyio.Event()
+        self._changes = Signal()
 
     def notify(self) -> None:
         """Wake Watch streams after a state change."""
-        self._changed.set()
-        self._changed = anyio.Event()
+        self._changes.notify()
 
     def _status(self, service: str) -> Status:
         serving = self._source(service)
@@ -49,9 +48,9 @@ class HealthServicer(HealthBase):
     async def watch(self, health_check_request: HealthCheckRequest) -> AsyncIterator[HealthCheckResponse]:
         last: Status | None = None
         while True:
-            changed = self._changed
+            seen = self._changes.version
             status = self._status(health_check_request.service)
             if status is not last:
                 last = status
                 yield HealthCheckResponse(status=status)
-            await changed.wait()
+            await self._changes.wait(after=seen)

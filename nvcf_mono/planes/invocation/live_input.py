@@ -16,6 +16,7 @@ from typing import final
 
 import anyio
 
+from nvcf_mono.bus.mirror import Signal
 from nvcf_mono.contracts import live_input as wire
 
 #: Bytes the client may be ahead of what the call's server has read.
@@ -38,33 +39,29 @@ class LiveInput:
         #: Bytes taken out as the call's body (they count towards the limit until the answer starts).
         self._taken = 0
         self._keep_all = True
-        self._asked = False
         #: Counts questions: only the latest one waits (a flood of them holds one answer open, not many).
         self._question = 0
         self._ended = False
         self._gone = False
-        self._changed = anyio.Event()
+        self._changes = Signal()
 
     @property
     def started(self) -> bool:
         """An instance serves the call (it asked for the client's stream)."""
-        return self._asked
+        return self._question > 0
 
     @property
     def ended(self) -> bool:
         """The client closed its side."""
         return self._ended
 
-    def _wake(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
-
     async def append(self, packed: bytes) -> None:
         """One of the client's messages, length-prefixed: waits while the server is ``WINDOW`` behind;
         InputTooLarge when the call would hold more than its limit.
         """
+        seen = self._changes.version
         while self._base + len(self._data) - self._read >= WINDOW and not self._gone:
-            await self._changed.wait()
+            seen = await self._changes.wait(after=seen)
         kept = len(self._data) + (self._taken if self._keep_all else 0)
         if kept + len(packed) > self._limit:
             raise InputTooLarge(
@@ -72,11 +69,11 @@ class LiveInput:
                 "its answer starts)"
             )
         self._data += packed
-        self._wake()
+        self._changes.notify()
 
     def end(self) -> None:
         self._ended = True
-        self._wake()
+        self._changes.notify()
 
     def answered(self) -> None:
         """The function's answer started: what its server has read need not be kept any more."""
@@ -86,21 +83,22 @@ class LiveInput:
         """The call is over: readers are told it is gone, and the bytes are let go."""
         self._gone = True
         self._data = bytearray()
-        self._wake()
+        self._changes.notify()
 
     def take(self) -> bytes:
         """What came so far, as the call's body; later offsets count from after it."""
         body = bytes(self._data)
         self._taken += len(body)
         self._data = bytearray()
-        self._wake()  # room for the client again
+        self._changes.notify()  # room for the client again
         return body
 
     async def wait_end(self, timeout: float) -> bool:
         """Whether the client closed its side within ``timeout`` seconds."""
+        seen = self._changes.version
         with anyio.move_on_after(timeout):
             while not self._ended and not self._gone:
-                await self._changed.wait()
+                seen = await self._changes.wait(after=seen)
         return self._ended
 
     def _reached(self, offset: int) -> None:
@@ -110,7 +108,7 @@ class LiveInput:
             if not self._keep_all:
                 del self._data[: offset - self._base]
                 self._base = offset
-            self._wake()
+            self._changes.notify()
 
     async def read(self, offset: int, *, hold: float = wire.HOLD_SECONDS) -> bytes:
         """The answer to a question for ``offset``: what is there, else what comes within ``hold`` seconds.
@@ -118,12 +116,12 @@ class LiveInput:
         Gone when the call is over, or for an offset no longer (or never) in the stream. A question
         still waiting when the next one comes is answered ``W`` at once.
         """
-        self._asked = True
         self._question += 1
         mine = self._question
-        self._wake()  # an earlier question still waiting gives way
+        self._changes.notify()  # an earlier question still waiting gives way
         if self._base <= offset <= self._base + len(self._data):
             self._reached(offset)
+        seen = self._changes.version
         with anyio.move_on_after(hold):
             while True:
                 if mine != self._question:
@@ -137,5 +135,5 @@ class LiveInput:
                     return wire.answer(wire.END if last else wire.DATA, chunk)
                 if self._ended:
                     return wire.answer(wire.END)
-                await self._changed.wait()
+                seen = await self._changes.wait(after=seen)
         return wire.answer(wire.WAIT)
