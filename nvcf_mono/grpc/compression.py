@@ -7,12 +7,20 @@ such a message, so a compressing client's call ended in UNKNOWN and a compressin
 broke its worker's session. :func:`install` gives grpclib's clients and servers a reader that inflates
 ``gzip`` and ``deflate`` messages. The proxy and the worker send every message on uncompressed, which
 every gRPC peer must accept, so nothing else changes.
+
+The same reader looks at a message's declared size before reading its bytes (grpclib would buffer
+whatever size a peer declares, up to 4 GiB, before the handler sees the message): a server refuses
+one larger than :data:`MAX_INFLATED` unless its handler set a guard of its own (:func:`guarded`).
 """
 
 from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from functools import partial
 from typing import Any
 
 import grpclib.client
@@ -29,6 +37,21 @@ ENCODING = "grpc-encoding"
 #: zlib's window bits per gRPC encoding: gzip's header, or zlib's (gRPC's "deflate" is zlib-wrapped).
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 _PREFIX = struct.Struct(">BI")
+#: Told each message's size, prefix included, before its bytes are read (see :func:`guarded`).
+_GUARD: ContextVar[Callable[[int], None] | None] = ContextVar("grpc_message_guard", default=None)
+
+
+@contextmanager
+def guarded(guard: Callable[[int], None]) -> Iterator[None]:
+    """Messages read in this context, and in tasks started from it, are announced to ``guard`` (their
+    size, prefix included) before their bytes are read: it raises to refuse one. A server's default
+    bound on a message's size does not apply meanwhile; the guard decides.
+    """
+    token = _GUARD.set(guard)
+    try:
+        yield
+    finally:
+        _GUARD.reset(token)
 
 
 def inflate(data: bytes, encoding: str | None, *, limit: int = MAX_INFLATED) -> bytes:
@@ -51,11 +74,12 @@ def inflate(data: bytes, encoding: str | None, *, limit: int = MAX_INFLATED) -> 
     return out
 
 
-async def _recv_message(stream: Any, codec: Any, message_type: Any) -> Any:
+async def _recv_message(stream: Any, codec: Any, message_type: Any, *, most: int | None = None) -> Any:
     """The message grpclib's ``recv_message`` reads, inflating a compressed message by the stream's ``grpc-encoding``.
 
     ``stream`` is grpclib's HTTP/2 stream: its ``headers`` are the request's on a server and the
     response's on a client (read before any message; a server's are kept by :mod:`request_head`).
+    A message declaring more than ``most`` bytes is refused before they are read, unless a guard decides.
     """
     prefix = await stream.recv_data(_PREFIX.size)
     if not prefix:
@@ -63,6 +87,11 @@ async def _recv_message(stream: Any, codec: Any, message_type: Any) -> Any:
     if len(prefix) != _PREFIX.size:
         raise GRPCError(Status.INTERNAL, "the stream ended inside a message's prefix")
     flag, size = _PREFIX.unpack(prefix)
+    guard = _GUARD.get()
+    if guard is not None:
+        guard(_PREFIX.size + size)
+    elif most is not None and size > most:
+        raise GRPCError(Status.RESOURCE_EXHAUSTED, f"a message of {size} bytes: the most one may be is {most}")
     data = await stream.recv_data(size)
     if len(data) != size:
         raise GRPCError(Status.INTERNAL, f"the stream ended inside a message ({len(data)} of {size} bytes)")
@@ -76,9 +105,10 @@ def install() -> None:
     """Make grpclib's clients and servers in this process read compressed messages (idempotent).
 
     grpclib's client and server modules call the ``recv_message`` they imported by name; both are
-    replaced. The reader is grpclib's own but for the compressed flag. A client's stream holds the
+    replaced. The reader is grpclib's own but for the compressed flag and, on a server, a bound on a
+    message's declared size. A client's stream holds the
     response's head; a server keeps the request's aside, so its handler is wrapped to put it there.
     """
     grpclib.client.recv_message = _recv_message  # type: ignore[attr-defined]
-    grpclib.server.recv_message = _recv_message  # type: ignore[attr-defined]
+    grpclib.server.recv_message = partial(_recv_message, most=MAX_INFLATED)  # type: ignore[attr-defined]
     request_head.install()

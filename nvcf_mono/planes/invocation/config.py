@@ -70,6 +70,14 @@ class InvocationConfig:
         "queue_max_bytes.",
         check=at_least(0),
     )
+    account_held_input_max_bytes: ByteSize = setting(
+        1024**3,
+        doc="Bytes of request input one account's calls may hold in an invocation node's memory together (HTTP "
+        "bodies up to inline_body_limit, LLM gateway bodies, gRPC calls' messages until stored or, when live, "
+        "read by the function); a call past it is refused with 429 (gRPC: RESOURCE_EXHAUSTED) before those bytes "
+        "are read. Per node. 0: no account limit.",
+        check=at_least(0),
+    )
     publish_patience: Seconds = setting(
         15.0,
         doc="How long storing a request may wait for the bus (a NATS node lost: its streams elect new leaders) "

@@ -35,9 +35,11 @@ from nvcf_mono.auth import scopes as S
 from nvcf_mono.auth.principal import AuthError, Principal
 from nvcf_mono.auth.strategy import Authenticator
 from nvcf_mono.contracts.frames import Frame, Request
+from nvcf_mono.grpc.compression import guarded
 from nvcf_mono.grpc.raw import (
     DETAILS,
     MESSAGE,
+    PREFIX_SIZE,
     STATUS,
     FramingError,
     RawMessage,
@@ -51,6 +53,7 @@ from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late
 from nvcf_mono.models.common import new_id
 from nvcf_mono.models.function import FunctionVersion
+from nvcf_mono.planes.invocation.held_input import Hold, TooMuchHeld
 from nvcf_mono.planes.invocation.http import Invoker
 from nvcf_mono.planes.invocation.intake import new_request, stage
 from nvcf_mono.planes.invocation.live_input import InputTooLarge, LiveInput
@@ -153,12 +156,16 @@ class GrpcProxy:
         )
         if window <= 0:
             raise GRPCError(Status.DEADLINE_EXCEEDED, "the call's deadline passed before it was dispatched")
-        if _client_closed(stream):
-            # The usual unary or server-streaming call: its messages are all here, and it is stored whole.
-            body = await _read_all(stream, invoker.config.max_request_body)
-            await self._invoke(stream, invoker, principal, fv, path=path, body=body, window=window, live=None)
-            return
-        await self._call_open(stream, invoker, principal, fv, path=path, window=window)
+        limit = invoker.config.max_request_body
+        # The client's messages count towards its account's input held on this node while the call lasts
+        # (a live call's, until its function has read them), each before its bytes are read.
+        with invoker.held.hold(principal.account) as hold, guarded(partial(_admit_message, hold, limit)):
+            if _client_closed(stream):
+                # The usual unary or server-streaming call: its messages are all here, and it is stored whole.
+                body = await _read_all(stream, limit)
+                await self._invoke(stream, invoker, principal, fv, path=path, body=body, window=window, live=None)
+                return
+            await self._call_open(stream, invoker, principal, fv, path=path, window=window, hold=hold)
 
     async def _call_open(
         self,
@@ -169,11 +176,12 @@ class GrpcProxy:
         *,
         path: str,
         window: float,
+        hold: Hold,
     ) -> None:
         """A call whose client has not closed its side yet: stored whole if it does within ``grpc_live_after``,
         else started live.
         """
-        live = LiveInput(invoker.config.max_request_body)
+        live = LiveInput(invoker.config.max_request_body, hold=hold)
         too_large: InputTooLarge | None = None
         failure: Exception | None = None
         async with anyio.create_task_group() as tg:
@@ -401,15 +409,30 @@ def _client_closed(stream: Stream[RawMessage, RawMessage]) -> bool:
     return getattr(buffer, "_eof", False) is True
 
 
+def _admit_message(hold: Hold, limit: int, size: int) -> None:
+    """A client message's size (prefix included), before its bytes are read: within the call's limit, and
+    counted towards its account's input held on this node.
+    """
+    if size > limit + PREFIX_SIZE:
+        raise InputTooLarge(f"the request exceeds the limit of {limit} bytes (a message of {size - PREFIX_SIZE} bytes)")
+    try:
+        hold.take(size)
+    except TooMuchHeld as err:
+        raise InputTooLarge(err.detail) from None
+
+
 async def _read_all(stream: Stream[RawMessage, RawMessage], limit: int) -> bytes:
     """The client's messages, length-prefixed, all of them (within ``limit`` bytes)."""
     messages: list[bytes] = []
     size = 0
-    while (message := await stream.recv_message()) is not None:
-        size += len(message.data)
-        if size > limit:
-            raise GRPCError(Status.RESOURCE_EXHAUSTED, f"the request exceeds the limit of {limit} bytes")
-        messages.append(message.data)
+    try:
+        while (message := await stream.recv_message()) is not None:
+            size += len(message.data)
+            if size > limit:
+                raise InputTooLarge(f"the request exceeds the limit of {limit} bytes")
+            messages.append(message.data)
+    except InputTooLarge as err:
+        raise GRPCError(Status.RESOURCE_EXHAUSTED, str(err)) from None
     return pack(messages)
 
 

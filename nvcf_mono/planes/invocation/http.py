@@ -41,6 +41,7 @@ from nvcf_mono.planes.invocation.answers import (
 )
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
+from nvcf_mono.planes.invocation.held_input import HeldInput, Hold
 from nvcf_mono.planes.invocation.idempotency import (
     CLAIM_ATTEMPTS,
     FINGERPRINTED,
@@ -126,6 +127,7 @@ class Invoker:
         self.idempotency = idempotency
         self.metrics = metrics
         self.large_responses = large_responses
+        self.held = HeldInput(config.account_held_input_max_bytes)
 
     async def observed(self, entry: Entry) -> web.StreamResponse:
         """Run one invocation entry point, recorded in the metrics."""
@@ -145,14 +147,24 @@ class Invoker:
     async def handle(
         self, request: web.Request, principal: Principal, fv: FunctionVersion, inv: Invocation
     ) -> web.StreamResponse:
-        """An invocation honouring ``Idempotency-Key``; without the header it is :meth:`invoke`."""
+        """An invocation honouring ``Idempotency-Key``; without the header it is :meth:`invoke`.
+
+        What it holds of the client's input counts towards its account's share of this node until it ends.
+        """
+        with self.held.hold(principal.account) as hold:
+            hold.take(len(inv.body or b""))
+            return await self._handle(request, principal, fv, inv, hold)
+
+    async def _handle(
+        self, request: web.Request, principal: Principal, fv: FunctionVersion, inv: Invocation, hold: Hold
+    ) -> web.StreamResponse:
         raw_key = inv.headers.get(IDEMPOTENCY_KEY) if self.idempotency is not None else None
         if raw_key is None or self.idempotency is None:
-            return await self.invoke(request, principal, fv, inv)
+            return await self.invoke(request, principal, fv, inv, hold=hold)
         if inv.poll is None:
             inv = attrs.evolve(inv, poll=poll_seconds(self.config, inv.headers, streaming=wants_stream(inv.headers)))
         if inv.body is None:
-            inv = attrs.evolve(inv, head=await read_prefix(self.config, request, FINGERPRINTED + 1))
+            inv = attrs.evolve(inv, head=await read_prefix(self.config, request, FINGERPRINTED + 1, hold=hold))
         mark = fingerprint(inv.head if inv.body is None else inv.body)
         for _ in range(CLAIM_ATTEMPTS):
             claim = await self.idempotency.claim(principal.account, fv, raw_key.strip(), mark)
@@ -171,7 +183,7 @@ class Invoker:
         else:
             raise ProblemError(409, f"concurrent requests with this {IDEMPOTENCY_KEY} keep failing; retry")
         try:
-            return await self.invoke(request, principal, fv, inv, request_id=claim.request_id, keep=True)
+            return await self.invoke(request, principal, fv, inv, request_id=claim.request_id, keep=True, hold=hold)
         except BaseException:
             await self.idempotency.release(claim)  # it did not run: a retry may try again
             raise
@@ -185,6 +197,7 @@ class Invoker:
         *,
         request_id: str | None = None,
         keep: bool = False,
+        hold: Hold,
     ) -> web.StreamResponse:
         """Publish one request and answer it: streamed, or whole when buffered; ``keep`` stores it too.
 
@@ -205,7 +218,9 @@ class Invoker:
         )
         status, error = 500, None
         try:
-            response = await self._invoke(request, principal, fv, inv, request_id=request_id, keep=keep, span=span)
+            response = await self._invoke(
+                request, principal, fv, inv, request_id=request_id, keep=keep, span=span, hold=hold
+            )
             status = response.status
             return response
         except ProblemError as err:
@@ -231,6 +246,7 @@ class Invoker:
         request_id: str,
         keep: bool,
         span: tracing.Span | None,
+        hold: Hold,
     ) -> web.StreamResponse:
         method, path, headers, body = inv.method, inv.path, inv.headers, inv.body
         poll = inv.poll
@@ -246,7 +262,7 @@ class Invoker:
         if poll is None:
             poll = poll_seconds(self.config, headers, streaming=streaming)
         if body is None:
-            staged = await read_body(self.config, self.dispatcher, request, request_id, prefix=inv.head)
+            staged = await read_body(self.config, self.dispatcher, request, request_id, prefix=inv.head, hold=hold)
         else:
             staged = await stage(self.dispatcher, self.dispatcher.inline_limit, request_id, body)
         pending = self.router.register(request_id, fv.version_id)

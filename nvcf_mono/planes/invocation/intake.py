@@ -20,6 +20,7 @@ from nvcf_mono.models.function import FunctionVersion
 from nvcf_mono.planes.invocation.answers import POLL
 from nvcf_mono.planes.invocation.config import InvocationConfig
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
+from nvcf_mono.planes.invocation.held_input import Hold
 
 
 @attrs.frozen
@@ -113,12 +114,15 @@ def _declared_within(request: web.Request, maximum: int) -> None:
         raise ProblemError(413, _too_large(maximum))
 
 
-async def read_prefix(config: InvocationConfig, request: web.Request, size: int) -> bytes:
-    """Up to ``size`` bytes of the body, the rest left to :func:`read_body` (413 past the limit)."""
+async def read_prefix(config: InvocationConfig, request: web.Request, size: int, *, hold: Hold) -> bytes:
+    """Up to ``size`` bytes of the body, the rest left to :func:`read_body` (413 past the limit); ``hold``
+    counts them.
+    """
     maximum = config.max_request_body
     _declared_within(request, maximum)
     prefix = bytearray()
     while len(prefix) < size and (chunk := await request.content.read(size - len(prefix))):
+        hold.take(len(chunk))
         prefix.extend(chunk)
     if len(prefix) > maximum:
         raise ProblemError(413, _too_large(maximum))
@@ -126,9 +130,18 @@ async def read_prefix(config: InvocationConfig, request: web.Request, size: int)
 
 
 async def read_body(
-    config: InvocationConfig, dispatcher: Dispatcher, request: web.Request, request_id: str, *, prefix: bytes = b""
+    config: InvocationConfig,
+    dispatcher: Dispatcher,
+    request: web.Request,
+    request_id: str,
+    *,
+    prefix: bytes = b"",
+    hold: Hold,
 ) -> Body:
-    """Small bodies inline; the rest streamed into the object store. ``prefix``: what was read of it already."""
+    """Small bodies inline; the rest streamed into the object store. ``prefix``: what was read of it already.
+
+    ``hold`` counts what is kept in memory (the inline part; what streams on is let go piece by piece).
+    """
     maximum = config.max_request_body
     _declared_within(request, maximum)
     limit = min(dispatcher.inline_limit, maximum)
@@ -138,6 +151,7 @@ async def read_body(
         chunk = await content.read(limit + 1 - len(head))
         if not chunk:
             return Body(bytes(head), None, len(head))
+        hold.take(len(chunk))
         head.extend(chunk)
     if len(head) > maximum:  # a body without Content-Length past the limit: refused before anything is stored
         raise ProblemError(413, _too_large(maximum))

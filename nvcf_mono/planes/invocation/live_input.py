@@ -7,7 +7,9 @@ the answer has started the call cannot move (its client has part of an answer), 
 has read is let go, and a session may stream for as long as it likes.
 
 A client that sends faster than the function reads is held back (``WINDOW`` bytes unread at most):
-the proxy stops reading, and HTTP/2's flow control tells the client to wait.
+the proxy stops reading, and HTTP/2's flow control tells the client to wait. What is let go is given
+back to the account's share of the node's memory (held_input.py), which counted each message as it
+was read.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import anyio
 
 from nvcf_mono.bus.mirror import Signal
 from nvcf_mono.contracts import live_input as wire
+from nvcf_mono.planes.invocation.held_input import Hold
 
 #: Bytes the client may be ahead of what the call's server has read.
 WINDOW = 4 * 1024 * 1024
@@ -29,8 +32,9 @@ class InputTooLarge(Exception):
 
 @final
 class LiveInput:
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, hold: Hold | None = None) -> None:
         self._limit = limit
+        self._hold = hold
         #: The client's stream from offset ``_base`` on.
         self._data = bytearray()
         self._base = 0
@@ -107,6 +111,8 @@ class LiveInput:
             self._read = offset
             if not self._keep_all:
                 del self._data[: offset - self._base]
+                if self._hold is not None:
+                    self._hold.give(offset - self._base)
                 self._base = offset
             self._changes.notify()
 

@@ -30,6 +30,7 @@ from nvcf_mono.late import Late, NotReady
 from nvcf_mono.metrics import Metrics
 from nvcf_mono.models.function import FunctionVersion
 from nvcf_mono.planes.invocation import affinity
+from nvcf_mono.planes.invocation.held_input import Hold
 from nvcf_mono.planes.invocation.http import Invocation, Invoker
 from nvcf_mono.planes.invocation.idempotency import IDEMPOTENCY_KEY
 from nvcf_mono.planes.invocation.llm.errors import GatewayError, error_response, in_openai_shape
@@ -131,7 +132,8 @@ class Gateway:
         lease: Lease | None = None
         try:
             principal = await self.principal(request)
-            doc, size = await self._read(request)
+            with self.invoker.get().held.hold(principal.account) as hold:  # the raw body, until parsed
+                doc, size = await self._read(request, hold)
             target = await self.catalog.target(principal, request.headers, doc["model"])
             function_id = target.fv.id
             lease = self.limits.admit(principal, estimate_tokens(doc, size))
@@ -157,14 +159,17 @@ class Gateway:
             self.duration.observe(time.perf_counter() - started, function_id=function_id)
         return response
 
-    async def _read(self, request: web.Request) -> tuple[dict[str, Any], int]:
-        """The JSON body and its size; 400 unless it names a model, 413 past ``max_request_body``."""
+    async def _read(self, request: web.Request, hold: Hold) -> tuple[dict[str, Any], int]:
+        """The JSON body and its size; 400 unless it names a model, 413 past ``max_request_body``, 429 past
+        the account's input held on this node (``hold``).
+        """
         limit = self.invoker.get().config.max_request_body
         if request.content_length is not None and request.content_length > limit:
             raise GatewayError(413, f"the request body exceeds {limit} bytes")
         raw = bytearray()
         try:
             async for chunk in request.content.iter_any():  # read() may stop at any piece; this reads to the end
+                hold.take(len(chunk))
                 raw += chunk
                 if len(raw) > limit:
                     raise GatewayError(413, f"the request body exceeds {limit} bytes")
