@@ -156,6 +156,13 @@ class HttpSettings:
         check=optional(_URL),
     )
     max_request_body: ByteSize = setting(64 * 1024 * 1024, doc="Largest request body accepted.", check=positive)
+    max_json_body: ByteSize = setting(
+        2 * 1024 * 1024,
+        doc="Largest JSON body of a management API call (exec's included, as NVCF's 2 MB): a JSON document "
+        "takes many times its size as objects, and parsing it holds the server, so these stay small. "
+        "Invocation bodies (pexec, the gRPC proxy, the LLM gateway) are held to max_request_body instead.",
+        check=positive,
+    )
     keepalive_timeout: Seconds = setting(75.0, doc="Idle keep-alive connections are closed after this.", check=positive)
 
 

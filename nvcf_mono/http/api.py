@@ -35,6 +35,9 @@ ID_PATTERN = r"^[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*$"
 ID_MAX_LENGTH = 256
 #: Deepest nesting of arrays and objects a JSON body may have (values for Helm charts included).
 MAX_JSON_DEPTH = 64
+#: The largest JSON body an operation reads (``http.max_json_body``, set by the server).
+MAX_JSON_BODY = web.AppKey("max_json_body", int)
+DEFAULT_MAX_JSON_BODY = 2 * 1024 * 1024
 _ID_RX = re.compile(ID_PATTERN)
 
 
@@ -83,6 +86,8 @@ class Operation:
     auth: AuthMode = "required"
     body: type[Any] | None = None
     body_optional: bool = False
+    #: The status of a JSON body past ``http.max_json_body`` (exec answers 400 there, as NVCF's does).
+    body_too_large: int = 413
     response: type[Any] | None = None
     status: int = 200
     params: tuple[Param, ...] = ()
@@ -220,13 +225,14 @@ def parse_body(tp: type[B], raw: Any) -> B:
         raise ProblemError(400, validation_detail(tp, raw, err.issues)) from err
 
 
-async def read_json(request: web.Request, *, optional: bool = False) -> Any:
+async def read_json(request: web.Request, *, optional: bool = False, too_large: int = 413) -> Any:
     """The request's JSON body; 400 (with where it broke) when it is not JSON.
 
     The text is decoded as the declared charset (UTF-8 when none is); nesting deeper than
-    :data:`MAX_JSON_DEPTH` (or than the parser can follow) is a malformed body, not a crash.
+    :data:`MAX_JSON_DEPTH` (or than the parser can follow) is a malformed body, not a crash. A body past
+    ``http.max_json_body`` is refused (``too_large``) before more of it is read.
     """
-    raw = await request.read()
+    raw = await _read_within(request, request.config_dict.get(MAX_JSON_BODY, DEFAULT_MAX_JSON_BODY), too_large)
     charset = request.charset or "utf-8"
     try:
         text = raw.decode(charset)
@@ -248,6 +254,22 @@ async def read_json(request: web.Request, *, optional: bool = False) -> Any:
         if _depth_within(doc, MAX_JSON_DEPTH):
             return doc
     raise ProblemError(400, f"Malformed JSON request body: nested deeper than {MAX_JSON_DEPTH} levels")
+
+
+async def _read_within(request: web.Request, limit: int, status: int) -> bytes:
+    too_large = ProblemError(
+        status,
+        f"a JSON request body may be at most {limit} bytes (http.max_json_body); hand large inputs to a "
+        "function as assets, or as a pexec body",
+    )
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    raw = bytearray()
+    async for chunk in request.content.iter_any():
+        raw += chunk
+        if len(raw) > limit:
+            raise too_large
+    return bytes(raw)
 
 
 def _depth_within(doc: Any, limit: int) -> bool:
@@ -403,7 +425,9 @@ class ApiRouter:
                 check_path_ids(request)
             body: Any = None
             if op.body is not None:
-                body = parse_body(op.body, await read_json(request, optional=op.body_optional))
+                body = parse_body(
+                    op.body, await read_json(request, optional=op.body_optional, too_large=op.body_too_large)
+                )
             result = await op.handler(
                 Call(request, op, principal=principal, body=body, account=account, cross_account=twin)
             )

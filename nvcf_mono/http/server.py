@@ -17,6 +17,7 @@ from aiohttp import web
 from nvcf_mono.bus.errors import BusError, BusUnavailable, InvalidKey, RequestTimeout, StoreFull
 from nvcf_mono.config.model import HttpSettings
 from nvcf_mono.errors import NvcfMonoError
+from nvcf_mono.http.api import MAX_JSON_BODY
 from nvcf_mono.http.bad_requests import ProblemAppRunner, unreadable_body
 from nvcf_mono.http.problem import ProblemError, problem_response
 from nvcf_mono.late import NotReady
@@ -108,6 +109,7 @@ class HttpServer:
             client_max_size=settings.max_request_body,
             handler_args={"keepalive_timeout": settings.keepalive_timeout},
         )
+        self.app[MAX_JSON_BODY] = settings.max_json_body
         if contributions.response_hooks:
             hooks = tuple(contributions.response_hooks)
 

@@ -9,6 +9,7 @@ aiohttp itself cannot parse.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -81,6 +82,36 @@ async def test_bodies_that_are_not_json_text_are_a_400(tmp_path: Path) -> None:
         deep_secret = {"name": "s", "value": {"a": {"b": {"c": "d"}}}}
         nested_ok = await p.admin.post(FUNCTIONS, {**CONTAINER_FUNCTION, "secrets": [deep_secret]})
         assert nested_ok.status == 200, nested_ok.body
+        assert await function_count(p.admin) == 1
+
+
+async def test_a_json_body_past_its_limit_is_a_413_before_it_is_read_whole(tmp_path: Path) -> None:
+    # A JSON document takes many times its size as objects (a body of "{}"s about 24 times) and parsing
+    # it holds the server: the management API's bodies stay small (http.max_json_body, 2 MiB by default),
+    # whatever size invocation bodies may be.
+    async with platform(tmp_path, **{"http.max_json_body": "64KiB"}) as p, agent(p.bus):
+        many = b'{"name": "x", "tags": [' + b",".join([b"{}"] * 40_000) + b"]}"
+        problem(await p.admin.post(FUNCTIONS, data=many, headers={"Content-Type": "application/json"}), 413)
+
+        async def chunked() -> Any:  # no Content-Length: refused once what came passes the limit
+            for _ in range(100):
+                yield b" " * 4096
+            yield b"{}"
+
+        async with p.admin.session.post(
+            p.admin.base + FUNCTIONS,
+            data=chunked(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {p.admin.token}"},
+        ) as resp:
+            assert resp.status == 413 and "http.max_json_body" in (await resp.json())["detail"]
+        fid, _ = await deployed(p.admin, CONTAINER_FUNCTION, min_instances=0)
+        exec_body = {"requestHeader": {"pollDurationSeconds": 1}, "requestBody": {"pad": "x" * 70_000}}
+        # exec answers 400 there, as NVCF's does past its 2 MB
+        problem(await p.key.post(f"/v2/nvcf/exec/functions/{fid}", exec_body), 400, "http.max_json_body")
+        pexec = await p.key.post(
+            f"/v2/nvcf/pexec/functions/{fid}", {"pad": "x" * 70_000}, headers={"NVCF-POLL-SECONDS": "1"}
+        )
+        assert pexec.status == 202, pexec.body  # an invocation body is not a management API body
         assert await function_count(p.admin) == 1
 
 

@@ -179,6 +179,7 @@ EXEC_OPTIONS: Mapping[str, Any] = {
     "response": ExecResponse,
     "passthrough": True,
     "errors": (404, 409, 422, 429),
+    "body_too_large": 400,  # past http.max_json_body (2 MiB), as NVCF's exec answers past its 2 MB
 }
 
 
