@@ -17,7 +17,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, final
 
-import orjson
 from aiohttp import web
 
 from nvcf_mono.auth import scopes as S
@@ -37,6 +36,7 @@ from nvcf_mono.planes.invocation.llm.errors import GatewayError, error_response,
 from nvcf_mono.planes.invocation.llm.limits import Lease, Limits, estimate_tokens
 from nvcf_mono.planes.invocation.llm.models import ModelCatalog, created_epoch
 from nvcf_mono.planes.invocation.llm.settings import LlmGatewaySettings
+from nvcf_mono.planes.invocation.llm.shallow import NotJson, ShallowObject
 from nvcf_mono.planes.invocation.llm.usage import UsageMeter
 from nvcf_mono.planes.invocation.metrics import REQUEST_LATENCY_BUCKETS, Observation
 
@@ -137,7 +137,7 @@ class Gateway:
             target = await self.catalog.target(principal, request.headers, doc["model"])
             function_id = target.fv.id
             lease = self.limits.admit(principal, estimate_tokens(doc, size))
-            doc["model"] = target.downstream
+            doc.replace("model", target.downstream)
             response, used = await self._invoke(request, principal, doc, target.fv, request_id)
             lease.settle(used)
         except NotReady:
@@ -159,7 +159,7 @@ class Gateway:
             self.duration.observe(time.perf_counter() - started, function_id=function_id)
         return response
 
-    async def _read(self, request: web.Request, hold: Hold) -> tuple[dict[str, Any], int]:
+    async def _read(self, request: web.Request, hold: Hold) -> tuple[ShallowObject, int]:
         """The JSON body and its size; 400 unless it names a model, 413 past ``max_request_body``, 429 past
         the account's input held on this node (``hold``).
         """
@@ -177,14 +177,12 @@ class Gateway:
             # The rest of the body cannot be read past: the client must not send more on this connection.
             raise GatewayError(400, unreadable_body(err), headers={"Connection": "close"}) from None
         try:
-            doc = orjson.loads(raw)
-        except orjson.JSONDecodeError as err:
-            raise GatewayError(400, f"We could not parse the JSON body of your request: {err}") from None
-        if not isinstance(doc, dict):
-            raise GatewayError(400, "The body of your request must be a JSON object.")
+            doc = ShallowObject.parse(raw)
+        except NotJson as err:
+            raise GatewayError(400, str(err)) from None
         if not isinstance(doc.get("model"), str) or not doc["model"].strip():
             raise GatewayError(400, "You must provide a model parameter.", param="model")
-        if "stream" in doc and not isinstance(doc["stream"], bool):
+        if "stream" in doc and not isinstance(doc.get("stream"), bool):
             raise GatewayError(400, "'stream' must be true or false.", param="stream")
         return doc, len(raw)
 
@@ -192,7 +190,7 @@ class Gateway:
         self,
         request: web.Request,
         principal: Principal,
-        doc: dict[str, Any],
+        doc: ShallowObject,
         fv: FunctionVersion,
         request_id: str,
     ) -> tuple[web.StreamResponse, int | None]:
@@ -220,7 +218,7 @@ class Gateway:
             method="POST",
             path=request.path,
             headers=headers,
-            body=orjson.dumps(doc),
+            body=doc.encode(),
             poll=self.settings.wait_seconds,
             tap=meter.feed,
             response_headers={REQUEST_ID: request_id},

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -31,7 +31,7 @@ DEFAULT_MAX_TOKENS = 256
 _MAX_TOKEN_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
-def estimate_tokens(doc: dict[str, Any], body_size: int) -> int:
+def estimate_tokens(doc: Mapping[str, Any], body_size: int) -> int:
     """What a call may cost before it runs: its text at 4 characters a token, plus what it may produce."""
     wanted = next((doc[f] for f in _MAX_TOKEN_FIELDS if isinstance(doc.get(f), int) and doc[f] > 0), None)
     return math.ceil(body_size / 4) + (wanted if wanted is not None else DEFAULT_MAX_TOKENS)

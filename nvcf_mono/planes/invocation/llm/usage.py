@@ -6,9 +6,7 @@ OpenAI's servers report ``usage`` in a JSON answer, in the last chunk of a strea
 
 from __future__ import annotations
 
-from typing import Any
-
-import orjson
+from nvcf_mono.planes.invocation.llm.shallow import NotJson, ShallowObject
 
 #: A JSON answer larger than this is not searched for its usage (the estimate stands).
 JSON_LIMIT = 4 * 1024 * 1024
@@ -16,13 +14,16 @@ JSON_LIMIT = 4 * 1024 * 1024
 LINE_LIMIT = 1024 * 1024
 
 
-def tokens_of(doc: Any) -> int | None:
-    """``usage``'s total, from a chat/completions/embeddings answer or a Responses event."""
-    if not isinstance(doc, dict):
+def tokens_in(raw: bytes) -> int | None:
+    """``usage``'s total in a chat/completions/embeddings answer or a Responses event (read one level deep)."""
+    try:
+        doc = ShallowObject.parse(raw)
+    except NotJson:
         return None
     usage = doc.get("usage")
-    if not isinstance(usage, dict) and isinstance(doc.get("response"), dict):
-        usage = doc["response"].get("usage")
+    if not isinstance(usage, dict):
+        response = doc.inner("response")
+        usage = response.get("usage") if response is not None else None
     if not isinstance(usage, dict):
         return None
     total = usage.get("total_tokens")
@@ -71,9 +72,6 @@ class UsageMeter:
         return self.tokens
 
     def _take(self, raw: bytes) -> None:
-        try:
-            found = tokens_of(orjson.loads(raw))
-        except orjson.JSONDecodeError:
-            return
+        found = tokens_in(raw)
         if found is not None:
             self.tokens = found
