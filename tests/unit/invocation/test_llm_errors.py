@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 from aiohttp import web
 
@@ -49,3 +50,18 @@ def test_answers_already_in_openai_shape_and_successes_pass_unchanged() -> None:
     assert in_openai_shape(own) is own
     ok = web.json_response({"id": "chatcmpl-1"})
     assert in_openai_shape(ok) is ok
+
+
+def test_a_large_error_answer_is_read_one_level_deep() -> None:
+    # The function's answer: its members are not turned into objects (a body of "{}"s took some 24 times
+    # its size), and a detail too large to read is quoted from the body instead.
+    many = b",".join([b"{}"] * ((3 << 20) // 3))
+    body = b'{"detail": "bad prompt", "trace": [' + many + b"]}"
+    tracemalloc.start()
+    try:
+        shaped = in_openai_shape(web.Response(status=400, body=body, content_type="application/json"))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert error_of(shaped)["message"] == "the model's server answered 400: bad prompt"
+    assert peak < 2 * len(body), peak

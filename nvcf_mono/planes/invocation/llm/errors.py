@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from nvcf_mono.contracts.problems import PROBLEM_CONTENT_TYPE
+from nvcf_mono.planes.invocation.llm.shallow import NotJson, ShallowObject
 
 _TYPES = {
     400: "invalid_request_error",
@@ -90,16 +91,16 @@ def in_openai_shape(response: web.Response) -> web.Response:
         return response
     body = response.body if isinstance(response.body, bytes) else b""
     try:
-        doc = json.loads(body) if body else None
-    except (ValueError, RecursionError):
+        doc = ShallowObject.parse(body) if body else None  # one level deep: it is the function's answer
+    except NotJson:
         doc = None
     if response.content_type == PROBLEM_CONTENT_TYPE:
-        detail = doc.get("detail", "") if isinstance(doc, dict) else ""
+        detail = doc.get("detail", "") if doc is not None else ""
         message = str(detail or response.reason)
-    elif isinstance(doc, dict) and "error" in doc:
+    elif doc is not None and "error" in doc:
         return response  # OpenAI's shape already (vLLM, NIM, the example)
     else:
-        said = doc.get("detail") or doc.get("message") if isinstance(doc, dict) else None
+        said = doc.get("detail") or doc.get("message") if doc is not None else None
         text = str(said) if said else body.decode("utf-8", "replace").strip()
         message = f"the model's server answered {response.status}" + (f": {text[:QUOTED]}" if text else "")
     headers = {k: response.headers[k] for k in _KEPT if k in response.headers}
