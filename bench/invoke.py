@@ -339,14 +339,18 @@ async def streaming(
     seconds: float,
     *,
     per_stream: int = SSE_EVENTS[0],
-) -> float:
-    """Server-sent events per second received by ``clients`` concurrent streaming calls."""
+    roles: dict[int, str] | None = None,
+) -> dict[str, Any]:
+    """Server-sent events per second received by ``clients`` concurrent streaming calls, and the CPU
+    each role (this process as ``client``) spent per stream.
+    """
     body = sse_request(per_stream)
-    events = 0
+    events = streams = 0
     stop = time.perf_counter() + seconds
+    meter = CpuMeter({**(roles or {}), os.getpid(): "client"})
 
     async def client() -> None:
-        nonlocal events
+        nonlocal events, streams
         while time.perf_counter() < stop:
             async with session.post(url, data=body, headers={**headers, "Accept": "text/event-stream"}) as resp:
                 if resp.status != 200:
@@ -354,12 +358,41 @@ async def streaming(
                 async for line in resp.content:
                     if line.startswith(b"data:"):
                         events += 1
+            streams += 1
 
     started = time.perf_counter()
     async with anyio.create_task_group() as tg:
         for _ in range(clients):
             tg.start_soon(client)
-    return events / (time.perf_counter() - started)
+    used, wall = meter.read()
+    return {
+        "events_per_s": events / (time.perf_counter() - started),
+        "cpu_ms": {role: used[role] * 1000 / max(1, streams) for role in sorted(used)},
+        "cores": sum(used.values()) / wall,
+    }
+
+
+def sse_figures(direct: dict[str, Any], through: dict[str, Any]) -> dict[str, float]:
+    """The streaming loss, and the CPU per stream behind it.
+
+    At saturation the function, the client and the platform's processes share the same cores: a CPU
+    millisecond the platform spends on a stream is one the function and the client lack. With ``d`` ms
+    per stream for those two called directly, ``f`` for the same two through the platform and ``p`` for
+    the platform's processes, the loss is about ``1 - d / (f + p)`` while both runs fill the cores, so a
+    10 % loss needs ``f + p <= 1.11 d``.
+    """
+    ours = ("platform", "worker", "nats")
+    theirs = ("function", "client")
+    return {
+        "direct": direct["events_per_s"],
+        "through": through["events_per_s"],
+        "loss": 1 - through["events_per_s"] / direct["events_per_s"],
+        "direct_cpu_ms": sum(direct["cpu_ms"].get(role, 0.0) for role in theirs),
+        "direct_cores": direct["cores"],
+        "their_cpu_ms": sum(through["cpu_ms"].get(role, 0.0) for role in theirs),
+        "platform_cpu_ms": sum(ms for role, ms in through["cpu_ms"].items() if role in ours),
+        "through_cores": through["cores"],
+    }
 
 
 async def run(quick: bool = False, *settings: str) -> dict[str, Any]:
@@ -397,13 +430,9 @@ async def run(quick: bool = False, *settings: str) -> dict[str, Any]:
                 await paired(session, urls["echo-uvicorn"], key, 50)
                 results["uvicorn"] = await paired(session, urls["echo-uvicorn"], key, n // 2)
             for events in SSE_EVENTS:
-                sse_direct = await streaming(session, direct, {}, 16, seconds / 2, per_stream=events)
-                sse_through = await streaming(session, through, key, 16, seconds / 2, per_stream=events)
-                results[f"sse_{events}"] = {
-                    "direct": sse_direct,
-                    "through": sse_through,
-                    "loss": 1 - sse_through / sse_direct,
-                }
+                sse_direct = await streaming(session, direct, {}, 16, seconds / 2, per_stream=events, roles=roles)
+                sse_through = await streaming(session, through, key, 16, seconds / 2, per_stream=events, roles=roles)
+                results[f"sse_{events}"] = sse_figures(sse_direct, sse_through)
             results["mib"] = await paired(session, urls["echo"], key, 20 if quick else 50, body=MIB)
     report(results)
     return results
@@ -435,7 +464,10 @@ def report(results: dict[str, Any]) -> None:
         sse = results[f"sse_{events}"]
         print(
             f"invoke SSE 128 B events, 16 streams of {events}: direct {sse['direct']:.0f}/s, through the "
-            f"platform {sse['through']:.0f}/s, loss {sse['loss'] * 100:.0f} %"
+            f"platform {sse['through']:.0f}/s, loss {sse['loss'] * 100:.0f} % | CPU ms per stream: function and "
+            f"client {sse['direct_cpu_ms']:.3f} direct ({sse['direct_cores']:.2f} cores), {sse['their_cpu_ms']:.3f} "
+            f"through the platform, platform+worker+nats {sse['platform_cpu_ms']:.3f} ({sse['through_cores']:.2f} "
+            f"cores)"
         )
     mib = results["mib"]
     print(line("1 MiB body", mib) + f" | added p50 / direct p50 {mib['added_p50_ms'] / mib['direct_p50_ms']:.2f}x")
