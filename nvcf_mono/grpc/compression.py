@@ -43,9 +43,9 @@ _GUARD: ContextVar[Callable[[int], None] | None] = ContextVar("grpc_message_guar
 
 @contextmanager
 def guarded(guard: Callable[[int], None]) -> Iterator[None]:
-    """Messages read in this context, and in tasks started from it, are announced to ``guard`` (their
-    size, prefix included) before their bytes are read: it raises to refuse one. A server's default
-    bound on a message's size does not apply meanwhile; the guard decides.
+    """Messages a server handler reads in this context, and in tasks started from it, are announced to
+    ``guard`` (their size, prefix included) before their bytes are read: it raises to refuse one. The
+    server's default bound on a message's size does not apply meanwhile; the guard decides.
     """
     token = _GUARD.set(guard)
     try:
@@ -79,7 +79,9 @@ async def _recv_message(stream: Any, codec: Any, message_type: Any, *, most: int
 
     ``stream`` is grpclib's HTTP/2 stream: its ``headers`` are the request's on a server and the
     response's on a client (read before any message; a server's are kept by :mod:`request_head`).
-    A message declaring more than ``most`` bytes is refused before they are read, unless a guard decides.
+    On a server (``most`` given) a message's declared size is looked at before its bytes are read: the
+    handler's guard decides, or, without one, more than ``most`` is refused. A client's reads are not
+    guarded (a handler that calls out reads its answers unguarded).
     """
     prefix = await stream.recv_data(_PREFIX.size)
     if not prefix:
@@ -87,11 +89,12 @@ async def _recv_message(stream: Any, codec: Any, message_type: Any, *, most: int
     if len(prefix) != _PREFIX.size:
         raise GRPCError(Status.INTERNAL, "the stream ended inside a message's prefix")
     flag, size = _PREFIX.unpack(prefix)
-    guard = _GUARD.get()
-    if guard is not None:
-        guard(_PREFIX.size + size)
-    elif most is not None and size > most:
-        raise GRPCError(Status.RESOURCE_EXHAUSTED, f"a message of {size} bytes: the most one may be is {most}")
+    if most is not None:  # a server's read: its handler's guard decides, else ``most`` does
+        guard = _GUARD.get()
+        if guard is not None:
+            guard(_PREFIX.size + size)
+        elif size > most:
+            raise GRPCError(Status.RESOURCE_EXHAUSTED, f"a message of {size} bytes: the most one may be is {most}")
     data = await stream.recv_data(size)
     if len(data) != size:
         raise GRPCError(Status.INTERNAL, f"the stream ended inside a message ({len(data)} of {size} bytes)")

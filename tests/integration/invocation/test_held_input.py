@@ -17,6 +17,7 @@ import anyio
 import pytest
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
+from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
 
 from nvcf_mono.auth import scopes
@@ -179,7 +180,7 @@ async def test_a_grpc_message_declaring_more_than_a_request_may_be_is_refused_be
 async def test_a_message_over_the_size_a_server_reads_is_refused_without_a_guard() -> None:
     # The same bound on the platform's own gRPC services (a worker's session, uploads): no handler
     # buffers a declared 4 GiB.
-    from nvcf_mono.grpc.compression import MAX_INFLATED, _recv_message
+    from nvcf_mono.grpc.compression import MAX_INFLATED, _recv_message, guarded
 
     asked: list[int] = []
 
@@ -193,3 +194,17 @@ async def test_a_message_over_the_size_a_server_reads_is_refused_without_a_guard
     with pytest.raises(GRPCError) as refused:
         await _recv_message(Declaring(), None, RawMessage, most=MAX_INFLATED)
     assert refused.value.status == Status.RESOURCE_EXHAUSTED and asked == [5]
+
+    # A handler's guard is for what its client sends, not for answers the handler reads as a client.
+    class Answering:
+        headers = None
+
+        async def recv_data(self, size: int) -> bytes:
+            return struct.pack(">BI", 0, 3) if size == 5 else b"abc"
+
+    def refuse(size: int) -> None:
+        raise AssertionError(f"guarded a client's read of {size} bytes")
+
+    with guarded(refuse):
+        message = await _recv_message(Answering(), ProtoCodec(), RawMessage)
+    assert message.data == b"abc"
