@@ -78,6 +78,13 @@ class InvocationConfig:
         "are read. Per node. 0: no account limit.",
         check=at_least(0),
     )
+    account_calls_in_flight_max: int = setting(
+        10_000,
+        doc="Calls of one account an invocation node serves at once (pexec, exec, Host-routed, LLM gateway and "
+        "gRPC calls, until answered or 202'd); more are refused with 429 (gRPC: RESOURCE_EXHAUSTED). Per node. "
+        "0: no account limit.",
+        check=at_least(0),
+    )
     publish_patience: Seconds = setting(
         15.0,
         doc="How long storing a request may wait for the bus (a NATS node lost: its streams elect new leaders) "

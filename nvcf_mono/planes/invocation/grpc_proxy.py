@@ -157,9 +157,13 @@ class GrpcProxy:
         if window <= 0:
             raise GRPCError(Status.DEADLINE_EXCEEDED, "the call's deadline passed before it was dispatched")
         limit = invoker.config.max_request_body
+        try:
+            hold = invoker.held.hold(principal.account)  # one of the account's calls in flight here
+        except TooMuchHeld as err:
+            raise GRPCError(Status.RESOURCE_EXHAUSTED, err.detail) from None
         # The client's messages count towards its account's input held on this node while the call lasts
         # (a live call's, until its function has read them), each before its bytes are read.
-        with invoker.held.hold(principal.account) as hold, guarded(partial(_admit_message, hold, limit)):
+        with hold, guarded(partial(_admit_message, hold, limit)):
             if _client_closed(stream):
                 # The usual unary or server-streaming call: its messages are all here, and it is stored whole.
                 body = await _read_all(stream, limit)

@@ -8,6 +8,11 @@ requests together on one node, so a tenant's many calls cannot take the memory e
 need. A call that would pass the limit is refused with 429 and ``Retry-After`` (gRPC:
 RESOURCE_EXHAUSTED) before the bytes that would pass it are read; nothing of it was stored.
 
+The number of an account's calls a node serves at once is bounded the same way
+(``account_calls_in_flight_max``): each open call holds a connection, its tasks and its waits
+whatever its size, and a tenant keeping many thousands open would take the node's memory and file
+descriptors from every other.
+
 Counts live in this node only (memory is per node): no bus I/O, and an account's entry goes when its
 last call ends, so the table grows with the accounts that have calls in flight, not with history.
 """
@@ -20,6 +25,7 @@ from typing import final
 from nvcf_mono.http.problem import ProblemError
 
 SETTING = "plugins.invocation.account_held_input_max_bytes"
+CALLS_SETTING = "plugins.invocation.account_calls_in_flight_max"
 
 
 class TooMuchHeld(ProblemError):
@@ -28,22 +34,40 @@ class TooMuchHeld(ProblemError):
 
 @final
 class HeldInput:
-    """Bytes of client input held on this node per account, within ``limit`` each (0: no limit)."""
+    """Per account, the calls this node serves and the bytes of client input they hold: within ``calls``
+    and ``limit`` (0: no limit).
+    """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, calls: int = 0) -> None:
         self.limit = limit
+        self.most_calls = calls
         self._held: dict[str, int] = {}
+        self._calls: dict[str, int] = {}
 
     def hold(self, account: str) -> Hold:
-        """One request's share of ``account``'s bytes: given back in full when it is closed."""
+        """One call of ``account``'s, and its share of the bytes: given back in full when it is closed.
+        :class:`TooMuchHeld` when the account has as many calls in flight here as it may.
+        """
+        calls = self._calls.get(account, 0)
+        if self.most_calls and calls >= self.most_calls:
+            raise TooMuchHeld(
+                429,
+                f"this account has {calls} calls in flight on this node, the most it may ({CALLS_SETTING}); "
+                "retry when some have finished",
+                headers={"Retry-After": "1"},
+            )
+        self._calls[account] = calls + 1
         return Hold(self, account)
 
     def held(self, account: str) -> int:
         return self._held.get(account, 0)
 
+    def calls(self, account: str) -> int:
+        return self._calls.get(account, 0)
+
     def accounts(self) -> int:
-        """How many accounts hold anything now."""
-        return len(self._held)
+        """How many accounts have calls in flight or hold anything now."""
+        return len(self._calls.keys() | self._held.keys())
 
     def _take(self, account: str, size: int) -> None:
         held = self._held.get(account, 0) + size
@@ -58,22 +82,30 @@ class HeldInput:
         self._held[account] = held
 
     def _give(self, account: str, size: int) -> None:
-        left = self._held.get(account, 0) - size
-        if left > 0:
-            self._held[account] = left
-        else:
-            self._held.pop(account, None)
+        _less(self._held, account, size)
+
+    def _end(self, account: str) -> None:
+        _less(self._calls, account, 1)
+
+
+def _less(counts: dict[str, int], account: str, by: int) -> None:
+    left = counts.get(account, 0) - by
+    if left > 0:
+        counts[account] = left
+    else:
+        counts.pop(account, None)
 
 
 @final
 class Hold:
-    """What one request holds of its account's bytes."""
+    """One call in flight, and what it holds of its account's bytes."""
 
-    __slots__ = ("_account", "_input", "size")
+    __slots__ = ("_account", "_input", "_open", "size")
 
     def __init__(self, held: HeldInput, account: str) -> None:
         self._input = held
         self._account = account
+        self._open = True
         self.size = 0
 
     def take(self, size: int) -> None:
@@ -90,7 +122,11 @@ class Hold:
             self.size -= size
 
     def close(self) -> None:
+        """The call is over: its bytes are given back and it no longer counts (once, however often closed)."""
         self.give(self.size)
+        if self._open:
+            self._open = False
+            self._input._end(self._account)
 
     def __enter__(self) -> Hold:
         return self

@@ -127,7 +127,7 @@ class Invoker:
         self.idempotency = idempotency
         self.metrics = metrics
         self.large_responses = large_responses
-        self.held = HeldInput(config.account_held_input_max_bytes)
+        self.held = HeldInput(config.account_held_input_max_bytes, config.account_calls_in_flight_max)
 
     async def observed(self, entry: Entry) -> web.StreamResponse:
         """Run one invocation entry point, recorded in the metrics."""

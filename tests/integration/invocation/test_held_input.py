@@ -22,7 +22,7 @@ from grpclib.exceptions import GRPCError
 
 from nvcf_mono.auth import scopes
 from nvcf_mono.grpc.raw import RawMessage
-from nvcf_mono.planes.invocation.held_input import SETTING, HeldInput
+from nvcf_mono.planes.invocation.held_input import CALLS_SETTING, SETTING, HeldInput
 from nvcf_mono.proto.gen.examples.echo.v1 import EchoRequest, EchoResponse
 from nvcf_mono.testing.platform import wait_for
 from nvcf_mono.testing.running import Platform, agent, deployed, other_account_key, platform
@@ -103,6 +103,50 @@ async def test_an_accounts_request_bodies_held_on_a_node_are_bounded(tmp_path: P
         assert statuses == [202]
         await nothing_held(p)  # every call gave back what it held: the table holds calls in flight, not history
         assert (await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", data=body, headers=poll)).status == 202
+
+
+@pytest.mark.slow
+async def test_an_accounts_calls_in_flight_on_a_node_are_bounded(tmp_path: Path) -> None:
+    import grpc
+
+    settings = {"plugins.invocation.account_calls_in_flight_max": "2"}
+    async with platform(tmp_path, **settings) as p, agent(p.bus):
+        fid, _ = await deployed(p.admin)
+        gid, _ = await deployed(p.admin, GRPC_FUNCTION)
+        neighbour = p.api(await other_account_key(p, "neighbour", scopes.ACCOUNT_ADMIN_SCOPES))
+        theirs, _ = await deployed(neighbour)
+        account = (await p.key.get("/v2/nvcf/functions")).json["functions"][0]["ncaId"]
+        path = f"/v2/nvcf/pexec/functions/{fid}"
+        statuses: list[int] = []
+
+        async def waiting() -> None:  # nothing serves: each waits its poll window, then 202
+            statuses.append((await p.key.post(path, {"m": 1}, headers={"NVCF-POLL-SECONDS": "3"})).status)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiting)
+            tg.start_soon(waiting)
+
+            async def two() -> bool:
+                return held(p).calls(account) == 2
+
+            await wait_for(two, timeout=10, what="two calls in flight")
+            refused = await p.key.post(path, {"m": 3}, headers={"NVCF-POLL-SECONDS": "1"})
+            assert refused.status == 429 and refused.headers["Retry-After"] == "1", refused.body
+            assert CALLS_SETTING in refused.detail
+            async with grpc.aio.insecure_channel(p.host.endpoints.grpc_address) as channel:
+                unary = channel.unary_unary(ECHO, request_serializer=bytes, response_deserializer=EchoResponse().parse)
+                with pytest.raises(grpc.aio.AioRpcError) as grpc_refused:
+                    await unary(EchoRequest(message="m"), metadata=tuple(call_metadata(p.key.token, gid).items()))
+                assert grpc_refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert CALLS_SETTING in (grpc_refused.value.details() or "")
+            # Another account calls on.
+            theirs_call = await neighbour.post(
+                f"/v2/nvcf/pexec/functions/{theirs}", {"m": 1}, headers={"NVCF-POLL-SECONDS": "1"}
+            )
+            assert theirs_call.status == 202, theirs_call.body
+        assert statuses == [202, 202]
+        await nothing_held(p)
+        assert (await p.key.post(path, {"m": 4}, headers={"NVCF-POLL-SECONDS": "1"})).status == 202
 
 
 def _stream_call(channel: Any, path: str) -> Any:

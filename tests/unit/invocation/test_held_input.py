@@ -6,7 +6,7 @@ import pytest
 
 from nvcf_mono.contracts import live_input as wire
 from nvcf_mono.grpc.raw import pack
-from nvcf_mono.planes.invocation.held_input import SETTING, HeldInput, TooMuchHeld
+from nvcf_mono.planes.invocation.held_input import CALLS_SETTING, SETTING, HeldInput, TooMuchHeld
 from nvcf_mono.planes.invocation.live_input import LiveInput
 
 
@@ -61,4 +61,21 @@ async def test_a_live_call_gives_back_what_its_function_read_once_answered() -> 
     assert await live.read(len(a + b), hold=0.01) == wire.WAIT
     assert held.held("acme") == 0  # read and let go
     hold.close()
+    assert held.accounts() == 0
+
+
+def test_an_account_has_at_most_so_many_calls_in_flight_on_a_node() -> None:
+    held = HeldInput(limit=0, calls=2)
+    first, second = held.hold("acme"), held.hold("acme")
+    with pytest.raises(TooMuchHeld) as refused:
+        held.hold("acme")
+    assert refused.value.status == 429 and CALLS_SETTING in refused.value.detail
+    assert "2 calls in flight" in refused.value.detail and refused.value.headers == {"Retry-After": "1"}
+    held.hold("neighbour").close()  # another account's calls count on their own
+    first.close()
+    first.close()  # closed twice, counted once
+    assert held.calls("acme") == 1
+    third = held.hold("acme")
+    second.close()
+    third.close()
     assert held.accounts() == 0
