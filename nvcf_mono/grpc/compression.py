@@ -109,8 +109,8 @@ def install() -> None:
 
     grpclib's client and server modules call the ``recv_message`` they imported by name; both are
     replaced. The reader is grpclib's own but for the compressed flag and, on a server, a bound on a
-    message's declared size. A client's stream holds the
-    response's head; a server keeps the request's aside, so its handler is wrapped to put it there.
+    message's declared size. A client's stream holds the response's head; a server keeps the
+    request's aside, so its handler is wrapped to put it there.
     """
     grpclib.client.recv_message = _recv_message  # type: ignore[attr-defined]
     grpclib.server.recv_message = partial(_recv_message, most=MAX_INFLATED)  # type: ignore[attr-defined]

@@ -6,7 +6,8 @@ call is stored or, for a live call, until its server has read them (all of them 
 starts). Each request is bounded on its own (``max_request_body``); this bounds one account's
 requests together on one node, so a tenant's many calls cannot take the memory every account's calls
 need. A call that would pass the limit is refused with 429 and ``Retry-After`` (gRPC:
-RESOURCE_EXHAUSTED) before the bytes that would pass it are read; nothing of it was stored.
+RESOURCE_EXHAUSTED) before it keeps the bytes that would pass it (a gRPC message before they are
+read); nothing of it was stored.
 
 The number of an account's calls a node serves at once is bounded the same way
 (``account_calls_in_flight_max``): each open call holds a connection, its tasks and its waits
@@ -29,7 +30,7 @@ CALLS_SETTING = "plugins.invocation.account_calls_in_flight_max"
 
 
 class TooMuchHeld(ProblemError):
-    """The account's requests hold as much of their input on this node as they may."""
+    """The account's calls on this node are as many, or hold as much of their input, as they may."""
 
 
 @final
