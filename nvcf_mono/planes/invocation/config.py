@@ -81,8 +81,8 @@ class InvocationConfig:
     account_calls_in_flight_max: int = setting(
         10_000,
         doc="Calls of one account an invocation node serves at once (pexec, exec, Host-routed, LLM gateway and "
-        "gRPC calls, until answered or 202'd); more are refused with 429 (gRPC: RESOURCE_EXHAUSTED). Per node. "
-        "0: no account limit.",
+        "gRPC calls until answered or 202'd, status polls while they wait); more are refused with 429 (gRPC: "
+        "RESOURCE_EXHAUSTED). Per node. 0: no account limit.",
         check=at_least(0),
     )
     publish_patience: Seconds = setting(

@@ -225,5 +225,6 @@ async def exec_function_version(late: Late[Invoker], call: Call[ExecRequest]) ->
 )
 async def get_exec_request_status(late: Late[Invoker], call: Call[None]) -> web.StreamResponse:
     invoker = late.get()
-    answer = await invoker.waiting.poll(call.request, call.principal, call.path("requestId"), buffered=True)
+    with invoker.held.hold(call.principal.account):  # a poll waits like a call: it counts as one in flight
+        answer = await invoker.waiting.poll(call.request, call.principal, call.path("requestId"), buffered=True)
     return wrap(answer)

@@ -476,7 +476,9 @@ async def invoke_function_version(late: Late[Invoker], call: Call[None]) -> web.
     errors=(404,),
 )
 async def get_request_status(late: Late[Invoker], call: Call[None]) -> web.StreamResponse:
-    return await late.get().waiting.poll(call.request, call.principal, call.path("requestId"))
+    invoker = late.get()
+    with invoker.held.hold(call.principal.account):  # a poll waits like a call: it counts as one in flight
+        return await invoker.waiting.poll(call.request, call.principal, call.path("requestId"))
 
 
 @routes.route(

@@ -119,12 +119,19 @@ async def test_an_accounts_calls_in_flight_on_a_node_are_bounded(tmp_path: Path)
         path = f"/v2/nvcf/pexec/functions/{fid}"
         statuses: list[int] = []
 
-        async def waiting() -> None:  # nothing serves: each waits its poll window, then 202
+        async def waiting() -> None:  # nothing serves: it waits its poll window, then 202
             statuses.append((await p.key.post(path, {"m": 1}, headers={"NVCF-POLL-SECONDS": "3"})).status)
+
+        accepted = await p.key.post(path, {"m": 0}, headers={"NVCF-POLL-SECONDS": "1"})
+        assert accepted.status == 202
+
+        async def polling() -> None:  # a status poll waits as a call does
+            status = f"/v2/nvcf/pexec/status/{accepted.headers['NVCF-REQID']}"
+            statuses.append((await p.key.get(status, headers={"NVCF-POLL-SECONDS": "3"})).status)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(waiting)
-            tg.start_soon(waiting)
+            tg.start_soon(polling)
 
             async def two() -> bool:
                 return held(p).calls(account) == 2
