@@ -20,6 +20,7 @@ last call ends, so the table grows with the accounts that have calls in flight, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 from typing import final
 
@@ -44,6 +45,11 @@ class HeldInput:
         self.most_calls = calls
         self._held: dict[str, int] = {}
         self._calls: dict[str, int] = {}
+        #: All accounts together, for the node's metrics.
+        self.total_bytes = 0
+        self.total_calls = 0
+        #: Told which limit refused a call (``held_input`` or ``calls_in_flight``).
+        self.on_refusal: Callable[[str], None] | None = None
 
     def hold(self, account: str) -> Hold:
         """One call of ``account``'s, and its share of the bytes: given back in full when it is closed.
@@ -51,6 +57,7 @@ class HeldInput:
         """
         calls = self._calls.get(account, 0)
         if self.most_calls and calls >= self.most_calls:
+            self._refused("calls_in_flight")
             raise TooMuchHeld(
                 429,
                 f"this account has {calls} calls in flight on this node, the most it may ({CALLS_SETTING}); "
@@ -58,6 +65,7 @@ class HeldInput:
                 headers={"Retry-After": "1"},
             )
         self._calls[account] = calls + 1
+        self.total_calls += 1
         return Hold(self, account)
 
     def held(self, account: str) -> int:
@@ -73,6 +81,7 @@ class HeldInput:
     def _take(self, account: str, size: int) -> None:
         held = self._held.get(account, 0) + size
         if self.limit and held > self.limit:
+            self._refused("held_input")
             raise TooMuchHeld(
                 429,
                 f"this account's requests already hold {held - size} bytes of their input on this node, and "
@@ -81,12 +90,19 @@ class HeldInput:
                 headers={"Retry-After": "1"},
             )
         self._held[account] = held
+        self.total_bytes += size
 
     def _give(self, account: str, size: int) -> None:
         _less(self._held, account, size)
+        self.total_bytes -= size
 
     def _end(self, account: str) -> None:
         _less(self._calls, account, 1)
+        self.total_calls -= 1
+
+    def _refused(self, limit: str) -> None:
+        if self.on_refusal is not None:
+            self.on_refusal(limit)
 
 
 def _less(counts: dict[str, int], account: str, by: int) -> None:

@@ -128,6 +128,8 @@ class Invoker:
         self.metrics = metrics
         self.large_responses = large_responses
         self.held = HeldInput(config.account_held_input_max_bytes, config.account_calls_in_flight_max)
+        if metrics is not None:
+            metrics.watch(self.held)
 
     async def observed(self, entry: Entry) -> web.StreamResponse:
         """Run one invocation entry point, recorded in the metrics."""

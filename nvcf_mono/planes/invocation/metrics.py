@@ -28,6 +28,7 @@ from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.metrics import LATENCY_BUCKETS, Metrics
 from nvcf_mono.models.function import CONNECTABLE, FunctionVersion
 from nvcf_mono.planes.invocation.dispatch import Dispatcher
+from nvcf_mono.planes.invocation.held_input import HeldInput
 from nvcf_mono.planes.invocation.routing import RoutingTable
 
 #: NVCF's buckets end at 1800 s; ours start at sub-millisecond, where the platform's own overhead shows.
@@ -98,11 +99,32 @@ class InvocationMetrics:
             ["function_id", "function_version_id"],
             buckets=REQUEST_LATENCY_BUCKETS,
         )
+        # Node totals: the accounts are not labels (refusals are counted per limit), so the series stay few.
+        self.calls_in_flight = registry.gauge(
+            "nvcf_invocation_calls_in_flight", "Calls this node serves now (status polls included), all accounts."
+        )
+        self.held_input = registry.gauge(
+            "nvcf_invocation_held_input_bytes", "Bytes of request input this node holds now, all accounts."
+        )
+        self.limit_refusals = registry.counter(
+            "nvcf_invocation_account_limit_refusals_total",
+            "Calls refused because their account reached one of its limits on this node (held_input: "
+            "account_held_input_max_bytes, calls_in_flight: account_calls_in_flight_max).",
+            ["limit"],
+        )
         self.queue_depth = registry.gauge(
             "nvcf_worker_nats_queue_depth_and_inflight",
             "Requests queued or in flight per function version (refreshed every few seconds).",
             ["function_id", "function_version_id"],
         )
+
+    def watch(self, held: HeldInput) -> None:
+        """Report ``held``: the node's calls in flight, the client input they hold, and what its account
+        limits refused.
+        """
+        self.calls_in_flight.set_function(lambda: [((), float(held.total_calls))])
+        self.held_input.set_function(lambda: [((), float(held.total_bytes))])
+        held.on_refusal = lambda limit: self.limit_refusals.inc(limit=limit)
 
     async def observe(self, entry: Entry) -> web.StreamResponse:
         """Run one invocation and record its latency, count and error status."""

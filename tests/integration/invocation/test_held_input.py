@@ -137,6 +137,8 @@ async def test_an_accounts_calls_in_flight_on_a_node_are_bounded(tmp_path: Path)
                 return held(p).calls(account) == 2
 
             await wait_for(two, timeout=10, what="two calls in flight")
+            metrics = (await p.anonymous.get("/metrics")).body.decode()
+            assert "nvcf_invocation_calls_in_flight 2" in metrics, metrics  # the node's total, no account label
             refused = await p.key.post(path, {"m": 3}, headers={"NVCF-POLL-SECONDS": "1"})
             assert refused.status == 429 and refused.headers["Retry-After"] == "1", refused.body
             assert CALLS_SETTING in refused.detail
@@ -153,6 +155,9 @@ async def test_an_accounts_calls_in_flight_on_a_node_are_bounded(tmp_path: Path)
             assert theirs_call.status == 202, theirs_call.body
         assert statuses == [202, 202]
         await nothing_held(p)
+        metrics = (await p.anonymous.get("/metrics")).body.decode()
+        assert 'nvcf_invocation_account_limit_refusals_total{limit="calls_in_flight"} 2' in metrics
+        assert "nvcf_invocation_calls_in_flight 0" in metrics
         assert (await p.key.post(path, {"m": 4}, headers={"NVCF-POLL-SECONDS": "1"})).status == 202
 
 
