@@ -140,7 +140,8 @@ async def read_body(
 ) -> Body:
     """Small bodies inline; the rest streamed into the object store. ``prefix``: what was read of it already.
 
-    ``hold`` counts what is kept in memory (the inline part; what streams on is let go piece by piece).
+    ``hold`` counts what is kept in memory: an inline body; of a stored one, what was read before it was
+    known to be too large to inline, until it is stored (what streams on is let go piece by piece).
     """
     maximum = config.max_request_body
     _declared_within(request, maximum)
@@ -166,6 +167,7 @@ async def read_body(
             yield chunk
 
     name, size = await dispatcher.put_body(request_id, rest())
+    hold.give(len(head) - len(prefix))  # stored: only the prefix (the request's fingerprint) is still held
     return Body(b"", name, size)
 
 

@@ -161,6 +161,29 @@ async def test_an_accounts_calls_in_flight_on_a_node_are_bounded(tmp_path: Path)
         assert (await p.key.post(path, {"m": 4}, headers={"NVCF-POLL-SECONDS": "1"})).status == 202
 
 
+async def test_a_body_stored_in_the_object_store_is_not_held_while_its_call_waits(tmp_path: Path) -> None:
+    settings = {**SETTINGS, "plugins.invocation.inline_body_limit": "16KiB"}
+    async with platform(tmp_path, **settings) as p, agent(p.bus):
+        fid, _ = await deployed(p.admin)
+        account = (await p.key.get("/v2/nvcf/functions")).json["functions"][0]["ncaId"]
+        statuses: list[int] = []
+
+        async def call() -> None:  # past the inline limit: streamed into the object store, then queued
+            reply = await p.key.post(
+                f"/v2/nvcf/pexec/functions/{fid}", data=padded(80 * 1024), headers={"NVCF-POLL-SECONDS": "3"}
+            )
+            statuses.append(reply.status)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+
+            async def stored_and_waiting() -> bool:
+                return held(p).calls(account) == 1 and held(p).held(account) == 0
+
+            await wait_for(stored_and_waiting, timeout=10, what="the call waiting with its body stored")
+        assert statuses == [202]
+
+
 def _stream_call(channel: Any, path: str) -> Any:
     return channel.stream_stream(path, request_serializer=bytes, response_deserializer=EchoResponse().parse)
 
