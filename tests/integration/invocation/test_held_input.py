@@ -3,8 +3,9 @@
 Each request's body is bounded on its own (``max_request_body``), but a node holds every call's input
 while it reads it (and a live gRPC call's until its function has read it), so a tenant with many calls
 open could take the memory every account's calls need. These are the attacks: many slow uploads, a
-live call that never ends, a gRPC message declaring 4 GiB. The instances are a scripted agent's
-(ACTIVE, nothing serves): what is tested happens before any instance is involved.
+live call that never ends, a gRPC message declaring 4 GiB, many calls and status polls held open. The
+instances are a scripted agent's (ACTIVE, nothing serves): what is tested happens before any instance
+is involved.
 """
 
 from __future__ import annotations
