@@ -273,16 +273,24 @@ async def _read_within(request: web.Request, limit: int, status: int) -> bytes:
 
 
 def _depth_within(doc: Any, limit: int) -> bool:
-    """Whether arrays and objects nest at most ``limit`` deep (iterative: no recursion on hostile input)."""
-    pending: list[tuple[Any, int]] = [(doc, 1)]
-    while pending:
-        item, depth = pending.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
+    """Whether arrays and objects nest at most ``limit`` deep (iterative: no recursion on hostile input).
+
+    Level by level, and only containers go to the next level: a body of many small values costs a
+    comprehension per container, not a loop turn per value (a 2 MiB body of ``{}`` took 0.76 s the
+    other way, on the event loop).
+    """
+    level: list[Any] = [doc] if type(doc) is dict or type(doc) is list else []
+    depth = 1
+    while level:
         if depth > limit:
             return False
-        pending.extend((child, depth + 1) for child in children)
+        below: list[Any] = []
+        for item in level:
+            if item:
+                values = item.values() if type(item) is dict else item
+                below += [child for child in values if type(child) is dict or type(child) is list]
+        level = below
+        depth += 1
     return True
 
 
