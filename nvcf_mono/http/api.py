@@ -232,7 +232,15 @@ async def read_json(request: web.Request, *, optional: bool = False, too_large: 
     :data:`MAX_JSON_DEPTH` (or than the parser can follow) is a malformed body, not a crash. A body past
     ``http.max_json_body`` is refused (``too_large``) before more of it is read.
     """
-    raw = await _read_within(request, request.config_dict.get(MAX_JSON_BODY, DEFAULT_MAX_JSON_BODY), too_large)
+    limit = request.config_dict.get(MAX_JSON_BODY, DEFAULT_MAX_JSON_BODY)
+    try:
+        raw = await read_within(request, limit)
+    except BodyTooLarge:
+        raise ProblemError(
+            too_large,
+            f"a JSON request body may be at most {limit} bytes (http.max_json_body); hand large inputs to a "
+            "function as assets, or as a pexec body",
+        ) from None
     charset = request.charset or "utf-8"
     try:
         text = raw.decode(charset)
@@ -256,20 +264,25 @@ async def read_json(request: web.Request, *, optional: bool = False, too_large: 
     raise ProblemError(400, f"Malformed JSON request body: nested deeper than {MAX_JSON_DEPTH} levels")
 
 
-async def _read_within(request: web.Request, limit: int, status: int) -> bytes:
-    too_large = ProblemError(
-        status,
-        f"a JSON request body may be at most {limit} bytes (http.max_json_body); hand large inputs to a "
-        "function as assets, or as a pexec body",
-    )
+class BodyTooLarge(Exception):
+    """A request body past the limit its reader was given."""
+
+
+async def read_within(request: web.Request, limit: int, *, each: Callable[[int], None] | None = None) -> bytearray:
+    """The whole body; :class:`BodyTooLarge` as soon as it is known to pass ``limit`` (by its
+    Content-Length before any of it is read, else once what came passes it). ``each`` is told each
+    piece's size before the piece is kept, and may raise to refuse it.
+    """
     if request.content_length is not None and request.content_length > limit:
-        raise too_large
+        raise BodyTooLarge(limit)
     raw = bytearray()
-    async for chunk in request.content.iter_any():
+    async for chunk in request.content.iter_any():  # read() may stop at any piece; this reads to the end
+        if each is not None:
+            each(len(chunk))
         raw += chunk
         if len(raw) > limit:
-            raise too_large
-    return bytes(raw)
+            raise BodyTooLarge(limit)
+    return raw
 
 
 def _depth_within(doc: Any, limit: int) -> bool:

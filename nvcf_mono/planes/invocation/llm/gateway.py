@@ -23,6 +23,7 @@ from nvcf_mono.auth import scopes as S
 from nvcf_mono.auth.principal import AuthError, Principal
 from nvcf_mono.auth.strategy import Authenticator
 from nvcf_mono.contracts.frames import COMPATIBILITY_OFF
+from nvcf_mono.http.api import BodyTooLarge, read_within
 from nvcf_mono.http.bad_requests import unreadable_body
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late, NotReady
@@ -164,15 +165,10 @@ class Gateway:
         the account's input held on this node (``hold``).
         """
         limit = self.invoker.get().config.max_request_body
-        if request.content_length is not None and request.content_length > limit:
-            raise GatewayError(413, f"the request body exceeds {limit} bytes")
-        raw = bytearray()
         try:
-            async for chunk in request.content.iter_any():  # read() may stop at any piece; this reads to the end
-                hold.take(len(chunk))
-                raw += chunk
-                if len(raw) > limit:
-                    raise GatewayError(413, f"the request body exceeds {limit} bytes")
+            raw = await read_within(request, limit, each=hold.take)
+        except BodyTooLarge:
+            raise GatewayError(413, f"the request body exceeds {limit} bytes") from None
         except web.RequestPayloadError as err:
             # The rest of the body cannot be read past: the client must not send more on this connection.
             raise GatewayError(400, unreadable_body(err), headers={"Connection": "close"}) from None
