@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -97,11 +98,18 @@ class NatsCluster:
 
     def __init__(self, size: int = 3) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="nvcf-mono-natscluster-")
-        routes = [spare_port() for _ in range(size)]
-        route_urls = ",".join(f"nats-route://127.0.0.1:{p}" for p in routes)
+        self._size = size
         self.nodes: list[NatsServer] = []
+        self._choose_ports()
+
+    def _choose_ports(self) -> None:
+        """Client and route ports for every node, and empty stores."""
+        routes = [spare_port() for _ in range(self._size)]
+        route_urls = ",".join(f"nats-route://127.0.0.1:{p}" for p in routes)
+        self.nodes = []
         for i, route in enumerate(routes):
             store = Path(self._tmp.name) / f"n{i}"
+            shutil.rmtree(store, ignore_errors=True)
             store.mkdir()
             args = ("--name", f"n{i}", "--cluster_name", "nvcf", "--cluster", f"nats://127.0.0.1:{route}")
             self.nodes.append(NatsServer(store_dir=store, extra_args=(*args, "--routes", route_urls)))
@@ -115,10 +123,25 @@ class NatsCluster:
         """The node a JetStream stream names as its leader (``n0``, ``n1``, ...)."""
         return self.nodes[int(name.removeprefix("n"))]
 
-    def start(self, timeout: float = 30.0) -> NatsCluster:
-        for node in self.nodes:
-            node.start(timeout=timeout)
-        return self
+    def start(self, timeout: float = 30.0, attempts: int = 3) -> NatsCluster:
+        """Start every node. A port chosen free can be taken before a node binds it (by another test's
+        server, chosen the same way): the cluster then starts again on new ports; after ``attempts``
+        it is closed and the last error raised, so no node is left running.
+        """
+        attempt = 1
+        while True:
+            try:
+                for node in self.nodes:
+                    node.start(timeout=timeout)
+                return self
+            except RuntimeError:
+                for node in self.nodes:
+                    node.stop()
+                if attempt >= attempts:
+                    self.close()
+                    raise
+            attempt += 1
+            self._choose_ports()
 
     def close(self) -> None:
         for node in self.nodes:
