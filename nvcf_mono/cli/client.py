@@ -24,6 +24,7 @@ import attrs
 
 from nvcf_mono import __version__
 from nvcf_mono.cli.context import CliContext, CliError
+from nvcf_mono.contracts.ids import ID_RULE, is_id, shown
 from nvcf_mono.state_dir import ENDPOINTS_FILE
 
 DEFAULT_STATE_DIR = ".nvcf-mono"
@@ -129,6 +130,17 @@ class ApiClient:
             raise CliError(f"no credentials: {_SOURCES}")
         return cred
 
+    def url(self, path: str) -> str:
+        """The API's URL of ``path``, whose segments are the API's literals and ids from the command line.
+
+        An id is put into the path as it was given, so one no path can hold (a space, '?', '/', '..') is
+        refused here, before anything is sent, with the server's own rule.
+        """
+        for segment in path.split("/")[1:]:
+            if not is_id(segment):
+                raise CliError(f"{shown(segment)!r} is not a valid id: {ID_RULE}")
+        return self.api_url + path
+
     def call(
         self,
         method: str,
@@ -142,7 +154,7 @@ class ApiClient:
     ) -> Any:
         """One request; the parsed JSON body (None for an empty one)."""
         cred = self.credential()
-        url = self.api_url + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        url = self.url(path) + (f"?{urllib.parse.urlencode(query)}" if query else "")
         hdrs = {
             "Authorization": f"Bearer {cred.value}",
             "Accept": "application/json",
@@ -190,7 +202,7 @@ class ApiClient:
         """Stream ``path`` into the file ``dest`` (written whole or not at all); its size."""
         cred = self.credential()
         request = urllib.request.Request(
-            self.api_url + path,
+            self.url(path),
             headers={"Authorization": f"Bearer {cred.value}", "User-Agent": f"nvcf-mono-cli/{__version__}"},
             method="GET",
         )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import time
-import urllib.parse
 from typing import Any
 
 from nvcf_mono.cli.client import ApiClient, add_api_options, connect, positive_float
@@ -104,9 +103,7 @@ def _fetch(client: ApiClient, args: argparse.Namespace, tail: int, lines: int | 
         query["lines"] = str(lines)
     if args.log:
         query["log"] = args.log
-    doc: dict[str, Any] = client.get(
-        f"/v2/nvcf/instances/{urllib.parse.quote(args.instance_id, safe='')}/logs", query=query
-    )
+    doc: dict[str, Any] = client.get(f"/v2/nvcf/instances/{args.instance_id}/logs", query=query)
     return doc
 
 

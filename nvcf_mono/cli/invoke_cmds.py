@@ -7,7 +7,6 @@ import base64
 import json
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from email.message import Message
@@ -145,7 +144,7 @@ class _Answer:
 def _open(
     client: ApiClient, method: str, path: str, *, body: bytes | None, headers: Mapping[str, str], timeout: float
 ) -> _Answer:
-    url = client.api_url + path
+    url = client.url(path)
     request = urllib.request.Request(url, data=body, headers=dict(headers), method=method)
     try:
         resp = client._opener.open(request, timeout=timeout)
@@ -204,10 +203,9 @@ def _invoke(args: argparse.Namespace, ctx: CliContext) -> int:
         headers[name] = value
     window = args.poll_seconds or (SERVER_STREAM_POLL if args.stream else SERVER_POLL)
     timeout = max(args.http_timeout, window + READ_SLACK)
-    fid = urllib.parse.quote(args.function_id, safe="")
-    path = f"{PEXEC}/functions/{fid}"
+    path = f"{PEXEC}/functions/{args.function_id}"
     if args.version_id:
-        path += f"/versions/{urllib.parse.quote(args.version_id, safe='')}"
+        path += f"/versions/{args.version_id}"
     deadline = time.monotonic() + args.timeout
     answer = _open(client, "POST", path, body=body, headers=headers, timeout=timeout)
     progress = Progress(ctx.stderr)

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -195,7 +192,7 @@ def _api(client: ApiClient, method: str, path: str, *, body: Any = None, query: 
 
 
 def _task_path(task_id: str) -> str:
-    return f"{TASKS}/{urllib.parse.quote(task_id, safe='')}"
+    return f"{TASKS}/{task_id}"
 
 
 def _pages(client: ApiClient, path: str, items: str, query: dict[str, str]) -> Iterator[dict[str, Any]]:
@@ -495,7 +492,7 @@ def _download_all(client: ApiClient, ctx: CliContext, path: str, results: list[d
             print(f"result {result.get('name')} ({result.get('resultId')}) has no stored content", file=ctx.stderr)
             continue
         dest = into / _file_name(result, taken)
-        size = client.download(f"{path}/{urllib.parse.quote(str(result['resultId']), safe='')}/content", dest)
+        size = client.download(f"{path}/{result['resultId']}/content", dest)
         print(f"saved {dest} ({size} bytes)", file=ctx.stderr)
 
 

@@ -9,7 +9,6 @@ value (rendered as camelCase JSON with nulls omitted), ``None`` (204), or an aio
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, Literal, TypeVar, final
 
@@ -18,6 +17,7 @@ from aiohttp import web
 
 from nvcf_mono.auth.principal import AuthError, Principal
 from nvcf_mono.auth.strategy import Authenticator
+from nvcf_mono.contracts.ids import ID_RULE, is_id, shown
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late
 from nvcf_mono.plugin import SetupContext
@@ -29,27 +29,18 @@ C = TypeVar("C")
 
 AuthMode = Literal["required", "none"]
 
-#: Every id in a path: runs of letters, digits, '-' and '_' joined by single dots, so any id composes into
-#: valid KV keys and subject tokens; anything else is a malformed id (400), never a lookup.
-ID_PATTERN = r"^[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*$"
-ID_MAX_LENGTH = 256
 #: Deepest nesting of arrays and objects a JSON body may have (values for Helm charts included).
 MAX_JSON_DEPTH = 64
 #: The largest JSON body an operation reads (``http.max_json_body``, set by the server).
 MAX_JSON_BODY = web.AppKey("max_json_body", int)
 DEFAULT_MAX_JSON_BODY = 2 * 1024 * 1024
-_ID_RX = re.compile(ID_PATTERN)
 
 
 def id_problem(name: str, value: str) -> str | None:
     """Why ``value`` cannot be the path parameter ``name``, or None."""
-    if len(value) <= ID_MAX_LENGTH and _ID_RX.match(value):
+    if is_id(value):
         return None
-    shown = value if len(value) <= 64 else value[:64] + "..."
-    return (
-        f"path parameter {name!r} is not a valid id, got {shown!r}: ids have at most {ID_MAX_LENGTH} letters, "
-        "digits, '-', '_' and single '.'"
-    )
+    return f"path parameter {name!r} is not a valid id, got {shown(value)!r}: {ID_RULE}"
 
 
 def check_path_ids(request: web.Request) -> None:

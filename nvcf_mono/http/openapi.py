@@ -18,7 +18,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import attrs
 
-from nvcf_mono.http.api import ID_MAX_LENGTH, ID_PATTERN, Operation
+from nvcf_mono.contracts.ids import ID_MAX_LENGTH, ID_PATTERN
+from nvcf_mono.http.api import Operation
 from nvcf_mono.structure import BYTESIZE, CHECK, DURATION, check_schema, external_key, iter_fields
 
 PROBLEM_SCHEMA: dict[str, Any] = {
@@ -160,7 +161,7 @@ def constrain(schema: dict[str, Any], keywords: Mapping[str, Any]) -> dict[str, 
 
 
 _PATH_PARAM = re.compile(r"\{([^}/]+)\}")
-#: Every path id (see ``nvcf_mono.http.api.ID_PATTERN``; anything else is a 400).
+#: Every path id (see ``nvcf_mono.contracts.ids``; anything else is a 400).
 PATH_ID_SCHEMA = {"type": "string", "pattern": ID_PATTERN, "maxLength": ID_MAX_LENGTH}
 
 

@@ -86,6 +86,30 @@ def test_a_command_runs_with_the_context_it_is_given() -> None:
     assert out.getvalue() == ""
 
 
+@pytest.mark.parametrize("bad", ["a b", "x?y=1", "..", "%2e%2e", "fid#frag", "a" * 300])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["function", "get", "{}"],
+        ["deploy", "get", "{}", "v"],
+        ["invoke", "{}", "-d", "{{}}"],
+        ["instance", "logs", "{}"],
+        ["task", "get", "{}"],
+    ],
+    ids=lambda c: " ".join(c[:2]),
+)
+def test_an_id_no_path_can_hold_is_refused_before_anything_is_sent(command: list[str], bad: str) -> None:
+    # Nothing listens on port 9 here: a request that went out would fail to connect (exit 1), or, with a
+    # space in the URL, raise in urllib.
+    ctx, out, err = _ctx({"NVCF_API_URL": "http://127.0.0.1:9", "NVCF_TOKEN": "t"})
+    assert main([part.format(bad) for part in command], ctx) == 2
+    shown = bad if len(bad) <= 64 else bad[:64] + "..."
+    assert err.getvalue() == (
+        f"nvcf-mono: {shown!r} is not a valid id: ids have at most 256 letters, digits, '-', '_' and single '.'\n"
+    )
+    assert out.getvalue() == ""
+
+
 @pytest.mark.parametrize(
     ("argv", "command"),
     [
