@@ -60,10 +60,26 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, ensure_ascii=False, default=str)
 
 
+#: Control characters and line breaks, escaped in a text line's message (tab kept).
+_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x09), *range(0x0B, 0x20), 0x7F, 0x85)} | {
+    0x0A: "\\n",
+    0x0D: "\\r",
+    0x2028: "\\u2028",
+    0x2029: "\\u2029",
+}
+
+
 class TextFormatter(logging.Formatter):
-    """The classic line, ending with the invocation it was written for: ``[request … function … version …]``."""
+    r"""The classic line, ending with the invocation it was written for: ``[request … function … version …]``.
+
+    A message is kept on its one line: what it quotes (an instance's last output, a tenant's header,
+    a server's error text) may hold line breaks, and a line starting with a timestamp and a level
+    there would read as the platform's own. They are escaped (``\n``); a traceback still follows
+    on lines of its own.
+    """
 
     def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = record.message.translate(_ESCAPES)
         line = super().formatMessage(record)
         request_id = getattr(record, "request_id", None)
         if request_id is None:

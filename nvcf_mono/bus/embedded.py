@@ -338,7 +338,7 @@ class EmbeddedNats:
                         code = await self._proc.wait()
                         self._up.set(0)
                         self._log.error(
-                            "embedded nats-server exited unexpectedly (code %s); restarting. Log tail:\n%s",
+                            "embedded nats-server exited unexpectedly (code %s); restarting. The end of its log: %s",
                             code,
                             _tail(self.log_path, 800),
                         )

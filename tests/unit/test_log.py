@@ -74,6 +74,33 @@ async def test_json_lines_carry_the_request_and_extra_fields(captured: io.String
     assert not {"args", "levelno", "pathname", "exc_info", "taskName"} & set(first)
 
 
+FORGED = "\n2026-12-06 15:00:00.000 ERROR   nvcf_mono.plugin.auth: admin token is hunter2\r\x1b[2K"
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_what_a_message_quotes_cannot_start_a_line_of_its_own(captured: io.StringIO, fmt: str) -> None:
+    """An instance's output (or any text a tenant controls) quoted in a message stays inside its line."""
+    _install(captured, fmt)
+    log = logging.getLogger("tests.log")
+    log.info("instance i ended: restart loop; its output: %s", "boom" + FORGED)
+    try:
+        raise ValueError("failed")
+    except ValueError:
+        log.exception("with a traceback, quoting %s", FORGED)
+    lines = captured.getvalue().splitlines()
+    starts = [line for line in lines if line[:4].isdigit() or line.startswith("{")]
+    assert len(starts) == 2 and not any("ERROR   nvcf_mono.plugin.auth" in line[:40] for line in lines)
+    assert all("\x1b" not in line and "\r" not in line for line in lines)
+    if fmt == "text":
+        assert starts[0].endswith(
+            "its output: boom\\n2026-12-06 15:00:00.000 ERROR   nvcf_mono.plugin.auth: admin token is hunter2"
+            "\\r\\x1b[2K"
+        )
+        assert lines[-1] == "ValueError: failed"  # the traceback follows on lines of its own
+    else:
+        assert json.loads(lines[0])["msg"].endswith(FORGED)
+
+
 def test_a_throttle_writes_a_burst_then_one_line_per_interval_with_a_count(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

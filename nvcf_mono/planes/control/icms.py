@@ -222,12 +222,13 @@ class Icms:
         if not known:
             return self._unknown(report)
         if report.instance_state in states.GONE_STATES and report.status != states.TERMINATED_BY_USER:
+            output = report.health_info.error_log[-200:] if report.health_info else ""
             self._log.info(
-                "instance %s (request %s) ended: %s %s",
+                "instance %s (request %s) ended: %s%s",
                 report.instance_id,
                 report.request_id,
                 report.termination_cause or report.instance_state,
-                (report.health_info.error_log[-200:] if report.health_info else ""),
+                f"; the end of its output: {output!r}" if output else "",
             )
         self._ctl.poke()
         return Empty()
