@@ -16,6 +16,7 @@ import time
 from typing import IO, Any, final
 
 from nvcf_mono.config.model import LoggingSettings
+from nvcf_mono.printable import one_line
 
 #: The invocation the current task serves: (request id, function id, function version id).
 _serving: contextvars.ContextVar[tuple[str, str, str] | None] = contextvars.ContextVar("nvcf_serving", default=None)
@@ -60,15 +61,6 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, ensure_ascii=False, default=str)
 
 
-#: Control characters and line breaks, escaped in a text line's message (tab kept).
-_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x09), *range(0x0B, 0x20), 0x7F, 0x85)} | {
-    0x0A: "\\n",
-    0x0D: "\\r",
-    0x2028: "\\u2028",
-    0x2029: "\\u2029",
-}
-
-
 class TextFormatter(logging.Formatter):
     r"""The classic line, ending with the invocation it was written for: ``[request … function … version …]``.
 
@@ -79,7 +71,7 @@ class TextFormatter(logging.Formatter):
     """
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        record.message = record.message.translate(_ESCAPES)
+        record.message = one_line(record.message)
         line = super().formatMessage(record)
         request_id = getattr(record, "request_id", None)
         if request_id is None:

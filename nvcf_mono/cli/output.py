@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from nvcf_mono.cli.context import CliContext
+from nvcf_mono.printable import one_line
 
 
 def emit_json(ctx: CliContext, data: Any) -> None:
@@ -15,7 +16,9 @@ def emit_json(ctx: CliContext, data: Any) -> None:
 
 
 def cell(value: Any) -> str:
-    """One value as a short, single-line string ('-' for nothing)."""
+    """One value as a short, single-line string ('-' for nothing), control characters escaped: values
+    come from tenants (a description, a server's error text) and must not reach a terminal as commands.
+    """
     if value is None or value in ("", [], {}):
         return "-"
     if isinstance(value, bool):
@@ -24,7 +27,7 @@ def cell(value: Any) -> str:
         return ", ".join(cell(v) for v in value)
     if isinstance(value, dict):
         return ", ".join(f"{k}={cell(v)}" for k, v in value.items())
-    return " ".join(str(value).split())
+    return one_line(" ".join(str(value).split()))
 
 
 def table(ctx: CliContext, headers: Sequence[str], rows: Iterable[Sequence[Any]], *, empty: str) -> None:
