@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from nvcf_mono import __version__
 from nvcf_mono.cli.commands import COMMANDS
 from nvcf_mono.cli.context import CliContext, CliError
+from nvcf_mono.printable import one_line
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
@@ -99,8 +100,9 @@ def main(argv: Sequence[str], ctx: CliContext) -> int:
     try:
         code: int = args.func(args, ctx)
     except CliError as err:
+        # A message may quote a server (a shared function's own error text): shown, never obeyed.
         for line in str(err).splitlines():
-            print(f"nvcf-mono: {line}", file=ctx.stderr)
+            print(f"nvcf-mono: {one_line(line)}", file=ctx.stderr)
         return err.code
     except KeyboardInterrupt:
         return 130
