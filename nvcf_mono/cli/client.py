@@ -133,8 +133,9 @@ class ApiClient:
     def url(self, path: str) -> str:
         """The API's URL of ``path``, whose segments are the API's literals and ids from the command line.
 
-        An id is put into the path as it was given, so one no path can hold (a space, '?', '/', '..') is
-        refused here, before anything is sent, with the server's own rule.
+        An id is put into the path as it was given, so one no path can hold (a space, '?', '#', '..') is
+        refused here, before anything is sent, with the server's own rule. (One with '/' in it makes
+        segments that may each pass; the server then finds no such route.)
         """
         for segment in path.split("/")[1:]:
             if not is_id(segment):

@@ -2,7 +2,7 @@
 
 Runs of letters, digits, '-' and '_' joined by single dots, so that any id composes into valid KV
 keys and subject tokens. The server answers 400 to a path with anything else (never a lookup), and
-the CLI refuses one before sending: an id from a command line with a space, '?', '/' or '..' in it
+the CLI refuses one before sending: an id from a command line with a space, '?', '#' or '..' in it
 would otherwise make another URL, or none.
 """
 
