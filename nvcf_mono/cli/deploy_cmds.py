@@ -10,7 +10,7 @@ from nvcf_mono.cli.client import ApiClient, add_api_options, connect, csv_list, 
 from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.cli.function_cmds import ONLY_VERSION, only_version
-from nvcf_mono.cli.output import emit_json, fields, table
+from nvcf_mono.cli.output import cell, emit_json, fields, table
 from nvcf_mono.cli.progress import Progress
 
 DEPLOYMENTS = "/v2/nvcf/deployments"
@@ -241,7 +241,8 @@ def _health_lines(dep: dict[str, Any]) -> list[str]:
     """The deployment's failures, identical ones counted once."""
     counts: dict[str, int] = {}
     for info in dep.get("healthInfo") or []:
-        line = f"{info.get('gpu')} {info.get('instanceType')} on {info.get('backend')}: {info.get('error')}"
+        # The error may quote what the instance printed: the function's own output.
+        line = f"{info.get('gpu')} {info.get('instanceType')} on {info.get('backend')}: {cell(info.get('error'))}"
         counts[line] = counts.get(line, 0) + 1
     return [line + (f" (x{n})" if n > 1 else "") for line, n in counts.items()]
 
@@ -313,7 +314,7 @@ def _print_deployment(ctx: CliContext, doc: Any, as_json: bool) -> None:
         print("\nautoscaler (last decision, why):", file=ctx.stdout)
         for spec_id, why in decisions:
             if why:
-                print(f"  {spec_id}: {why}", file=ctx.stdout)
+                print(f"  {spec_id}: {cell(why)}", file=ctx.stdout)
     health = _health_lines(dep)
     if health:
         print("\nfailures:", file=ctx.stdout)

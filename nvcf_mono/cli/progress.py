@@ -6,6 +6,8 @@ import shutil
 import time
 from typing import IO
 
+from nvcf_mono.printable import one_line
+
 
 class Progress:
     """``[  12s] <line>``: a live line rewritten in place on a terminal; elsewhere a line per change.
@@ -20,7 +22,8 @@ class Progress:
         self._last: str | None = None
 
     def show(self, line: str) -> None:
-        """The current state, in one line."""
+        """The current state, in one line (what it quotes from the server shown, never obeyed)."""
+        line = one_line(line)
         elapsed = f"[{time.monotonic() - self._started:4.0f}s]"
         if self._tty:
             width = shutil.get_terminal_size((120, 24)).columns - 1

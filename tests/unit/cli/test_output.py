@@ -73,3 +73,14 @@ def test_a_servers_error_text_is_shown_not_obeyed() -> None:
     assert "\x1b" not in printed and "\x07" not in printed
     assert "no such\\x1b[2J\\x1b]0;pwned\\x07 thing" in printed
     assert all(line.startswith("nvcf-mono: ") for line in printed.splitlines())
+
+
+def test_a_deployments_failures_quote_the_instance_on_one_line() -> None:
+    from nvcf_mono.cli.deploy_cmds import _health_lines
+
+    info = {"gpu": "H100", "instanceType": "ON-PREM.GPU.H100_1x", "backend": "local"}
+    dep = {"healthInfo": [{**info, "error": "crashed:\n2026-12-06 ERROR forged\x1b[31m"}] * 2 + [info]}
+    assert _health_lines(dep) == [
+        "H100 ON-PREM.GPU.H100_1x on local: crashed: 2026-12-06 ERROR forged\\x1b[31m (x2)",
+        "H100 ON-PREM.GPU.H100_1x on local: -",
+    ]

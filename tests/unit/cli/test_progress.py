@@ -39,3 +39,14 @@ def test_closing_before_anything_was_shown_writes_nothing() -> None:
     out = Terminal()
     Progress(out).close()
     assert out.getvalue() == ""
+
+
+def test_a_state_quoting_the_server_stays_one_line_and_inert() -> None:
+    for out in (io.StringIO(), Terminal()):
+        progress = Progress(out)
+        progress.show("FAILED: the server printed\x1b[2J\nboom\r")
+        progress.close()
+        shown = out.getvalue().replace("\r\x1b[K", "")  # the terminal's own rewrite of the line
+        assert "\x1b" not in shown and "\r" not in shown
+        assert shown.rstrip("\n").endswith("FAILED: the server printed\\x1b[2J\\nboom\\r")
+        assert shown.count("\n") == 1
