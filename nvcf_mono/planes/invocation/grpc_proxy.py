@@ -35,6 +35,7 @@ from nvcf_mono.auth import scopes as S
 from nvcf_mono.auth.principal import AuthError, Principal
 from nvcf_mono.auth.strategy import Authenticator
 from nvcf_mono.contracts.frames import Frame, Request
+from nvcf_mono.contracts.ids import is_id
 from nvcf_mono.grpc.compression import guarded
 from nvcf_mono.grpc.raw import (
     DETAILS,
@@ -48,7 +49,6 @@ from nvcf_mono.grpc.raw import (
     pack,
     pairs_to_metadata,
 )
-from nvcf_mono.http.api import id_problem
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late
 from nvcf_mono.models.common import new_id
@@ -137,7 +137,7 @@ class GrpcProxy:
         principal = await self._authenticate(auth, _metadata(stream, AUTHORIZATION))
         version_id = _metadata(stream, FUNCTION_VERSION_ID).strip() or None
         for name, value in ((FUNCTION_ID, function_id), (FUNCTION_VERSION_ID, version_id)):
-            if value is not None and id_problem(name, value) is not None:
+            if value is not None and not is_id(value):
                 raise GRPCError(Status.INVALID_ARGUMENT, f"'{name}' metadata is not a valid id: {value[:64]!r}")
         try:
             principal.require(S.INVOKE_FUNCTION)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import attrs
 
 from nvcf_mono.auth.principal import Principal
-from nvcf_mono.http.api import id_problem
+from nvcf_mono.contracts.ids import is_id
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.common import parse_iso
 from nvcf_mono.models.function import FunctionVersion
@@ -129,7 +129,7 @@ class ModelCatalog:
         if alias is not None:
             return Target(await self._resolve(principal, alias[0].function_id, None, model), alias[0].downstream)
         function_id, slash, downstream = model.partition("/")
-        if slash and downstream and id_problem("functionId", function_id) is None:
+        if slash and downstream and is_id(function_id):
             return Target(await self._resolve(principal, function_id, None, model), downstream)
         raise not_found(model)
 
@@ -137,7 +137,7 @@ class ModelCatalog:
         self, principal: Principal, function_id: str, version_id: str | None, model: str
     ) -> FunctionVersion:
         for name, value in ((FUNCTION_HEADER, function_id), (VERSION_HEADER, version_id)):
-            if value is not None and id_problem(name, value) is not None:
+            if value is not None and not is_id(value):
                 raise GatewayError(400, f"{name} is not a valid id: {value[:64]!r}")
         try:
             return await self.routing.resolve_current(principal, function_id, version_id)
