@@ -6,6 +6,7 @@ The images are built offline (``images.py``); the backend starts ``podman system
 from __future__ import annotations
 
 import base64
+import socket
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
@@ -168,6 +169,49 @@ async def test_a_crashing_image_is_a_restart_loop(tmp_path: Path, podman: str) -
         finished = runs if "giving up" in runs[-1] else runs[:-1]
         assert len(finished) >= 3 and all("giving up" in run for run in finished), text
         assert text.count("giving up") == len(finished), text  # each line once
+
+
+async def test_a_restart_the_engine_refuses_is_a_failed_run(tmp_path: Path, podman: str) -> None:
+    """A start that fails after the container has run (here its published port is taken between two runs)
+    is a run that ended, which the restart loop counts, the engine's words in the instance's log; not an
+    error that ends the instance at once. (Podman 4.3 also fails starts of containers that exit at once.)"""
+    cluster_id = str(uuid.uuid4())
+    async with container_platform(tmp_path, cluster_id, podman) as p:
+        body = image_function("port-taken", containerArgs="/bin/sh -c 'echo up; sleep 2; exit 3'")
+        _, _, d = await create(p.admin, body)
+        await deploy(p.admin, d, spec())
+
+        async def started() -> Any:
+            held = await instances(p.bus, cluster_id)
+            return next((v for v in held if any(x.role == "inference" for x in v.instance.processes)), None)
+
+        view = await wait_for(started, timeout=60, what="the container to run")
+        with socket.socket() as holder:
+
+            def take() -> bool:  # the engine holds the port while the container runs
+                try:
+                    holder.bind(("127.0.0.1", view.instance.port))
+                except OSError:
+                    return False
+                holder.listen()
+                return True
+
+            async def taken() -> bool:
+                return take()
+
+            await wait_for(taken, timeout=60, interval=0.01, what="the container's port between two runs")
+
+            async def looping() -> Any:
+                held = await instances(p.bus, cluster_id, finished=True)
+                return next((v for v in held if v.instance.state == "container-restart-loop"), None)
+
+            failed = await wait_for(looping, timeout=90, what="a restart loop")
+        assert failed.instance.instance_id == view.instance.instance_id and failed.instance.restarts >= 3
+        logs = await p.admin.get(f"/v2/nvcf/instances/{failed.instance.instance_id}/logs")
+        assert logs.status == 200, logs.body
+        text = next(log["text"] for log in logs.json["logs"] if log["name"] == "inference")
+        assert "the container engine says its start failed: " in text, text
+        assert "exited with code 128" in failed.instance.error_log, failed.instance.error_log
 
 
 async def test_a_version_at_zero_wakes_in_a_container_and_goes_back(tmp_path: Path, podman: str) -> None:

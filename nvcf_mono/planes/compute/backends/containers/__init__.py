@@ -34,6 +34,7 @@ from nvcf_mono.models.common import now_iso
 from nvcf_mono.planes.compute import workload
 from nvcf_mono.planes.compute.backends import BackendContext, LaunchSpec, WorkerEndpoint
 from nvcf_mono.planes.compute.backends.containers.engine import (
+    ContainerState,
     Engine,
     EngineError,
     NoEngine,
@@ -57,12 +58,15 @@ from nvcf_mono.planes.compute.backends.local.images import LaunchError
 from nvcf_mono.planes.compute.backends.local.processes import Proc, open_log
 from nvcf_mono.planes.compute.config import ContainerSettings, HealthSettings, LocalSettings
 from nvcf_mono.plugin import PluginConfigError
+from nvcf_mono.printable import one_line
 from nvcf_mono.state_dir import write_private
 
 #: The engine's timestamp of the last line copied (Unix seconds, nanoseconds) and how many lines with that
 #: very stamp were copied: Podman stamps to the second, so several lines share one.
 Mark = tuple[int, int, int]
 _LOG_PUMP_INTERVAL = 1.0
+#: The exit code a failed start counts as, when the container shows none of its own (a kubelet's StartError).
+START_FAILED = 128
 _STAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d) ")
 
 
@@ -326,13 +330,8 @@ class ContainersBackend(LocalBackend):
                 await self._pump_log(ci, now=True)  # what its last run wrote goes before the banner
             said = f"{banner}: container {ci.container_id[:12]} of {ci.image}"
             self._log.info("instance %s: %s", inst.instance_id, said)
-            try:
-                line = f"--- {now_iso()} nvcf-mono: {said}\n"
-                await anyio.to_thread.run_sync(_append_log, inst.log_path(INFERENCE), line, None)
-            except OSError as err:
-                self._log.warning("instance %s: cannot write its log: %s", inst.instance_id, err)
-            await engine.start(ci.container_id)
-            state = await engine.state(ci.container_id)
+            await self._say(inst, said)
+            state = await self._start(inst, engine, ci.container_id)
         except EngineError as err:
             raise LaunchError(states.CREATE_CONTAINER_ERROR, f"cannot start the inference container: {err}") from err
         proc = ContainerProc(
@@ -349,6 +348,37 @@ class ContainersBackend(LocalBackend):
         inst.procs[INFERENCE] = proc
         if inst.run_once and inst.task_started is None:
             inst.task_started = time.monotonic()
+
+    async def _say(self, inst: LocalInstance, said: str) -> None:
+        """A line of the platform's own in the instance's inference log, between its runs' output."""
+        try:
+            line = f"--- {now_iso()} nvcf-mono: {said}\n"
+            await anyio.to_thread.run_sync(_append_log, inst.log_path(INFERENCE), line, None)
+        except OSError as err:
+            self._log.warning("instance %s: cannot write its log: %s", inst.instance_id, err)
+
+    async def _start(self, inst: LocalInstance, engine: Engine, cid: str) -> ContainerState | None:
+        """Start the container; its state after (raises EngineError).
+
+        An engine may fail a start that did run the container: Podman 4.3 does when the process ends
+        before Podman has read its cgroup. So a failed start is a run that ended when the container
+        shows a run since, or when it has run before (a restart, which the restart loop then counts, as
+        a kubelet counts a StartError); only a first start that shows nothing is the instance's
+        ``create-container-error``.
+        """
+        before = await engine.state(cid)
+        try:
+            await engine.start(cid)
+        except EngineError as err:
+            after = await engine.state(cid)
+            if before is None or after is None or not (after.ran_since(before) or before.started_at):
+                raise
+            self._log.warning("instance %s: its container's start failed: %s", inst.instance_id, err)
+            await self._say(inst, f"the container engine says its start failed: {one_line(err.message)}")
+            if after.ran_since(before):
+                return after
+            return attrs.evolve(after, running=False, exit_code=START_FAILED)
+        return await engine.state(cid)
 
     async def _create(self, engine: Engine, inst: ContainerInstance) -> str:
         name = container_name(inst.instance_id)

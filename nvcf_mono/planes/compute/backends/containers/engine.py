@@ -49,6 +49,19 @@ class ContainerState:
     pid: int
     oom_killed: bool = False
     labels: Mapping[str, str] = attrs.field(factory=dict)
+    #: When its last run started and ended, as the engine writes them ("" for never).
+    started_at: str = ""
+    finished_at: str = ""
+
+    def ran_since(self, before: ContainerState) -> bool:
+        """Whether it has run since ``before`` was its state: it runs, or a run started or ended since."""
+        return self.running or (self.started_at, self.finished_at) != (before.started_at, before.finished_at)
+
+
+def _timestamp(value: object) -> str:
+    # Both engines write Go's zero time for a container that never started or never ended.
+    text = str(value or "")
+    return "" if text.startswith("0001-01-01") else text
 
 
 class Engine:
@@ -112,6 +125,8 @@ class Engine:
             pid=int(st.get("Pid") or 0),
             oom_killed=bool(st.get("OOMKilled")),
             labels=dict((data.get("Config") or {}).get("Labels") or {}),
+            started_at=_timestamp(st.get("StartedAt")),
+            finished_at=_timestamp(st.get("FinishedAt")),
         )
 
     async def kill(self, cid: str, signal: str) -> None:
