@@ -371,13 +371,14 @@ class ContainersBackend(LocalBackend):
             await engine.start(cid)
         except EngineError as err:
             after = await engine.state(cid)
-            if before is None or after is None or not (after.ran_since(before) or before.started_at):
+            if before is None or after is None:
+                raise
+            ran = after.ran_since(before)
+            if not (ran or before.started_at):
                 raise
             self._log.warning("instance %s: its container's start failed: %s", inst.instance_id, err)
             await self._say(inst, f"the container engine says its start failed: {one_line(err.message)}")
-            if after.ran_since(before):
-                return after
-            return attrs.evolve(after, running=False, exit_code=START_FAILED)
+            return after if ran else attrs.evolve(after, running=False, exit_code=START_FAILED)
         return await engine.state(cid)
 
     async def _create(self, engine: Engine, inst: ContainerInstance) -> str:

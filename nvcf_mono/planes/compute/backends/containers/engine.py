@@ -49,13 +49,18 @@ class ContainerState:
     pid: int
     oom_killed: bool = False
     labels: Mapping[str, str] = attrs.field(factory=dict)
-    #: When its last run started and ended, as the engine writes them ("" for never).
+    #: The engine's word for it ("created", "running", "exited", ...), and when its last run started and
+    #: ended ("" for never).
+    status: str = ""
     started_at: str = ""
     finished_at: str = ""
 
     def ran_since(self, before: ContainerState) -> bool:
-        """Whether it has run since ``before`` was its state: it runs, or a run started or ended since."""
-        return self.running or (self.started_at, self.finished_at) != (before.started_at, before.finished_at)
+        """Whether it has run since ``before`` was its state: it runs, or it has exited since (a failed
+        start may leave it "created" with its times reset, which is no run).
+        """
+        since = (self.started_at, self.finished_at) != (before.started_at, before.finished_at)
+        return self.running or (self.status == "exited" and since)
 
 
 def _timestamp(value: object) -> str:
@@ -125,6 +130,7 @@ class Engine:
             pid=int(st.get("Pid") or 0),
             oom_killed=bool(st.get("OOMKilled")),
             labels=dict((data.get("Config") or {}).get("Labels") or {}),
+            status=str(st.get("Status") or ""),
             started_at=_timestamp(st.get("StartedAt")),
             finished_at=_timestamp(st.get("FinishedAt")),
         )
