@@ -10,6 +10,7 @@ from nvcf_mono.cli.client import ApiClient, add_api_options, connect, positive_f
 from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.cli.output import emit_json, table
+from nvcf_mono.printable import on_terminal, one_line
 
 LOG_NAMES = ("inference", "worker")
 MAX_TAIL = 4 * 1024 * 1024
@@ -27,21 +28,8 @@ def non_negative(text: str) -> int:
     return value
 
 
-def register(sub: Any) -> None:
-    """Add ``instance`` and its subcommands."""
-    instance = sub.add_parser("instance", help=help_of("instance"))
-    cmds = instance.add_subparsers(dest="instance_command", metavar="SUBCOMMAND")
-    instance.set_defaults(func=lambda args, ctx: (instance.print_help(ctx.stdout), 2)[1])
-
-    listing = cmds.add_parser("list", help="list the account's instances (of a function, a version, a cluster)")
-    listing.add_argument("--function", metavar="FUNCTION_ID", help="only this function's instances")
-    listing.add_argument("--version", metavar="VERSION_ID", help="only this version's (needs --function)")
-    listing.add_argument("--cluster", metavar="NAME_OR_ID", help="only instances on this cluster")
-    add_api_options(listing)
-    listing.set_defaults(func=_list)
-
-    logs = cmds.add_parser("logs", help="print the end of an instance's logs (its server's and its worker's)")
-    logs.add_argument("instance_id", metavar="INSTANCE_ID", help="see `instance list`")
+def add_log_options(logs: argparse.ArgumentParser) -> None:
+    """The options of ``instance logs``, which ``task logs`` shares."""
     logs.add_argument("--tail", type=non_negative, metavar="LINES", help="only the last LINES lines of each log")
     logs.add_argument(
         "--bytes",
@@ -57,6 +45,30 @@ def register(sub: Any) -> None:
     logs.add_argument(
         "--interval", type=positive_float, default=1.0, metavar="SECONDS", help="--follow polls this often (default 1)"
     )
+    logs.add_argument(
+        "--raw",
+        action="store_true",
+        help="print control characters as written, on a terminal too (by default a terminal gets them escaped, "
+        "as \\x1b, since the function's server writes them; a pipe or a file always gets them as written)",
+    )
+
+
+def register(sub: Any) -> None:
+    """Add ``instance`` and its subcommands."""
+    instance = sub.add_parser("instance", help=help_of("instance"))
+    cmds = instance.add_subparsers(dest="instance_command", metavar="SUBCOMMAND")
+    instance.set_defaults(func=lambda args, ctx: (instance.print_help(ctx.stdout), 2)[1])
+
+    listing = cmds.add_parser("list", help="list the account's instances (of a function, a version, a cluster)")
+    listing.add_argument("--function", metavar="FUNCTION_ID", help="only this function's instances")
+    listing.add_argument("--version", metavar="VERSION_ID", help="only this version's (needs --function)")
+    listing.add_argument("--cluster", metavar="NAME_OR_ID", help="only instances on this cluster")
+    add_api_options(listing)
+    listing.set_defaults(func=_list)
+
+    logs = cmds.add_parser("logs", help="print the end of an instance's logs (its server's and its worker's)")
+    logs.add_argument("instance_id", metavar="INSTANCE_ID", help="see `instance list`")
+    add_log_options(logs)
     add_api_options(logs)
     logs.set_defaults(func=show_logs)
 
@@ -118,21 +130,24 @@ def show_logs(args: argparse.Namespace, ctx: CliContext) -> int:
         return 0
     logs = doc.get("logs") or []
     headers = len(logs) > 1
+    escaped = not args.raw and ctx.stdout.isatty()
     for i, log in enumerate(logs):
         if headers:
-            print(f"{'' if i == 0 else chr(10)}==> {log.get('name')} <==", file=ctx.stdout)
-        _write(ctx, str(log.get("text") or ""))
+            print(f"{'' if i == 0 else chr(10)}==> {one_line(str(log.get('name')))} <==", file=ctx.stdout)
+        _write(ctx, str(log.get("text") or ""), escaped)
     if args.follow:
-        _follow(client, args, ctx, doc, headers)
+        _follow(client, args, ctx, doc, headers=headers, escaped=escaped)
     return 0
 
 
-def _write(ctx: CliContext, text: str) -> None:
-    ctx.stdout.write(text)
+def _write(ctx: CliContext, text: str, escaped: bool) -> None:
+    ctx.stdout.write(on_terminal(text) if escaped else text)
     ctx.stdout.flush()
 
 
-def _follow(client: ApiClient, args: argparse.Namespace, ctx: CliContext, doc: dict[str, Any], headers: bool) -> None:
+def _follow(
+    client: ApiClient, args: argparse.Namespace, ctx: CliContext, doc: dict[str, Any], *, headers: bool, escaped: bool
+) -> None:
     """Poll the logs and print what each grew by; stops when the instance has ended."""
     sizes = {str(log.get("name")): int(log.get("size") or 0) for log in doc.get("logs") or []}
     last = str((doc.get("logs") or [{}])[-1].get("name")) if doc.get("logs") else None
@@ -151,6 +166,6 @@ def _follow(client: ApiClient, args: argparse.Namespace, ctx: CliContext, doc: d
             # A log that shrank was started again: print what it holds now.
             fresh = data if size < before else data[-(size - before) :]
             if headers and name != last:
-                print(f"\n==> {name} <==", file=ctx.stdout)
+                print(f"\n==> {one_line(name)} <==", file=ctx.stdout)
                 last = name
-            _write(ctx, fresh.decode(errors="replace"))
+            _write(ctx, fresh.decode(errors="replace"), escaped)

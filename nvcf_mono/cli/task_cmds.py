@@ -102,21 +102,7 @@ def register(sub: Any) -> None:
 
     logs = cmds.add_parser("logs", help="print the end of the logs of a task's instance")
     logs.add_argument("task_id", metavar="ID")
-    logs.add_argument(
-        "--tail", type=instance_cmds.non_negative, metavar="LINES", help="only the last LINES lines of each log"
-    )
-    logs.add_argument(
-        "--bytes",
-        type=instance_cmds.non_negative,
-        default=64 * 1024,
-        metavar="N",
-        help="read at most the last N bytes of each log (default 65536, at most 4 MiB)",
-    )
-    logs.add_argument("--log", choices=instance_cmds.LOG_NAMES, help="only this log (default: both)")
-    logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the instance ends (Ctrl-C)")
-    logs.add_argument(
-        "--interval", type=positive_float, default=1.0, metavar="SECONDS", help="--follow polls this often (default 1)"
-    )
+    instance_cmds.add_log_options(logs)
     add_api_options(logs)
     logs.set_defaults(func=_logs)
 

@@ -39,10 +39,21 @@ def _no_host(*_: object) -> int:
     raise AssertionError("a command run in-process must not start a host: start `up` as a child process")
 
 
-def run_cli_bytes(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
-    """Run a command to completion in this process; stdout as the bytes a pipe would carry."""
+class _Terminal(io.TextIOWrapper):
+    """A stdout that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def run_cli_bytes(
+    *args: str, env: Mapping[str, str] | None = None, tty: bool = False
+) -> subprocess.CompletedProcess[bytes]:
+    """Run a command to completion in this process; stdout as the bytes a pipe (or, ``tty``, a terminal)
+    would carry."""
     raw = io.BytesIO()
-    out = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)  # with a byte buffer, as sys.stdout has
+    kind = _Terminal if tty else io.TextIOWrapper
+    out = kind(raw, encoding="utf-8", write_through=True)  # with a byte buffer, as sys.stdout has
     err = io.StringIO()
     ctx = CliContext(environ=dict(env or cli_env()), stdout=out, stderr=err, run_host=_no_host)
     code = main(list(args), ctx)
@@ -50,9 +61,9 @@ def run_cli_bytes(*args: str, env: Mapping[str, str] | None = None) -> subproces
     return subprocess.CompletedProcess(["nvcf-mono", *args], code, raw.getvalue(), err.getvalue().encode())
 
 
-def run_cli(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, env: Mapping[str, str] | None = None, tty: bool = False) -> subprocess.CompletedProcess[str]:
     """Run a command to completion in this process (call it from a thread while a platform serves here)."""
-    done = run_cli_bytes(*args, env=env)
+    done = run_cli_bytes(*args, env=env, tty=tty)
     return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
 
 

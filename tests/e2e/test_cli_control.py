@@ -38,9 +38,9 @@ def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-async def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+async def cli(*args: str, env: dict[str, str], tty: bool = False) -> subprocess.CompletedProcess[str]:
     """Run the CLI in-process, in a thread so the platform in this event loop keeps serving."""
-    return await anyio.to_thread.run_sync(lambda: run_cli(*args, env=env))
+    return await anyio.to_thread.run_sync(lambda: run_cli(*args, env=env, tty=tty))
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:

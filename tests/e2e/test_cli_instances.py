@@ -35,6 +35,7 @@ pytestmark = [pytest.mark.e2e]  # a child process (--follow); the platform's nat
 
 #: The echo example, printing a numbered tick every 0.2 s (so a follower has something new to show).
 TICKING = ["{python}", "-c", "import runpy, sys, threading, time; print('hello-1'); print('hello-2', flush=True); "
+           "print('\\x1b]0;owned\\x07\\x1b[2Jcleared\\r', flush=True); "
            "threading.Thread(target=lambda: [print(f'tick-{i}', flush=True) or time.sleep(0.2) for i in range(10**6)], "
            "daemon=True).start(); sys.argv = ['echo', '--port', '{port}']; "
            "runpy.run_module('nvcf_mono.examples.echo', run_name='__main__')"]  # fmt: skip
@@ -119,6 +120,13 @@ async def test_cluster_status_and_instance_commands(tmp_path: Path) -> None:
         both = ok(await cli("instance", "logs", iid, *user, env=env))
         assert both.startswith("==> inference <==\n") and "\nhello-1\nhello-2\n" in both
         assert both.index("hello-2") < both.index("\n==> worker <==\n")
+        # What the server wrote reaches a pipe as written, a terminal escaped (unless --raw).
+        hostile = "\x1b]0;owned\x07\x1b[2Jcleared\r\n"
+        assert hostile in both
+        shown = ok(await cli("instance", "logs", iid, "--log", "inference", *user, env=env, tty=True))
+        assert "\nhello-2\n\\x1b]0;owned\\x07\\x1b[2Jcleared\ntick-" in shown and "\x1b" not in shown, shown
+        raw = ok(await cli("instance", "logs", iid, "--log", "inference", "--raw", *user, env=env, tty=True))
+        assert hostile in raw
         last = ok(await cli("instance", "logs", iid, "--log", "inference", "--tail", "1", *user, env=env))
         assert re.fullmatch(r"tick-\d+\n", last), last
         as_json = json.loads(ok(await cli("instance", "logs", iid, "--json", "--bytes", "10", *user, env=env)))
