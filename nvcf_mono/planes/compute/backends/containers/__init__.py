@@ -67,6 +67,8 @@ Mark = tuple[int, int, int]
 _LOG_PUMP_INTERVAL = 1.0
 #: The exit code a failed start counts as, when the container shows none of its own (a kubelet's StartError).
 START_FAILED = 128
+#: How long a failed start's container is watched for the run it may have had.
+_SETTLE = 1.0
 _STAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d) ")
 
 
@@ -371,6 +373,10 @@ class ContainersBackend(LocalBackend):
             await engine.start(cid)
         except EngineError as err:
             after = await engine.state(cid)
+            with anyio.move_on_after(_SETTLE):  # the engine may record a run that ended only a moment later
+                while before is not None and after is not None and not after.ran_since(before):
+                    await anyio.sleep(_SETTLE / 10)
+                    after = await engine.state(cid)
             if before is None or after is None:
                 raise
             ran = after.ran_since(before)
