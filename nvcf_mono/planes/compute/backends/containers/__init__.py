@@ -333,7 +333,7 @@ class ContainersBackend(LocalBackend):
             said = f"{banner}: container {ci.container_id[:12]} of {ci.image}"
             self._log.info("instance %s: %s", inst.instance_id, said)
             await self._say(inst, said)
-            state = await self._start(inst, engine, ci.container_id)
+            state, refused = await self._start(inst, engine, ci.container_id)
         except EngineError as err:
             raise LaunchError(states.CREATE_CONTAINER_ERROR, f"cannot start the inference container: {err}") from err
         proc = ContainerProc(
@@ -344,6 +344,7 @@ class ContainersBackend(LocalBackend):
             container_id=ci.container_id,
             running=state is not None and (state.running or state.exit_code is None),
             engine=engine,
+            ended_how=refused,
         )
         if state is not None and not state.running:
             proc.returncode = state.exit_code
@@ -359,8 +360,9 @@ class ContainersBackend(LocalBackend):
         except OSError as err:
             self._log.warning("instance %s: cannot write its log: %s", inst.instance_id, err)
 
-    async def _start(self, inst: LocalInstance, engine: Engine, cid: str) -> ContainerState | None:
-        """Start the container; its state after (raises EngineError).
+    async def _start(self, inst: LocalInstance, engine: Engine, cid: str) -> tuple[ContainerState | None, str]:
+        """Start the container; its state after, and what the engine said if it refused a restart (raises
+        EngineError).
 
         An engine may fail a start that did run the container: Podman 4.3 does when the process ends
         before Podman has read its cgroup. So a failed start is a run that ended when the container
@@ -384,8 +386,11 @@ class ContainersBackend(LocalBackend):
                 raise
             self._log.warning("instance %s: its container's start failed: %s", inst.instance_id, err)
             await self._say(inst, f"the container engine says its start failed: {one_line(err.message)}")
-            return after if ran else attrs.evolve(after, running=False, exit_code=START_FAILED)
-        return await engine.state(cid)
+            if ran:
+                return after, ""
+            refused = f"could not be started again: {one_line(err.message)[:300]}"
+            return attrs.evolve(after, running=False, exit_code=START_FAILED), refused
+        return await engine.state(cid), ""
 
     async def _create(self, engine: Engine, inst: ContainerInstance) -> str:
         name = container_name(inst.instance_id)

@@ -77,6 +77,8 @@ class Proc:
     #: Exit status once known (None: running, or gone with an unknown status).
     returncode: int | None = None
     ended: bool = False
+    #: How it ended, in words, where its exit code cannot say (a start the container engine refused).
+    ended_how: str = ""
 
     def poll(self) -> bool:
         """True while it runs; records the exit once."""
@@ -174,6 +176,8 @@ def spawn(
 def exit_text(role: str, proc: Proc) -> str:
     """``the inference server exited with code 1`` / ``... was killed by signal 9``."""
     what = "the inference server" if role == "inference" else "the worker"
+    if proc.ended_how:
+        return f"{what} {proc.ended_how}"
     code = proc.returncode
     if code is None:
         return f"{what} is gone (it ended while the agent was not watching)"
