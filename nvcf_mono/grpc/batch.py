@@ -12,10 +12,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from grpclib.exceptions import StreamTerminatedError
+from h2.exceptions import StreamClosedError
 from h2.settings import SettingCodes
 
 from nvcf_mono.grpc.raw import pack
 
+#: What sending on a call raises once the peer has reset it or its connection has gone: grpclib's error,
+#: or h2's, which grpclib passes on as it is.
+STREAM_GONE = (StreamTerminatedError, StreamClosedError)
 #: Most messages a sender takes into one write: bounds a write's size and its first message's wait.
 MOST = 64
 #: The largest HTTP/2 DATA frame a session's end accepts (HTTP/2's default is 16 KiB; h2 allows 16 MiB).

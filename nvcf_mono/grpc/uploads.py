@@ -14,8 +14,8 @@ from collections.abc import AsyncIterable
 from typing import TypeVar
 
 from grpclib.client import Stream
-from grpclib.exceptions import StreamTerminatedError
-from h2.exceptions import StreamClosedError
+
+from nvcf_mono.grpc.batch import STREAM_GONE
 
 Send = TypeVar("Send")
 Reply = TypeVar("Reply")
@@ -30,6 +30,6 @@ async def upload(stream: Stream[Send, Reply], messages: AsyncIterable[Send]) -> 
         async for message in messages:
             await stream.send_message(message)
         await stream.end()
-    except (StreamClosedError, StreamTerminatedError):
+    except STREAM_GONE:
         pass  # the server answered before taking everything: its answer says why
     return await stream.recv_message()
