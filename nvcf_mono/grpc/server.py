@@ -26,6 +26,7 @@ from grpclib.server import Server, Stream
 from nvcf_mono.config.model import GrpcSettings
 from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.grpc import compression, hpack_plain
+from nvcf_mono.grpc.batch import STREAM_GONE
 from nvcf_mono.grpc.raw import RawMessage, encode_status
 from nvcf_mono.late import NotReady
 from nvcf_mono.lifecycle import GRPC_CALL, GRPC_STREAM, InflightTracker
@@ -141,6 +142,15 @@ def _wrap(
                     await func(stream)
                 except NotReady as err:
                     raise GRPCError(Status.UNAVAILABLE, str(err)) from err
+                except STREAM_GONE:
+                    # The peer reset the call while the handler was sending: grpclib has cancelled this task
+                    # for it and must see a cancellation, not the send's error (else it logs "Failed to handle
+                    # cancellation" with a traceback). The cancellation itself can be lost on its way: Python
+                    # 3.11's asyncio.wait_for (under nats-py's requests) drops one that comes as its wait ends.
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise asyncio.CancelledError from None
+                    raise
             except GRPCError as err:
                 status = err.status.name
                 raise
