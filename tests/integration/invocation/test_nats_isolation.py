@@ -55,7 +55,9 @@ NATS = {"plugins.invocation.transport": "nats", "plugins.invocation.inline_body_
 ACCOUNT_B = "acct-b"
 
 
-async def connect_once(p: Platform, fid: str, vid: str, nca: str) -> ConnectResponse:
+async def connect_once(
+    p: Platform, fid: str, vid: str, nca: str, *, transport: str = "nats", max_concurrency: int = 1
+) -> ConnectResponse:
     """A real session of the version: what any of its instances gets with its worker token."""
     signer = TokenSigner(p.host.services.get(KEYRING).token_key)
     token = mint_worker_token(signer, nca_id=nca, function_id=fid, function_version_id=vid, request_id="r")
@@ -66,12 +68,13 @@ async def connect_once(p: Platform, fid: str, vid: str, nca: str) -> ConnectResp
                 f"{SERVICE}/ConnectOnce", Cardinality.UNARY_UNARY, ConnectRequest, ConnectResponse
             ) as stream:
                 request = ConnectRequest(
-                    worker_token=token, instance_id="hostile", max_concurrency=1, transports=["nats"]
+                    worker_token=token, instance_id="hostile", max_concurrency=max_concurrency, transports=[transport]
                 )
                 await stream.send_message(request, end=True)
                 reply = await stream.recv_message()
-    assert reply is not None and reply.transport == "nats", reply
-    assert reply.nats_inbox_prefix.startswith(subjects.WORKER_INBOX_ROOT + ".")
+    assert reply is not None and reply.transport == transport, reply
+    if transport == "nats":
+        assert reply.nats_inbox_prefix.startswith(subjects.WORKER_INBOX_ROOT + ".")
     return reply
 
 

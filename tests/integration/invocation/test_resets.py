@@ -21,10 +21,8 @@ import pytest
 from grpclib.client import Channel
 from grpclib.const import Cardinality
 
-from nvcf_mono.auth.secret import KEYRING
-from nvcf_mono.auth.tokens import TokenSigner, mint_worker_token
 from nvcf_mono.proto.gen.examples.echo.v1 import EchoRequest, EchoResponse
-from nvcf_mono.proto.gen.nvcf.worker.v1 import ConnectRequest, ConnectResponse, WorkerHello, WorkerMessage
+from nvcf_mono.proto.gen.nvcf.worker.v1 import WorkerHello, WorkerMessage
 from nvcf_mono.proto.serve_wire import NodeEnvelope, WorkerEnvelope
 from nvcf_mono.testing.running import agent
 from nvcf_mono.worker.agent import SERVICE
@@ -32,6 +30,7 @@ from nvcf_mono.worker.agent import SERVICE
 from .conftest import deployed, launching_agent, platform
 from .test_grpc import ECHO, GRPC_FUNCTION, call_metadata
 from .test_grpc_duplex import _converse
+from .test_nats_isolation import connect_once
 
 RESETS = 500
 #: The old proxy's race showed in about one run of this test in three, with 250 or with 600 resets.
@@ -44,22 +43,9 @@ async def test_serve_streams_reset_after_their_hello_end_quietly(
     caplog.set_level(logging.INFO)
     async with platform(tmp_path) as p, agent(p.bus):  # a scripted agent: no worker of its own connects
         fid, vid = await deployed(p.admin, concurrency=8)
-        signer = TokenSigner(p.host.services.get(KEYRING).token_key)
-        token = mint_worker_token(
-            signer, nca_id="nvcf-default", function_id=fid, function_version_id=vid, request_id="r"
-        )
+        session = await connect_once(p, fid, vid, "nvcf-default", transport="grpc", max_concurrency=8)
         host, _, port = p.host.endpoints.grpc_address.rpartition(":")
         async with Channel(host, int(port)) as channel:
-            with anyio.fail_after(10):
-                async with channel.request(
-                    f"{SERVICE}/ConnectOnce", Cardinality.UNARY_UNARY, ConnectRequest, ConnectResponse
-                ) as call:
-                    await call.send_message(
-                        ConnectRequest(worker_token=token, instance_id="x", max_concurrency=8, transports=["grpc"]),
-                        end=True,
-                    )
-                    session = await call.recv_message()
-            assert session is not None
             hello = WorkerEnvelope(
                 message=WorkerMessage(
                     hello=WorkerHello(session_token=session.session_token, instance_id="x", max_concurrency=8)
