@@ -188,16 +188,13 @@ async def test_a_restart_the_engine_refuses_is_a_failed_run(tmp_path: Path, podm
         view = await wait_for(started, timeout=60, what="the container to run")
         with socket.socket() as holder:
 
-            def take() -> bool:  # the engine holds the port while the container runs
+            async def taken() -> bool:  # the engine holds the port while the container runs
                 try:
                     holder.bind(("127.0.0.1", view.instance.port))
                 except OSError:
                     return False
                 holder.listen()
                 return True
-
-            async def taken() -> bool:
-                return take()
 
             await wait_for(taken, timeout=60, interval=0.01, what="the container's port between two runs")
 
