@@ -125,6 +125,21 @@ class _StatusDetails(StatusDetailsCodecBase):
         return data
 
 
+def _reset_while_sending(err: BaseException) -> bool:
+    """Whether ``err`` is only sends failing on a call its peer reset, and grpclib has cancelled the handler.
+
+    grpclib must then see a cancellation, not those errors (else it logs "Failed to handle cancellation"
+    with a traceback). They come instead when a send meets the reset before the cancellation does: in
+    the handler itself, after the cancellation was lost on its way (Python 3.11's asyncio.wait_for,
+    under nats-py's requests, drops one that comes as its wait ends), or in a child task of the
+    handler's, whose error its task group raises in place of the cancellation.
+    """
+    # A group holds nothing else when splitting off the sends' errors leaves no rest.
+    gone = isinstance(err, STREAM_GONE) or (isinstance(err, BaseExceptionGroup) and err.split(STREAM_GONE)[1] is None)
+    task = asyncio.current_task()
+    return gone and task is not None and task.cancelling() > 0
+
+
 def _wrap(
     path: str, owner: str, handler: Handler, *, is_running: IsRunning, inflight: InflightTracker, calls: Any
 ) -> Handler:
@@ -142,13 +157,8 @@ def _wrap(
                     await func(stream)
                 except NotReady as err:
                     raise GRPCError(Status.UNAVAILABLE, str(err)) from err
-                except STREAM_GONE:
-                    # The peer reset the call while the handler was sending: grpclib has cancelled this task
-                    # for it and must see a cancellation, not the send's error (else it logs "Failed to handle
-                    # cancellation" with a traceback). The cancellation itself can be lost on its way: Python
-                    # 3.11's asyncio.wait_for (under nats-py's requests) drops one that comes as its wait ends.
-                    task = asyncio.current_task()
-                    if task is not None and task.cancelling():
+                except (*STREAM_GONE, BaseExceptionGroup) as err:
+                    if _reset_while_sending(err):
                         raise asyncio.CancelledError from None
                     raise
             except GRPCError as err:

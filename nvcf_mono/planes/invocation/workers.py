@@ -37,7 +37,7 @@ from nvcf_mono.bus.holding import hold_until_ready
 from nvcf_mono.contracts import buckets, live_input, permissions, redelivery, rpc, subjects, trace
 from nvcf_mono.contracts.frames import Frame, FrameError, Request, problem_frame
 from nvcf_mono.contracts.messages import SecretsFetch, SecretsReply
-from nvcf_mono.grpc.batch import MOST, STREAM_GONE, accept_large_frames, send_all
+from nvcf_mono.grpc.batch import MOST, accept_large_frames, send_all
 from nvcf_mono.late import Late
 from nvcf_mono.log import Throttle
 from nvcf_mono.models.deployment import MAX_REQUEST_CONCURRENCY
@@ -452,14 +452,8 @@ class WorkerSession:
 
                 async def sender() -> None:
                     async with recv:
-                        try:
-                            async for batch in batches(recv, MOST):
-                                await send_all(stream, batch)
-                        except STREAM_GONE:
-                            # The worker reset the stream or lost its connection: the session ends. grpclib
-                            # cancels this handler for it and must see that cancellation, not this error
-                            # (else it logs "Failed to handle cancellation" with a traceback).
-                            tg.cancel_scope.cancel()
+                        async for batch in batches(recv, MOST):
+                            await send_all(stream, batch)
 
                 tg.start_soon(sender)
                 await send.send(
