@@ -35,7 +35,7 @@ from nvcf_mono.auth import scopes as S
 from nvcf_mono.auth.principal import AuthError, Principal
 from nvcf_mono.auth.strategy import Authenticator
 from nvcf_mono.contracts.frames import Frame, Request
-from nvcf_mono.contracts.ids import is_id
+from nvcf_mono.contracts.ids import is_id, shown
 from nvcf_mono.grpc.compression import guarded
 from nvcf_mono.grpc.raw import (
     DETAILS,
@@ -138,7 +138,7 @@ class GrpcProxy:
         version_id = _metadata(stream, FUNCTION_VERSION_ID).strip() or None
         for name, value in ((FUNCTION_ID, function_id), (FUNCTION_VERSION_ID, version_id)):
             if value is not None and not is_id(value):
-                raise GRPCError(Status.INVALID_ARGUMENT, f"'{name}' metadata is not a valid id: {value[:64]!r}")
+                raise GRPCError(Status.INVALID_ARGUMENT, f"'{name}' metadata is not a valid id: {shown(value)!r}")
         try:
             principal.require(S.INVOKE_FUNCTION)
             fv = await invoker.routing.resolve_current(principal, function_id, version_id)

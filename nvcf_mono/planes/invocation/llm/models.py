@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import attrs
 
 from nvcf_mono.auth.principal import Principal
-from nvcf_mono.contracts.ids import is_id
+from nvcf_mono.contracts.ids import is_id, shown
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.common import parse_iso
 from nvcf_mono.models.function import FunctionVersion
@@ -138,7 +138,7 @@ class ModelCatalog:
     ) -> FunctionVersion:
         for name, value in ((FUNCTION_HEADER, function_id), (VERSION_HEADER, version_id)):
             if value is not None and not is_id(value):
-                raise GatewayError(400, f"{name} is not a valid id: {value[:64]!r}")
+                raise GatewayError(400, f"{name} is not a valid id: {shown(value)!r}")
         try:
             return await self.routing.resolve_current(principal, function_id, version_id)
         except ProblemError as err:
