@@ -408,12 +408,30 @@ def csv_list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def upper(text: str) -> str:
+    """An argparse type for enum flags: NVCF's values are upper case, ``--function-type streaming`` works too."""
+    return text.upper()
+
+
 def key_value(flag: str, item: str) -> tuple[str, str]:
     """``KEY=VALUE`` -> ``(KEY, VALUE)``; anything else is a usage error (exit 2)."""
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
         raise CliError(f"{flag} {item!r}: expected KEY=VALUE")
     return key.strip(), value
+
+
+def merged_pairs(flag: str, items: list[str], existing: Any, key_name: str) -> list[dict[str, Any]]:
+    """Merge ``K=V`` flags over a list of ``{key_name, value}`` from a file (same name: the flag wins)."""
+    merged: dict[str, Any] = {}
+    if isinstance(existing, list):
+        for entry in existing:
+            if isinstance(entry, dict) and key_name in entry:
+                merged[str(entry[key_name])] = entry.get("value")
+    for item in items:
+        key, value = key_value(flag, item)
+        merged[key] = value
+    return [{key_name: k, "value": v} for k, v in merged.items()]
 
 
 def read_json_object(flag: str, path: str) -> dict[str, Any]:

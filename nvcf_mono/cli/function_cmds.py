@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nvcf_mono.cli.client import ApiClient, add_api_options, connect, csv_list, key_value, read_json_object
+from nvcf_mono.cli.client import (
+    ApiClient,
+    add_api_options,
+    connect,
+    csv_list,
+    merged_pairs,
+    read_json_object,
+    upper,
+)
 from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.cli.output import emit_json, fields, instances_table, table
@@ -29,10 +37,6 @@ def _protocol(text: str) -> str:
         return HEALTH_PROTOCOLS[text.lower()]
     except KeyError:
         raise argparse.ArgumentTypeError(f"expected HTTP or gRPC, got {text!r}") from None
-
-
-def _upper(text: str) -> str:
-    return text.upper()
 
 
 def register(sub: Any) -> None:
@@ -75,9 +79,9 @@ def _register_create(cmds: Any) -> None:
         "--container-env", action="extend", nargs="+", default=[], metavar="K=V", help="container environment"
     )
     create.add_argument("--secrets", action="extend", nargs="+", default=[], metavar="NAME=VALUE", help="secrets")
-    create.add_argument("--function-type", type=_upper, choices=("DEFAULT", "STREAMING"), help="default DEFAULT")
+    create.add_argument("--function-type", type=upper, choices=("DEFAULT", "STREAMING"), help="default DEFAULT")
     create.add_argument(
-        "--api-body-format", type=_upper, choices=("CUSTOM", "PREDICT_V2"), help="request body format (CUSTOM)"
+        "--api-body-format", type=upper, choices=("CUSTOM", "PREDICT_V2"), help="request body format (CUSTOM)"
     )
     _metadata_options(create)
     create.add_argument("--input-file", metavar="FILE", help="NVCF's function JSON (the POST body)")
@@ -154,19 +158,6 @@ def _metadata_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate-limit", metavar="RATE", help="invocation rate limit, e.g. 10-S or 100-S,5000-M")
 
 
-def _pairs(flag: str, items: list[str], existing: Any, key_name: str) -> list[dict[str, Any]]:
-    """Merge ``K=V`` flags over a list of ``{key_name, value}`` from a file (same name: the flag wins)."""
-    merged: dict[str, Any] = {}
-    if isinstance(existing, list):
-        for entry in existing:
-            if isinstance(entry, dict) and key_name in entry:
-                merged[str(entry[key_name])] = entry.get("value")
-    for item in items:
-        key, value = key_value(flag, item)
-        merged[key] = value
-    return [{key_name: k, "value": v} for k, v in merged.items()]
-
-
 def _create_body(args: argparse.Namespace) -> dict[str, Any]:
     body = read_json_object("--input-file", args.input_file) if args.input_file else {}
     for flag, field in (
@@ -192,11 +183,11 @@ def _create_body(args: argparse.Namespace) -> dict[str, Any]:
         body["helmChart"] = args.helm_chart
         body.pop("containerImage", None)
     if args.container_env:
-        body["containerEnvironment"] = _pairs(
+        body["containerEnvironment"] = merged_pairs(
             "--container-env", args.container_env, body.get("containerEnvironment"), "key"
         )
     if args.secrets:
-        body["secrets"] = _pairs("--secrets", args.secrets, body.get("secrets"), "name")
+        body["secrets"] = merged_pairs("--secrets", args.secrets, body.get("secrets"), "name")
     if args.rate_limit is not None:
         current = body.get("rateLimit")
         body["rateLimit"] = {**(current if isinstance(current, dict) else {}), "rateLimit": args.rate_limit}

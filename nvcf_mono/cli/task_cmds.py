@@ -15,9 +15,10 @@ from nvcf_mono.cli.client import (
     add_api_options,
     connect,
     csv_list,
-    key_value,
+    merged_pairs,
     positive_float,
     read_json_object,
+    upper,
 )
 from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
@@ -46,10 +47,6 @@ def _page_size(text: str) -> int:
     if not 1 <= value <= PAGE:
         raise argparse.ArgumentTypeError(f"must be between 1 and {PAGE}, got {value}")
     return value
-
-
-def _upper(text: str) -> str:
-    return text.upper()
 
 
 def register(sub: Any) -> None:
@@ -131,7 +128,7 @@ def _register_create(cmds: Any) -> None:
     create.add_argument("--grace", metavar="DURATION", help="termination grace period, ISO-8601 (default PT1H)")
     create.add_argument(
         "--result-handling",
-        type=_upper,
+        type=upper,
         choices=("UPLOAD", "NONE"),
         help="UPLOAD keeps the results for download (default); NONE keeps their metadata only",
     )
@@ -199,19 +196,6 @@ def _everything(client: ApiClient, path: str, items: str) -> list[dict[str, Any]
 # ---- create ----------------------------------------------------------------------------------------
 
 
-def _pairs(flag: str, items: list[str], existing: Any, key_name: str) -> list[dict[str, Any]]:
-    """Merge ``K=V`` flags over a list of ``{key_name, value}`` from a file (same name: the flag wins)."""
-    merged: dict[str, Any] = {}
-    if isinstance(existing, list):
-        for entry in existing:
-            if isinstance(entry, dict) and key_name in entry:
-                merged[str(entry[key_name])] = entry.get("value")
-    for item in items:
-        key, value = key_value(flag, item)
-        merged[key] = value
-    return [{key_name: k, "value": v} for k, v in merged.items()]
-
-
 def _gpu_specification(args: argparse.Namespace, current: Any) -> dict[str, Any]:
     spec = dict(current) if isinstance(current, dict) else {}
     for key, value in (("gpu", args.gpu), ("instanceType", args.instance_type)):
@@ -247,9 +231,9 @@ def _create_body(args: argparse.Namespace) -> dict[str, Any]:
         body["containerImage"] = args.image
         body.pop("helmChart", None)
     if args.env:
-        body["containerEnvironment"] = _pairs("--env", args.env, body.get("containerEnvironment"), "key")
+        body["containerEnvironment"] = merged_pairs("--env", args.env, body.get("containerEnvironment"), "key")
     if args.secret:
-        body["secrets"] = _pairs("--secret", args.secret, body.get("secrets"), "name")
+        body["secrets"] = merged_pairs("--secret", args.secret, body.get("secrets"), "name")
     body["gpuSpecification"] = spec = _gpu_specification(args, body.get("gpuSpecification"))
     missing = [flag for flag, value in (("--name", body.get("name")), ("--gpu", spec.get("gpu"))) if not value]
     if not spec.get("instanceType"):
