@@ -15,7 +15,10 @@ and this process as the client. In one run:
 - **streaming**: server-sent events of 128 bytes at saturation, events per second through the platform
   against the server called directly: 100 events per stream (the budget's figure: each stream also
   pays a whole request's cost), and 1,000 (the relay of events alone, as in a long LLM answer);
-- **1 MiB request body**: paired calls, added p50 against the direct call's p50.
+- **1 MiB request body**: paired calls, added p50 against the direct call's p50, and the floor under
+  it: the MiB's round trip over loopback TCP alone, of which the platform's path makes three more than
+  the direct call. The SSE figures likewise end with what a 10 % loss allows per stream, beside what an
+  echo call alone costs.
 
 Budgets (issue 18): CPU per request over platform, worker and nats-server <= 0.6 ms at 16 connections;
 >= 2,000 req/s at 16 and 64 with zero errors; added p50 <= 1 ms and p99 <= 5 ms; no stalls; streaming
@@ -24,6 +27,7 @@ loses <= 10 %; 1 MiB added p50 <= 2x direct.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
@@ -395,6 +399,47 @@ def sse_figures(direct: dict[str, Any], through: dict[str, Any]) -> dict[str, fl
     }
 
 
+_ECHO_BYTES = r"""
+import asyncio, sys
+async def main():
+    size = int(sys.argv[1])
+    async def handle(reader, writer):
+        try:
+            while True:
+                writer.write(await reader.readexactly(size))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, limit=1 << 22)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await server.serve_forever()
+asyncio.run(main())
+"""
+
+
+async def socket_round_trip(body: bytes, n: int) -> float:
+    """p50 ms of ``body`` sent to another process over loopback TCP and read back, both ends asyncio
+    streams and nothing else: the floor of one round trip of the body on this machine.
+
+    Through the platform a body crosses eight sockets (client, platform, nats-server and back, worker,
+    function and back to the client), called directly two: three round trips more at the least.
+    """
+    async with await anyio.open_process([sys.executable, "-c", _ECHO_BYTES, str(len(body))]) as proc:
+        assert proc.stdout is not None
+        announced = b""
+        while not announced.endswith(b"\n"):
+            announced += await proc.stdout.receive()
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(announced), limit=1 << 22)
+        times = []
+        for _ in range(n):
+            started = time.perf_counter()
+            writer.write(body)
+            await reader.readexactly(len(body))
+            times.append((time.perf_counter() - started) * 1000)
+        writer.close()
+        proc.kill()
+    return _quantile(times, 0.5)
+
+
 async def run(quick: bool = False, *settings: str) -> dict[str, Any]:
     n = 200 if quick else 1000
     seconds = float(os.environ.get("NVCF_BENCH_SECONDS", "2" if quick else "8"))
@@ -434,8 +479,16 @@ async def run(quick: bool = False, *settings: str) -> dict[str, Any]:
                 sse_through = await streaming(session, through, key, 16, seconds / 2, per_stream=events, roles=roles)
                 results[f"sse_{events}"] = sse_figures(sse_direct, sse_through)
             results["mib"] = await paired(session, urls["echo"], key, 20 if quick else 50, body=MIB)
+            results["mib"]["round_trip_ms"] = await socket_round_trip(MIB, 20 if quick else 50)
     report(results)
     return results
+
+
+def _loss(theirs_ms: float, ours_ms: float) -> float:
+    """The streaming loss at saturation when the platform's processes spend ``ours_ms`` per stream and the
+    function and client ``theirs_ms`` (see ``sse_figures``).
+    """
+    return ours_ms / (theirs_ms + ours_ms)
 
 
 def report(results: dict[str, Any]) -> None:
@@ -469,8 +522,21 @@ def report(results: dict[str, Any]) -> None:
             f"through the platform, platform+worker+nats {sse['platform_cpu_ms']:.3f} ({sse['through_cores']:.2f} "
             f"cores)"
         )
+    # A stream costs the platform at least what an echo call does (sse_figures: loss ~ p / (d + p)).
+    sse, per_call = results[f"sse_{SSE_EVENTS[0]}"], results["load_16"]["platform_cpu_ms"]
+    print(
+        f"invoke SSE, 16 streams of {SSE_EVENTS[0]}: a 10 % loss allows platform+worker+nats "
+        f"{sse['direct_cpu_ms'] / 9:.3f} ms per stream, the relay of its events included; an echo call alone "
+        f"costs them {per_call:.3f} ms (16 connections), a loss of {_loss(sse['direct_cpu_ms'], per_call) * 100:.0f} % "
+        f"if relaying cost nothing"
+    )
     mib = results["mib"]
-    print(line("1 MiB body", mib) + f" | added p50 / direct p50 {mib['added_p50_ms'] / mib['direct_p50_ms']:.2f}x")
+    floor = 3 * mib["round_trip_ms"]
+    print(
+        line("1 MiB body", mib) + f" | added p50 / direct p50 {mib['added_p50_ms'] / mib['direct_p50_ms']:.2f}x | "
+        f"floor: the MiB there and back over loopback TCP alone {mib['round_trip_ms']:.2f} ms, three more round "
+        f"trips than the direct call {floor:.2f} ms ({floor / mib['direct_p50_ms']:.2f}x direct)"
+    )
 
 
 def main() -> None:
