@@ -206,3 +206,26 @@ async def test_instances_left_running_at_shutdown_are_taken_over_at_the_next_sta
         reply = await patient.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "still here"})
         assert reply.status == 200, reply.body
     await all_gone(left)
+
+
+@pytest.mark.slow
+async def test_instances_stopped_with_the_platform_are_not_failures_of_the_function(tmp_path: Path) -> None:
+    # Ctrl-C on `nvcf-mono up` stops the instances (instance-terminated-service-maintenance): the
+    # function did nothing wrong, so the next start neither counts nor lists them as failures, and
+    # replaces them without a failure's backoff.
+    async with compute_platform(tmp_path) as p:
+        fid, vid, d = await create(p.admin, function())
+        await deploy(p.admin, d, spec())
+        await wait_status(p.admin, d, "ACTIVE")
+        (before,) = await running(p.bus, CLUSTER_A)
+    await all_gone(pids([before]))
+    async with compute_platform(tmp_path) as p:
+        (after,) = await running(p.bus, CLUSTER_A)
+        assert after.instance.instance_id != before.instance.instance_id
+        await wait_status(p.admin, d, "ACTIVE")
+        deployment = (await p.admin.get(d)).json["deployment"]
+        (placed,) = [s["placement"] for s in deployment["deploymentSpecifications"]]
+        assert placed["failedInstances"] == 0 and placed.get("lastFailure") is None, placed
+        assert not deployment.get("healthInfo"), deployment["healthInfo"]
+        listed = (await p.admin.get(f"/v2/nvcf/functions/{fid}/versions/{vid}/instances")).json["instances"]
+        assert [i["instanceStatus"] for i in listed] == ["ACTIVE"], listed

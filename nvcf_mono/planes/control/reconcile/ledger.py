@@ -88,7 +88,7 @@ def apply_report(
     state = report.instance_state
     stamp = iso(now)
     if state in states.GONE_STATES or report.request_state.value == "closed":
-        if inst.phase is Phase.TERMINATING or report.status == states.TERMINATED_BY_USER:
+        if inst.phase is Phase.TERMINATING or report.status == states.TERMINATED_BY_USER or _not_its_fault(report):
             return evolve(remove_instance(ledger, inst.request_id), updated_at=stamp)
         cause = report.termination_cause or (state if state != states.TERMINATED else report.status)
         error = report.health_info.error_log if report.health_info is not None else ""
@@ -124,3 +124,10 @@ def apply_report(
             updated_at=stamp,
         ),
     )
+
+
+def _not_its_fault(report: InstanceStatusReport) -> bool:
+    """Stopped with its node (the platform shut down, a cluster's maintenance): replaced as any ended
+    instance is, but no failure of the function's, so neither counted, listed nor backed off.
+    """
+    return report.termination_cause == states.SERVICE_MAINTENANCE
