@@ -32,11 +32,14 @@ def visible_clusters(clusters: Iterable[Cluster], account: str) -> list[Cluster]
     ]
 
 
+def is_heard(heartbeat: ClusterHeartbeat | None, ttl: float) -> bool:
+    """A recent heartbeat, healthy or not: the cluster's agent is there (the bucket also expires stale ones)."""
+    return heartbeat is not None and utc_now() - parse_iso(heartbeat.at) <= timedelta(seconds=ttl)
+
+
 def is_healthy(heartbeat: ClusterHeartbeat | None, ttl: float) -> bool:
-    """A recent healthy heartbeat (the bucket also expires stale ones)."""
-    if heartbeat is None or not heartbeat.healthy:
-        return False
-    return utc_now() - parse_iso(heartbeat.at) <= timedelta(seconds=ttl)
+    """A recent healthy heartbeat."""
+    return heartbeat is not None and heartbeat.healthy and is_heard(heartbeat, ttl)
 
 
 def _bad(detail: str) -> ProblemError:

@@ -35,6 +35,13 @@ class ReconcileSettings:
         doc="While DEPLOYING, this many failed instances with none running puts the version in ERROR.",
         check=at_least(1),
     )
+    lost_after: Seconds = setting(
+        120.0,
+        doc="An instance whose cluster has sent no heartbeat for this long, and whose worker no invocation node "
+        "reports, is lost with its cluster: forgotten (the agent stops it if it comes back) and replaced where "
+        "the deployment may run.",
+        check=positive,
+    )
     retry_backoff: Seconds = setting(2.0, doc="First pause before replacing a failed instance.", check=positive)
     retry_backoff_max: Seconds = setting(300.0, doc="Longest pause between replacements.", check=positive)
     failures_kept: int = setting(10, doc="Recent failures kept per spec for healthInfo.", check=in_range(1, 100))

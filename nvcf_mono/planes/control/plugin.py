@@ -134,7 +134,13 @@ class ControlPlane(BasePlugin[ControlConfig]):
             policies = [ext.value for ext in ctx.services.extensions(AUTOSCALING_POLICIES)]
             autoscaler = Autoscaler(ctl, book, ctx.metrics, ctx.log.getChild("autoscaler"), policies)
             await tg.start(autoscaler.listen)
-            reconciler = Reconciler(ctl, ctx.metrics, ctx.log, busy=lambda fvid: book.busy(fvid, scaling.worker_stale))
+            reconciler = Reconciler(
+                ctl,
+                ctx.metrics,
+                ctx.log,
+                busy=lambda fvid: book.busy(fvid, scaling.worker_stale),
+                serving=lambda fvid: book.serving(fvid, scaling.worker_stale),
+            )
 
             tasks = TaskScheduler(ctl, ctx.metrics, ctx.log.getChild("tasks"))
             await tg.start(TaskWorkerCalls(ctl, ctx.log.getChild("tasks")).serve)

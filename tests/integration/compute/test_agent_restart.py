@@ -6,6 +6,7 @@ The platform runs as a child process (``nvcf-mono run``, all-in-one) against a N
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import anyio
 import anyio.to_thread
 import pytest
 
@@ -29,6 +31,7 @@ from tests.e2e.cli import Platform, cli_env
 
 from .conftest import (
     CLUSTER_A,
+    CLUSTER_B,
     FAST,
     alive,
     all_gone,
@@ -229,3 +232,56 @@ async def test_instances_stopped_with_the_platform_are_not_failures_of_the_funct
         assert not deployment.get("healthInfo"), deployment["healthInfo"]
         listed = (await p.admin.get(f"/v2/nvcf/functions/{fid}/versions/{vid}/instances")).json["instances"]
         assert [i["instanceStatus"] for i in listed] == ["ACTIVE"], listed
+
+
+@pytest.mark.slow
+async def test_instances_of_a_cluster_whose_agent_is_gone_are_placed_again_elsewhere(tmp_path: Path) -> None:
+    # Cluster A's agent never comes back (the next start configures only B). Its instance ran with
+    # the platform and stopped with it, and nobody reports that: after lost_after without a heartbeat
+    # from A, and no worker of it serving, the instance is forgotten and placed again on B, and the
+    # function answers. Without this it stays "running" on A for good and its requests wait forever.
+    lost = {"plugins.control.reconcile.lost_after": "2", "plugins.control.cluster_heartbeat_ttl": "2"}
+    async with compute_platform(tmp_path, [cluster("a", CLUSTER_A)], **lost) as p:
+        fid, vid, d = await create(p.admin, function())
+        await deploy(p.admin, d, spec())
+        await wait_status(p.admin, d, "ACTIVE")
+        (before,) = await running(p.bus, CLUSTER_A)
+    await all_gone(pids([before]))
+    async with compute_platform(tmp_path, [cluster("b", CLUSTER_B)], **lost) as p:
+        (after,) = await running(p.bus, CLUSTER_B, timeout=60)
+        patient = Api(p.key.session, p.key.base, p.key.token, timeout=60, checker=p.key.checker)
+        reply = await patient.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "placed again"})
+        assert reply.status == 200, reply.body
+        listed = (await p.admin.get(f"/v2/nvcf/functions/{fid}/versions/{vid}/instances")).json["instances"]
+        assert [(i["instanceId"], i["clusterId"]) for i in listed] == [(after.instance.instance_id, CLUSTER_B)]
+        deployment = (await p.admin.get(d)).json["deployment"]
+        (placed,) = [s["placement"] for s in deployment["deploymentSpecifications"]]
+        assert placed["failedInstances"] == 0, placed
+
+
+@pytest.mark.slow
+async def test_an_instance_whose_worker_still_serves_is_not_lost_with_its_agent(tmp_path: Path) -> None:
+    # A's agent is gone but its instance was left running and its worker serves the next host: it is
+    # the deployment's instance still, however long A stays silent.
+    grpc = {"grpc.port": str(spare_port())}
+    lost = {"plugins.control.reconcile.lost_after": "1", "plugins.control.cluster_heartbeat_ttl": "2", **grpc}
+    keep = {"plugins.compute.local.stop_instances_on_shutdown": "false"}
+    async with compute_platform(tmp_path, [cluster("a", CLUSTER_A)], **lost, **keep) as p:
+        fid, vid, d = await create(p.admin, function())
+        await deploy(p.admin, d, spec())
+        await wait_status(p.admin, d, "ACTIVE")
+        (before,) = await running(p.bus, CLUSTER_A)
+    left = pids([before])
+    try:
+        async with compute_platform(tmp_path, [cluster("b", CLUSTER_B)], **lost) as p:
+            patient = Api(p.key.session, p.key.base, p.key.token, timeout=60, checker=p.key.checker)
+            reply = await patient.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "still here"})
+            assert reply.status == 200, reply.body
+            await anyio.sleep(5)  # lost_after several times over, and reconcile rounds every 0.5 s
+            listed = (await p.admin.get(f"/v2/nvcf/functions/{fid}/versions/{vid}/instances")).json["instances"]
+            assert [i["instanceId"] for i in listed] == [before.instance.instance_id], listed
+            assert await instances(p.bus, CLUSTER_B) == []
+    finally:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -96,6 +96,13 @@ class LoadBook:
         now = time.monotonic() if now is None else now
         return frozenset(iid for iid, w in book.connected(now, fresh).items() if w.in_flight > 0)
 
+    def serving(self, function_version_id: str, fresh: float, now: float | None = None) -> frozenset[str]:
+        """Instances of the version whose worker an invocation node reported within ``fresh`` seconds."""
+        book = self.versions.get(function_version_id)
+        if book is None:
+            return frozenset()
+        return frozenset(book.connected(time.monotonic() if now is None else now, fresh))
+
     def invoked(self, function_version_id: str, now: float) -> None:
         """A wake: the version was just invoked."""
         self.version(function_version_id).last_invoked = now

@@ -70,6 +70,26 @@ def expire(ledger: SpecPlacement, now: datetime, timeouts: Timeouts, policy: Fai
     return ledger
 
 
+def lose(
+    ledger: SpecPlacement, lost_clusters: frozenset[str], serving: frozenset[str], now: datetime
+) -> tuple[SpecPlacement, tuple[PlacedInstance, ...]]:
+    """Forget the instances of clusters whose agents are gone, but for those whose worker still serves.
+
+    Nothing can report, stop or vouch for them; the agent of a cluster that comes back stops what the
+    ledger no longer holds. No failure of the function's is recorded, so the replacement waits for nothing.
+    """
+    lost = tuple(
+        i
+        for i in ledger.instances
+        if i.cluster_id in lost_clusters
+        and i.phase not in (Phase.REQUESTED, Phase.TERMINATING)  # their own timeouts apply
+        and (i.instance_id or "") not in serving
+    )
+    for inst in lost:
+        ledger = remove_instance(ledger, inst.request_id)
+    return (evolve(ledger, updated_at=iso(now)) if lost else ledger), lost
+
+
 def _terminating(inst: PlacedInstance, reason: str, now: datetime) -> PlacedInstance:
     return evolve(inst, phase=Phase.TERMINATING, termination_reason=reason, published=False, updated_at=iso(now))
 

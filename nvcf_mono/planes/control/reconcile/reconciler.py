@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import final
 
@@ -27,11 +27,11 @@ from nvcf_mono.models.common import iso, utc_now
 from nvcf_mono.models.deployment import Deployment, GpuSpec
 from nvcf_mono.models.function import FunctionStatus, FunctionVersion
 from nvcf_mono.models.placement import Phase, PlacedInstance, SpecPlacement
-from nvcf_mono.planes.control.catalog import Capacity, candidates, placeable, visible_clusters
+from nvcf_mono.planes.control.catalog import Capacity, candidates, is_heard, placeable, visible_clusters
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.reconcile.ledger import FailurePolicy
 from nvcf_mono.planes.control.reconcile.messages import creation_message, termination_message
-from nvcf_mono.planes.control.reconcile.plan import Site, Timeouts, expire, scale, terminate_all
+from nvcf_mono.planes.control.reconcile.plan import Site, Timeouts, expire, lose, scale, terminate_all
 from nvcf_mono.planes.control.reconcile.status import SpecState, next_status
 from nvcf_mono.planes.control.registry import (
     all_pull_credentials,
@@ -56,9 +56,13 @@ class Reconciler:
         log: logging.Logger,
         *,
         busy: Callable[[str], frozenset[str]] = lambda _: frozenset(),
+        serving: Callable[[str], frozenset[str]] = lambda _: frozenset(),
     ) -> None:
         self._ctl = ctl
         self._busy = busy
+        self._serving = serving
+        #: Since when (monotonic) each cluster has not been heard from, as this leader saw it.
+        self._unheard: dict[str, float] = {}
         self._log = log
         cfg = ctl.config.reconcile
         self._timeouts = Timeouts(ack=cfg.ack_timeout, start=cfg.start_timeout, terminate=cfg.terminate_timeout)
@@ -98,6 +102,7 @@ class Reconciler:
         ledgers = dict(store.placements.items())
         capacity = Capacity.from_ledgers(ledgers.values())
         capacity.take_tasks(store.tasks.values(), clusters)  # tasks share the clusters' GPUs
+        lost = self._lost_clusters(clusters, ledgers.values())
         seen: set[str] = set()
         for dep in sorted(store.deployments.values(), key=lambda d: (d.created_at, d.deployment_id)):
             fv = store.functions.get(buckets.version_key(dep.function_id, dep.function_version_id))
@@ -105,7 +110,7 @@ class Reconciler:
                 await self._orphaned(dep)
                 continue
             await self._deployment(
-                dep, fv=fv, clusters=clusters, ledgers=ledgers, capacity=capacity, seen=seen, now=now
+                dep, fv=fv, clusters=clusters, ledgers=ledgers, capacity=capacity, seen=seen, now=now, lost=lost
             )
         for key, ledger in ledgers.items():
             if key not in seen:
@@ -137,6 +142,7 @@ class Reconciler:
         capacity: Capacity,
         seen: set[str],
         now: datetime,
+        lost: frozenset[str],
     ) -> None:
         store = self._ctl.store
         ttl = self._ctl.config.cluster_heartbeat_ttl
@@ -156,7 +162,7 @@ class Reconciler:
                 nca_id=fv.nca_id,
                 updated_at=iso(now),
             )
-            ledger = expire(ledger, now, self._timeouts, self._policy)
+            ledger = self._lose(expire(ledger, now, self._timeouts, self._policy), lost, now)
             if fv.status is FunctionStatus.ERROR:
                 ledger = terminate_all(ledger, "error", now)
             elif dep.undeploying:
@@ -193,6 +199,36 @@ class Reconciler:
         if status is not fv.status:
             self._log.info("function %s version %s: %s -> %s", fv.id, fv.version_id, fv.status.value, status.value)
             await set_status(self._ctl, fv, status, expected=fv.status)
+
+    def _lost_clusters(self, clusters: dict[str, Cluster], ledgers: Iterable[SpecPlacement]) -> frozenset[str]:
+        """Clusters with instances in a ledger whose agents have not been heard from for ``lost_after``."""
+        cfg = self._ctl.config
+        placed = {i.cluster_id for ledger in ledgers for i in ledger.instances} | set(clusters)
+        now = time.monotonic()
+        for cluster_id in placed:
+            if is_heard(self._ctl.store.health.get(cluster_id), cfg.cluster_heartbeat_ttl):
+                self._unheard.pop(cluster_id, None)
+            else:
+                self._unheard.setdefault(cluster_id, now)
+        for cluster_id in set(self._unheard) - placed:
+            del self._unheard[cluster_id]
+        return frozenset(c for c, since in self._unheard.items() if now - since >= cfg.reconcile.lost_after)
+
+    def _lose(self, ledger: SpecPlacement, lost_clusters: frozenset[str], now: datetime) -> SpecPlacement:
+        if not lost_clusters:
+            return ledger
+        ledger, lost = lose(ledger, lost_clusters, self._serving(ledger.function_version_id), now)
+        for inst in lost:
+            self._log.warning(
+                "instance %s of function %s version %s is lost with cluster %s (not heard from for %gs): "
+                "placing another",
+                inst.instance_id or inst.request_id,
+                ledger.function_id,
+                ledger.function_version_id,
+                inst.cluster_name,
+                self._ctl.config.reconcile.lost_after,
+            )
+        return ledger
 
     def _desired(self, spec: GpuSpec, key: str) -> int:
         target = self._ctl.store.autoscaler.get(key)
