@@ -306,20 +306,26 @@ def _print_deployment(ctx: CliContext, doc: Any, as_json: bool) -> None:
     )
     print(file=ctx.stdout)
     _spec_table(ctx, dep.get("deploymentSpecifications") or [])
-    decisions = [
-        (spec.get("gpuSpecificationId"), (spec.get("placement") or {}).get("autoscaler"))
-        for spec in dep.get("deploymentSpecifications") or []
-    ]
-    if any(why for _, why in decisions):
-        print("\nautoscaler (last decision, why):", file=ctx.stdout)
-        for spec_id, why in decisions:
-            if why:
-                print(f"  {spec_id}: {cell(why)}", file=ctx.stdout)
+    _per_spec(ctx, dep, "waitingReason", "waiting (why):")
+    _per_spec(ctx, dep, "autoscaler", "autoscaler (last decision, why):")
     health = _health_lines(dep)
     if health:
         print("\nfailures:", file=ctx.stdout)
         for line in health:
             print(f"  {line}", file=ctx.stdout)
+
+
+def _per_spec(ctx: CliContext, dep: dict[str, Any], key: str, title: str) -> None:
+    """One line per spec whose ``placement`` has ``key``, under ``title``."""
+    lines = [
+        (spec.get("gpuSpecificationId"), (spec.get("placement") or {}).get(key))
+        for spec in dep.get("deploymentSpecifications") or []
+    ]
+    if any(text for _, text in lines):
+        print(f"\n{title}", file=ctx.stdout)
+        for spec_id, text in lines:
+            if text:
+                print(f"  {spec_id}: {cell(text)}", file=ctx.stdout)
 
 
 def _get(args: argparse.Namespace, ctx: CliContext) -> int:

@@ -251,6 +251,26 @@ async def test_deploy_waits_for_active_then_rescales_and_removes(tmp_path: Path)
             rf"^  {spec['gpuSpecificationId']}: 2 instance\(s\) since .*scale to zero; minInstances keep 2$", why, re.M
         ), why
 
+        # A spec no cluster has room for (the whole node, two of whose GPUs are taken) waits, and deploy
+        # get says why.
+        other = json.loads(
+            ok(await cli("function", "create", "--input-file", _write(tmp_path), "--json", *conn, env=env))
+        )
+        node = ["--gpu", "H100", "--instance-type", "ON-PREM.GPU.H100_8x"]
+        ok(await cli("deploy", "create", other["function"]["id"], *node, "--no-wait", *conn, env=env))
+
+        async def said_why() -> str | None:
+            shown = ok(await cli("deploy", "get", other["function"]["id"], *conn, env=env))
+            return shown if "waiting (why):" in shown else None
+
+        waiting = await wait_for(said_why, timeout=15, what="the waiting reason in deploy get")
+        assert re.search(
+            r"^waiting \(why\):\n  \S+: 1 instance\(s\) wait for capacity: no matching cluster has room for "
+            r"another ON-PREM\.GPU\.H100_8x$",
+            waiting,
+            re.M,
+        ), waiting
+
         scaled = json.loads(ok(await cli("deploy", "update", fid, "--max-instances", "4", "--json", *conn, env=env)))
         assert scaled["gpuSpecification"]["maxInstances"] == 4
         assert scaled["gpuSpecification"]["minInstances"] == 2
