@@ -539,9 +539,7 @@ def _attrs(tp: type, value: Any, cur: _Cursor) -> Any:
         field = by_key.get(key)
         if field is None:
             if cur.forbid_extra:
-                close = difflib.get_close_matches(key, list(by_key), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(sorted(by_key))})"
-                cur.child(key).fail(f"unknown key{hint}")
+                cur.child(key).fail(f"unknown key{_unknown_key_hint(key, raw, list(by_key))}")
                 failed = True
             continue
         child = cur.child(key)
@@ -643,3 +641,12 @@ def iter_fields(cls: type) -> Iterable[tuple[attrs.Attribute[Any], Any]]:
     hints = field_types(cls)
     for field in attrs.fields(cls):
         yield field, hints[field.name]
+
+
+def _unknown_key_hint(key: str, value: Any, known: list[str]) -> str:
+    name, colon, rest = key.partition(":")
+    if colon and value is None and name.strip() in known and rest and not rest[0].isspace():
+        # `{name:other}` in YAML is the key "name:other" with no value: a colon needs a space after it.
+        return f" (YAML reads it as one key: write '{name.strip()}: {rest}', with a space after the colon)"
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(sorted(known))})"

@@ -136,6 +136,15 @@ def test_every_problem_is_reported_with_its_dotted_path_and_source() -> None:
     ]
 
 
+def test_a_yaml_key_written_without_the_space_after_its_colon_is_explained() -> None:
+    # `{host:db}` is YAML for the key "host:db" with no value, the common slip in flow style.
+    with pytest.raises(StructureError) as err:
+        structure(Outer, {"name": "x", "inner": Text("{host:db, port: 5}")})
+    assert str(err.value) == (
+        "inner.host:db: unknown key (YAML reads it as one key: write 'host: db', with a space after the colon)"
+    )
+
+
 def test_field_checks_and_cross_field_checks() -> None:
     with pytest.raises(StructureError, match=r"inner\.port: must be greater than 0, got -1"):
         structure(Outer, {"name": "x", "inner": {"port": -1}})
