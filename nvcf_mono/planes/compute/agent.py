@@ -36,6 +36,7 @@ from nvcf_mono.contracts.messages import (
     decode,
 )
 from nvcf_mono.contracts.rpc import RpcError
+from nvcf_mono.models.cluster import MaintenanceMode
 from nvcf_mono.models.common import now_iso, parse_iso
 from nvcf_mono.planes.compute import requests
 from nvcf_mono.planes.compute.backends import Backend, WorkerEndpoint
@@ -142,6 +143,13 @@ class ClusterAgent:
     async def shutdown(self, *, stop_instances: bool, grace: float) -> None:
         """Take no more work; stop the instances (or leave them to the next start); end :meth:`run`."""
         self._intake.cancel()
+        # Cordoned first, so the control plane places nothing here (the instances stopped next included)
+        # while this agent is away; its next start's heartbeat lifts it.
+        with anyio.move_on_after(min(self.config.call_timeout, 2.0)):
+            try:
+                await self.control.heartbeat(self._heartbeat())
+            except (RpcError, BusError) as err:
+                self.log.debug("cannot say the cluster is cordoned while stopping (%s)", err)
         if stop_instances:
             await self.supervisor.stop_all(states.SERVICE_MAINTENANCE, grace)
             with anyio.move_on_after(min(self.config.call_timeout, 2.0)):
@@ -213,8 +221,7 @@ class ClusterAgent:
                     self._registered, registered_mono, self.registered_at = True, time.monotonic(), now_iso()
                     self._note_endpoint(reply.worker_grpc_address)
                     self.log.info("registered as %s in group %s", reply.cluster_id, reply.cluster_group_name)
-                beat = Heartbeat(status="healthy", gpu_usage=self.allocator.usage(), nvca_version=self.version)
-                answer = await self.control.heartbeat(beat)
+                answer = await self.control.heartbeat(self._heartbeat())
                 self.last_heartbeat_at = now_iso()
                 self._note_endpoint(answer.worker_grpc_address)
                 if answer.action is HeartbeatAction.REGISTER:
@@ -237,6 +244,13 @@ class ClusterAgent:
             with anyio.move_on_after(cfg.heartbeat_interval):
                 await self._beat_wanted.wait()
             self._beat_wanted = anyio.Event()
+
+    def _heartbeat(self) -> Heartbeat:
+        # Cordoned once stopping: no new work while this agent is away.
+        cordon = MaintenanceMode.CORDON_ONLY if self._intake.cancel_called else MaintenanceMode.NONE
+        return Heartbeat(
+            status="healthy", gpu_usage=self.allocator.usage(), maintenance_mode=cordon, nvca_version=self.version
+        )
 
     async def _discover(self) -> Inventory:
         """The GPUs: the configured ones (static), the backend's view (a Kubernetes cluster's nodes), or

@@ -156,8 +156,13 @@ class ControlPlane(BasePlugin[ControlConfig]):
                 "1 while this process leads (reconciler, autoscaler, task scheduler).",
             )
             leader_gauge.set_function(lambda: [((), 1.0 if lease.is_leader else 0.0)])
-            await tg.start(lease.run, lead)
-            task_status.started()
-            await ctx.wait_stopping()
-            await lease.release()
-            tg.cancel_scope.cancel()
+            async with anyio.create_task_group() as leadership:
+                await leadership.start(lease.run, lead)
+                task_status.started()
+                await ctx.wait_stopping()
+                await lease.release()
+                leadership.cancel_scope.cancel()
+            # Leading stops with the host's drain (another process takes over); the agents' calls are
+            # served until this plugin is stopped, after the compute plugin (plugins stop in reverse
+            # order): an agent of this process reports the instances it stops while the host drains.
+            await anyio.sleep_forever()

@@ -48,7 +48,7 @@ from .conftest import (
 )
 
 
-def _child(nats: NatsServer, state: Path, grpc_port: int) -> Platform:
+def _child(nats: NatsServer, state: Path, grpc_port: int, *clusters: dict, **extra: str) -> Platform:
     sets = {
         **CONTROL_FAST,
         **FAST,
@@ -57,7 +57,8 @@ def _child(nats: NatsServer, state: Path, grpc_port: int) -> Platform:
         # Instances' workers dial this address: it stays the same across restarts.
         "grpc.port": str(grpc_port),
         "shutdown.drain_grace": "3",
-        "plugins.compute.clusters": json.dumps([cluster("local", CLUSTER_A)]),
+        "plugins.compute.clusters": json.dumps(list(clusters) or [cluster("local", CLUSTER_A)]),
+        **extra,
     }
     args = ["run", "--state-dir", str(state)]
     for key, value in sets.items():
@@ -235,12 +236,11 @@ async def test_instances_stopped_with_the_platform_are_not_failures_of_the_funct
 
 
 @pytest.mark.slow
-async def test_instances_of_a_cluster_whose_agent_is_gone_are_placed_again_elsewhere(tmp_path: Path) -> None:
-    # Cluster A's agent never comes back (the next start configures only B). Its instance ran with
-    # the platform and stopped with it, and nobody reports that: after lost_after without a heartbeat
-    # from A, and no worker of it serving, the instance is forgotten and placed again on B, and the
-    # function answers. Without this it stays "running" on A for good and its requests wait forever.
-    lost = {"plugins.control.reconcile.lost_after": "2", "plugins.control.cluster_heartbeat_ttl": "2"}
+async def test_a_cluster_stopped_with_its_instances_gets_no_new_ones_until_it_is_back(tmp_path: Path) -> None:
+    # Cluster A's agent stops (its instance with it) and the next start runs only B. The agent says
+    # so before it goes: the instance's end is recorded as it stops, and A is cordoned, so the
+    # replacement goes to B at once (lost_after, far away here, plays no part).
+    lost = {"plugins.control.reconcile.lost_after": "600", "plugins.control.cluster_heartbeat_ttl": "60"}
     async with compute_platform(tmp_path, [cluster("a", CLUSTER_A)], **lost) as p:
         fid, vid, d = await create(p.admin, function())
         await deploy(p.admin, d, spec())
@@ -257,6 +257,48 @@ async def test_instances_of_a_cluster_whose_agent_is_gone_are_placed_again_elsew
         deployment = (await p.admin.get(d)).json["deployment"]
         (placed,) = [s["placement"] for s in deployment["deploymentSpecifications"]]
         assert placed["failedInstances"] == 0, placed
+
+
+@pytest.mark.slow
+async def test_instances_of_a_cluster_lost_with_its_machine_are_placed_again_elsewhere(tmp_path: Path) -> None:
+    # The platform with cluster A is killed with SIGKILL and A's instances die too (the machine is
+    # gone): nobody reports their end. After lost_after without a heartbeat from A the control plane
+    # forgets them and places the instance on B. Without that it stays "running" on A for good and
+    # the function's requests wait forever.
+    nats = NatsServer().start()
+    state, grpc_port = tmp_path / "state", spare_port()
+    lost = {"plugins.control.reconcile.lost_after": "2", "plugins.control.cluster_heartbeat_ttl": "2"}
+    first = _child(nats, state, grpc_port, cluster("a", CLUSTER_A), **lost)
+    second: Platform | None = None
+    try:
+        doc = await anyio.to_thread.run_sync(first.wait_ready)
+        async with aiohttp.ClientSession() as session:
+            admin = Api(session, doc["api_url"], doc["credentials"]["admin_token"])
+            fid, _, d = await create(admin, function())
+            await deploy(admin, d, spec())
+            await wait_status(admin, d, "ACTIVE")
+            first.signal(signal.SIGKILL)
+            await anyio.to_thread.run_sync(first.wait)
+            for pid in cluster_pids(CLUSTER_A):
+                os.killpg(pid, signal.SIGKILL)
+
+            second = _child(nats, state, grpc_port, cluster("b", CLUSTER_B), **lost)
+            doc = await anyio.to_thread.run_sync(second.wait_ready)
+            admin = Api(session, doc["api_url"], doc["credentials"]["admin_token"])
+            key = Api(session, doc["api_url"], doc["credentials"]["api_key"], timeout=60)
+            reply = await key.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "placed again"})
+            assert reply.status == 200, reply.body
+            await wait_status(admin, d, "ACTIVE")  # the agent reports the instance running after it served
+            (placed,) = [s["placement"] for s in (await admin.get(d)).json["deployment"]["deploymentSpecifications"]]
+            assert placed["runningInstances"] == 1 and placed["failedInstances"] == 0, placed
+            assert cluster_pids(CLUSTER_B)
+    finally:
+        for child in (first, second):
+            if child is not None:
+                child.stop()
+        for pid in cluster_pids(CLUSTER_A) + cluster_pids(CLUSTER_B):
+            os.killpg(pid, signal.SIGKILL)
+        nats.close()
 
 
 @pytest.mark.slow
