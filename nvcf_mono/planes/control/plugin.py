@@ -6,6 +6,7 @@ at a time, the holder of the reconciler lease, places and terminates instances.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import ClassVar
 
 import anyio
@@ -156,13 +157,25 @@ class ControlPlane(BasePlugin[ControlConfig]):
                 "1 while this process leads (reconciler, autoscaler, task scheduler).",
             )
             leader_gauge.set_function(lambda: [((), 1.0 if lease.is_leader else 0.0)])
-            async with anyio.create_task_group() as leadership:
-                await leadership.start(lease.run, lead)
-                task_status.started()
-                await ctx.wait_stopping()
-                await lease.release()
-                leadership.cancel_scope.cancel()
-            # Leading stops with the host's drain (another process takes over); the agents' calls are
-            # served until this plugin is stopped, after the compute plugin (plugins stop in reverse
-            # order): an agent of this process reports the instances it stops while the host drains.
+            await _lead_until_stopping(ctx, lease, lead, task_status)
+            # The agents' calls are served until this plugin is stopped, after the compute plugin
+            # (plugins stop in reverse order): an agent of this process reports the instances it stops
+            # while the host drains.
             await anyio.sleep_forever()
+
+
+async def _lead_until_stopping(
+    ctx: RunContext[ControlConfig],
+    lease: LeaderLease,
+    lead: Callable[[], Awaitable[None]],
+    task_status: TaskStatus[None],
+) -> None:
+    """Contend for the lease, leading while held, until the host begins to drain: then give it up, so
+    another control process takes over at once.
+    """
+    async with anyio.create_task_group() as leadership:
+        await leadership.start(lease.run, lead)
+        task_status.started()
+        await ctx.wait_stopping()
+        await lease.release()
+        leadership.cancel_scope.cancel()
