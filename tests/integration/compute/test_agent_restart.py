@@ -328,3 +328,35 @@ async def test_an_instance_whose_worker_still_serves_is_not_lost_with_its_agent(
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+async def test_a_nats_outage_longer_than_lost_after_loses_no_instance(tmp_path: Path) -> None:
+    # While NATS is down nobody hears any cluster, and nothing may be lost for it. Several things see to
+    # that (the leader loses its lease during the outage, a new term and a cut-off bus start the count
+    # of silence again): whichever acts, the instance that served before the outage serves after it.
+    nats = NatsServer().start()
+    lost = {"plugins.control.reconcile.lost_after": "2", "plugins.control.cluster_heartbeat_ttl": "2"}
+    child = _child(nats, tmp_path / "state", spare_port(), cluster("a", CLUSTER_A), **lost)
+    try:
+        doc = await anyio.to_thread.run_sync(child.wait_ready)
+        async with aiohttp.ClientSession() as session:
+            admin = Api(session, doc["api_url"], doc["credentials"]["admin_token"])
+            fid, vid, d = await create(admin, function())
+            await deploy(admin, d, spec())
+            await wait_status(admin, d, "ACTIVE")
+            (before,) = (await admin.get(f"/v2/nvcf/functions/{fid}/versions/{vid}/instances")).json["instances"]
+            nats.stop()
+            await anyio.sleep(6)  # lost_after three times over
+            await anyio.to_thread.run_sync(nats.start)
+            key = Api(session, doc["api_url"], doc["credentials"]["api_key"], timeout=60)
+            reply = await key.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "after the outage"})
+            assert reply.status == 200, reply.body
+            await anyio.sleep(4)  # past lost_after again, with the bus back
+            listed = (await admin.get(f"/v2/nvcf/functions/{fid}/versions/{vid}/instances")).json["instances"]
+            assert [i["instanceId"] for i in listed] == [before["instanceId"]], listed
+    finally:
+        child.stop()
+        for pid in cluster_pids(CLUSTER_A):
+            os.killpg(pid, signal.SIGKILL)
+        nats.close()

@@ -17,6 +17,7 @@ from typing import final
 
 import anyio
 
+from nvcf_mono.bus.api import ConnectionState
 from nvcf_mono.bus.errors import BusError, ConflictError, NotFound
 from nvcf_mono.bus.mirror import Unchanged
 from nvcf_mono.contracts import buckets, subjects
@@ -78,6 +79,7 @@ class Reconciler:
         """Reconcile on every change, and at least every interval, until cancelled."""
         signal = self._ctl.wake
         interval = self._ctl.config.reconcile.interval
+        self._unheard.clear()  # a new term: what an earlier one did not hear says nothing now
         while True:
             seen = signal.version
             started = time.perf_counter()
@@ -203,6 +205,10 @@ class Reconciler:
     def _lost_clusters(self, clusters: dict[str, Cluster], ledgers: Iterable[SpecPlacement]) -> frozenset[str]:
         """Clusters with instances in a ledger whose agents have not been heard from for ``lost_after``."""
         cfg = self._ctl.config
+        if self._ctl.bus.state is not ConnectionState.CONNECTED:
+            # Cut off from the bus, this process hears no cluster: silence counts from the reconnection.
+            self._unheard.clear()
+            return frozenset()
         placed = {i.cluster_id for ledger in ledgers for i in ledger.instances} | set(clusters)
         now = time.monotonic()
         for cluster_id in placed:
