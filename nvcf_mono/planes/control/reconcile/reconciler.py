@@ -203,7 +203,7 @@ class Reconciler:
             await set_status(self._ctl, fv, status, expected=fv.status)
 
     def _lost_clusters(self, clusters: dict[str, Cluster], ledgers: Iterable[SpecPlacement]) -> frozenset[str]:
-        """Clusters with instances in a ledger whose agents have not been heard from for ``lost_after``."""
+        """Clusters (registered, or holding instances) whose agents have not been heard from for ``lost_after``."""
         cfg = self._ctl.config
         if self._ctl.bus.state is not ConnectionState.CONNECTED:
             # Cut off from the bus, this process hears no cluster: silence counts from the reconnection.
