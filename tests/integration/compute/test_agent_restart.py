@@ -47,6 +47,9 @@ from .conftest import (
     spec,
 )
 
+#: A cluster not heard from for 2 s is lost with its instances (the defaults are minutes).
+SOON_LOST = {"plugins.control.reconcile.lost_after": "2", "plugins.control.cluster_heartbeat_ttl": "2"}
+
 
 def _child(nats: NatsServer, state: Path, grpc_port: int, *clusters: dict, **extra: str) -> Platform:
     sets = {
@@ -169,6 +172,14 @@ async def test_a_killed_agent_takes_its_instances_over(tmp_path: Path) -> None:
         nats.close()
 
 
+async def _active(admin: Api) -> tuple[str, str, str]:
+    """A function deployed with one instance, once ACTIVE: its id, version id and deployment path."""
+    fid, vid, d = await create(admin, function())
+    await deploy(admin, d, spec())
+    await wait_status(admin, d, "ACTIVE")
+    return fid, vid, d
+
+
 def _stray(instances_dir: Path) -> subprocess.Popen[bytes]:
     """A process of this cluster's instance under ``instances_dir`` that no record holds."""
     return subprocess.Popen(
@@ -193,9 +204,7 @@ async def test_instances_left_running_at_shutdown_are_taken_over_at_the_next_sta
     grpc = {"grpc.port": str(spare_port())}
     keep = {"plugins.compute.local.stop_instances_on_shutdown": "false", **grpc}
     async with compute_platform(tmp_path, **keep) as p:
-        fid, _, d = await create(p.admin, function())
-        await deploy(p.admin, d, spec())
-        await wait_status(p.admin, d, "ACTIVE")
+        fid, _, d = await _active(p.admin)
         (before,) = await running(p.bus, CLUSTER_A)
     left = pids([before])
     assert left and all(alive(pid) for pid in left)  # the host stopped; its instances did not
@@ -218,9 +227,7 @@ async def test_instances_stopped_with_the_platform_are_not_failures_of_the_funct
     # function did nothing wrong, so the next start neither counts nor lists them as failures, and
     # replaces them without a failure's backoff.
     async with compute_platform(tmp_path) as p:
-        fid, vid, d = await create(p.admin, function())
-        await deploy(p.admin, d, spec())
-        await wait_status(p.admin, d, "ACTIVE")
+        fid, vid, d = await _active(p.admin)
         (before,) = await running(p.bus, CLUSTER_A)
     await all_gone(pids([before]))
     async with compute_platform(tmp_path) as p:
@@ -242,9 +249,7 @@ async def test_a_cluster_stopped_with_its_instances_gets_no_new_ones_until_it_is
     # replacement goes to B at once (lost_after, far away here, plays no part).
     lost = {"plugins.control.reconcile.lost_after": "600", "plugins.control.cluster_heartbeat_ttl": "60"}
     async with compute_platform(tmp_path, [cluster("a", CLUSTER_A)], **lost) as p:
-        fid, vid, d = await create(p.admin, function())
-        await deploy(p.admin, d, spec())
-        await wait_status(p.admin, d, "ACTIVE")
+        fid, vid, d = await _active(p.admin)
         (before,) = await running(p.bus, CLUSTER_A)
     await all_gone(pids([before]))
     async with compute_platform(tmp_path, [cluster("b", CLUSTER_B)], **lost) as p:
@@ -267,16 +272,14 @@ async def test_instances_of_a_cluster_lost_with_its_machine_are_placed_again_els
     # the function's requests wait forever.
     nats = NatsServer().start()
     state, grpc_port = tmp_path / "state", spare_port()
-    lost = {"plugins.control.reconcile.lost_after": "2", "plugins.control.cluster_heartbeat_ttl": "2"}
+    lost = SOON_LOST
     first = _child(nats, state, grpc_port, cluster("a", CLUSTER_A), **lost)
     second: Platform | None = None
     try:
         doc = await anyio.to_thread.run_sync(first.wait_ready)
         async with aiohttp.ClientSession() as session:
             admin = Api(session, doc["api_url"], doc["credentials"]["admin_token"])
-            fid, _, d = await create(admin, function())
-            await deploy(admin, d, spec())
-            await wait_status(admin, d, "ACTIVE")
+            fid, _, d = await _active(admin)
             first.signal(signal.SIGKILL)
             await anyio.to_thread.run_sync(first.wait)
             for pid in cluster_pids(CLUSTER_A):
@@ -310,9 +313,7 @@ async def test_an_instance_whose_worker_still_serves_is_not_lost_with_its_agent(
     lost = {"plugins.control.reconcile.lost_after": "5", "plugins.control.cluster_heartbeat_ttl": "2", **grpc}
     keep = {"plugins.compute.local.stop_instances_on_shutdown": "false"}
     async with compute_platform(tmp_path, [cluster("a", CLUSTER_A)], **lost, **keep) as p:
-        fid, vid, d = await create(p.admin, function())
-        await deploy(p.admin, d, spec())
-        await wait_status(p.admin, d, "ACTIVE")
+        fid, vid, _ = await _active(p.admin)
         (before,) = await running(p.bus, CLUSTER_A)
     left = pids([before])
     try:
@@ -336,15 +337,13 @@ async def test_a_nats_outage_longer_than_lost_after_loses_no_instance(tmp_path: 
     # that (the leader loses its lease during the outage, a new term and a cut-off bus start the count
     # of silence again): whichever acts, the instance that served before the outage serves after it.
     nats = NatsServer().start()
-    lost = {"plugins.control.reconcile.lost_after": "2", "plugins.control.cluster_heartbeat_ttl": "2"}
+    lost = SOON_LOST
     child = _child(nats, tmp_path / "state", spare_port(), cluster("a", CLUSTER_A), **lost)
     try:
         doc = await anyio.to_thread.run_sync(child.wait_ready)
         async with aiohttp.ClientSession() as session:
             admin = Api(session, doc["api_url"], doc["credentials"]["admin_token"])
-            fid, vid, d = await create(admin, function())
-            await deploy(admin, d, spec())
-            await wait_status(admin, d, "ACTIVE")
+            fid, vid, _ = await _active(admin)
             (before,) = (await admin.get(f"/v2/nvcf/functions/{fid}/versions/{vid}/instances")).json["instances"]
             nats.stop()
             await anyio.sleep(6)  # lost_after three times over

@@ -4,47 +4,19 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from nvcf_mono.models.placement import Phase, PlacedInstance, SpecPlacement
+from nvcf_mono.models.placement import Phase, SpecPlacement
 from nvcf_mono.planes.control.catalog import Capacity
 from nvcf_mono.planes.control.reconcile.plan import scale
+from tests.support import placements
+from tests.support.placements import placed
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 
-def _instance(iid: str, phase: Phase, created_at: str) -> PlacedInstance:
-    return PlacedInstance(
-        request_id=f"r-{iid}",
-        cluster_id="c-1",
-        cluster_name="cluster-1",
-        backend="group",
-        region="us-east-1",
-        gpu="L40S",
-        instance_type="gl40s_1",
-        gpu_count=1,
-        phase=phase,
-        created_at=created_at,
-        updated_at=created_at,
-        instance_id=iid,
-    )
-
-
-def _ledger(*instances: PlacedInstance) -> SpecPlacement:
-    return SpecPlacement(
-        function_id="fn-1",
-        function_version_id="fv-1",
-        deployment_id="d-1",
-        gpu_specification_id="g-1",
-        nca_id="nca",
-        updated_at="2026-01-01T10:00:00.000Z",
-        instances=instances,
-        desired=len(instances),
-    )
-
-
 # The busy one is the newest and the starting one the oldest, so the order is not the age order.
-IDLE = _instance("i-idle", Phase.RUNNING, "2026-01-01T11:00:00.000Z")
-BUSY = _instance("i-busy", Phase.RUNNING, "2026-01-01T11:30:00.000Z")
-STARTING = _instance("i-starting", Phase.STARTING, "2026-01-01T10:30:00.000Z")
+IDLE = placed("i-idle", Phase.RUNNING, created_at="2026-01-01T11:00:00.000Z")
+BUSY = placed("i-busy", Phase.RUNNING, created_at="2026-01-01T11:30:00.000Z")
+STARTING = placed("i-starting", Phase.STARTING, created_at="2026-01-01T10:30:00.000Z")
 
 
 def _scale(ledger: SpecPlacement, desired: int, busy: frozenset[str]) -> SpecPlacement:
@@ -56,7 +28,7 @@ def _phases(ledger: SpecPlacement) -> dict[str | None, Phase]:
 
 
 def test_down_to_one_keeps_the_busy_instance() -> None:
-    out = _scale(_ledger(IDLE, BUSY, STARTING), 1, frozenset({"i-busy"}))
+    out = _scale(placements.ledger(IDLE, BUSY, STARTING), 1, frozenset({"i-busy"}))
     assert _phases(out) == {
         "i-idle": Phase.TERMINATING,
         "i-starting": Phase.TERMINATING,
@@ -70,7 +42,7 @@ def test_down_to_one_keeps_the_busy_instance() -> None:
 
 
 def test_down_to_two_reaps_only_the_idle_running_instance() -> None:
-    out = _scale(_ledger(IDLE, BUSY, STARTING), 2, frozenset({"i-busy"}))
+    out = _scale(placements.ledger(IDLE, BUSY, STARTING), 2, frozenset({"i-busy"}))
     assert _phases(out) == {
         "i-idle": Phase.TERMINATING,
         "i-starting": Phase.STARTING,
@@ -80,12 +52,12 @@ def test_down_to_two_reaps_only_the_idle_running_instance() -> None:
 
 
 def test_down_to_zero_reaps_the_busy_instance_too() -> None:
-    out = _scale(_ledger(IDLE, BUSY, STARTING), 0, frozenset({"i-busy"}))
+    out = _scale(placements.ledger(IDLE, BUSY, STARTING), 0, frozenset({"i-busy"}))
     assert set(_phases(out).values()) == {Phase.TERMINATING}
 
 
 def test_without_busy_running_instances_go_before_starting_ones() -> None:
-    out = _scale(_ledger(IDLE, BUSY, STARTING), 1, frozenset())
+    out = _scale(placements.ledger(IDLE, BUSY, STARTING), 1, frozenset())
     # Both running ones go (the newer first), the starting one stays.
     assert _phases(out) == {
         "i-idle": Phase.TERMINATING,
@@ -95,21 +67,21 @@ def test_without_busy_running_instances_go_before_starting_ones() -> None:
 
 
 def test_newest_idle_running_instance_goes_first() -> None:
-    older = _instance("i-older", Phase.RUNNING, "2026-01-01T09:00:00.000Z")
-    newer = _instance("i-newer", Phase.RUNNING, "2026-01-01T11:00:00.000Z")
-    out = _scale(_ledger(older, newer), 1, frozenset())
+    older = placed("i-older", Phase.RUNNING, created_at="2026-01-01T09:00:00.000Z")
+    newer = placed("i-newer", Phase.RUNNING, created_at="2026-01-01T11:00:00.000Z")
+    out = _scale(placements.ledger(older, newer), 1, frozenset())
     assert _phases(out) == {"i-older": Phase.RUNNING, "i-newer": Phase.TERMINATING}
 
 
 def test_busy_ids_of_other_versions_change_nothing() -> None:
-    out = _scale(_ledger(IDLE, BUSY, STARTING), 2, frozenset({"i-elsewhere"}))
+    out = _scale(placements.ledger(IDLE, BUSY, STARTING), 2, frozenset({"i-elsewhere"}))
     # Without a busy instance, the newest running one goes.
     assert _phases(out)["i-busy"] is Phase.TERMINATING
     assert _phases(out)["i-idle"] is Phase.RUNNING
 
 
 def test_terminating_instances_do_not_count_as_live() -> None:
-    gone = _instance("i-gone", Phase.TERMINATING, "2026-01-01T11:45:00.000Z")
-    out = _scale(_ledger(IDLE, BUSY, gone), 2, frozenset({"i-busy"}))
-    assert out.instances == _ledger(IDLE, BUSY, gone).instances
+    gone = placed("i-gone", Phase.TERMINATING, created_at="2026-01-01T11:45:00.000Z")
+    out = _scale(placements.ledger(IDLE, BUSY, gone), 2, frozenset({"i-busy"}))
+    assert out.instances == placements.ledger(IDLE, BUSY, gone).instances
     assert out.desired == 2

@@ -11,7 +11,7 @@ import pytest
 
 from nvcf_mono.bus.api import Bus
 from nvcf_mono.contracts.load import LATENCY_BOUNDS_MS, InstanceLoad, LoadReport, VersionLoad, wake_subject
-from nvcf_mono.models.placement import Phase, PlacedInstance, SpecPlacement
+from nvcf_mono.models.placement import Phase, SpecPlacement
 from nvcf_mono.models.wait_reason import (
     COLD_STARTING,
     INSTANCE_FAILING,
@@ -21,6 +21,8 @@ from nvcf_mono.models.wait_reason import (
 )
 from nvcf_mono.planes.invocation import load as load_module
 from nvcf_mono.planes.invocation.load import WAKE_EVERY, LoadMeter
+from tests.support import placements
+from tests.support.placements import placed
 
 FID = "fn-1"
 FVID = "fv-1"
@@ -78,36 +80,6 @@ def _meter(
 def _version(report: LoadReport, fvid: str = FVID) -> VersionLoad:
     [v] = [v for v in report.versions if v.function_version_id == fvid]
     return v
-
-
-def _instance(phase: Phase, iid: str = "i-1") -> PlacedInstance:
-    return PlacedInstance(
-        request_id=f"r-{iid}",
-        cluster_id="c-1",
-        cluster_name="cluster-1",
-        backend="group",
-        region="us-east-1",
-        gpu="L40S",
-        instance_type="gl40s_1",
-        gpu_count=1,
-        phase=phase,
-        created_at=STAMP,
-        updated_at=STAMP,
-        instance_id=iid,
-    )
-
-
-def _placement(*instances: PlacedInstance, **extra: Any) -> SpecPlacement:
-    return SpecPlacement(
-        function_id=FID,
-        function_version_id=FVID,
-        deployment_id="d-1",
-        gpu_specification_id="g-1",
-        nca_id="nca",
-        updated_at=STAMP,
-        instances=instances,
-        **extra,
-    )
 
 
 # --- LoadMeter.report --------------------------------------------------------------------------------
@@ -224,7 +196,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 
 
 async def test_queued_counts_invocations_into_the_next_report(clock: Clock) -> None:
-    meter = _meter(placements={FVID: [_placement(_instance(Phase.RUNNING))]})
+    meter = _meter(placements={FVID: [placements.ledger(placed("i-1", Phase.RUNNING, created_at=STAMP))]})
     for _ in range(3):
         await meter.queued(FID, FVID)
     await meter.queued("fn-2", "fv-2")
@@ -238,7 +210,7 @@ async def test_queued_counts_invocations_into_the_next_report(clock: Clock) -> N
 
 async def test_queued_counts_into_a_version_with_sessions(clock: Clock) -> None:
     s = FakeSession(id="s-1", instance_id="i-1")
-    meter = _meter([s], placements={FVID: [_placement(_instance(Phase.RUNNING))]})
+    meter = _meter([s], placements={FVID: [placements.ledger(placed("i-1", Phase.RUNNING, created_at=STAMP))]})
     await meter.queued(FID, FVID)
     v = _version(meter.report(10.0))
     assert v.invocations == 1
@@ -247,7 +219,7 @@ async def test_queued_counts_into_a_version_with_sessions(clock: Clock) -> None:
 
 async def test_queued_wakes_a_version_with_no_running_instance(clock: Clock) -> None:
     bus = FakeBus()
-    meter = _meter(placements={FVID: [_placement(_instance(Phase.STARTING))]}, bus=bus)
+    meter = _meter(placements={FVID: [placements.ledger(placed("i-1", Phase.STARTING, created_at=STAMP))]}, bus=bus)
     await meter.queued(FID, FVID)
     assert bus.published == [(wake_subject(FVID), FID.encode())]
     assert bus.published[0][0] == f"nvcf.wake.{FVID}"
@@ -262,7 +234,9 @@ async def test_queued_wakes_a_version_with_no_placements(clock: Clock) -> None:
 
 async def test_queued_does_not_wake_a_version_with_a_running_instance(clock: Clock) -> None:
     bus = FakeBus()
-    ledger = _placement(_instance(Phase.STARTING, "i-1"), _instance(Phase.RUNNING, "i-2"))
+    ledger = placements.ledger(
+        placed("i-1", Phase.STARTING, created_at=STAMP), placed("i-2", Phase.RUNNING, created_at=STAMP)
+    )
     meter = _meter(placements={FVID: [ledger]}, bus=bus)
     await meter.queued(FID, FVID)
     assert bus.published == []
@@ -293,31 +267,31 @@ async def test_queued_wakes_at_most_once_per_wake_every(clock: Clock) -> None:
 
 
 def test_running_instance_means_queued() -> None:
-    ledger = _placement(_instance(Phase.RUNNING), consecutive_failures=2)
+    ledger = placements.ledger(placed("i-1", Phase.RUNNING, created_at=STAMP), consecutive_failures=2)
     assert wait_reason([ledger]) == QUEUED == "queued"
 
 
 def test_failures_and_nothing_running_means_instance_failing() -> None:
-    ledger = _placement(_instance(Phase.STARTING), consecutive_failures=1)
+    ledger = placements.ledger(placed("i-1", Phase.STARTING, created_at=STAMP), consecutive_failures=1)
     assert wait_reason([ledger]) == INSTANCE_FAILING == "instance_failing"
 
 
 def test_nothing_live_and_waiting_means_no_capacity() -> None:
-    ledger = _placement(_instance(Phase.TERMINATING), waiting=1, retry_after=None)
+    ledger = placements.ledger(placed("i-1", Phase.TERMINATING, created_at=STAMP), waiting=1, retry_after=None)
     assert wait_reason([ledger]) == NO_CAPACITY == "no_capacity"
 
 
 def test_waiting_in_backoff_is_not_no_capacity() -> None:
-    ledger = _placement(waiting=1, retry_after="2030-01-01T00:00:00.000Z")
+    ledger = placements.ledger(waiting=1, retry_after="2030-01-01T00:00:00.000Z")
     assert wait_reason([ledger]) == COLD_STARTING
 
 
 @pytest.mark.parametrize("phase", [Phase.REQUESTED, Phase.ACKNOWLEDGED, Phase.STARTING])
 def test_starting_instance_means_cold_starting(phase: Phase) -> None:
-    ledger = _placement(_instance(phase), waiting=1)
+    ledger = placements.ledger(placed("i-1", phase, created_at=STAMP), waiting=1)
     assert wait_reason([ledger]) == COLD_STARTING == "cold_starting"
 
 
 def test_no_placements_means_cold_starting() -> None:
     assert wait_reason([]) == COLD_STARTING
-    assert wait_reason([_placement()]) == COLD_STARTING
+    assert wait_reason([placements.ledger()]) == COLD_STARTING
