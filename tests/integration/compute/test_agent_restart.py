@@ -309,8 +309,8 @@ async def test_an_instance_whose_worker_still_serves_is_not_lost_with_its_agent(
     # A's agent is gone but its instance was left running and its worker serves the next host: it is
     # the deployment's instance still, however long A stays silent.
     grpc = {"grpc.port": str(spare_port())}
-    # lost_after leaves the worker time to find the next host (its reconnection backs off) under load.
-    lost = {"plugins.control.reconcile.lost_after": "5", "plugins.control.cluster_heartbeat_ttl": "2", **grpc}
+    # lost_after leaves the worker time to find the next host: its reconnection backs off (0.2 s, doubling).
+    lost = {"plugins.control.reconcile.lost_after": "12", "plugins.control.cluster_heartbeat_ttl": "2", **grpc}
     keep = {"plugins.compute.local.stop_instances_on_shutdown": "false"}
     async with compute_platform(tmp_path, [cluster("a", CLUSTER_A)], **lost, **keep) as p:
         fid, vid, _ = await _active(p.admin)
@@ -321,7 +321,7 @@ async def test_an_instance_whose_worker_still_serves_is_not_lost_with_its_agent(
             patient = Api(p.key.session, p.key.base, p.key.token, timeout=60, checker=p.key.checker)
             reply = await patient.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "still here"})
             assert reply.status == 200, reply.body
-            await anyio.sleep(8)  # past lost_after since A was last heard from; reconcile rounds every 0.5 s
+            await anyio.sleep(12)  # past lost_after since A was last heard from; reconcile rounds every 0.5 s
             listed = (await p.admin.get(f"/v2/nvcf/functions/{fid}/versions/{vid}/instances")).json["instances"]
             assert [i["instanceId"] for i in listed] == [before.instance.instance_id], listed
             assert await instances(p.bus, CLUSTER_B) == []
