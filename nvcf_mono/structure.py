@@ -539,7 +539,7 @@ def _attrs(tp: type, value: Any, cur: _Cursor) -> Any:
         field = by_key.get(key)
         if field is None:
             if cur.forbid_extra:
-                cur.child(key).fail(f"unknown key{_unknown_key_hint(key, raw, list(by_key))}")
+                cur.child(key).fail(f"unknown key{unknown_key_hint(key, raw, list(by_key))}")
                 failed = True
             continue
         child = cur.child(key)
@@ -643,10 +643,11 @@ def iter_fields(cls: type) -> Iterable[tuple[attrs.Attribute[Any], Any]]:
         yield field, hints[field.name]
 
 
-def _unknown_key_hint(key: str, value: Any, known: list[str]) -> str:
+def unknown_key_hint(key: str, value: Any, known: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)``, `` (known keys: ...)``, or how to write a YAML key that took its value in."""
     name, colon, rest = key.partition(":")
     if colon and value is None and name.strip() in known and rest and not rest[0].isspace():
         # `{name:other}` in YAML is the key "name:other" with no value: a colon needs a space after it.
         return f" (YAML reads it as one key: write '{name.strip()}: {rest}', with a space after the colon)"
-    close = difflib.get_close_matches(key, known, n=1)
+    close = difflib.get_close_matches(key, list(known), n=1)
     return f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(sorted(known))})"

@@ -6,7 +6,6 @@ path, the reason, and the source that supplied the value.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from nvcf_mono.config.model import CONFIG_SCHEMA_VERSION, Settings
 from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.plugin import BUILTIN_ROLES, Plugin, PluginSpec
 from nvcf_mono.registry import Catalog, discover, roles_of, start_order
-from nvcf_mono.structure import Issue, StructureError, Text, structure, unstructure
+from nvcf_mono.structure import Issue, StructureError, Text, structure, unknown_key_hint, unstructure
 
 ENV_PREFIX = "NVCF_MONO__"
 
@@ -246,9 +245,8 @@ def _sections(
     known = _settings_keys() | {"plugins"} | set(owners)
     for key in raw:
         if key not in known:
-            close = difflib.get_close_matches(str(key), sorted(known), n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(known))}"
-            issues.append(Issue(str(key), f"unknown key ({hint})", prov.get((str(key),))))
+            hint = unknown_key_hint(str(key), raw[key], sorted(known))
+            issues.append(Issue(str(key), f"unknown key{hint}", prov.get((str(key),))))
     sections: dict[str, Any] = {}
     for key, owner in owners.items():
         tp = catalog.plugins[owner].spec.sections[key]

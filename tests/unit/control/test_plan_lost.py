@@ -9,6 +9,8 @@ from nvcf_mono.planes.control.reconcile.plan import lose
 from tests.support.placements import ledger, placed
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+#: Phases of instances that exist (or are being started) on their cluster.
+_LIVE = (("running", Phase.RUNNING), ("starting", Phase.STARTING), ("acked", Phase.ACKNOWLEDGED))
 
 
 def _on_gone(instance_id: str, phase: Phase) -> PlacedInstance:
@@ -28,9 +30,6 @@ def test_only_live_instances_of_lost_clusters_without_a_serving_worker_go() -> N
     assert [i.instance_id for i in out.instances] == ["serving", "requested", "terminating", "elsewhere"]
     # Not failures of the function: nothing counted, nothing to wait for before the replacement.
     assert (out.total_failures, out.consecutive_failures, out.retry_after, out.failures) == (0, 0, None, ())
-
-
-_LIVE = (("running", Phase.RUNNING), ("starting", Phase.STARTING), ("acked", Phase.ACKNOWLEDGED))
 
 
 def test_nothing_lost_leaves_the_ledger_as_it_was() -> None:
