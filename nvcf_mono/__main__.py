@@ -146,7 +146,12 @@ def run_worker(worker: Sidecar, secrets: bool) -> int:
 def main() -> None:
     """Console script ``nvcf-mono``."""
     ctx = CliContext(
-        environ=dict(os.environ), stdout=sys.stdout, stderr=sys.stderr, run_host=run_host, run_worker=run_worker
+        environ=dict(os.environ),
+        stdout=sys.stdout,
+        stderr=sys.stderr,
+        run_host=run_host,
+        run_worker=run_worker,
+        stdin=sys.stdin.buffer if sys.stdin is not None else None,
     )
     try:
         code = cli_main(sys.argv[1:], ctx)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from nvcf_mono.cli.client import add_api_options, connect, key_value
+from nvcf_mono.cli.client import add_api_options, connect, key_value, read_input
 from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.cli.output import emit_json
@@ -30,7 +29,8 @@ def register(sub: Any) -> None:
         "pairs",
         nargs="+",
         metavar="NAME=VALUE",
-        help="a value of @PATH is read from that file (keeps it out of the shell's history and `ps`)",
+        help="a value of @PATH is read from that file, @- from standard input (keeps it out of the shell's "
+        "history and `ps`)",
     )
     listing = cmds.add_parser("list", help="the names of the account's secrets")
     delete = cmds.add_parser("delete", help="remove one secret")
@@ -45,18 +45,19 @@ def _path(args: argparse.Namespace) -> str:
     return f"/v2/nvcf/accounts/{args.account}/secrets/account" if args.account else OWN
 
 
-def _value(name: str, raw: str) -> str:
+def _value(name: str, raw: str, ctx: CliContext) -> str:
     if not raw.startswith("@"):
         return raw
+    data = read_input(f"secret {name!r}: cannot read", raw[1:], ctx)
     try:
-        return Path(raw[1:]).read_text().removesuffix("\n")
-    except OSError as err:
-        raise CliError(f"secret {name!r}: cannot read {raw[1:]}: {err.strerror or err}") from None
+        return data.decode().removesuffix("\n")
+    except UnicodeDecodeError:
+        raise CliError(f"secret {name!r}: {raw[1:]} is not UTF-8 text") from None
 
 
 def _set(args: argparse.Namespace, ctx: CliContext) -> int:
     pairs = [key_value("NAME=VALUE", item) for item in args.pairs]
-    secrets = [{"name": name, "value": _value(name, raw)} for name, raw in pairs]
+    secrets = [{"name": name, "value": _value(name, raw, ctx)} for name, raw in pairs]
     connect(args, ctx).put(_path(args), {"secrets": secrets})
     if not args.json:
         print(f"set {', '.join(name for name, _ in pairs)}", file=ctx.stdout)

@@ -434,14 +434,22 @@ def merged_pairs(flag: str, items: list[str], existing: Any, key_name: str) -> l
     return [{key_name: k, "value": v} for k, v in merged.items()]
 
 
-def read_json_object(flag: str, path: str) -> dict[str, Any]:
-    """A JSON object from a file named on the command line (exit 2 when it is not one)."""
+def read_input(flag: str, path: str, ctx: CliContext) -> bytes:
+    """The bytes of a file named on the command line, ``-`` being standard input (exit 2 when unreadable)."""
     try:
-        text = Path(path).read_text()
+        if path != "-":
+            return Path(path).read_bytes()
+        if ctx.stdin is None:
+            raise CliError(f"{flag} -: there is no standard input to read")
+        return ctx.stdin.read()
     except OSError as err:
         raise CliError(f"{flag} {path}: {err.strerror or err}") from None
+
+
+def read_json_object(flag: str, path: str, ctx: CliContext) -> dict[str, Any]:
+    """A JSON object from a file named on the command line (exit 2 when it is not one)."""
     try:
-        doc = json.loads(text)
+        doc = json.loads(read_input(flag, path, ctx))
     except ValueError as err:
         raise CliError(f"{flag} {path}: not valid JSON: {err}") from None
     if not isinstance(doc, dict):

@@ -33,3 +33,5 @@ class CliContext:
     run_host: Callable[[Host, Callable[[Endpoints], None]], int]
     #: Runs a worker until it drains (first SIGTERM) or is stopped (second); returns the exit code.
     run_worker: Callable[[Sidecar, bool], int] | None = None
+    #: What a file argument of ``-`` reads (None: there is no standard input to read).
+    stdin: IO[bytes] | None = None

@@ -119,10 +119,10 @@ def register(sub: Any) -> None:
     remove.set_defaults(func=_remove)
 
 
-def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
+def _specs(args: argparse.Namespace, ctx: CliContext) -> list[dict[str, Any]]:
     specs: list[dict[str, Any]] = [{}]
     if args.input_file:
-        doc = read_json_object("--input-file", args.input_file)
+        doc = read_json_object("--input-file", args.input_file, ctx)
         listed = doc.get("deploymentSpecifications", [doc])
         if not isinstance(listed, list) or not listed or not all(isinstance(s, dict) for s in listed):
             raise CliError(f"--input-file {args.input_file}: 'deploymentSpecifications' must be a list of objects")
@@ -161,7 +161,7 @@ def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _create(args: argparse.Namespace, ctx: CliContext) -> int:
-    specs = _specs(args)
+    specs = _specs(args, ctx)
     client = connect(args, ctx)
     path = _pin_version(client, args)
     doc = client.post(path, {"deploymentSpecifications": specs})
@@ -336,7 +336,7 @@ def _get(args: argparse.Namespace, ctx: CliContext) -> int:
 
 
 def _update(args: argparse.Namespace, ctx: CliContext) -> int:
-    autoscaling = read_json_object("--autoscaling-file", args.autoscaling_file) if args.autoscaling_file else None
+    autoscaling = read_json_object("--autoscaling-file", args.autoscaling_file, ctx) if args.autoscaling_file else None
     given = (
         ("minInstances", args.min_instances),
         ("maxInstances", args.max_instances),

@@ -158,8 +158,8 @@ def _metadata_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate-limit", metavar="RATE", help="invocation rate limit, e.g. 10-S or 100-S,5000-M")
 
 
-def _create_body(args: argparse.Namespace) -> dict[str, Any]:
-    body = read_json_object("--input-file", args.input_file) if args.input_file else {}
+def _create_body(args: argparse.Namespace, ctx: CliContext) -> dict[str, Any]:
+    body = read_json_object("--input-file", args.input_file, ctx) if args.input_file else {}
     for flag, field in (
         ("name", "name"),
         ("inference_url", "inferenceUrl"),
@@ -216,7 +216,7 @@ def _create_body(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _create(args: argparse.Namespace, ctx: CliContext) -> int:
-    body = _create_body(args)
+    body = _create_body(args, ctx)
     client = connect(args, ctx)
     path = f"{FUNCTIONS}/{args.function_id}/versions" if args.function_id else FUNCTIONS
     doc = client.post(path, body)
@@ -312,7 +312,7 @@ def _versions(args: argparse.Namespace, ctx: CliContext) -> int:
 
 
 def _update(args: argparse.Namespace, ctx: CliContext) -> int:
-    body = read_json_object("--input-file", args.input_file) if args.input_file else {}
+    body = read_json_object("--input-file", args.input_file, ctx) if args.input_file else {}
     if args.tags is not None:
         body["tags"] = args.tags
     if args.description is not None:

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from nvcf_mono import __version__
-from nvcf_mono.cli.client import ApiClient, add_api_options, connect, positive_float, save_body
+from nvcf_mono.cli.client import ApiClient, add_api_options, connect, positive_float, read_input, save_body
 from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.cli.output import emit_json
@@ -61,7 +61,7 @@ def register(sub: Any) -> None:
         "--data",
         required=True,
         metavar="JSON|@FILE",
-        help="the request body: JSON text, or @FILE for a file's bytes (sent as they are)",
+        help="the request body: JSON text, or @FILE for a file's bytes (sent as they are; @- reads standard input)",
     )
     invoke.add_argument(
         "-H",
@@ -99,14 +99,10 @@ def register(sub: Any) -> None:
     invoke.set_defaults(func=_invoke)
 
 
-def _body(data: str) -> tuple[bytes, str]:
+def _body(data: str, ctx: CliContext) -> tuple[bytes, str]:
     """The body and its default Content-Type."""
     if data.startswith("@"):
-        path = data[1:]
-        try:
-            raw = Path(path).read_bytes()
-        except OSError as err:
-            raise CliError(f"--data @{path}: {err.strerror or err}") from None
+        raw = read_input("--data", data[1:], ctx)  # @- is standard input
         try:
             json.loads(raw)
         except ValueError:
@@ -186,7 +182,7 @@ def _write(ctx: CliContext, data: bytes, *, flush: bool) -> None:
 def _invoke(args: argparse.Namespace, ctx: CliContext) -> int:
     if args.output is not None and args.json:
         raise CliError("invoke: --output writes the body to a file and --json prints an envelope: choose one")
-    body, content_type = _body(args.data)
+    body, content_type = _body(args.data, ctx)
     extra = _headers(args.header)
     client = connect(args, ctx, invocation=True)
     cred = client.credential()

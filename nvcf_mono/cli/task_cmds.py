@@ -211,8 +211,8 @@ def _gpu_specification(args: argparse.Namespace, current: Any) -> dict[str, Any]
     return spec
 
 
-def _create_body(args: argparse.Namespace) -> dict[str, Any]:
-    body = read_json_object("--input-file", args.input_file) if args.input_file else {}
+def _create_body(args: argparse.Namespace, ctx: CliContext) -> dict[str, Any]:
+    body = read_json_object("--input-file", args.input_file, ctx) if args.input_file else {}
     for attr, field in (
         ("name", "name"),
         ("container_args", "containerArgs"),
@@ -246,7 +246,7 @@ def _create_body(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _create(args: argparse.Namespace, ctx: CliContext) -> int:
-    body = _create_body(args)
+    body = _create_body(args, ctx)
     client = _client(args, ctx)
     doc = _api(client, "POST", TASKS, body=body)
     if not args.wait:

@@ -47,7 +47,7 @@ class _Terminal(io.TextIOWrapper):
 
 
 def run_cli_bytes(
-    *args: str, env: Mapping[str, str] | None = None, tty: bool = False
+    *args: str, env: Mapping[str, str] | None = None, tty: bool = False, stdin: bytes | None = None
 ) -> subprocess.CompletedProcess[bytes]:
     """Run a command to completion in this process; stdout as the bytes a pipe (or, ``tty``, a terminal)
     would carry."""
@@ -55,15 +55,18 @@ def run_cli_bytes(
     kind = _Terminal if tty else io.TextIOWrapper
     out = kind(raw, encoding="utf-8", write_through=True)  # with a byte buffer, as sys.stdout has
     err = io.StringIO()
-    ctx = CliContext(environ=dict(env or cli_env()), stdout=out, stderr=err, run_host=_no_host)
+    given = io.BytesIO(stdin) if stdin is not None else None
+    ctx = CliContext(environ=dict(env or cli_env()), stdout=out, stderr=err, run_host=_no_host, stdin=given)
     code = main(list(args), ctx)
     out.flush()
     return subprocess.CompletedProcess(["nvcf-mono", *args], code, raw.getvalue(), err.getvalue().encode())
 
 
-def run_cli(*args: str, env: Mapping[str, str] | None = None, tty: bool = False) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, env: Mapping[str, str] | None = None, tty: bool = False, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run a command to completion in this process (call it from a thread while a platform serves here)."""
-    done = run_cli_bytes(*args, env=env, tty=tty)
+    done = run_cli_bytes(*args, env=env, tty=tty, stdin=stdin)
     return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
 
 

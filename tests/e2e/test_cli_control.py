@@ -38,9 +38,11 @@ def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-async def cli(*args: str, env: dict[str, str], tty: bool = False) -> subprocess.CompletedProcess[str]:
+async def cli(
+    *args: str, env: dict[str, str], tty: bool = False, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run the CLI in-process, in a thread so the platform in this event loop keeps serving."""
-    return await anyio.to_thread.run_sync(lambda: run_cli(*args, env=env, tty=tty))
+    return await anyio.to_thread.run_sync(lambda: run_cli(*args, env=env, tty=tty, stdin=stdin))
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
@@ -204,6 +206,14 @@ async def test_function_create_and_update_from_files_with_env_credentials(tmp_pa
         refused = await cli("function", "create", "--input-file", str(bad), env=env)
         assert refused.returncode == 2
         assert refused.stderr.strip() == f"nvcf-mono: --input-file {bad}: expected a JSON object, got list"
+        piped = {**CONTAINER_FUNCTION, "name": "piped"}
+        from_stdin = await cli(
+            "function", "create", "--input-file", "-", "--json", env=env, stdin=json.dumps(piped).encode()
+        )
+        assert json.loads(ok(from_stdin))["function"]["name"] == "piped"
+        no_stdin = await cli("function", "create", "--input-file", "-", env=env)
+        assert no_stdin.returncode == 2
+        assert no_stdin.stderr.strip() == "nvcf-mono: --input-file -: there is no standard input to read"
         server_says = await cli("function", "create", "--name", "n", "--inference-url", "/x", env=env)
         assert server_says.returncode == 1
         assert server_says.stderr.strip() == (
@@ -641,4 +651,10 @@ async def test_account_secret_commands(tmp_path: Path) -> None:
         assert usage.returncode == 2 and "expected KEY=VALUE" in usage.stderr
         unreadable = await cli("account-secret", "set", f"x=@{tmp_path / 'absent'}", *conn, env=env)
         assert unreadable.returncode == 2 and "cannot read" in unreadable.stderr
-        assert "Traceback" not in missing.stderr + usage.stderr + unreadable.stderr
+        (tmp_path / "binary").write_bytes(b"\xff\xfe")
+        binary = await cli("account-secret", "set", f"x=@{tmp_path / 'binary'}", *conn, env=env)
+        assert binary.returncode == 2 and "is not UTF-8 text" in binary.stderr
+        assert "Traceback" not in missing.stderr + usage.stderr + unreadable.stderr + binary.stderr
+        piped = await cli("account-secret", "set", "piped=@-", *conn, env=env, stdin=b"from-a-pipe\n")
+        assert ok(piped).strip() == "set piped"
+        assert (await fetch(p, worker_token(p, fn["id"], fn["versionId"])))["piped"] == "from-a-pipe"

@@ -33,11 +33,13 @@ def command(*args: str) -> list[str]:
     return [sys.executable, "-m", "nvcf_mono", *args]
 
 
-async def invoke(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+async def invoke(
+    *args: str, env: dict[str, str], timeout: float = 60, stdin: bytes = b""
+) -> subprocess.CompletedProcess[bytes]:
     """Run ``nvcf-mono invoke`` in a thread (the platform in this event loop keeps serving); stdout as bytes."""
     argv = command("invoke", *args)
     return await anyio.to_thread.run_sync(
-        lambda: subprocess.run(argv, capture_output=True, timeout=timeout, env=env, cwd=ROOT)
+        lambda: subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, env=env, cwd=ROOT)
     )
 
 
@@ -85,6 +87,10 @@ async def test_invoke_prints_the_answer_follows_202s_and_streams(tmp_path: Path)
         )
         assert ok(saved) == b"" and (tmp_path / "out.bin").read_bytes() == blob
         assert f"saved {tmp_path / 'out.bin'} ({len(blob)} bytes)" in saved.stderr.decode()
+        piped = await invoke(fid, "--data", "@-", "-H", "Content-Type: application/x-blob", *conn, env=env, stdin=blob)
+        assert ok(piped) == blob
+        piped_json = await invoke(fid, "--data", "@-", *conn, env=env, stdin=b'{"message": "from a pipe"}')
+        assert json.loads(ok(piped_json))["message"] == "from a pipe"
         # Too large to return directly (over 5 MiB): a 302 to its download, which -o follows (a zip).
         large = {"message": "x" * 1000, "repeats": 6000}
         zipped = await invoke(fid, "--data", json.dumps(large), "-o", str(tmp_path / "large.zip"), *conn, env=env)

@@ -219,6 +219,7 @@ async def test_a_crash_is_errored_with_the_end_of_its_log(tmp_path: Path) -> Non
         assert task["status"] == "ERRORED", task
         error = task["healthInfo"]["error"]
         assert "exited with code 3" in error and "failing on purpose" in error, error
+        assert "starting the task's process:" in error and "inference server" not in error, error
         last = (await events(p.admin, task_id))[-1]
         assert last.startswith("Changing status from 'RUNNING' to 'ERRORED' with error 'the task exited with code 3"), (
             last

@@ -311,9 +311,9 @@ class ContainersBackend(LocalBackend):
     def _secrets_file(self, inst: LocalInstance) -> Path:
         return inst.directory / SECRETS / "secrets.json"
 
-    async def _spawn(self, inst: LocalInstance, role: str, banner: str) -> None:
+    async def _spawn(self, inst: LocalInstance, role: str, *, again: bool = False) -> None:
         if role != INFERENCE:
-            await super()._spawn(inst, role, banner)
+            await super()._spawn(inst, role, again=again)
             return
         ci = _container(inst)
         engine = self._engine(inst)
@@ -330,7 +330,7 @@ class ContainersBackend(LocalBackend):
                 ci.container_id = await self._create(engine, ci)
             else:
                 await self._pump_log(ci, now=True)  # what its last run wrote goes before the banner
-            said = f"{banner}: container {ci.container_id[:12]} of {ci.image}"
+            said = f"{inst.starting(role, again)}: container {ci.container_id[:12]} of {ci.image}"
             self._log.info("instance %s: %s", inst.instance_id, said)
             await self._say(inst, said)
             state, refused = await self._start(inst, engine, ci.container_id)

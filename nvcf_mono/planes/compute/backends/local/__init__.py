@@ -106,6 +106,14 @@ class LocalInstance:
     def log_path(self, role: str) -> Path:
         return self.directory / LOGS[role]
 
+    def title(self, role: str) -> str:
+        """What the process of ``role`` is called in logs and errors (a task's is no server)."""
+        return "the task's process" if role == INFERENCE and self.run_once else _TITLE[role]
+
+    def starting(self, role: str, again: bool) -> str:
+        """The log's line as ``role``'s process is started (again)."""
+        return f"starting {self.title(role)}{' again' if again else ''}"
+
 
 class LocalBackend:
     """Runs instances as processes on this machine (container functions only)."""
@@ -268,13 +276,13 @@ class LocalBackend:
             await self._open(spec, inst)
             inst.port, inst.health_port = self._port(), self._port()
             self._prepare(spec, inst)
-            await self._spawn(inst, WORKER, "starting the worker")
+            await self._spawn(inst, WORKER)
             if inst.run_once:
                 inst.worker_wait = time.monotonic()
             elif self._secrets_needed(inst):
                 inst.secrets_wait = time.monotonic()  # the server starts once the worker wrote the secrets
             else:
-                await self._spawn(inst, INFERENCE, "starting the inference server")
+                await self._spawn(inst, INFERENCE)
         except LaunchError as err:
             inst.failure = err.failure
             self._log.info("instance %s cannot start: %s", inst.instance_id, err.failure.detail)
@@ -301,12 +309,12 @@ class LocalBackend:
             taken = await self._take_over(inst, rec)
             if taken is not None:
                 inst.procs[rec.role] = taken
-                self._log.info("instance %s: took over %s (pid %d)", inst.instance_id, _TITLE[rec.role], rec.pid)
+                self._log.info("instance %s: took over %s (pid %d)", inst.instance_id, inst.title(rec.role), rec.pid)
         missing = [role for role in (WORKER, INFERENCE) if role not in inst.procs]
         if missing:
             # Gone while the agent was away: started again now, and counted like any exit.
             inst.exits.append(now)
-            inst.last_exit = f"{_TITLE[missing[0]]} ended while the agent was not running"
+            inst.last_exit = f"{inst.title(missing[0])} ended while the agent was not running"
             inst.exited_role = missing[0]
             for role in missing:
                 inst.due[role] = time.monotonic()
@@ -330,8 +338,8 @@ class LocalBackend:
         """The umask a process of ``role`` starts with when it runs as the platform's user (None: ours)."""
         return None
 
-    async def _spawn(self, inst: LocalInstance, role: str, banner: str) -> None:
-        argv = inst.argv[role]
+    async def _spawn(self, inst: LocalInstance, role: str, *, again: bool = False) -> None:
+        argv, title = inst.argv[role], inst.title(role)
         user = run_as(inst.slot, role)
         try:
             proc = await anyio.to_thread.run_sync(
@@ -342,14 +350,14 @@ class LocalBackend:
                     environment=inst.envs[role],
                     cwd=inst.cwd[role],
                     log_path=inst.log_path(role),
-                    banner=f"{banner}: {' '.join(argv)}",
+                    banner=f"{inst.starting(role, again)}: {' '.join(argv)}",
                     run_as=user,
                     umask=self._umask(role),
                 )
             )
         except FileNotFoundError as err:
             cause = states.IMAGE_PULL_ISSUES if role == INFERENCE else states.CREATE_CONTAINER_ERROR
-            raise LaunchError(cause, f"cannot start {_TITLE[role]}: {argv[0]!r} was not found ({err})") from err
+            raise LaunchError(cause, f"cannot start {title}: {argv[0]!r} was not found ({err})") from err
         except PermissionError as err:
             who = f" as uid {user.uid}" if user is not None else ""
             hint = (
@@ -358,9 +366,9 @@ class LocalBackend:
                 if user is not None
                 else ""
             )
-            raise LaunchError(states.CREATE_CONTAINER_ERROR, f"cannot start {_TITLE[role]}{who}: {err}{hint}") from err
+            raise LaunchError(states.CREATE_CONTAINER_ERROR, f"cannot start {title}{who}: {err}{hint}") from err
         except OSError as err:
-            raise LaunchError(states.CREATE_CONTAINER_ERROR, f"cannot start {_TITLE[role]}: {err}") from err
+            raise LaunchError(states.CREATE_CONTAINER_ERROR, f"cannot start {title}: {err}") from err
         inst.procs[role] = proc
         inst.spawned.append(proc)
         if role == INFERENCE and inst.run_once and inst.task_started is None:
@@ -430,7 +438,7 @@ class LocalBackend:
             if inst.run_once and role == INFERENCE:
                 await self._task_ended(inst, proc)
                 return
-            what = exit_text(role, proc)
+            what = exit_text(inst.title(role), proc)
             if proc.returncode == 127:
                 raise LaunchError(states.IMAGE_PULL_ISSUES, f"{what} (command not found)")
             if proc.returncode == 126:
@@ -461,7 +469,7 @@ class LocalBackend:
                 continue
             del inst.due[role]
             again = role in inst.streak or role == inst.exited_role
-            await self._spawn(inst, role, f"starting {_TITLE[role]}{' again' if again else ''}")
+            await self._spawn(inst, role, again=again)
 
     async def _await_task_worker(self, inst: LocalInstance, mono: float) -> None:
         """Start the task's process once its worker is connected (it has fetched the secrets by then)."""
@@ -522,7 +530,7 @@ class LocalBackend:
                 with anyio.move_on_after(5):
                     await _until(lambda: not worker.poll(), 0.02)  # reaped, not left a zombie
         inst.due.clear()
-        what = exit_text(INFERENCE, proc).replace("the inference server", "the task")
+        what = exit_text("the task", proc)
         overtime = inst.overtime_at is not None
         inst.completion = Completion(
             exit_code=proc.returncode if proc.returncode is not None else -1,

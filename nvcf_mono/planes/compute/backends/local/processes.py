@@ -173,9 +173,8 @@ def spawn(
     return Proc(role=role, pid=popen.pid, ticks=start_ticks(popen.pid) or 0, started_at=now_iso(), popen=popen)
 
 
-def exit_text(role: str, proc: Proc) -> str:
-    """``the inference server exited with code 1`` / ``... was killed by signal 9``."""
-    what = "the inference server" if role == "inference" else "the worker"
+def exit_text(what: str, proc: Proc) -> str:
+    """``<what> exited with code 1`` / ``<what> was killed by SIGKILL``."""
     if proc.ended_how:
         return f"{what} {proc.ended_how}"
     code = proc.returncode
