@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -465,7 +466,8 @@ class Host:
             "invocation_url": ep.invocation_url,
             "grpc_url": ep.invocation_grpc_address,
             "grpc_tls": ep.tls,
-            "ca_file": ep.ca_file,
+            # Absolute: the file is read by clients in other directories (`--state-dir`).
+            "ca_file": os.path.abspath(ep.ca_file) if ep.ca_file else None,
             "nats_url": ep.nats_url,
             "credentials": dict(self._credentials),
         }

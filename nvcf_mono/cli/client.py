@@ -120,7 +120,12 @@ class ApiClient:
         self.timeout = timeout
         handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler(dict(proxies)), _NoRedirect()]
         if ca_file is not None:  # a local platform's development CA (else the system's CAs, or SSL_CERT_FILE)
-            handlers.append(urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=ca_file)))
+            try:
+                context = ssl.create_default_context(cafile=ca_file)
+            except (OSError, ssl.SSLError) as err:
+                why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+                raise CliError(f"cannot read the CA certificates to trust from {ca_file}: {why}") from None
+            handlers.append(urllib.request.HTTPSHandler(context=context))
         self._opener = urllib.request.build_opener(*handlers)
 
     def credential(self) -> Credential:

@@ -28,6 +28,7 @@ from nvcf_mono.testing.host import running_host
 from nvcf_mono.testing.platform import Api, platform_config, wait_for, wait_status
 from nvcf_mono.testing.running import ECHO_FUNCTION
 from nvcf_mono.tls import ServerTls, development_certificate
+from tests.e2e.cli import run_cli
 from tests.integration.compute.conftest import FAST, cluster, spec
 
 pytestmark = pytest.mark.slow
@@ -115,6 +116,23 @@ async def test_https_grpc_and_workers_over_tls_and_a_new_certificate_without_a_r
 
         await wait_for(renewed_served, timeout=10, what="the renewed certificate served")
         assert before != new_serial
+
+
+async def test_the_cli_trusts_a_platform_started_with_a_relative_state_dir_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``make up ARGS=--tls`` keeps its state in ``.nvcf-mono``; the CLI run elsewhere with ``--state-dir``
+    must find the CA that endpoints.json names (it once named it relative to the platform's directory)."""
+    monkeypatch.chdir(tmp_path)
+    async with running_host(platform_config(Path(".nvcf-mono"), settings={"tls.self_signed": "true"})):
+        doc = json.loads((tmp_path / ".nvcf-mono" / ENDPOINTS_FILE).read_text())
+        assert doc["ca_file"] == str(tmp_path / ".nvcf-mono" / "tls" / "ca.pem")
+        (tmp_path / "elsewhere").mkdir()
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        state = str(tmp_path / ".nvcf-mono")
+        listed = await anyio.to_thread.run_sync(lambda: run_cli("function", "list", "--state-dir", state, env={}))
+        assert listed.returncode == 0, listed.stderr
+        assert "Traceback" not in listed.stderr
 
 
 async def test_bad_tls_settings_are_clear_errors(tmp_path: Path) -> None:

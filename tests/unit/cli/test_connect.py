@@ -62,3 +62,20 @@ def test_credentials_never_go_to_a_server_the_file_does_not_name(tmp_path: Path)
         connect(_args(state, "--api-url", "http://elsewhere:8080"), _ctx(), invocation=True)
     # The invocation node named by the file is one of its own: its credentials go there.
     assert connect(_args(state, "--api-url", INVOCATION), _ctx()).credential().value == "tok"
+
+
+def test_a_ca_file_that_cannot_be_read_is_a_usage_error_not_a_traceback(tmp_path: Path) -> None:
+    url = "https://127.0.0.1:8443"
+    state = _state(
+        tmp_path, role="all-in-one", node_url=url, api_url=url, invocation_url=url,
+        ca_file=".nvcf-mono/tls/ca.pem", credentials={"admin_token": "tok"},
+    )  # fmt: skip
+    with pytest.raises(CliError, match=r"cannot read the CA certificates to trust from \.nvcf-mono/tls/ca\.pem"):
+        connect(_args(state), _ctx())
+    (tmp_path / "garbage.pem").write_text("not a certificate")
+    state = _state(
+        tmp_path, role="all-in-one", node_url=url, api_url=url, invocation_url=url,
+        ca_file=str(tmp_path / "garbage.pem"), credentials={"admin_token": "tok"},
+    )  # fmt: skip
+    with pytest.raises(CliError, match=r"garbage\.pem"):
+        connect(_args(state), _ctx())
