@@ -575,6 +575,8 @@ class Host:
 
     async def _drain(self, http: HttpServer, grpc: GrpcServer) -> None:
         grace = self.settings.shutdown.drain_grace
+        self._stopping.set()
+        self.inflight.claim_reserved()  # plugins' stop work (RunContext.when_stopping) counts from now
         if self.inflight.count:
             log.info(
                 "draining: no new connections; waiting up to %gs for what is in flight: %s",
@@ -583,7 +585,6 @@ class Host:
             )
         else:
             log.info("draining: no new connections; nothing in flight")
-        self._stopping.set()
         self._health.notify()
         with anyio.CancelScope(shield=True):
             await http.stop_accepting()

@@ -37,6 +37,8 @@ class InflightTracker:
         self._kinds: dict[str, int] = {}
         self._idle = anyio.Event()
         self._idle.set()
+        self._reserved: set[Reservation] = set()
+        self._claimed = False
 
     @property
     def count(self) -> int:
@@ -72,6 +74,20 @@ class InflightTracker:
         finally:
             self.exit(kind)
 
+    def reserve(self, kind: str = PLUGIN_JOB) -> Reservation:
+        """A unit of ``kind`` that counts from :meth:`claim_reserved` until it is released."""
+        reservation = Reservation(self, kind)
+        self._reserved.add(reservation)
+        if self._claimed:
+            reservation.claim()
+        return reservation
+
+    def claim_reserved(self) -> None:
+        """Count every reserved unit as in flight now, and any reserved from now on (the host is stopping)."""
+        self._claimed = True
+        for reservation in self._reserved:
+            reservation.claim()
+
     def describe(self) -> str:
         """What is in flight, for a log line: ``2 HTTP requests, 1 gRPC stream`` (``nothing`` when idle)."""
         if not self._kinds:
@@ -81,3 +97,32 @@ class InflightTracker:
     async def wait_idle(self) -> None:
         """Return once nothing is in flight."""
         await self._idle.wait()
+
+
+@final
+class Reservation:
+    """Work that will start when the host begins to stop (:meth:`InflightTracker.reserve`).
+
+    Counted from that moment, not from when its task next runs: a drain that finds nothing else in
+    flight may end without yielding, and would otherwise stop the plugin before its work began.
+    """
+
+    def __init__(self, tracker: InflightTracker, kind: str) -> None:
+        self._tracker = tracker
+        self._kind = kind
+        self._claimed = False
+        self._released = False
+
+    def claim(self) -> None:
+        if not (self._claimed or self._released):
+            self._claimed = True
+            self._tracker.enter(self._kind)
+
+    def release(self) -> None:
+        """The work is done (or will never start): no longer counted, nor reserved."""
+        if self._released:
+            return
+        self._released = True
+        self._tracker._reserved.discard(self)
+        if self._claimed:
+            self._tracker.exit(self._kind)

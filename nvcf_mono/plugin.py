@@ -12,8 +12,8 @@ backoff, :class:`PluginConfigError` from ``setup()`` for bad config; anything el
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, final
 
@@ -311,6 +311,20 @@ class RunContext(Generic[C]):
         """Count the block as in-flight work that shutdown waits for (up to its drain grace)."""
         with self._inflight.track():
             yield
+
+    @asynccontextmanager
+    async def when_stopping(self) -> AsyncIterator[None]:
+        """Wait until the host begins to stop, then run the block as work its drain waits for.
+
+        Counted from the moment stopping begins, so the drain waits for it even when nothing else is in
+        flight (``track()`` entered after ``wait_stopping()`` can come too late for that).
+        """
+        reservation = self._inflight.reserve()
+        try:
+            await self.wait_stopping()
+            yield
+        finally:
+            reservation.release()
 
     def set_credential(self, key: str, value: str) -> None:
         """Publish a credential in ``endpoints.json`` (e.g. ``admin_token``)."""

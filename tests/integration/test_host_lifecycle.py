@@ -257,10 +257,23 @@ async def test_plugins_stop_in_reverse_order_after_in_flight_requests_drain(
                         pass
         assert results == [200]
     # The drain says what it waits for.
-    assert "for what is in flight: 1 HTTP request\n" in caplog.text
+    # (the compute plugin's stop, its instances, is the plugin job)
+    assert "for what is in flight: 1 HTTP request, 1 plugin job\n" in caplog.text
     events = plugins.EVENTS
     assert events.index("recorder:slow:end") < events.index("after:stop") < events.index("recorder:stop")
     assert "recorder:stopping" in events
+
+
+async def test_a_plugins_stop_work_is_waited_for_when_nothing_else_is_in_flight(
+    tmp_path: Path, nats_server: NatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The drain once ended without yielding when nothing was in flight, and the plugin was cancelled
+    before its stop work began: a split deployment's compute node left its instances running."""
+    caplog.set_level(logging.INFO, logger="nvcf_mono.host")
+    async with running_host(_config(tmp_path, nats_server, "tests.support.plugins:StopWork")) as host:
+        host.request_shutdown()
+    assert plugins.EVENTS == ["stop_work:begin", "stop_work:done"]
+    assert "for what is in flight: 2 plugin jobs\n" in caplog.text  # its and the compute plugin's
 
 
 async def test_endpoints_file_is_private_and_complete(tmp_path: Path, nats_server: NatsServer) -> None:

@@ -117,6 +117,23 @@ class After(BasePlugin[Any]):
             EVENTS.append("after:stop")
 
 
+class StopWork(BasePlugin[Any]):
+    """Has work to do when the host stops (as the compute plugin stops its instances), with nothing in flight."""
+
+    spec: ClassVar[PluginSpec] = PluginSpec(name="stop_work", description="test: work at stop")
+
+    async def run(self, ctx: RunContext[Any], *, task_status: TaskStatus[None]) -> None:
+        task_status.started()
+        async with ctx.when_stopping():
+            EVENTS.append("stop_work:begin")
+            try:
+                await anyio.sleep(0.5)
+                EVENTS.append("stop_work:done")
+            except anyio.get_cancelled_exc_class():
+                EVENTS.append("stop_work:cancelled")
+                raise
+
+
 class BadSetup(BasePlugin[Any]):
     """Refuses its configuration in setup()."""
 

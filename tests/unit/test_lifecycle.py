@@ -27,3 +27,18 @@ async def test_it_counts_by_kind_and_is_idle_when_all_have_ended() -> None:
     with anyio.fail_after(1):
         await tracker.wait_idle()
     assert tracker.describe() == "nothing" and tracker.count == 0
+
+
+def test_reserved_work_counts_from_the_claim_until_it_is_released() -> None:
+    tracker = InflightTracker()
+    early, dropped = tracker.reserve(), tracker.reserve()
+    assert tracker.count == 0, "reserved work is not in flight while the host runs"
+    dropped.release()  # its plugin stopped before the host did
+    tracker.claim_reserved()  # the host begins to stop
+    assert tracker.describe() == "1 plugin job"
+    late = tracker.reserve()  # reserved once stopping has begun: counted at once
+    assert tracker.count == 2
+    early.release()
+    early.release()  # twice is once
+    late.release()
+    assert tracker.count == 0 and tracker.describe() == "nothing"

@@ -117,8 +117,7 @@ class ComputePlane(BasePlugin[ComputeConfig]):
             for agent in agents:
                 await tg.start(agent.run)
             task_status.started()
-            await ctx.wait_stopping()
-            with ctx.track():
+            async with ctx.when_stopping():
                 grace = min(config.local.termination_grace, ctx.settings.shutdown.drain_grace)
                 async with anyio.create_task_group() as stops:
                     for agent in agents:
