@@ -279,22 +279,24 @@ async def _wait_cluster(control: dict[str, Any]) -> None:
 
 
 async def _stop(procs: dict[str, asyncio.subprocess.Process]) -> None:
-    """The roles first (they drain on SIGTERM, a second signal stops them at once), NATS last."""
-    roles = [proc for name, proc in procs.items() if name != "nats"]
-    await _terminate(roles)
-    if "nats" in procs:
-        await _terminate([procs["nats"]])
+    """Compute first, so its instances stop and are reported while the other roles still run; then the
+    invocation and control roles; NATS last. Each drains on SIGTERM; a second Ctrl-C stops all at once.
+    """
+    hurry = anyio.Event()
+    for names in (("compute",), ("invocation", "control"), ("nats",)):
+        await _terminate([procs[name] for name in names if name in procs], hurry)
 
 
-async def _terminate(procs: list[asyncio.subprocess.Process]) -> None:
+async def _terminate(procs: list[asyncio.subprocess.Process], hurry: anyio.Event) -> None:
     running = [proc for proc in procs if proc.returncode is None]
     for proc in running:
-        _signal(proc, signal.SIGTERM)
+        _signal(proc, signal.SIGKILL if hurry.is_set() else signal.SIGTERM)
     deadline = time.monotonic() + STOP_TIMEOUT
     with anyio.CancelScope() as scope, anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
 
         async def again() -> None:
-            async for _ in signals:  # a second Ctrl-C: stop at once
+            async for _ in signals:  # a second Ctrl-C: stop at once, these and the rest
+                hurry.set()
                 for proc in running:
                     _signal(proc, signal.SIGKILL)
 
