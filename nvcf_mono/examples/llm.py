@@ -135,13 +135,37 @@ SAMPLING_RANGES = {
 
 
 def _sampling(doc: dict[str, Any]) -> None:
-    """The sampling settings a call sends are numbers in OpenAI's ranges (this model ignores them)."""
+    """The sampling settings a call sends have OpenAI's types and ranges (this model ignores them)."""
     for name, (low, high) in SAMPLING_RANGES.items():
         value = doc.get(name)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
             raise BadRequest(f"'{name}' must be a number from {low:g} to {high:g}, not {value!r}", name)
+    seed = doc.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise BadRequest(f"'seed' must be a whole number, not {seed!r}", "seed")
+    stop = doc.get("stop")
+    if not (stop is None or isinstance(stop, str) or _strings(stop, most=4)):
+        raise BadRequest("'stop' must be a string or a list of up to 4 strings", "stop")
+    _include_usage(doc)
+
+
+def _strings(value: Any, *, most: int) -> bool:
+    return isinstance(value, list) and len(value) <= most and all(isinstance(v, str) for v in value)
+
+
+def _include_usage(doc: dict[str, Any]) -> bool:
+    """``stream_options.include_usage``, checked as OpenAI checks it (an object; a boolean)."""
+    options = doc.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise BadRequest(f"'stream_options' must be an object, not {options!r}", "stream_options")
+    include = options.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise BadRequest("'stream_options.include_usage' must be true or false", "stream_options.include_usage")
+    return include
 
 
 def _one_choice(doc: dict[str, Any]) -> None:
@@ -250,7 +274,7 @@ async def chat(model: Model, request: web.Request, doc: dict[str, Any]) -> web.S
     prompt, limit = chat_prompt(doc), _max_tokens(doc, "max_completion_tokens", "max_tokens")
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if doc.get("stream"):
-        include_usage = bool((doc.get("stream_options") or {}).get("include_usage"))
+        include_usage = _include_usage(doc)
 
         async def events() -> AsyncIterator[str]:
             yield _chunk(model, cid, created, delta={"role": "assistant", "content": ""})
@@ -285,11 +309,14 @@ async def completions(model: Model, request: web.Request, doc: dict[str, Any]) -
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
 
     if doc.get("stream"):
+        include_usage = _include_usage(doc)
 
         async def events() -> AsyncIterator[str]:
             async for token in model.tokens(prompt, limit):
                 yield data({**head, "choices": [choice(token, None)]})
             yield data({**head, "choices": [choice("", "length")]})
+            if include_usage:
+                yield data({**head, "choices": [], "usage": usage(prompt, limit)})
             yield "data: [DONE]"
 
         return await sse(request, events())

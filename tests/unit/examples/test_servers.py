@@ -124,6 +124,20 @@ async def test_sse_streams_words_then_done() -> None:
             {"messages": [{"role": "user", "content": "hi"}], "presence_penalty": -3},
             "presence_penalty",
         ),
+        # Once a 500 from the server (a string has no .get): every field's type is checked as OpenAI does.
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "stream": True, "stream_options": "x"},
+            "stream_options",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "hi", "stream": True, "stream_options": {"include_usage": "yes"}},
+            "stream_options.include_usage",
+        ),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "seed": "x"}, "seed"),
+        ("/v1/completions", {"prompt": "hi", "stop": 5}, "stop"),
+        ("/v1/completions", {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ],
 )
 async def test_llm_refuses_what_it_cannot_do_in_openais_shape(path: str, body: dict[str, object], param: str) -> None:
@@ -140,6 +154,26 @@ async def test_llm_refuses_what_it_cannot_do_in_openais_shape(path: str, body: d
             for value in (low, high, 1):
                 async with http.post(base + path, json={**body, param: value, "max_tokens": 2}) as r:
                     assert r.status == 200, (param, value, await r.text())
+
+
+async def test_llm_streams_report_usage_last_when_asked() -> None:
+    """Chat and completions streams both end with a usage chunk for ``stream_options.include_usage``."""
+    async with serving(llm.app(llm.Model("tiny-llm", 0))) as base, aiohttp.ClientSession() as http:
+        for path, body in (
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi there"}]}),
+            ("/v1/completions", {"prompt": "hi there", "stop": ["."], "seed": 7}),
+        ):
+            asked = {**body, "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
+            async with http.post(base + path, json=asked) as r:
+                assert r.status == 200
+                chunks = [line[6:] for line in (await r.text()).splitlines() if line.startswith("data: ")]
+            assert chunks[-1] == "[DONE]"
+            last = json.loads(chunks[-2])
+            assert last["choices"] == [] and last["usage"] == {
+                "prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5
+            }, (path, last)  # fmt: skip
+            async with http.post(base + path, json={**asked, "stream_options": None}) as r:
+                assert "usage" not in await r.text()
 
 
 async def test_grpc_echo_unary_streaming_health_and_bad_input() -> None:
