@@ -100,11 +100,9 @@ def poll_seconds(config: InvocationConfig, headers: Mapping[str, str], *, stream
         value = int(raw.strip())
     except ValueError:
         raise ProblemError(400, f"{POLL} must be a whole number of seconds, got {raw[:64]!r}") from None
-    if value > config.max_poll_seconds:
-        raise ProblemError(400, f"{POLL} must be <= {config.max_poll_seconds}")
-    if value < 0:
-        # NVCF reads the header as an unsigned number: a negative one is not a number of seconds.
-        raise ProblemError(400, f"{POLL} must be between 1 and {config.max_poll_seconds}, got {value}")
+    # NVCF reads the header as an unsigned number: a negative one is not a number of seconds.
+    if not 0 <= value <= config.max_poll_seconds:
+        raise ProblemError(400, f"{POLL} must be from 0 to {config.max_poll_seconds} seconds, got {value}")
     return max(value, 1)  # 0 waits the least there is, as NVCF clamps it
 
 
