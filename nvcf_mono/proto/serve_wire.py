@@ -17,6 +17,10 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import Delivery, NodeMessage, WorkerMess
 
 _LEN, _VARINT = 2, 0
 
+#: The status message (with UNAVAILABLE) of a Serve or ConnectOnce call a stopping invocation node ends or
+#: refuses: the worker connects again, to another node, and says so without alarm.
+NODE_STOPPING = "this invocation node is stopping: connect to another"
+
 
 def _varint(value: int) -> bytes:
     out = bytearray()

@@ -9,6 +9,7 @@ fails its health checks the worker tells the node it is not ready (no new work) 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -25,14 +26,14 @@ from anyio.streams.memory import MemoryObjectSendStream
 from grpclib.client import Channel
 from grpclib.const import Cardinality
 from grpclib.const import Status as GRPCStatus
-from grpclib.exceptions import GRPCError, StreamTerminatedError
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from nvcf_mono import tracing
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.holding import hold_until_ready
 from nvcf_mono.contracts import live_input, redelivery, subjects, trace
 from nvcf_mono.contracts.frames import Frame, FrameError, Request
-from nvcf_mono.grpc.batch import MOST, accept_large_frames, send_all
+from nvcf_mono.grpc.batch import MOST, STREAM_GONE, accept_large_frames, send_all
 from nvcf_mono.grpc.uploads import upload as upload_all
 from nvcf_mono.log import bind, unbind
 from nvcf_mono.metrics import Metrics
@@ -51,7 +52,7 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     WorkerMessage,
     WorkerStatus,
 )
-from nvcf_mono.proto.serve_wire import NodeEnvelope, WorkerEnvelope
+from nvcf_mono.proto.serve_wire import NODE_STOPPING, NodeEnvelope, WorkerEnvelope
 from nvcf_mono.queues import batches
 from nvcf_mono.settlement import Policy, Settlement
 from nvcf_mono.worker import endpoint
@@ -103,7 +104,19 @@ SPARE_TASKS = 32
 
 Out = MemoryObjectSendStream[WorkerEnvelope]
 #: What a lost connection to the node raises (a broken internal stream is the same session ending).
-LOST = (GRPCError, StreamTerminatedError, OSError, ConnectionError, TimeoutError, anyio.BrokenResourceError)
+LOST = (
+    GRPCError,
+    StreamTerminatedError,
+    ProtocolError,
+    OSError,
+    ConnectionError,
+    TimeoutError,
+    anyio.BrokenResourceError,
+)
+
+
+def _node_stopping(err: BaseException) -> bool:
+    return isinstance(err, GRPCError) and err.status is GRPCStatus.UNAVAILABLE and err.message == NODE_STOPPING
 
 
 @attrs.frozen
@@ -179,6 +192,8 @@ class Worker:
         self._idle = anyio.Event()
         self._idle.set()
         self._drain = anyio.Event()
+        #: Why the node of the current session said it ends it (it stops), if it did.
+        self._left_because: str | None = None
         #: Draining is over: the way up is closed, requests that still arrive are left to the node.
         self._closing = False
         self.backoff = Backoff()
@@ -304,6 +319,11 @@ class Worker:
             except* LOST as group:  # raised inside the session's task groups: maybe grouped
                 err = _first(group)
                 why = f"{type(err).__name__}: {err}"
+                if _node_stopping(err):
+                    why = NODE_STOPPING
+            told, self._left_because = self._left_because, None
+            if told is not None:  # the node said why first: what followed (an end, a reset) is that
+                why = told
             self.state.connected = False
             if self._drain.is_set():
                 return
@@ -311,7 +331,9 @@ class Worker:
                 self.backoff.reset()
             delay = self.backoff.next()
             self.state.connection_detail = f"not connected to the invocation plane ({why})"
-            log.warning("connection to the invocation plane lost (%s); retrying in %.1fs", why, delay)
+            # A node that stops says so: expected in a rolling restart, not a fault.
+            level = logging.INFO if why in (NODE_STOPPING, told) else logging.WARNING
+            log.log(level, "connection to the invocation plane lost (%s); retrying in %.1fs", why, delay)
             with anyio.move_on_after(delay):
                 await self._drain.wait()
 
@@ -353,6 +375,7 @@ class Worker:
                 self._health_changed.set()  # a new session starts ready: say at once that it is not
             send, recv = anyio.create_memory_object_stream[WorkerEnvelope](self.config.max_concurrency * 4 + 16)
             link = _Link(channel, session, send, http)
+            ended_by_node = False
             async with send, recv, anyio.create_task_group() as tg:  # recv too: the sender may never start
 
                 async def sender() -> None:
@@ -373,6 +396,7 @@ class Worker:
                         if envelope is None:
                             # The node ended the session; it has handed what we held to others.
                             requests.cancel_scope.cancel()
+                            ended_by_node = True
                             break
                         if envelope.request is not None:
                             self._start(slots, envelope.request, envelope.attempt, link)
@@ -384,7 +408,13 @@ class Worker:
                         elif envelope.kind == "input":
                             assert envelope.message is not None
                             self._inputs.arrived(envelope.message.input)
+                        elif envelope.kind == "leave":
+                            assert envelope.message is not None
+                            self._left_because = envelope.message.leave.reason or NODE_STOPPING
                 tg.cancel_scope.cancel()
+            if ended_by_node:  # our side ends too, or grpclib finds the call unfinished as it closes it
+                with contextlib.suppress(*STREAM_GONE):
+                    await stream.end()
             self.state.connected = False
 
     def _start(self, slots: Slots, blob: bytes, attempt: int, link: _Link) -> None:

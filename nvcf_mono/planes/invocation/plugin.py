@@ -174,7 +174,11 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
             self.router.gatekeeper.set(Gatekeeper(ctx.services.get(AUTHENTICATOR)))
             task_status.started()
             await ctx.wait_stopping()
-            tg.cancel_scope.cancel()
+            self.workers.leave()  # their workers go to other nodes once what they hold is settled
+            # Everything else keeps running through the drain: the router brings the answers of this
+            # node's callers that workers on other nodes serve, the handover answers other nodes' offers,
+            # the result waits answer polls. The host cancels this plugin once the drain is over.
+            await anyio.sleep_forever()
 
     def _large_responses(self, ctx: RunContext[InvocationConfig]) -> LargeResponses:
         """Where zipped large responses are kept, and the base of their download links."""

@@ -58,6 +58,7 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     Cancel,
     ConnectRequest,
     ConnectResponse,
+    Drain,
     InputChunk,
     InputWanted,
     LargeResponseChunk,
@@ -73,7 +74,7 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     TaskResultAck,
     TaskResultChunk,
 )
-from nvcf_mono.proto.serve_wire import NodeEnvelope, WorkerEnvelope
+from nvcf_mono.proto.serve_wire import NODE_STOPPING, NodeEnvelope, WorkerEnvelope
 from nvcf_mono.queues import batches
 from nvcf_mono.settlement import BROKEN_OFF, Policy, Settlement
 
@@ -120,6 +121,22 @@ class WorkerService:
         self.deps: Late[WorkerDeps] = Late("the invocation plane")
         self._policy = Policy(max_deliver=config.max_deliver)
         self._tasks = TaskCalls(self._verify, lambda: self.deps.get().bus, lambda: self.deps.get().dispatcher.room, log)
+        #: The node is stopping: sessions take no more requests, new ones are refused.
+        self.leaving = False
+
+    def leave(self) -> None:
+        """The node is stopping: every session stops taking requests and ends once it holds none.
+
+        Its worker then goes to another node at once, instead of waiting out this node's drain and being
+        cut at its end.
+        """
+        self.leaving = True
+        for session in list(self.sessions.values()):
+            session.leave()
+
+    def _refuse_if_leaving(self) -> None:
+        if self.leaving:
+            raise GRPCError(Status.UNAVAILABLE, NODE_STOPPING)
 
     def serving_session(self, version_id: str, instance_id: str) -> WorkerSession | None:
         """The grpc session of an instance that can take one more request of ``version_id`` now."""
@@ -196,6 +213,7 @@ class WorkerService:
             raise GRPCError(Status.UNAUTHENTICATED, f"invalid {kind} token: {err}") from err
 
     async def _connect_once(self, stream: Stream[ConnectRequest, ConnectResponse]) -> None:
+        self._refuse_if_leaving()
         req = await stream.recv_message()
         assert req is not None
         claims = self._verify(req.worker_token, WORKER)
@@ -347,6 +365,7 @@ class WorkerService:
             raise GRPCError(Status.UNAVAILABLE, f"asset {req.asset_id} could not be read: {err}") from err
 
     async def _serve(self, stream: Stream[WorkerEnvelope, NodeEnvelope]) -> None:
+        self._refuse_if_leaving()
         with anyio.fail_after(10):
             first = await stream.recv_message()
         if first is None or first.message is None or first.kind != "hello":
@@ -406,6 +425,8 @@ class WorkerSession:
         self.ready = anyio.Event()
         self.ready.set()
         self.draining = False
+        #: Set when this node stops: the session ends once it holds nothing (``leave``).
+        self._leaving = anyio.Event()
         #: The worker's own account of its load (its last status).
         self.reported_in_flight = 0
         self.busy_seconds = 0.0
@@ -432,6 +453,17 @@ class WorkerSession:
             and len(self.in_flight) < self.max_concurrency
         )
 
+    def leave(self) -> None:
+        """The node is stopping: take no more requests; end once what the worker holds is settled."""
+        self.draining = True
+        self.ready.set()  # wakes whatever waits for readiness; it sees the drain
+        self._leaving.set()
+
+    @property
+    def _left(self) -> bool:
+        """Told to leave, and holding nothing now: the session ends."""
+        return self._leaving.is_set() and not self.in_flight and not self.held_remotely
+
     async def offer(self, held: Settlement, delivery: Delivery) -> bool:
         """Give this session's worker a request another session pulled; False if it cannot take it now."""
         out = self._out
@@ -448,12 +480,15 @@ class WorkerSession:
         send, recv = anyio.create_memory_object_stream[NodeEnvelope](self.max_concurrency + 16)
         self._out = send
         try:
+            said_leave = anyio.Event()
             async with send, recv, anyio.create_task_group() as tg:  # recv too: the sender may never start
 
                 async def sender() -> None:
                     async with recv:
                         async for batch in batches(recv, MOST):
                             await send_all(stream, batch)
+                            if self._leaving.is_set() and any(envelope is _LEAVE for envelope in batch):
+                                said_leave.set()
 
                 tg.start_soon(sender)
                 await send.send(
@@ -465,7 +500,21 @@ class WorkerSession:
                     tg.start_soon(self._pull, send)
                     tg.start_soon(self._keepalive)
                     tg.start_soon(self._cancellations, send)
-                await self._receive(stream, send, tg)
+                async with anyio.create_task_group() as ends:  # the worker's end, or this node's
+
+                    async def left_idle() -> None:
+                        await self._leaving.wait()
+                        if self._left:  # else _receive ends once the last thing held is settled
+                            ends.cancel_scope.cancel()
+
+                    ends.start_soon(left_idle)
+                    await self._receive(stream, send, tg)
+                    ends.cancel_scope.cancel()
+                if self._leaving.is_set():
+                    # Said before the stream ends, which the worker may see only as a reset.
+                    with anyio.move_on_after(LEAVE_TIMEOUT):
+                        await send.send(_LEAVE)
+                        await said_leave.wait()
                 tg.cancel_scope.cancel()
         finally:
             self._out = None
@@ -586,7 +635,7 @@ class WorkerSession:
         out: MemoryObjectSendStream[NodeEnvelope],
         tasks: TaskGroup,
     ) -> None:
-        while True:
+        while not self._left:
             envelope = await stream.recv_message()
             if envelope is None:
                 return
@@ -740,3 +789,9 @@ TOO_LARGE_TO_KEEP = "the response was larger than an invocation node keeps for a
 
 def _message(message: NodeMessage) -> NodeEnvelope:
     return NodeEnvelope(message=message)
+
+
+#: What a session of a stopping node says last: the worker connects to another node.
+_LEAVE = _message(NodeMessage(leave=Drain(reason=NODE_STOPPING)))
+#: How long a stopping node's session tries to say so (a worker that reads nothing is ended anyway).
+LEAVE_TIMEOUT = 5.0

@@ -171,6 +171,11 @@ class NodeMessage(betterproto.Message):
     input: "InputChunk" = betterproto.message_field(5, group="kind")
     """The answer to an InputWanted."""
 
+    leave: "Drain" = betterproto.message_field(6, group="kind")
+    """
+    The node is stopping: it sends nothing more and ends the session; connect to another node.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class InputChunk(betterproto.Message):
