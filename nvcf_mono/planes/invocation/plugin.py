@@ -173,12 +173,19 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
             self.authenticator.set(ctx.services.get(AUTHENTICATOR))
             self.router.gatekeeper.set(Gatekeeper(ctx.services.get(AUTHENTICATOR)))
             task_status.started()
-            await ctx.wait_stopping()
-            self.workers.leave()  # their workers go to other nodes once what they hold is settled
-            # Everything else keeps running through the drain: the router brings the answers of this
-            # node's callers that workers on other nodes serve, the handover answers other nodes' offers,
-            # the result waits answer polls. The host cancels this plugin once the drain is over.
-            await anyio.sleep_forever()
+            await self._through_the_drain(ctx)
+
+    async def _through_the_drain(self, ctx: RunContext[InvocationConfig]) -> None:
+        """Until the host cancels this plugin, after its drain.
+
+        At the first signal the worker sessions leave: they take no more requests and end once what they
+        hold is settled, so their workers go to other nodes. Everything else keeps running: the router
+        brings the answers of this node's callers that workers on other nodes serve, the handover answers
+        other nodes' offers, the result waits answer polls.
+        """
+        await ctx.wait_stopping()
+        self.workers.leave()
+        await anyio.sleep_forever()
 
     def _large_responses(self, ctx: RunContext[InvocationConfig]) -> LargeResponses:
         """Where zipped large responses are kept, and the base of their download links."""
