@@ -511,6 +511,10 @@ class Worker:
                                     await delivery.nak()  # still paused, or stopping: another instance takes it
                                     break
                                 self._take(delivery, bus=bus, session=session, link=link, slots=slots, up=up)
+                # Draining: what was pulled is answered and acked over this connection, so it stays open
+                # (and kept alive, and cancellable) until nothing is in flight.
+                while self.state.in_flight:
+                    await self._idle.wait()
                 tg.cancel_scope.cancel()
 
     def _take(
@@ -552,7 +556,13 @@ class Worker:
             else:
                 await self._handle(held.request, scope, held.attempt, link, held)
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            with (
+                anyio.CancelScope(shield=True),
+                anyio.move_on_after(5),
+                contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError),
+            ):
+                # A drain may have closed the way up once nothing was in flight: the node learns of the
+                # end of what it held from the session's end then.
                 await up(WorkerEnvelope(released=rid))
 
     def _finished(self) -> None:

@@ -5,10 +5,13 @@ with NATS credentials the platform grants them through the auth callout (scoped 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
 
+import anyio
 import nats.errors
 import pytest
 from nats.aio.client import Client as NatsClient
@@ -19,6 +22,8 @@ from nvcf_mono.bus.callout import envelope
 from nvcf_mono.contracts import permissions, subjects
 from nvcf_mono.testing.nats_server import raw_client
 from nvcf_mono.testing.platform import wait_for
+from tests.support.leftovers import processes_under
+from tests.support.procs import Process
 
 from .conftest import deployed, launching_agent, platform
 
@@ -112,3 +117,45 @@ async def test_worker_credentials_reach_only_their_version(tmp_path: Path, caplo
     # Anyone who reaches the NATS port can try as often as they like: the log says so in a few lines.
     refusals = [r for r in caplog.records if "refused NATS connection" in r.getMessage()]
     assert len(refusals) == 5, [r.getMessage() for r in refusals]
+
+
+@pytest.mark.slow
+async def test_a_draining_worker_acks_what_it_pulled_before_it_lets_go_of_nats(tmp_path: Path) -> None:
+    """SIGTERM to a nats-transport worker while it serves a call: the call is answered, and the request
+    is acked (gone from its stream at once), not left for redelivery after ack_wait."""
+    instances = tmp_path / "instances"
+    async with platform(tmp_path, **NATS) as p, launching_agent(p, instances):
+        fid, vid = await deployed(p.admin)
+        url = f"/v2/nvcf/pexec/functions/{fid}"
+        assert (await p.key.post(url, {"message": "warm"})).status == 200
+        region = p.host.settings.node.region
+        stream = p.bus.stream(subjects.request_stream(region, vid))
+        durable = subjects.worker_durable(region, vid)
+        answers: list[Any] = []
+
+        async def call() -> None:
+            answers.append(await p.key.post(url, {"message": "slow", "delay": 1.5}))
+
+        async def pulled() -> bool:
+            return (await stream.consumer_info(durable)).num_ack_pending == 1
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            await wait_for(pulled, timeout=10, what="the call pulled by the worker")
+            await anyio.sleep(0.3)  # into its 1.5 s at the function
+            (worker,) = [pid for pid in processes_under(instances) if b"nvcf_mono\0worker" in Process(pid).cmdline()]
+            os.kill(worker, signal.SIGTERM)
+        (answer,) = answers
+        assert answer.status == 200 and answer.json["message"] == "slow", answer.body
+
+        async def acked() -> bool:
+            return (await stream.info()).messages == 0
+
+        await wait_for(acked, timeout=10, what="the request acked (ack_wait is 30 s)")
+
+        async def exited() -> bool:
+            return worker not in processes_under(instances)
+
+        await wait_for(exited, timeout=15, what="the worker's exit")
+        logs = "".join(path.read_text(errors="replace") for path in instances.glob("*.log"))
+        assert "Traceback" not in logs and "ERROR" not in logs, logs[-3000:]
