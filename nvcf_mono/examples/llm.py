@@ -186,6 +186,57 @@ def _text(content: Any, where: str) -> str:
     raise BadRequest(f"'{where}' must be text or a list of text parts", where)
 
 
+#: Every word is drawn with the same chance, so this is each token's true log probability.
+TOKEN_LOGPROB = -math.log(len(WORDS))
+
+
+def _alternatives(token: str, k: int) -> list[str]:
+    """The ``k`` likeliest tokens at a token's place: all are equally likely, the drawn one first."""
+    space = " " if token.startswith(" ") else ""
+    others = [space + w for w in WORDS if space + w != token]
+    return [token, *others][:k]
+
+
+def chat_logprobs(doc: dict[str, Any]) -> int | None:
+    """How many alternatives per token a chat call asks for (``top_logprobs``), or None for no logprobs."""
+    wanted, top = doc.get("logprobs"), doc.get("top_logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise BadRequest("'logprobs' must be true or false", "logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20):
+        raise BadRequest("'top_logprobs' must be a whole number from 0 to 20", "top_logprobs")
+    if top is not None and not wanted:
+        raise BadRequest("'top_logprobs' needs 'logprobs' set to true", "top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def completion_logprobs(doc: dict[str, Any]) -> int | None:
+    """``logprobs`` of a completions call: how many alternatives per token (0 to 5), or None."""
+    k = doc.get("logprobs")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 5):
+        raise BadRequest("'logprobs' must be a whole number from 0 to 5", "logprobs")
+    return k
+
+
+def chat_token_logprob(token: str, k: int) -> dict[str, Any]:
+    def entry(t: str) -> dict[str, Any]:
+        return {"token": t, "logprob": TOKEN_LOGPROB, "bytes": list(t.encode())}
+
+    return {**entry(token), "top_logprobs": [entry(t) for t in _alternatives(token, k)]}
+
+
+def completion_token_logprobs(tokens: list[str], k: int, offset: int) -> dict[str, Any]:
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [TOKEN_LOGPROB] * len(tokens),
+        "top_logprobs": [dict.fromkeys(_alternatives(t, k), TOKEN_LOGPROB) for t in tokens],
+        "text_offset": offsets,
+    }
+
+
 def chat_prompt(doc: dict[str, Any]) -> str:
     messages = doc.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -198,13 +249,31 @@ def chat_prompt(doc: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def completion_prompt(doc: dict[str, Any]) -> str:
-    prompt = doc.get("prompt")
-    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-        return "\n".join(prompt)
-    if not isinstance(prompt, str):
-        raise BadRequest("'prompt' must be a string or a list of strings", "prompt")
-    return prompt
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(t) is int and t >= 0 for t in value)
+
+
+def _as_texts(value: Any) -> list[str] | None:
+    """A prompt or an embedding input as OpenAI takes it: a string, a list of strings, a list of token
+    ids or a list of such lists. Token ids are written ``<id>``, one word (one token here) each.
+    """
+    if isinstance(value, str):
+        return [value]
+    if _token_ids(value):
+        return [" ".join(f"<{t}>" for t in value)]
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return value
+    if isinstance(value, list) and value and all(_token_ids(v) for v in value):
+        return [" ".join(f"<{t}>" for t in v) for v in value]
+    return None
+
+
+def completion_prompts(doc: dict[str, Any]) -> list[str]:
+    """One prompt per choice: OpenAI answers a list of prompts with a choice for each."""
+    prompts = _as_texts(doc.get("prompt"))
+    if prompts is None:
+        raise BadRequest("'prompt' must be a string, a list of strings, token ids or lists of token ids", "prompt")
+    return prompts
 
 
 def responses_prompt(doc: dict[str, Any]) -> str:
@@ -272,14 +341,19 @@ def _chunk(model: Model, cid: str, created: int, **choice: Any) -> str:
 async def chat(model: Model, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
     _one_choice(doc)
     prompt, limit = chat_prompt(doc), _max_tokens(doc, "max_completion_tokens", "max_tokens")
+    top = chat_logprobs(doc)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+    def logprobs(tokens: list[str]) -> dict[str, Any] | None:
+        return None if top is None else {"content": [chat_token_logprob(t, top) for t in tokens], "refusal": None}
+
     if doc.get("stream"):
         include_usage = _include_usage(doc)
 
         async def events() -> AsyncIterator[str]:
             yield _chunk(model, cid, created, delta={"role": "assistant", "content": ""})
             async for token in model.tokens(prompt, limit):
-                yield _chunk(model, cid, created, delta={"content": token})
+                yield _chunk(model, cid, created, delta={"content": token}, logprobs=logprobs([token]))
             yield _chunk(model, cid, created, delta={}, finish_reason="length")
             if include_usage:
                 last = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model.name}
@@ -287,41 +361,47 @@ async def chat(model: Model, request: web.Request, doc: dict[str, Any]) -> web.S
             yield "data: [DONE]"
 
         return await sse(request, events())
-    text = "".join([t async for t in model.tokens(prompt, limit)])
-    message = {"role": "assistant", "content": text}
+    tokens = [t async for t in model.tokens(prompt, limit)]
+    message = {"role": "assistant", "content": "".join(tokens)}
+    choice = {"index": 0, "message": message, "logprobs": logprobs(tokens), "finish_reason": "length"}
     return web.json_response(
         {
             "id": cid, "object": "chat.completion", "created": created, "model": model.name,
-            "system_fingerprint": model.fingerprint,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}],
-            "usage": usage(prompt, limit),
+            "system_fingerprint": model.fingerprint, "choices": [choice], "usage": usage(prompt, limit),
         }
     )  # fmt: skip
 
 
 async def completions(model: Model, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
     _one_choice(doc)
-    prompt, limit = completion_prompt(doc), _max_tokens(doc, "max_tokens")
+    prompts, limit = completion_prompts(doc), _max_tokens(doc, "max_tokens")
+    top = completion_logprobs(doc)
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     head = {"id": cid, "object": "text_completion", "created": created, "model": model.name}
+    total = usage("\n".join(prompts), limit * len(prompts))
 
-    def choice(text: str, finish: str | None) -> dict[str, Any]:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    def choice(index: int, tokens: list[str], finish: str | None, offset: int = 0) -> dict[str, Any]:
+        logprobs = None if top is None or not tokens else completion_token_logprobs(tokens, top, offset)
+        return {"index": index, "text": "".join(tokens), "logprobs": logprobs, "finish_reason": finish}
 
     if doc.get("stream"):
         include_usage = _include_usage(doc)
 
         async def events() -> AsyncIterator[str]:
-            async for token in model.tokens(prompt, limit):
-                yield data({**head, "choices": [choice(token, None)]})
-            yield data({**head, "choices": [choice("", "length")]})
+            for index, prompt in enumerate(prompts):
+                offset = 0
+                async for token in model.tokens(prompt, limit):
+                    yield data({**head, "choices": [choice(index, [token], None, offset)]})
+                    offset += len(token)
+                yield data({**head, "choices": [choice(index, [], "length")]})
             if include_usage:
-                yield data({**head, "choices": [], "usage": usage(prompt, limit)})
+                yield data({**head, "choices": [], "usage": total})
             yield "data: [DONE]"
 
         return await sse(request, events())
-    text = "".join([t async for t in model.tokens(prompt, limit)])
-    return web.json_response({**head, "choices": [choice(text, "length")], "usage": usage(prompt, limit)})
+    answers = [[t async for t in model.tokens(prompt, limit)] for prompt in prompts]
+    choices = [choice(i, tokens, "length") for i, tokens in enumerate(answers)]
+    return web.json_response({**head, "choices": choices, "usage": total})
 
 
 def embedding(text: str, dimensions: int) -> list[float]:
@@ -333,11 +413,9 @@ def embedding(text: str, dimensions: int) -> list[float]:
 
 
 async def embeddings(model: Model, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
-    inputs = doc.get("input")
-    if isinstance(inputs, str):
-        inputs = [inputs]
-    if not isinstance(inputs, list) or not inputs or not all(isinstance(i, str) for i in inputs):
-        raise BadRequest("'input' must be a string or a non-empty list of strings", "input")
+    inputs = _as_texts(doc.get("input"))
+    if inputs is None:
+        raise BadRequest("'input' must be a string, a non-empty list of strings, token ids or lists of them", "input")
     dimensions = doc.get("dimensions", EMBEDDING_DIMENSIONS)
     if isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions <= 4096:
         raise BadRequest("'dimensions' must be a whole number from 1 to 4096", "dimensions")

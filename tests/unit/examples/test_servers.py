@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from typing import Any
 import aiohttp
 import anyio
 import grpc  # grpcio: a test dependency (grpcio-tools), as users' clients are
+import openai
 import pytest
 from aiohttp import web
 from grpclib.client import Channel
@@ -174,6 +176,76 @@ async def test_llm_streams_report_usage_last_when_asked() -> None:
             }, (path, last)  # fmt: skip
             async with http.post(base + path, json={**asked, "stream_options": None}) as r:
                 assert "usage" not in await r.text()
+
+
+async def test_llm_answers_token_id_prompts_and_a_choice_per_prompt_through_openais_client() -> None:
+    """Prompts as OpenAI takes them: strings, lists of them, token ids, lists of token ids; one choice each."""
+    async with (
+        serving(llm.app(llm.Model("tiny-llm", 0))) as base,
+        openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0) as client,
+    ):
+        one = await client.completions.create(model="tiny-llm", prompt=[5, 17, 3], max_tokens=3)
+        assert len(one.choices) == 1 and one.usage and one.usage.prompt_tokens == 3
+        many = await client.completions.create(model="tiny-llm", prompt=["a b", "c d e"], max_tokens=2)
+        assert [c.index for c in many.choices] == [0, 1] and many.usage and many.usage.completion_tokens == 4
+        ids = await client.completions.create(model="tiny-llm", prompt=[[1, 2], [3]], max_tokens=2, stream=True)
+        texts: dict[int, str] = {}
+        async for chunk in ids:
+            for c in chunk.choices:
+                texts[c.index] = texts.get(c.index, "") + c.text
+        assert sorted(texts) == [0, 1] and all(len(t.split()) == 2 for t in texts.values())
+        vectors = await client.embeddings.create(model="tiny-llm", input=[[1, 2, 3], [4]])
+        assert [d.index for d in vectors.data] == [0, 1] and vectors.usage.prompt_tokens == 4
+        # the same token ids embed the same whichever way they are sent
+        single = await client.embeddings.create(model="tiny-llm", input=[4])
+        assert single.data[0].embedding == vectors.data[1].embedding
+        for bad in ([], [-1], [1.5], [[1], "a"], [True]):
+            with pytest.raises(openai.BadRequestError) as refused:
+                await client.completions.create(model="tiny-llm", prompt=bad)  # type: ignore[arg-type]
+            assert "'prompt'" in str(refused.value)
+
+
+async def test_llm_gives_log_probabilities_when_asked_and_refuses_bad_settings() -> None:
+    """Asked for logprobs, the model gives its true ones (every word equally likely), streamed or not."""
+    every = -math.log(len(llm.WORDS))
+    async with (
+        serving(llm.app(llm.Model("tiny-llm", 0))) as base,
+        openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0) as client,
+    ):
+        messages: Any = [{"role": "user", "content": "hi"}]
+        answer = await client.chat.completions.create(
+            model="tiny-llm", messages=messages, max_tokens=4, logprobs=True, top_logprobs=3
+        )
+        content = answer.choices[0].logprobs and answer.choices[0].logprobs.content
+        assert content and "".join(t.token for t in content) == answer.choices[0].message.content
+        for entry in content:
+            assert entry.logprob == pytest.approx(every) and bytes(entry.bytes or []) == entry.token.encode()
+            assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].token == entry.token
+        plain = await client.chat.completions.create(model="tiny-llm", messages=messages, max_tokens=2)
+        assert plain.choices[0].logprobs is None
+        stream = await client.chat.completions.create(
+            model="tiny-llm", messages=messages, max_tokens=3, logprobs=True, stream=True
+        )
+        streamed = [
+            c.choices[0].logprobs.content for c in [x async for x in stream] if c.choices and c.choices[0].logprobs
+        ]
+        assert len(streamed) == 3 and all(s and s[0].top_logprobs == [] for s in streamed)
+        legacy = await client.completions.create(model="tiny-llm", prompt="hi", max_tokens=3, logprobs=2)
+        lp = legacy.choices[0].logprobs
+        assert lp and lp.tokens and "".join(lp.tokens) == legacy.choices[0].text
+        assert lp.text_offset == [0, len(lp.tokens[0]), len(lp.tokens[0]) + len(lp.tokens[1])]
+        assert lp.top_logprobs and all(len(top) == 2 for top in lp.top_logprobs)
+        pieces = await client.completions.create(model="tiny-llm", prompt="hi", max_tokens=3, logprobs=0, stream=True)
+        offsets, text = [], ""
+        async for piece in pieces:
+            if piece.choices and piece.choices[0].logprobs:
+                offsets.append((piece.choices[0].logprobs.text_offset or [None])[0])
+                text += piece.choices[0].text
+        assert text == legacy.choices[0].text and offsets == lp.text_offset  # where each piece starts in the text
+        with pytest.raises(openai.BadRequestError, match="'top_logprobs'"):
+            await client.chat.completions.create(model="tiny-llm", messages=messages, top_logprobs=2)
+        with pytest.raises(openai.BadRequestError, match="'logprobs'"):
+            await client.completions.create(model="tiny-llm", prompt="hi", logprobs=9)
 
 
 async def test_grpc_echo_unary_streaming_health_and_bad_input() -> None:
