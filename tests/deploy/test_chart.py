@@ -60,7 +60,7 @@ INVOCATION_PATHS = (
     "/v2/nvcf/exec",
     *FORWARDED,
     "/v1/models",
-    "/v1/health/ready",
+    "/v1/health",  # the gateway's probes: ready and live
 )
 
 

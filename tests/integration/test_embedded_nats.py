@@ -57,12 +57,18 @@ async def test_a_crashed_server_is_restarted_and_clients_reconnect(tmp_path: Pat
         assert first is not None
         async with bus.events() as events, aiohttp.ClientSession() as http:
             os.kill(first, signal.SIGKILL)
+            seen: set[str] = set()
             with anyio.fail_after(10):
-                while True:  # readiness follows the connection, and says why it is not ready
+                while len(seen) < 2:  # readiness follows the connection, and says why it is not ready
                     async with http.get(f"{host.endpoints.url}/ready") as resp:
                         if resp.status == 503:
                             assert (await resp.json())["status"] == "reconnecting"
-                            break
+                            seen.add("host")
+                    async with http.get(f"{host.endpoints.url}/v1/health/ready") as resp:  # the LLM gateway's
+                        if resp.status == 503:
+                            message = (await resp.json())["error"]["message"]
+                            assert "bus connection is reconnecting" in message, message
+                            seen.add("gateway")
                     await anyio.sleep(0.01)
             with anyio.fail_after(15):
                 kinds = []
@@ -77,6 +83,8 @@ async def test_a_crashed_server_is_restarted_and_clients_reconnect(tmp_path: Pat
         assert ack.seq == 2  # the store survived the crash
         assert host.metrics.counter("embedded_nats_restarts_total", "").value() == 1
         assert host.ready
+        async with aiohttp.ClientSession() as http, http.get(f"{host.endpoints.url}/v1/health/ready") as resp:
+            assert resp.status == 200
 
 
 @pytest.mark.slow

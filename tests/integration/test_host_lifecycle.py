@@ -276,6 +276,29 @@ async def test_a_plugins_stop_work_is_waited_for_when_nothing_else_is_in_flight(
     assert "for what is in flight: 2 plugin jobs\n" in caplog.text  # its and the compute plugin's
 
 
+async def test_the_llm_gateways_readiness_probe_fails_as_soon_as_the_drain_begins(
+    tmp_path: Path, nats_server: NatsServer
+) -> None:
+    """It answered 200 through a drain, so a balancer probing it kept sending calls to a stopping node."""
+    config = _config(tmp_path, nats_server, "tests.support.plugins:StopWork")  # holds the drain for 0.5 s
+    async with running_host(config) as host, aiohttp.ClientSession() as http:
+        base = host.endpoints.url
+        with anyio.fail_after(10):
+            for probe, status in (("ready", "ready"), ("live", "live")):
+                async with http.get(f"{base}/v1/health/{probe}") as resp:
+                    assert resp.status == 200 and (await resp.json())["status"] == status
+            host.request_shutdown()
+            while "stop_work:begin" not in plugins.EVENTS:
+                await anyio.sleep(0.01)
+            async with http.get(f"{base}/v1/health/ready") as resp:
+                doc = await resp.json()
+                assert resp.status == 503 and resp.headers["Retry-After"] == "1", doc
+                assert "this node is stopping" in doc["error"]["message"]
+            async with http.get(f"{base}/v1/health/live") as resp:
+                assert resp.status == 200  # alive: a liveness probe must not restart a draining node
+    assert plugins.EVENTS == ["stop_work:begin", "stop_work:done"]
+
+
 async def test_endpoints_file_is_private_and_complete(tmp_path: Path, nats_server: NatsServer) -> None:
     async with running_host(_config(tmp_path, nats_server)) as host:
         path = tmp_path / "state" / "endpoints.json"

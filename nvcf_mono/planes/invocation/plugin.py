@@ -14,6 +14,7 @@ from anyio.abc import TaskStatus
 
 from nvcf_mono.auth.secret import KEYRING
 from nvcf_mono.auth.strategy import AUTHENTICATOR, Authenticator
+from nvcf_mono.bus.api import ConnectionState
 from nvcf_mono.bus.callout import NATS_AUTH
 from nvcf_mono.bus.upload_room import upload_room
 from nvcf_mono.contracts import buckets
@@ -172,6 +173,8 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
             )
             self.authenticator.set(ctx.services.get(AUTHENTICATOR))
             self.router.gatekeeper.set(Gatekeeper(ctx.services.get(AUTHENTICATOR)))
+            if self.gateway is not None:
+                self.gateway.unready.set(lambda: _why_not_ready(ctx))
             task_status.started()
             await self._through_the_drain(ctx)
 
@@ -232,3 +235,12 @@ def _without_credentials(urls: str) -> str:
         f"{u.split('://', 1)[0]}://{u.split('://', 1)[1].rsplit('@', 1)[-1]}" if "://" in u else u.rsplit("@", 1)[-1]
         for u in urls.split(",")
     )
+
+
+def _why_not_ready(ctx: RunContext[InvocationConfig]) -> str | None:
+    """Why this node should get no new calls now, or None (the gateway's readiness probe)."""
+    if ctx.stopping:
+        return "this node is stopping"
+    if ctx.bus.state is not ConnectionState.CONNECTED:
+        return f"this node's bus connection is {ctx.bus.state.value}"
+    return None

@@ -78,7 +78,7 @@ nvcf-mono.io/cluster: {{ .cluster }}
 {{/* Path prefixes the invocation nodes serve on the API host: pexec, exec and the LLM gateway (OpenAI's
 routes). Space-separated; at most 8, the Gateway API's limit of matches in one rule. */}}
 {{- define "nvcf-mono.invocationPaths" -}}
-/v2/nvcf/pexec /v2/nvcf/exec /v1/chat/completions /v1/completions /v1/embeddings /v1/responses /v1/models /v1/health/ready
+/v2/nvcf/pexec /v2/nvcf/exec /v1/chat/completions /v1/completions /v1/embeddings /v1/responses /v1/models /v1/health
 {{- end -}}
 
 {{/* URLs of the API nodes inside the cluster, for the peers.* settings of a split deployment: the public

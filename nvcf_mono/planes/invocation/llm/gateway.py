@@ -49,6 +49,7 @@ ROUTES = (
     ("GET", "/v1/models"),
     ("GET", "/v1/models/{model:.+}"),
     ("GET", "/v1/health/ready"),
+    ("GET", "/v1/health/live"),
 )
 #: OpenAI's API under /v1, what the gateway serves and what it does not: a path there that has no
 #: route (or not for its method) is answered in OpenAI's shape, so an OpenAI client says why. The
@@ -88,6 +89,8 @@ class Gateway:
         self.limits = Limits(settings)
         self.log = log
         self._catalog: ModelCatalog | None = None
+        #: Why this node cannot forward now (stopping, its bus lost), or None: set when the plane runs.
+        self.unready: Late[Callable[[], str | None]] = Late("the invocation plane")
         self.requests = metrics.counter(
             "llm_api_gateway_http_requests_total",
             "Calls through the OpenAI-compatible gateway, by function and status.",
@@ -114,7 +117,7 @@ class Gateway:
     def routes(self) -> list[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]]:
         """What the plane serves (:data:`ROUTES`): OpenAI's operations, the model list, a readiness probe."""
         handlers = {"/v1/models": self.list_models, "/v1/models/{model:.+}": self.get_model}
-        handlers["/v1/health/ready"] = self.ready
+        handlers["/v1/health/ready"], handlers["/v1/health/live"] = self.ready, self.live
         return [(method, path, handlers.get(path, self.forward)) for method, path in ROUTES]
 
     async def principal(self, request: web.Request) -> Principal:
@@ -265,10 +268,20 @@ class Gateway:
         return _identified(request, web.json_response(_card(name, fv)))
 
     async def ready(self, request: web.Request) -> web.StreamResponse:
-        """200 once the gateway can forward (the invocation plane's parts are in place)."""
-        if not self.invoker.is_set:
-            return error_response(503, "the gateway is starting")
+        """200 while the gateway can forward: the plane runs, the node is not stopping, its bus is up.
+
+        A balancer that probes this stops sending calls to a node as soon as its drain begins.
+        """
+        if not self.invoker.is_set or not self.unready.is_set:
+            return error_response(503, "the gateway is starting", headers={"Retry-After": "1"})
+        why = self.unready.get()()
+        if why is not None:
+            return error_response(503, f"the gateway cannot take calls: {why}", headers={"Retry-After": "1"})
         return web.json_response({"status": "ready"})
+
+    async def live(self, request: web.Request) -> web.StreamResponse:
+        """200 while the process serves HTTP at all (a liveness probe: restart only when this fails)."""
+        return web.json_response({"status": "live"})
 
 
 def _is_openai_path(path: str) -> bool:
