@@ -19,6 +19,7 @@ import openai
 import pytest
 
 from nvcf_mono.examples.llm import embedding, generate
+from nvcf_mono.planes.invocation.llm.gateway import header_safe
 from nvcf_mono.testing.platform import Api, wait_status
 from nvcf_mono.testing.running import LLM_FUNCTION
 from tests.integration.compute.conftest import compute_platform, spec
@@ -308,3 +309,27 @@ async def test_a_conversations_turns_stay_on_the_instance_that_took_its_first(tm
                 assert set(rest) == {first}, (name, first, rest)
             by_header = {await turn(extra_headers={"x-multi-turn-session-id": "conv-e"}) for _ in range(6)}
             assert len(by_header) == 1
+            # A chat that names no conversation gets one back; sent back, it keeps its first turn's instance.
+            messages: Any = [{"role": "user", "content": "hi"}]
+            raw = await llm.chat.completions.with_raw_response.create(model="tiny-llm", messages=messages, max_tokens=1)
+            given, first = raw.headers["x-multi-turn-session-id"], raw.parse().system_fingerprint
+            assert {await turn(extra_headers={"x-multi-turn-session-id": given}) for _ in range(6)} == {first}
+            named = await llm.chat.completions.with_raw_response.create(
+                model="tiny-llm", messages=messages, max_tokens=1, extra_body={"prompt_cache_key": "conv-f"}
+            )
+            assert named.headers["x-multi-turn-session-id"] == "conv-f"
+            # A key that cannot be a header value (OpenAI takes any string) travels as a digest of itself,
+            # never written raw into the function's request or the answer's head, and still keeps its instance.
+            for hostile in ("a\r\nX-Injected: 1", "пользователь-7", "x" * 300):
+                sent = {"prompt_cache_key": hostile}
+                answers = [
+                    await llm.chat.completions.with_raw_response.create(
+                        model="tiny-llm", messages=messages, max_tokens=1, extra_body=sent
+                    )
+                    for _ in range(4)
+                ]
+                assert {a.headers["x-multi-turn-session-id"] for a in answers} == {header_safe(hostile.strip())}
+                assert header_safe(hostile.strip()).startswith("pck-") and "x-injected" not in answers[0].headers
+                assert len({a.parse().system_fingerprint for a in answers}) == 1
+            embedded = await llm.embeddings.with_raw_response.create(model="tiny-llm", input="x")
+            assert "x-multi-turn-session-id" not in embedded.headers  # no conversation there

@@ -10,6 +10,7 @@ Every refusal is an OpenAI error (:mod:`.errors`).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import time
@@ -69,6 +70,38 @@ def request_id_of(request: web.Request) -> str:
     """The caller's ``X-Request-ID`` when it is a plain token, else a new one."""
     given = request.headers.get(REQUEST_ID, "").strip()
     return given if _REQUEST_ID_RX.match(given) else f"req-{uuid.uuid4().hex}"
+
+
+#: The operations that hold a conversation: a call that names none gets one, to send back with its next turn.
+CONVERSATIONS = frozenset({"/v1/chat/completions", "/v1/responses"})
+
+
+def conversation_of(request: web.Request, doc: ShallowObject) -> str | None:
+    """The conversation a call continues, for session affinity (and the function).
+
+    OpenAI's ``prompt_cache_key``, else the ``x-multi-turn-session-id`` a client sends back, else a new
+    one for a chat or a response (returned in that header, so the next turn can name it).
+    """
+    named = doc.get("prompt_cache_key")
+    if not isinstance(named, str) or not named.strip():
+        named = request.headers.get(affinity.HEADER, "")
+    if named.strip():
+        return header_safe(named.strip())
+    return f"mts-{uuid.uuid4().hex}" if request.path in CONVERSATIONS else None
+
+
+_HEADER_SAFE_RX = re.compile(r"^[\x21-\x7e](?:[\x20-\x7e]{0,254}[\x21-\x7e])?$")
+
+
+def header_safe(key: str) -> str:
+    """The key itself when it can travel as a header value, else a digest of it.
+
+    OpenAI takes any string as ``prompt_cache_key`` (a user's name in any script, a line break); the
+    same key always gives the same value, so its conversation keeps its instance either way.
+    """
+    if _HEADER_SAFE_RX.match(key):
+        return key
+    return "pck-" + hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 
 @final
@@ -205,13 +238,10 @@ class Gateway:
         }
         if IDEMPOTENCY_KEY in request.headers:
             headers[IDEMPOTENCY_KEY] = request.headers[IDEMPOTENCY_KEY]
-        # The conversation, for session affinity (and the function): OpenAI's prompt_cache_key, else the
-        # x-multi-turn-session-id a client sends back.
-        conversation = doc.get("prompt_cache_key")
-        if not isinstance(conversation, str) or not conversation.strip():
-            conversation = request.headers.get(affinity.HEADER)
+        conversation = conversation_of(request, doc)
+        answer_headers = {REQUEST_ID: request_id}
         if conversation:
-            headers[affinity.HEADER] = conversation
+            headers[affinity.HEADER] = answer_headers[affinity.HEADER] = conversation
         meter = UsageMeter(streaming=streaming)
         inv = Invocation(
             method="POST",
@@ -220,7 +250,7 @@ class Gateway:
             body=doc.encode(),
             poll=self.settings.wait_seconds,
             tap=meter.feed,
-            response_headers={REQUEST_ID: request_id},
+            response_headers=answer_headers,
         )
 
         async def entry(obs: Observation) -> web.StreamResponse:
