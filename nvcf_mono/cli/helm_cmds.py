@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import yaml
 
+from nvcf_mono.cli.client import read_input
 from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.helm import (
@@ -45,9 +46,8 @@ def register(sub: Any) -> None:
         "--values",
         action="append",
         default=[],
-        type=Path,
         metavar="FILE",
-        help="YAML values file; repeat to layer files (later ones win, mappings merge)",
+        help="YAML values file ('-': standard input); repeat to layer files (later ones win, mappings merge)",
     )
     render.add_argument(
         "--set",
@@ -70,7 +70,7 @@ def register(sub: Any) -> None:
     render.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="deadline (default 60)")
     render.add_argument("--ca-file", type=Path, metavar="FILE", help="CA bundle trusted for https chart downloads")
     render.add_argument("--username", metavar="USER", help="registry or chart-host user (with --password-file)")
-    render.add_argument("--password-file", type=Path, metavar="FILE", help="file holding that user's password")
+    render.add_argument("--password-file", metavar="FILE", help="file holding that user's password ('-': stdin)")
     render.add_argument("--json", action="store_true", help="one JSON document: chart, objects and skipped")
     render.set_defaults(func=_render)
 
@@ -83,7 +83,7 @@ def register(sub: Any) -> None:
     )
     validate.add_argument("chart", help="chart directory, .tgz archive, oci://host/path/name[:tag] or https:// URL")
     validate.add_argument(
-        "-f", "--values", action="append", default=[], type=Path, metavar="FILE", help="YAML values file (repeatable)"
+        "-f", "--values", action="append", default=[], metavar="FILE", help="YAML values file ('-': stdin; repeatable)"
     )
     validate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets", help="one value")
     validate.add_argument("--service-name", metavar="NAME", help="helmChartServiceName: the Service the worker calls")
@@ -104,13 +104,13 @@ def register(sub: Any) -> None:
 def _render(args: argparse.Namespace, ctx: CliContext) -> int:
     if args.timeout <= 0:
         raise CliError("--timeout must be a positive number of seconds")
-    values = _values(args.values, args.sets)
+    values = _values(args.values, args.sets, ctx)
     request = RenderRequest(
         chart=args.chart,
         values=values,
         release=args.release,
         namespace=args.namespace,
-        credentials=_credentials(args),
+        credentials=_credentials(args, ctx),
     )
     options = RendererOptions(binary=args.helm_binary, environ=ctx.environ, timeout=args.timeout, ca_file=args.ca_file)
     try:
@@ -144,7 +144,7 @@ def _as_json(result: RenderedChart) -> dict[str, Any]:
     }
 
 
-def _credentials(args: argparse.Namespace) -> dict[str, RegistryCredential]:
+def _credentials(args: argparse.Namespace, ctx: CliContext) -> dict[str, RegistryCredential]:
     if args.username is None and args.password_file is None:
         return {}
     if args.username is None or args.password_file is None:
@@ -155,21 +155,22 @@ def _credentials(args: argparse.Namespace) -> dict[str, RegistryCredential]:
         raise CliError(str(err), code=1) from err
     if host is None:
         raise CliError("--username applies to oci:// and https:// charts only")
+    raw = read_input("--password-file", args.password_file, ctx)
     try:
-        password = args.password_file.read_text().strip()
-    except OSError as err:
-        raise CliError(f"cannot read {args.password_file}: {err.strerror or err}") from err
+        password = raw.decode().strip()
+    except UnicodeDecodeError:
+        raise CliError(f"--password-file {args.password_file}: not UTF-8 text") from None
     return {host: RegistryCredential(args.username, password)}
 
 
-def _values(files: list[Path], sets: list[str]) -> dict[str, Any]:
+def _values(files: list[str], sets: list[str], ctx: CliContext) -> dict[str, Any]:
     """Values files deep-merged in order, then each --set."""
     values: dict[str, Any] = {}
+    if files.count("-") > 1:
+        raise CliError("-f -: standard input can be read once")
     for path in files:
         try:
-            loaded = yaml.safe_load(path.read_text())
-        except OSError as err:
-            raise CliError(f"cannot read values file {path}: {err.strerror or err}") from err
+            loaded = yaml.safe_load(read_input("-f", path, ctx))
         except yaml.YAMLError as err:
             raise CliError(f"values file {path} is not valid YAML: {' '.join(str(err).split())}") from err
         if loaded is None:
@@ -231,7 +232,7 @@ def _validate(args: argparse.Namespace, ctx: CliContext) -> int:
         helm_chart=args.chart,
         helm_chart_service_name=args.service_name,
         helm_chart_service_port=args.service_port,
-        configuration=_values(args.values, args.sets) or None,
+        configuration=_values(args.values, args.sets, ctx) or None,
     )
     try:
         result = anyio.run(Validator(rendering, settings).validate, request)

@@ -17,9 +17,15 @@ def _unused_host(*_: object) -> int:
     raise AssertionError("helm render starts no host")
 
 
-def _cli(*argv: str, environ: dict[str, str] | None = None) -> tuple[int, str, str]:
+def _cli(*argv: str, environ: dict[str, str] | None = None, stdin: bytes | None = None) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    ctx = CliContext(environ=environ or {"PATH": ""}, stdout=out, stderr=err, run_host=_unused_host)
+    ctx = CliContext(
+        environ=environ or {"PATH": ""},
+        stdout=out,
+        stderr=err,
+        run_host=_unused_host,
+        stdin=io.BytesIO(stdin) if stdin is not None else None,
+    )
     code = main(list(argv), ctx)
     return code, out.getvalue(), err.getvalue()
 
@@ -31,9 +37,10 @@ def test_render_prints_yaml_documents_and_reports_skipped_objects(tmp_path: Path
     second = tmp_path / "b.yaml"
     second.write_text("greeting: from-b\nnested: {change: 2}\n")
     code, out, err = _cli(
-        "helm", "render", str(chart), "-f", str(first), "--values", str(second),
+        "helm", "render", str(chart), "-f", str(first), "--values", "-",  # the second from standard input
         "--set", "replicas=5", "--set", "image=registry.example.com/other:2",
         "--release", "cli", "--namespace", "tools",
+        stdin=second.read_bytes(),
     )  # fmt: skip
     assert code == 0, err
     objects = list(yaml.safe_load_all(out))
@@ -78,7 +85,9 @@ def test_errors_are_one_clear_line_and_a_nonzero_exit(tmp_path: Path) -> None:
         "nvcf-mono: the binary Helm renderer cannot run here: the helm executable is not on PATH\n",
     )
     code, _, err = _cli("helm", "render", str(broken), "-f", str(tmp_path / "nope.yaml"))
-    assert code == 2 and "cannot read values file" in err
+    assert (code, err) == (2, f"nvcf-mono: -f {tmp_path / 'nope.yaml'}: No such file or directory\n")
+    code, _, err = _cli("helm", "render", str(broken), "-f", "-", "-f", "-", stdin=b"a: 1\n")
+    assert (code, err) == (2, "nvcf-mono: -f -: standard input can be read once\n")
     listed = tmp_path / "list.yaml"
     listed.write_text("- a\n- b\n")
     code, _, err = _cli("helm", "render", str(broken), "-f", str(listed))
@@ -87,3 +96,8 @@ def test_errors_are_one_clear_line_and_a_nonzero_exit(tmp_path: Path) -> None:
     assert code == 2 and "--set 'noequals': expected KEY=VALUE" in err
     code, _, err = _cli("helm", "render", str(broken), "--username", "me")
     assert code == 2 and "--username and --password-file go together" in err
+    oci = ["helm", "render", "oci://127.0.0.1:9/charts/demo:1", "--username", "me", "--password-file", "-"]
+    code, _, err = _cli(*oci)
+    assert (code, err) == (2, "nvcf-mono: --password-file -: there is no standard input to read\n")
+    code, _, err = _cli(*oci, "--timeout", "5", stdin=b"s3cret\n")
+    assert code == 1 and "standard input" not in err  # the password was read; the registry is not there
