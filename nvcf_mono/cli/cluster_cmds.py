@@ -58,6 +58,17 @@ def _gpus(cluster: dict[str, Any]) -> str:
     return ", ".join(out)
 
 
+#: How a maintenance mode reads beside a cluster's health.
+_MAINTENANCE = {"CordonOnly": "cordoned", "CordonAndDrain": "cordoned, draining"}
+
+
+def _health(cluster: dict[str, Any]) -> str:
+    """``healthy``, or ``healthy (cordoned)`` for a cluster that takes no new instances."""
+    status = str(cluster.get("status") or "")
+    mode = _MAINTENANCE.get(str(cluster.get("maintenanceMode")))
+    return f"{status} ({mode})" if mode else status
+
+
 def _list(args: argparse.Namespace, ctx: CliContext) -> int:
     client = connect(args, ctx)
     doc = client.get(f"/v1/accounts/{args.account}/clusters", management=True)
@@ -74,7 +85,7 @@ def _list(args: argparse.Namespace, ctx: CliContext) -> int:
                 c.get("clusterId"),
                 c.get("clusterGroupName"),
                 c.get("region"),
-                c.get("status"),
+                _health(c),
                 _gpus(c),
             )
             for c in clusters or []
@@ -114,7 +125,7 @@ def _status(args: argparse.Namespace, ctx: CliContext) -> int:
             ("cluster id", status.get("clusterId")),
             ("group", status.get("clusterGroupName")),
             ("region", status.get("region")),
-            ("status", status.get("status")),
+            ("status", _health(status)),
             ("backend", status.get("backend")),
             ("gpus", gpus),
             ("instances", status.get("instanceCount")),

@@ -36,7 +36,7 @@ from nvcf_mono.contracts.messages import (
     TerminationMessage,
     decode,
 )
-from nvcf_mono.models.cluster import ClusterGpu, GpuUsage, InstanceType, instance_type_name
+from nvcf_mono.models.cluster import ClusterGpu, GpuUsage, InstanceType, MaintenanceMode, instance_type_name
 from nvcf_mono.models.common import now_iso
 from nvcf_mono.ports import spare_port
 
@@ -105,6 +105,8 @@ class ScriptedAgent:
         self.capabilities = capabilities
         self.cluster_group_name = cluster_group_name
         self.healthy = healthy
+        #: What its heartbeats say of maintenance (CordonOnly: place nothing new here).
+        self.maintenance = MaintenanceMode.NONE
         self.launcher = launcher
         self.creations: list[CreationMessage] = []
         self.terminations: list[TerminationMessage] = []
@@ -153,7 +155,9 @@ class ScriptedAgent:
             )
             for g in self.gpus
         }
-        beat = Heartbeat(status="healthy" if self.healthy else "unhealthy", gpu_usage=usage)
+        beat = Heartbeat(
+            status="healthy" if self.healthy else "unhealthy", gpu_usage=usage, maintenance_mode=self.maintenance
+        )
         await rpc.call(self.bus, subjects.icms_subject("heartbeat", self.cluster_id), beat, HeartbeatResponse)
 
     async def _heartbeats(self) -> None:

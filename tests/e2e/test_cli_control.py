@@ -18,6 +18,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from nvcf_mono.models.cluster import MaintenanceMode
 from nvcf_mono.testing.platform import credentials, wait_for
 from tests.e2e.cli import ROOT, cli_env, run_cli
 from tests.function_charts import write_chart
@@ -592,13 +593,22 @@ async def test_api_key_commands(tmp_path: Path) -> None:
 
 async def test_cluster_commands(tmp_path: Path) -> None:
     env = env_for(tmp_path)
-    async with platform(tmp_path) as p, agent(p.bus):
+    async with platform(tmp_path) as p, agent(p.bus) as fake:
         conn = flags(p)
         shown = ok(await cli("cluster", "list", *conn, env=env))
         header, *rows = shown.splitlines()
         assert header.split() == ["NAME", "CLUSTER", "ID", "GROUP", "REGION", "STATUS", "GPUS"]
         assert len(rows) == 1
         assert re.match(r"^local\s+6b1e4d3a-58a1-4a5e-9d58-2a1c0f000001\s+local\s+us-west-1\s+healthy\s+H100 ", rows[0])
+        # A cordoned cluster (its agent stopping) is healthy and takes nothing new: it once read "unhealthy".
+        fake.maintenance = MaintenanceMode.CORDON_ONLY
+        await fake.heartbeat()
+        shown = ok(await cli("cluster", "list", *conn, env=env))
+        assert re.search(r"\sus-west-1\s+healthy \(cordoned\)\s+H100 \d+/\d+ free", shown), shown
+        (listed,) = json.loads(ok(await cli("cluster", "list", "--json", *conn, env=env)))["clusters"]
+        assert (listed["status"], listed["maintenanceMode"]) == ("healthy", "CordonOnly")
+        fake.maintenance = MaintenanceMode.NONE
+        await fake.heartbeat()
         doc = json.loads(ok(await cli("cluster", "list", "--json", *conn, env=env)))
         clusters = doc["clusters"] if isinstance(doc, dict) else doc
         assert [c["clusterName"] for c in clusters] == ["local"]

@@ -38,8 +38,20 @@ def is_heard(heartbeat: ClusterHeartbeat | None, ttl: float) -> bool:
 
 
 def is_healthy(heartbeat: ClusterHeartbeat | None, ttl: float) -> bool:
-    """A recent healthy heartbeat."""
+    """A recent healthy heartbeat, with no maintenance mode: the cluster takes new instances."""
     return heartbeat is not None and heartbeat.healthy and is_heard(heartbeat, ttl)
+
+
+def health_of(heartbeat: ClusterHeartbeat | None, ttl: float) -> tuple[str, str | None]:
+    """What a cluster's views say of it: its agent's own ``healthy``/``unhealthy`` while it is heard
+    (else ``unhealthy``), and its maintenance mode (``None``, ``CordonOnly``, ...; None when not heard).
+
+    A cordoned cluster is healthy and takes no new work: two facts, not one "unhealthy".
+    """
+    if heartbeat is None or not is_heard(heartbeat, ttl):
+        return "unhealthy", None
+    status = "healthy" if heartbeat.status.lower() == "healthy" else "unhealthy"
+    return status, heartbeat.maintenance_mode.value
 
 
 def _bad(detail: str) -> ProblemError:

@@ -28,7 +28,7 @@ from nvcf_mono.models.cluster import (
 )
 from nvcf_mono.models.common import int_range, max_items, max_len, name_check, new_id, now_iso
 from nvcf_mono.models.placement import LIVE
-from nvcf_mono.planes.control.catalog import is_healthy, placeable, visible_clusters
+from nvcf_mono.planes.control.catalog import health_of, placeable, visible_clusters
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.icms import group_id
 from nvcf_mono.structure import Check, WireModel, checked, evolve, wire
@@ -253,7 +253,9 @@ class UpdateClusterRequest(WireModel):
 
 @wire
 class ClusterView(WireModel):
-    """A registered cluster with its health: ``status`` healthy/unhealthy from the agent's heartbeats."""
+    """A registered cluster with its health: ``status`` healthy/unhealthy from the agent's heartbeats, and
+    ``maintenanceMode`` (``CordonOnly``: it takes no new instances) while its agent is heard.
+    """
 
     cluster_id: str
     cluster_name: str
@@ -270,6 +272,7 @@ class ClusterView(WireModel):
     cluster_source: str
     status: str
     registered_at: str
+    maintenance_mode: str | None = None
     nvca_last_connected: str | None = None
     k8s_version: str | None = None
     gpu_usage: dict[str, GpuUsage] | None = None
@@ -586,7 +589,7 @@ async def list_attributes(ctl: Control, call: Call[None]) -> AttributeListing:
 
 def view(ctl: Control, cluster: Cluster) -> ClusterView:
     beat = heartbeat(ctl, cluster.cluster_id)
-    healthy = is_healthy(beat, ctl.config.cluster_heartbeat_ttl)
+    status, maintenance = health_of(beat, ctl.config.cluster_heartbeat_ttl)
     return ClusterView(
         cluster_id=cluster.cluster_id,
         cluster_name=cluster.cluster_name,
@@ -601,12 +604,13 @@ def view(ctl: Control, cluster: Cluster) -> ClusterView:
         gpus=cluster.gpus,
         nvca_version=(beat.nvca_version if beat and beat.nvca_version else cluster.nvca_version),
         cluster_source=cluster.source,
-        status="healthy" if healthy else "unhealthy",
+        status=status,
+        maintenance_mode=maintenance,
         registered_at=cluster.registered_at,
         # The heartbeat record expires after the TTL; then the last registration is the last contact.
         nvca_last_connected=beat.at if beat is not None else cluster.last_registered_at,
         k8s_version=cluster.k8s_version,
-        gpu_usage=dict(beat.gpu_usage) if beat is not None and healthy else None,
+        gpu_usage=dict(beat.gpu_usage) if beat is not None and status == "healthy" else None,
     )
 
 

@@ -30,7 +30,7 @@ from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.cluster import Cluster
 from nvcf_mono.models.common import utc_now
 from nvcf_mono.models.placement import Phase, PlacedInstance, PlacementFailure, SpecPlacement
-from nvcf_mono.planes.control.catalog import is_healthy, visible_clusters
+from nvcf_mono.planes.control.catalog import health_of, is_heard, visible_clusters
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.reconcile.plan import terminate_instance
 from nvcf_mono.planes.control.service import find_version
@@ -165,12 +165,13 @@ class ClusterStatusResponse(WireModel):
     cluster_name: str
     cluster_group_name: str
     region: str
-    #: healthy/unhealthy from the heartbeats, as in the cluster listing.
+    #: healthy/unhealthy from the heartbeats, and the maintenance mode, as in the cluster listing.
     status: str
     backend: str
     gpus: tuple[ClusterGpuStatus, ...]
     instance_count: int
     instances: tuple[ClusterInstance, ...]
+    maintenance_mode: str | None = None
     registered_at: str | None = None
     last_heartbeat_at: str | None = None
 
@@ -478,7 +479,7 @@ async def locate(ctl: Control, call: Call[Any], instance_id: str) -> tuple[str, 
         candidates = [
             c.cluster_id
             for c in visible_clusters(ctl.store.clusters.values(), call.account)
-            if is_healthy(ctl.store.health.get(c.cluster_id), ttl)
+            if is_heard(ctl.store.health.get(c.cluster_id), ttl)  # a cordoned agent still answers
         ]
     answers, _ = await held(ctl, candidates, AgentQuery(instance_id=instance_id, finished=True))
     functions_too = call.principal.has(S.LIST_FUNCTIONS_DETAILS) or call.principal.has(
@@ -609,13 +610,14 @@ async def get_cluster_status(ctl: Control, call: Call[None]) -> ClusterStatusRes
         fv = ctl.store.functions.get(buckets.version_key(view.function_id, view.function_version_id))
         return fv.nca_id if fv else None
 
-    healthy = is_healthy(ctl.store.health.get(cluster.cluster_id), ctl.config.cluster_heartbeat_ttl)
+    status, maintenance = health_of(ctl.store.health.get(cluster.cluster_id), ctl.config.cluster_heartbeat_ttl)
     return ClusterStatusResponse(
         cluster_id=cluster.cluster_id,
         cluster_name=cluster.cluster_name,
         cluster_group_name=cluster.cluster_group_name,
         region=cluster.region,
-        status="healthy" if healthy else "unhealthy",
+        status=status,
+        maintenance_mode=maintenance,
         backend=live.backend,
         gpus=tuple(
             ClusterGpuStatus(
