@@ -4,7 +4,8 @@
 answer like NVIDIA's echo sample (``stream: true`` sends server-sent events; ``chunked: true`` sends the
 JSON answer in 64 KiB pieces without a Content-Length); ``"progress": [10, 60]``
 writes those progress reports to ``<NVCF-LARGE-OUTPUT-DIR>/progress`` first, ``delay`` apart;
-``"crash": true`` kills the process mid-request, as ``POST /crash`` does. A client that hangs up
+``"crash": true`` kills the process mid-request, as ``POST /crash`` does, and ``"break": true`` cuts a
+stream's connection after its events (``"garbage"``: after bytes that are not HTTP). A client that hangs up
 during the delay is recorded: ``GET /cancelled`` lists those requests' ``NVCF-REQID``.
 Raw (non-JSON) bodies come back as they are, with ``X-Echo-Sha256``, the ``NVCF-*`` request headers,
 and ``X-Echo-Assets`` (each input asset's digest, read from ``NVCF-ASSET-DIR``).
@@ -30,7 +31,7 @@ from aiohttp import web
 _state = {"healthy": True}
 _calls = {"echo-request": 0}
 _cancelled: list[str] = []
-_KEYS = {"message", "repeats", "delay", "stream", "chunked", "progress", "crash"}
+_KEYS = {"message", "repeats", "delay", "stream", "chunked", "progress", "crash", "break"}
 
 
 async def _pause(request: web.Request, seconds: float) -> bool:
@@ -99,6 +100,13 @@ async def echo(request: web.Request) -> web.StreamResponse:
             if delay:
                 await asyncio.sleep(delay)
             await response.write(f"data: {json.dumps({'index': i, 'message': message})}\n\n".encode())
+        if doc.get("break") and request.transport is not None:
+            await response.drain()
+            await asyncio.sleep(0.2)  # the events reach the caller first
+            if doc["break"] == "garbage":
+                request.transport.write(b"zz\r\n")  # not a chunk's size: the body is not HTTP any more
+            request.transport.abort()  # the stream breaks off: no end of the chunked body
+            return response
         await response.write_eof()
         return response
     if delay and not await _pause(request, delay):

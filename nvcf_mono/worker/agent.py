@@ -681,6 +681,9 @@ class Worker:
                 return
             except (BadResponse, TimeoutError) as err:
                 log.warning("request %s: calling the inference server failed: %s", rid, err)
+                if reply.answered:  # part of the answer went out: its node ends it (a 502 mid-response)
+                    await failed(f"the inference server's answer broke off: {type(err).__name__}: {err}")
+                    return
                 detail = "Inference connection error while making inference request"
                 await answer(problem_frame(rid, attempt, 500, detail, source=INFERENCE_CONNECTION))
                 return

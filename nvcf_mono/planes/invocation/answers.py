@@ -179,10 +179,12 @@ class ReplyWriter:
         batch: list[bytes] = []
         batched = 0
         while True:
-            if frame.seq != expected or frame.attempt != first.attempt:
-                raise ResponseBroken(f"frame {frame.seq} (attempt {frame.attempt}) where {expected} was due")
+            # A problem ends the response whatever its number: the node's own word (seq 0) that the
+            # instance failed mid-response is the reason to log and keep, not a gap in the frames.
             if frame.problem is not None:
                 raise ResponseBroken(f"the response broke off: {frame.problem.detail}")
+            if frame.seq != expected or frame.attempt != first.attempt:
+                raise ResponseBroken(f"frame {frame.seq} (attempt {frame.attempt}) where {expected} was due")
             if frame.body:
                 written += len(frame.body)
                 batch.append(frame.body)

@@ -216,6 +216,41 @@ async def test_server_sent_events_reach_the_client_as_they_are_written(tmp_path:
 
 @BOTH_TRANSPORTS
 @pytest.mark.slow
+async def test_a_stream_that_breaks_off_is_cut_and_its_retry_is_told_why(tmp_path: Path, transport: str) -> None:
+    """The server cuts its event stream: the client's response is cut too (never ended as if complete), and
+    a retry with the same Idempotency-Key gets a 502 saying why. It once said "frame 0 (attempt 0) where
+    4 was due": the node's own problem frame was read as a gap before it was read as a problem."""
+    async with platform(tmp_path, **{TRANSPORT: transport}) as p, launching_agent(p, tmp_path / "instances"):
+        fid, _ = await deployed(p.admin)
+        url = f"{p.key.base}/v2/nvcf/pexec/functions/{fid}"
+        # Cut (the worker reads a short body), or after bytes that are not HTTP (the worker cannot read it).
+        for how, why in (
+            (True, "Broken: "),
+            ("garbage", "the inference server's answer broke off: BadResponse"),
+        ):
+            headers = {
+                "Authorization": f"Bearer {p.key.token}",
+                "Accept": "text/event-stream",
+                "Idempotency-Key": str(how),
+            }
+            body = {"message": "tick", "repeats": 3, "stream": True, "break": how}
+            events = []
+            with anyio.fail_after(30), pytest.raises(aiohttp.ClientPayloadError):
+                async with p.key.session.post(url, json=body, headers=headers) as resp:
+                    assert resp.status == 200
+                    async for line in resp.content:
+                        if line.startswith(b"data: "):
+                            events.append(json.loads(line[6:])["index"])
+            assert events == [0, 1, 2]
+            with anyio.fail_after(30):
+                async with p.key.session.post(url, json=body, headers=headers) as again:
+                    doc = await again.json()
+            assert again.status == 502, doc
+            assert doc["detail"].startswith(f"the response broke off: the instance failed mid-response: {why}"), doc
+
+
+@BOTH_TRANSPORTS
+@pytest.mark.slow
 async def test_20_mib_request_and_response_round_trip(tmp_path: Path, transport: str) -> None:
     size = 20 * MiB
     async with platform(tmp_path, **{TRANSPORT: transport}) as p, launching_agent(p, tmp_path / "instances"):

@@ -8,7 +8,7 @@ from typing import Any, cast
 import anyio
 import pytest
 
-from nvcf_mono.contracts.frames import Frame
+from nvcf_mono.contracts.frames import Frame, problem_frame
 from nvcf_mono.planes.invocation.answers import ReplyWriter, ResponseBroken
 from nvcf_mono.planes.invocation.responses import Pending
 
@@ -55,3 +55,15 @@ async def test_a_gap_breaks_the_response_even_inside_a_batch() -> None:
     with pytest.raises(ResponseBroken, match="frame 2"):
         async for _ in _writer()._chunks(pending, _frame(0, b"a")):
             pass
+
+
+async def test_the_nodes_problem_mid_response_is_the_reason_given_not_a_gap() -> None:
+    """The node ends a response whose instance failed with a problem frame of its own (seq 0, attempt 0):
+    it was once reported as "frame 0 (attempt 0) where 2 was due", and kept as that for retries."""
+    pending = Pending("r", "v", "cap")
+    await pending.put(_frame(1, b"b"))
+    await pending.put(problem_frame("r", 502, "the instance failed mid-response: InferenceCrashed: Broken"))
+    with pytest.raises(ResponseBroken) as broken:
+        async for _ in _writer()._chunks(pending, _frame(0, b"a")):
+            pass
+    assert str(broken.value) == "the response broke off: the instance failed mid-response: InferenceCrashed: Broken"
