@@ -13,12 +13,15 @@ only call with a key it already holds.
 
 Host-routed calls (``function-id`` header or ``<fid>.invocation.`` Host) get no CORS handling: their
 ``OPTIONS`` reaches the function, whose answer is its own, as in NVCF.
+
+The LLM gateway's routes, where it runs, are open to pages the same way (OpenAI's API and vLLM's
+server are): a chat page in a browser calls ``/v1/chat/completions`` with its user's key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, final
 
 from aiohttp import web
 
@@ -31,12 +34,11 @@ PREFIXES = ("/v2/nvcf/pexec/", "/v2/nvcf/exec/")
 MAX_AGE = "86400"
 #: What a cross-origin answer varies by (a cache must not give one origin's answer to another).
 VARY = "Origin, Access-Control-Request-Method, Access-Control-Request-Headers"
+#: Answer headers a page may read when present: the request's id, and the gateway's request and
+#: conversation ids (sent back with a conversation's next turn).
+EXPOSED = (REQID, "X-Request-ID", "x-multi-turn-session-id")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def _applies(request: web.Request) -> bool:
-    return request.path.startswith(PREFIXES) and not host_routed(request)
 
 
 def _allowed_methods(path: str) -> str:
@@ -44,40 +46,52 @@ def _allowed_methods(path: str) -> str:
     # its answer wraps the result's body, which a look without taking it does not read.
     if "/exec/status/" in path:
         return "GET"
-    return "GET,HEAD" if "/status/" in path or "/large-responses/" in path else "POST"
+    if "/status/" in path or "/large-responses/" in path:
+        return "GET,HEAD"
+    return "GET" if path.startswith("/v1/models") or path.startswith("/v1/health") else "POST"
 
 
-def middleware() -> Any:
-    """Answers preflights on the invocation routes (added after host routing, so it never sees those)."""
+@final
+class Cors:
+    """The invocation routes' cross-origin answers; ``gateway`` adds the LLM gateway's paths."""
 
-    @web.middleware
-    async def preflight(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.method != "OPTIONS" or not _applies(request):
-            return await handler(request)
-        headers = {"Allow": _allowed_methods(request.path), "Access-Control-Max-Age": MAX_AGE}
-        asked = request.headers
-        if "Access-Control-Request-Method" in asked:
-            headers["Access-Control-Allow-Methods"] = asked["Access-Control-Request-Method"]
-        if "Access-Control-Request-Headers" in asked:
-            headers["Access-Control-Allow-Headers"] = asked["Access-Control-Request-Headers"]
-        return web.Response(status=200, headers=headers)  # the hook adds the origin
+    def __init__(self, gateway: tuple[str, ...] = ()) -> None:
+        self.prefixes = (*PREFIXES, *gateway)
 
-    return preflight
+    def applies(self, request: web.Request) -> bool:
+        return request.path.startswith(self.prefixes) and not host_routed(request)
 
+    def middleware(self) -> Any:
+        """Answers preflights on the invocation routes (added after host routing, so it never sees those)."""
 
-def on_response(request: web.Request, response: web.StreamResponse) -> None:
-    """CORS headers on an invocation route's answer; ``NVCF-REQID`` readable by the page."""
-    headers = response.headers
-    if REQID in headers:
-        exposed = headers.get("Access-Control-Expose-Headers")
-        if exposed is None or exposed.strip() == "":
-            headers["Access-Control-Expose-Headers"] = "nvcf-reqid"
-        elif "nvcf-reqid" not in exposed.lower():
-            headers["Access-Control-Expose-Headers"] = f"{exposed}, nvcf-reqid"
-    if not _applies(request):
-        return
-    origin = request.headers.get("Origin")
-    if origin is not None:
-        headers["Access-Control-Allow-Origin"] = origin
-        headers["Access-Control-Allow-Credentials"] = "true"
-    headers.add("Vary", VARY)
+        @web.middleware
+        async def preflight(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if request.method != "OPTIONS" or not self.applies(request):
+                return await handler(request)
+            headers = {"Allow": _allowed_methods(request.path), "Access-Control-Max-Age": MAX_AGE}
+            asked = request.headers
+            if "Access-Control-Request-Method" in asked:
+                headers["Access-Control-Allow-Methods"] = asked["Access-Control-Request-Method"]
+            if "Access-Control-Request-Headers" in asked:
+                headers["Access-Control-Allow-Headers"] = asked["Access-Control-Request-Headers"]
+            return web.Response(status=200, headers=headers)  # the hook adds the origin
+
+        return preflight
+
+    def on_response(self, request: web.Request, response: web.StreamResponse) -> None:
+        """CORS headers on an invocation route's answer; its ids readable by the page."""
+        headers = response.headers
+        wanted = [name.lower() for name in EXPOSED if name in headers]
+        if wanted:
+            exposed = headers.get("Access-Control-Expose-Headers", "").strip()
+            have = {part.strip().lower() for part in exposed.split(",")}
+            missing = [name for name in wanted if name not in have]
+            if missing:
+                headers["Access-Control-Expose-Headers"] = ", ".join([*filter(None, [exposed]), *missing])
+        if not self.applies(request):
+            return
+        origin = request.headers.get("Origin")
+        if origin is not None:
+            headers["Access-Control-Allow-Origin"] = origin
+            headers["Access-Control-Allow-Credentials"] = "true"
+        headers.add("Vary", VARY)

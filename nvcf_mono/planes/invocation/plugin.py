@@ -29,7 +29,7 @@ from nvcf_mono.planes.invocation.handover import Handover
 from nvcf_mono.planes.invocation.idempotency import Idempotency
 from nvcf_mono.planes.invocation.input_assets import InputAssets
 from nvcf_mono.planes.invocation.large_responses import LargeResponses
-from nvcf_mono.planes.invocation.llm.gateway import Gateway, openai_route_errors
+from nvcf_mono.planes.invocation.llm.gateway import CROSS_ORIGIN, Gateway, openai_route_errors
 from nvcf_mono.planes.invocation.llm.sharing import LimitSharing
 from nvcf_mono.planes.invocation.load import LoadMeter
 from nvcf_mono.planes.invocation.metrics import InvocationMetrics
@@ -80,8 +80,6 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
         self.router.install(ctx)
         self.authenticator: Late[Authenticator] = Late("authentication")
         ctx.add_middleware(host_routing.middleware(self.invoker.get, self.authenticator.get))
-        ctx.add_middleware(cors.middleware(), order=1)  # inside host routing: never sees host-routed calls
-        ctx.add_response_hook(cors.on_response)
         self.metrics = InvocationMetrics(ctx.metrics)
         self.gateway: Gateway | None = None
         if self.config.llm_gateway.enabled:
@@ -91,6 +89,9 @@ class InvocationPlane(BasePlugin[InvocationConfig]):
             for method, path, handler in gateway.routes():
                 ctx.add_route(method, path, handler)
             ctx.add_middleware(openai_route_errors, order=2)  # innermost: sees the router's 404 and 405
+        crossing = cors.Cors(CROSS_ORIGIN if self.gateway is not None else ())
+        ctx.add_middleware(crossing.middleware(), order=1)  # inside host routing: never sees host-routed calls
+        ctx.add_response_hook(crossing.on_response)
         self.workers = WorkerService(self.config, ctx.log)
         ctx.add_servicer(self.workers)
         # Calls to gRPC functions: every method the host does not serve itself.

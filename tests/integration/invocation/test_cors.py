@@ -93,3 +93,31 @@ async def test_pages_on_any_origin_may_invoke_and_read_the_request_id(tmp_path: 
         routed = await unchecked(p.key).call("OPTIONS", "/echo-request/x", headers={"function-id": fid, "Origin": PAGE})
         assert routed.status == 200 and routed.json["method"] == "OPTIONS"
         assert "Access-Control-Allow-Origin" not in routed.headers
+
+
+async def test_pages_may_call_the_llm_gateway_and_read_its_ids(tmp_path: Path) -> None:
+    """A chat page in a browser calls the gateway with its user's key, as it may call OpenAI's API."""
+    async with platform(tmp_path) as p:
+        anonymous = unchecked(p.anonymous)
+        for path, allow in (("/v1/chat/completions", "POST"), ("/v1/embeddings", "POST"), ("/v1/models", "GET")):
+            asked = {
+                "Origin": PAGE,
+                "Access-Control-Request-Method": allow,
+                "Access-Control-Request-Headers": "authorization",
+            }
+            pre = await anonymous.call("OPTIONS", path, headers=asked)
+            assert pre.status == 200, (path, pre.status, pre.body)
+            assert pre.headers["Access-Control-Allow-Origin"] == PAGE and pre.headers["Allow"] == allow
+            assert pre.headers["Access-Control-Allow-Headers"] == "authorization"
+        key = unchecked(p.key)  # the gateway's routes are OpenAI's API, not in /v3/openapi
+        listed = await key.call("GET", "/v1/models", headers={"Origin": PAGE})
+        assert listed.status == 200 and listed.headers["Access-Control-Allow-Origin"] == PAGE
+        assert listed.headers["Access-Control-Expose-Headers"] == "x-request-id"
+        # An OpenAI error reaches the page with its origin named, so it can say why.
+        missing = await key.call(
+            "POST", "/v1/chat/completions", {"model": "nope", "messages": []}, headers={"Origin": PAGE}
+        )
+        assert missing.status == 404 and missing.headers["Access-Control-Allow-Origin"] == PAGE
+        # The platform's own /v1 API (keys, tasks) stays closed to pages.
+        keys = await anonymous.call("OPTIONS", "/v1/keys", headers={"Origin": PAGE})
+        assert "Access-Control-Allow-Origin" not in keys.headers

@@ -52,6 +52,8 @@ ROUTES = (
     ("GET", "/v1/health/ready"),
     ("GET", "/v1/health/live"),
 )
+#: Where a page in a browser may call the gateway (CORS), as it may call OpenAI's API or a vLLM server.
+CROSS_ORIGIN = (*FORWARDED, "/v1/models", "/v1/health/")
 #: OpenAI's API under /v1, what the gateway serves and what it does not: a path there that has no
 #: route (or not for its method) is answered in OpenAI's shape, so an OpenAI client says why. The
 #: platform's own /v1 routes (keys, tasks, admin) keep their problem+json.
