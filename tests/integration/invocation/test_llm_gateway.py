@@ -198,11 +198,13 @@ async def refusals(llm: openai.AsyncOpenAI, stranger: openai.AsyncOpenAI, other:
 
     # The key's 3 requests a minute: refusals before a function was chosen cost nothing; the function's 400
     # above and two more calls are 3, and the 4th is refused until the bucket refills.
-    for _ in range(2):
-        await llm.chat.completions.create(model="tiny-llm", messages=messages, max_tokens=1)
+    await llm.chat.completions.create(model="tiny-llm", messages=messages, max_tokens=1)
+    last = await llm.chat.completions.with_raw_response.create(model="tiny-llm", messages=messages, max_tokens=1)
+    assert (last.headers["x-ratelimit-limit-requests"], last.headers["x-ratelimit-remaining-requests"]) == ("3", "0")
     with pytest.raises(openai.RateLimitError) as limited:
         await llm.chat.completions.create(model="tiny-llm", messages=messages, max_tokens=1)
     assert int(limited.value.response.headers["Retry-After"]) >= 1
+    assert limited.value.response.headers["x-ratelimit-remaining-requests"] == "0"
     assert limited.value.code == "rate_limit_exceeded"
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from nvcf_mono.auth.principal import Principal
 from nvcf_mono.planes.invocation.llm.errors import GatewayError
-from nvcf_mono.planes.invocation.llm.limits import DEFAULT_MAX_TOKENS, Limits, estimate_tokens
+from nvcf_mono.planes.invocation.llm.limits import DEFAULT_MAX_TOKENS, Limits, duration, estimate_tokens
 from nvcf_mono.planes.invocation.llm.settings import LlmGatewaySettings
 from nvcf_mono.planes.invocation.llm.usage import UsageMeter
 
@@ -205,3 +205,32 @@ def test_reports_from_unknown_buckets_or_of_limits_not_set_are_ignored() -> None
     limits.admit(caller(), 10**6)
     limits.take(("account", "acct-a", "requests"), 1)
     refused(limits, caller(), 1)
+
+
+def test_answers_carry_openais_rate_limit_headers_for_the_tightest_bucket() -> None:
+    clock = Clock()
+    limits = Limits(
+        LlmGatewaySettings(requests_per_minute=10, key_requests_per_minute=4, tokens_per_minute=1000), clock
+    )
+    lease = limits.admit(caller(), 100)
+    assert lease.headers == {
+        "x-ratelimit-limit-requests": "4",  # the key's 4 a minute are tighter than the account's 10
+        "x-ratelimit-remaining-requests": "3",
+        "x-ratelimit-reset-requests": "15s",  # one request refills in a quarter of the minute
+        "x-ratelimit-limit-tokens": "1000",
+        "x-ratelimit-remaining-tokens": "900",
+        "x-ratelimit-reset-tokens": "6s",
+    }
+    for _ in range(3):
+        limits.admit(caller(), 100)
+    err = refused(limits, caller(), 100)
+    assert err.headers["x-ratelimit-remaining-requests"] == "0" and err.headers["x-ratelimit-reset-requests"] == "1m0s"
+    assert Limits(LlmGatewaySettings(), clock).admit(caller(), 1).headers == {}  # no limits, no headers
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0ms"), (0.0004, "1ms"), (0.25, "250ms"), (12, "12s"), (1.5, "1.5s"), (90, "1m30s"), (360, "6m0s")],
+)
+def test_waits_are_written_as_openai_writes_them(seconds: float, text: str) -> None:
+    assert duration(seconds) == text

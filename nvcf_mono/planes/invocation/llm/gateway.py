@@ -15,7 +15,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, final
 
 from aiohttp import web
@@ -177,7 +177,7 @@ class Gateway:
             function_id = target.fv.id
             lease = self.limits.admit(principal, estimate_tokens(doc, size))
             doc.replace("model", target.downstream)
-            response, used = await self._invoke(request, principal, doc, target.fv, request_id)
+            response, used = await self._invoke(request, principal, doc, target.fv, request_id, limits=lease.headers)
             lease.settle(used)
         except NotReady:
             response = error_response(
@@ -227,8 +227,12 @@ class Gateway:
         doc: ShallowObject,
         fv: FunctionVersion,
         request_id: str,
+        *,
+        limits: Mapping[str, str],
     ) -> tuple[web.StreamResponse, int | None]:
-        """Invoke as pexec does; the answer in OpenAI's shape and the tokens it reported."""
+        """Invoke as pexec does; the answer in OpenAI's shape and the tokens it reported. ``limits``: the
+        caller's ``x-ratelimit-*`` headers for the answer.
+        """
         invoker = self.invoker.get()
         streaming = doc.get("stream") is True
         headers = {
@@ -241,7 +245,7 @@ class Gateway:
         if IDEMPOTENCY_KEY in request.headers:
             headers[IDEMPOTENCY_KEY] = request.headers[IDEMPOTENCY_KEY]
         conversation = conversation_of(request, doc)
-        answer_headers = {REQUEST_ID: request_id}
+        answer_headers = {**limits, REQUEST_ID: request_id}
         if conversation:
             headers[affinity.HEADER] = answer_headers[affinity.HEADER] = conversation
         meter = UsageMeter(streaming=streaming)

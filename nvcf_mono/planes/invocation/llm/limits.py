@@ -53,6 +53,24 @@ class Bucket:
         return 0.0 if missing <= 0 else missing * 60.0 / self.capacity
 
 
+def duration(seconds: float) -> str:
+    """A wait as OpenAI writes one in its headers: ``250ms``, ``12s``, ``1m30s``."""
+    ms = max(0, math.ceil(seconds * 1000))
+    if ms < 1000:
+        return f"{ms}ms"
+    minutes, rest = divmod(ms, 60_000)
+    text = f"{rest / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+    return f"{minutes}m{text}" if minutes else text
+
+
+def _tiers(principal: Principal) -> list[tuple[str, str]]:
+    """The buckets' owners a call pays: its account, and its API key when it has one."""
+    tiers = [("account", principal.account)]
+    if principal.key_id is not None:
+        tiers.append(("key", principal.key_id))
+    return tiers
+
+
 Key = tuple[str, str, str]
 """A bucket: (``account`` or ``key``, its id, ``requests`` or ``tokens``)."""
 SCOPES = ("account", "key")
@@ -66,6 +84,8 @@ class Lease:
     limits: Limits
     token_keys: list[Key]
     estimate: int
+    #: OpenAI's ``x-ratelimit-*`` answer headers as the call left the buckets (empty without limits).
+    headers: dict[str, str] = attrs.field(factory=dict)
 
     def settle(self, used: int | None) -> None:
         if used is None:
@@ -101,9 +121,7 @@ class Limits:
 
     def admit(self, principal: Principal, estimate: int) -> Lease:
         """Take one request and ``estimate`` tokens from every bucket that applies, or 429."""
-        tiers = [("account", principal.account)]
-        if principal.key_id is not None:
-            tiers.append(("key", principal.key_id))
+        tiers = _tiers(principal)
         now = self.clock()
         self._forget_full(now)
         charges: list[tuple[Key, float]] = []
@@ -120,12 +138,32 @@ class Limits:
                         429,
                         f"Rate limit reached for {kind} per minute on this {scope}: limit {limit}; "
                         f"try again in {math.ceil(wait)}s.",
-                        headers={"Retry-After": str(max(1, math.ceil(wait)))},
+                        headers={"Retry-After": str(max(1, math.ceil(wait))), **self.rate_headers(tiers, now)},
                     )
                 charges.append((key, min(cost, bucket.capacity)))
         for key, cost in charges:
             self.charge(key, cost)
-        return Lease(self, [key for key, _ in charges if key[2] == "tokens"], estimate)
+        tokens = [key for key, _ in charges if key[2] == "tokens"]
+        return Lease(self, tokens, estimate, self.rate_headers(tiers, now) if charges else {})
+
+    def rate_headers(self, tiers: list[tuple[str, str]], now: float) -> dict[str, str]:
+        """OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``: for each kind, the caller's
+        bucket with the least left (its account's or its key's), and how long until it is full again.
+        """
+        headers: dict[str, str] = {}
+        for kind in KINDS:
+            buckets = [
+                self._bucket((scope, ident, kind), limit, now)
+                for scope, ident in tiers
+                if (limit := self.limit(scope, kind)) > 0
+            ]
+            if not buckets:
+                continue
+            low = min(buckets, key=lambda b: b.level)
+            headers[f"x-ratelimit-limit-{kind}"] = str(int(low.capacity))
+            headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, math.floor(low.level)))
+            headers[f"x-ratelimit-reset-{kind}"] = duration((low.capacity - low.level) * 60.0 / low.capacity)
+        return headers
 
     def charge(self, key: Key, amount: float) -> None:
         """Take ``amount`` from a bucket for a call of this node (a negative amount gives back)."""
