@@ -65,6 +65,9 @@ def _serve(args: argparse.Namespace, ctx: CliContext, *, forced_role: str | None
 
     control = config.plugins.get("control")
     console = "control" in config.order and control is not None and bool(getattr(control.config, "console", False))
+    invocation = config.plugins.get("invocation")
+    gateway = getattr(getattr(invocation.config, "llm_gateway", None), "enabled", False) if invocation else False
+    llm = "invocation" in config.order and bool(gateway)
 
     def banner(ep: Endpoints) -> None:
         nats = ep.nats_url
@@ -80,6 +83,7 @@ def _serve(args: argparse.Namespace, ctx: CliContext, *, forced_role: str | None
             f"  NATS        {nats}",
             f"  endpoints   {endpoints_file}",
             *([f"  console     {ep.url.rstrip('/')}/console (sign in with a key or the token)"] if console else []),
+            *([f"  LLM gateway {ep.url.rstrip('/')}/v1 (OpenAI's API: base_url for its clients)"] if llm else []),
             *([f"  TLS         HTTPS and gRPC; clients trust {ep.ca_file or 'the system CAs'}"] if ep.tls else []),
             *example_lines(ep),
             "Ctrl-C drains and stops.",

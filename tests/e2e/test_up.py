@@ -111,6 +111,9 @@ def test_up_serves_writes_endpoints_and_stops_cleanly_on_sigterm(tmp_path: Path)
         assert status == 200 and json.loads(body)["role"] == "all-in-one"
         assert "nvcf-mono is ready" in platform.stdout()
         assert doc["api_url"] in platform.stdout()
+        # Where OpenAI's clients point: the banner says, and it answers there.
+        assert f"LLM gateway {doc['node_url'].rstrip('/')}/v1 " in platform.stdout()
+        assert get(doc["node_url"].rstrip("/") + "/v1/health/ready")[0] == 200
         servers = nats_servers_on(state)
         assert len(servers) == 1
         platform.signal(signal.SIGTERM)
