@@ -36,7 +36,7 @@ MAX_AGE = "86400"
 VARY = "Origin, Access-Control-Request-Method, Access-Control-Request-Headers"
 #: Answer headers a page may read when present: the request's id, and the gateway's request and
 #: conversation ids (sent back with a conversation's next turn).
-EXPOSED = (REQID, "X-Request-ID", "x-multi-turn-session-id")
+EXPOSED = (REQID.lower(), "x-request-id", "x-multi-turn-session-id")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -81,13 +81,13 @@ class Cors:
     def on_response(self, request: web.Request, response: web.StreamResponse) -> None:
         """CORS headers on an invocation route's answer; its ids readable by the page."""
         headers = response.headers
-        wanted = [name.lower() for name in EXPOSED if name in headers]
+        wanted = [name for name in EXPOSED if name in headers]  # every invocation's answer: kept cheap
         if wanted:
             exposed = headers.get("Access-Control-Expose-Headers", "").strip()
-            have = {part.strip().lower() for part in exposed.split(",")}
-            missing = [name for name in wanted if name not in have]
-            if missing:
-                headers["Access-Control-Expose-Headers"] = ", ".join([*filter(None, [exposed]), *missing])
+            if exposed:
+                have = {part.strip().lower() for part in exposed.split(",")}
+                wanted = [exposed, *(name for name in wanted if name not in have)]
+            headers["Access-Control-Expose-Headers"] = ", ".join(wanted)
         if not self.applies(request):
             return
         origin = request.headers.get("Origin")
