@@ -156,3 +156,6 @@ _.resume_writing  # unused method (nvcf_mono/worker/http1.py): asyncio.Protocol
 _.connection_made  # unused method (nvcf_mono/worker/http1.py): asyncio.Protocol
 _.data_received  # unused method (nvcf_mono/worker/http1.py): asyncio.Protocol
 _.connection_lost  # unused method (nvcf_mono/worker/http1.py): asyncio.Protocol
+explanation  # a field of a Pydantic model the example LLM fills in (tests/unit/examples/test_servers.py)
+final_answer  # the same model's
+confidence  # the same model's

@@ -30,6 +30,8 @@ from typing import Any
 from aiohttp import web
 
 from nvcf_mono.examples import MAX_BODY
+from nvcf_mono.examples.llm_json import FormatError, json_answer, wanted_schema
+from nvcf_mono.examples.llm_json import pieces as json_pieces
 from nvcf_mono.examples.sse import default_port
 
 WORDS = (
@@ -299,10 +301,36 @@ class Model:
 
     async def tokens(self, prompt: str, limit: int) -> AsyncIterator[str]:
         """The answer's words, paced."""
-        for i, word in enumerate(generate(prompt, limit)):
+        async for token in self.paced(words(prompt, limit)):
+            yield token
+
+    async def paced(self, tokens: list[str]) -> AsyncIterator[str]:
+        for token in tokens:
             if self.interval:
                 await asyncio.sleep(self.interval)
-            yield word if i == 0 else " " + word
+            yield token
+
+
+def words(prompt: str, limit: int) -> list[str]:
+    """The answer to a prompt as tokens: its words, each after the first with its space."""
+    return [word if i == 0 else " " + word for i, word in enumerate(generate(prompt, limit))]
+
+
+def chat_answer(doc: dict[str, Any], prompt: str) -> tuple[list[str], str]:
+    """A chat's tokens and its finish reason: words up to the limit, or the JSON it asked for."""
+    names = ("max_completion_tokens", "max_tokens")
+    limit = _max_tokens(doc, *names)
+    try:
+        schema = wanted_schema(doc)
+    except FormatError as err:
+        raise BadRequest(str(err), "response_format") from None
+    if schema is None:
+        return words(prompt, limit), "length"
+    if all(doc.get(name) is None for name in names):
+        limit = MAX_TOKENS  # the whole document unless the caller set a limit
+    rng = random.Random(hashlib.sha256(prompt.encode()).digest())
+    tokens = json_pieces(json_answer(schema, rng, WORDS))
+    return (tokens[:limit], "length") if len(tokens) > limit else (tokens, "stop")
 
 
 async def body_of(request: web.Request) -> dict[str, Any]:
@@ -340,7 +368,8 @@ def _chunk(model: Model, cid: str, created: int, **choice: Any) -> str:
 
 async def chat(model: Model, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
     _one_choice(doc)
-    prompt, limit = chat_prompt(doc), _max_tokens(doc, "max_completion_tokens", "max_tokens")
+    prompt = chat_prompt(doc)
+    answer, finish = chat_answer(doc, prompt)
     top = chat_logprobs(doc)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
@@ -352,22 +381,22 @@ async def chat(model: Model, request: web.Request, doc: dict[str, Any]) -> web.S
 
         async def events() -> AsyncIterator[str]:
             yield _chunk(model, cid, created, delta={"role": "assistant", "content": ""})
-            async for token in model.tokens(prompt, limit):
+            async for token in model.paced(answer):
                 yield _chunk(model, cid, created, delta={"content": token}, logprobs=logprobs([token]))
-            yield _chunk(model, cid, created, delta={}, finish_reason="length")
+            yield _chunk(model, cid, created, delta={}, finish_reason=finish)
             if include_usage:
                 last = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model.name}
-                yield data({**last, "choices": [], "usage": usage(prompt, limit)})
+                yield data({**last, "choices": [], "usage": usage(prompt, len(answer))})
             yield "data: [DONE]"
 
         return await sse(request, events())
-    tokens = [t async for t in model.tokens(prompt, limit)]
+    tokens = [t async for t in model.paced(answer)]
     message = {"role": "assistant", "content": "".join(tokens)}
-    choice = {"index": 0, "message": message, "logprobs": logprobs(tokens), "finish_reason": "length"}
+    choice = {"index": 0, "message": message, "logprobs": logprobs(tokens), "finish_reason": finish}
     return web.json_response(
         {
             "id": cid, "object": "chat.completion", "created": created, "model": model.name,
-            "system_fingerprint": model.fingerprint, "choices": [choice], "usage": usage(prompt, limit),
+            "system_fingerprint": model.fingerprint, "choices": [choice], "usage": usage(prompt, len(tokens)),
         }
     )  # fmt: skip
 
@@ -464,11 +493,27 @@ def _response_doc(
     return doc
 
 
+def _as_chat(doc: dict[str, Any]) -> dict[str, Any]:
+    """A response call's limit and format (``text.format``) as a chat names them."""
+    fmt = doc.get("text", {}).get("format") if isinstance(doc.get("text"), dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":  # name and schema beside the type
+        fmt = {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
+    return {"max_tokens": doc.get("max_output_tokens"), "response_format": fmt}
+
+
 async def responses(model: Model, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
-    prompt, limit = responses_prompt(doc), _max_tokens(doc, "max_output_tokens")
+    prompt = responses_prompt(doc)
+    if doc.get("max_output_tokens") is not None:
+        _max_tokens(doc, "max_output_tokens")  # refused in its own name
+    try:
+        answer, _ = chat_answer(_as_chat(doc), prompt)
+    except BadRequest as err:  # the format, named as this API names it
+        message = str(err).replace("'response_format.json_schema'", "'text.format'")
+        raise BadRequest(message.replace("'response_format'", "'text.format'"), "text.format") from None
+    limit = len(answer)
     rid, created = uuid.uuid4().hex, int(time.time())
     if not doc.get("stream"):
-        text = "".join([t async for t in model.tokens(prompt, limit)])
+        text = "".join([t async for t in model.paced(answer)])
         return web.json_response(
             _response_doc(model, rid, created, text=text, status="completed", prompt=prompt, n=limit)
         )
@@ -491,7 +536,7 @@ async def responses(model: Model, request: web.Request, doc: dict[str, Any]) -> 
         at: dict[str, Any] = {"item_id": item_id, "output_index": 0, "content_index": 0}
         yield event("response.content_part.added", **at, part=_text_part(""))
         text = ""
-        async for token in model.tokens(prompt, limit):
+        async for token in model.paced(answer):
             text += token
             yield event("response.output_text.delta", **at, delta=token, logprobs=[])
         yield event("response.output_text.done", **at, text=text, logprobs=[])

@@ -11,12 +11,13 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import anyio
 import grpc  # grpcio: a test dependency (grpcio-tools), as users' clients are
 import openai
+import pydantic
 import pytest
 from aiohttp import web
 from grpclib.client import Channel
@@ -246,6 +247,55 @@ async def test_llm_gives_log_probabilities_when_asked_and_refuses_bad_settings()
             await client.chat.completions.create(model="tiny-llm", messages=messages, top_logprobs=2)
         with pytest.raises(openai.BadRequestError, match="'logprobs'"):
             await client.completions.create(model="tiny-llm", prompt="hi", logprobs=9)
+
+
+class Step(pydantic.BaseModel):
+    explanation: str
+    output: str
+
+
+class MathAnswer(pydantic.BaseModel):
+    steps: list[Step]
+    final_answer: str
+    confidence: float
+    kind: Literal["exact", "estimate"]
+    note: str | None = None
+
+
+async def test_llm_writes_the_json_a_call_asks_for_as_openais_parse_helpers_read_it() -> None:
+    """``response_format`` (chat) and ``text.format`` (responses): the answer is a value of the schema."""
+    async with (
+        serving(llm.app(llm.Model("tiny-llm", 0))) as base,
+        openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0) as client,
+    ):
+        messages: Any = [{"role": "user", "content": "solve 8x + 7 = -23"}]
+        parsed = await client.chat.completions.parse(model="tiny-llm", messages=messages, response_format=MathAnswer)
+        answer = parsed.choices[0].message.parsed
+        assert isinstance(answer, MathAnswer) and answer.steps and answer.kind in ("exact", "estimate")
+        assert parsed.choices[0].finish_reason == "stop"
+        again = await client.chat.completions.parse(model="tiny-llm", messages=messages, response_format=MathAnswer)
+        assert again.choices[0].message.parsed == answer  # the same request, the same value
+        plain = await client.chat.completions.create(
+            model="tiny-llm", messages=messages, response_format={"type": "json_object"}
+        )
+        assert isinstance(json.loads(plain.choices[0].message.content or ""), dict)
+        streamed = await client.chat.completions.create(
+            model="tiny-llm", messages=messages, response_format={"type": "json_object"}, stream=True
+        )
+        text = "".join([c.choices[0].delta.content or "" async for c in streamed if c.choices])
+        assert json.loads(text) == json.loads(plain.choices[0].message.content or "")
+        # A limit the document does not fit in cuts it, and says so.
+        cut = await client.chat.completions.create(
+            model="tiny-llm", messages=messages, response_format={"type": "json_object"}, max_tokens=1
+        )
+        assert cut.choices[0].finish_reason == "length"
+        response = await client.responses.parse(model="tiny-llm", input="solve it", text_format=MathAnswer)
+        assert isinstance(response.output_parsed, MathAnswer)
+        for bad in ({"type": "yaml"}, {"type": "json_schema"}, "json"):
+            with pytest.raises(openai.BadRequestError, match="'response_format"):
+                await client.chat.completions.create(model="tiny-llm", messages=messages, response_format=bad)  # type: ignore[arg-type]
+        with pytest.raises(openai.BadRequestError, match=r"'text\.format'"):
+            await client.responses.create(model="tiny-llm", input="x", text={"format": {"type": "json_schema"}})  # type: ignore[typeddict-item]
 
 
 async def test_grpc_echo_unary_streaming_health_and_bad_input() -> None:
