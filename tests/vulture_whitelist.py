@@ -159,3 +159,4 @@ _.connection_lost  # unused method (nvcf_mono/worker/http1.py): asyncio.Protocol
 explanation  # a field of a Pydantic model the example LLM fills in (tests/unit/examples/test_servers.py)
 final_answer  # the same model's
 confidence  # the same model's
+city  # a field of a Pydantic model the example LLM's tool call fills in (tests/unit/examples/test_servers.py)

@@ -5,7 +5,8 @@ answer is words drawn by a generator seeded with the prompt, so the same request
 text. ``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` and ``/v1/responses``
 (text in; text out, or streamed as server-sent events with ``stream: true``), ``GET /v1/models`` and
 ``GET /v2/health/ready``. Tokens are whitespace-separated words; ``--tokens-per-second`` paces the
-output (0: as fast as it can). Errors answer in OpenAI's shape ``{"error": {"message", "type", ...}}``.
+output (0: as fast as it can). A chat may ask for JSON (:mod:`.llm_json`) or offer tools
+(:mod:`.llm_tools`). Errors answer in OpenAI's shape ``{"error": {"message", "type", ...}}``.
 
 Register it as an LLM function with ``inferenceUrl: /v1/chat/completions``, ``containerImage: llm``,
 and call it through the platform's OpenAI-compatible gateway (``/v1`` on the API port).
@@ -32,6 +33,7 @@ from aiohttp import web
 from nvcf_mono.examples import MAX_BODY
 from nvcf_mono.examples.llm_json import FormatError, json_answer, wanted_schema
 from nvcf_mono.examples.llm_json import pieces as json_pieces
+from nvcf_mono.examples.llm_tools import ToolError, chosen_tool, tools_of
 from nvcf_mono.examples.sse import default_port
 
 WORDS = (
@@ -247,7 +249,10 @@ def chat_prompt(doc: dict[str, Any]) -> str:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise BadRequest(f"messages[{i}] must be an object with a 'role'", "messages")
-        parts.append(_text(message.get("content", ""), f"messages[{i}].content"))
+        content = message.get("content", "")
+        if content is None and message["role"] == "assistant":
+            content = ""  # a turn that called tools and said nothing
+        parts.append(_text(content, f"messages[{i}].content"))
     return "\n".join(parts)
 
 
@@ -369,6 +374,13 @@ def _chunk(model: Model, cid: str, created: int, **choice: Any) -> str:
 async def chat(model: Model, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
     _one_choice(doc)
     prompt = chat_prompt(doc)
+    rng = random.Random(hashlib.sha256(prompt.encode()).digest())
+    try:
+        tool = chosen_tool(doc, tools_of(doc), rng)
+    except ToolError as err:
+        raise BadRequest(str(err), err.param) from None
+    if tool is not None:
+        return await tool_call(model, request, doc, prompt, tool=tool, rng=rng)
     answer, finish = chat_answer(doc, prompt)
     top = chat_logprobs(doc)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
@@ -397,6 +409,43 @@ async def chat(model: Model, request: web.Request, doc: dict[str, Any]) -> web.S
         {
             "id": cid, "object": "chat.completion", "created": created, "model": model.name,
             "system_fingerprint": model.fingerprint, "choices": [choice], "usage": usage(prompt, len(tokens)),
+        }
+    )  # fmt: skip
+
+
+async def tool_call(
+    model: Model, request: web.Request, doc: dict[str, Any], prompt: str, *, tool: dict[str, Any], rng: random.Random
+) -> web.StreamResponse:
+    """A chat turn that calls ``tool``: its arguments a value of the tool's parameters schema."""
+    arguments = json_pieces(json_answer(tool["parameters"], rng, WORDS))
+    call_id, name = f"call_{uuid.uuid4().hex[:24]}", tool["name"]
+    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    spent = usage(prompt, len(arguments))
+    if doc.get("stream"):
+        include_usage = _include_usage(doc)
+
+        async def events() -> AsyncIterator[str]:
+            head = {"index": 0, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+            yield _chunk(model, cid, created, delta={"role": "assistant", "content": None, "tool_calls": [head]})
+            async for piece in model.paced(arguments):
+                yield _chunk(
+                    model, cid, created, delta={"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+                )
+            yield _chunk(model, cid, created, delta={}, finish_reason="tool_calls")
+            if include_usage:
+                last = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model.name}
+                yield data({**last, "choices": [], "usage": spent})
+            yield "data: [DONE]"
+
+        return await sse(request, events())
+    text = "".join([piece async for piece in model.paced(arguments)])
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": text}}
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "tool_calls"}
+    return web.json_response(
+        {
+            "id": cid, "object": "chat.completion", "created": created, "model": model.name,
+            "system_fingerprint": model.fingerprint, "choices": [choice], "usage": spent,
         }
     )  # fmt: skip
 

@@ -298,6 +298,58 @@ async def test_llm_writes_the_json_a_call_asks_for_as_openais_parse_helpers_read
             await client.responses.create(model="tiny-llm", input="x", text={"format": {"type": "json_schema"}})  # type: ignore[typeddict-item]
 
 
+class GetWeather(pydantic.BaseModel):
+    city: str
+    unit: Literal["celsius", "fahrenheit"]
+
+
+async def test_llm_calls_tools_as_an_agent_loop_expects() -> None:
+    """``tools``: a call first, then words once the tool's result is the last message; streamed the same."""
+    async with (
+        serving(llm.app(llm.Model("tiny-llm", 0))) as base,
+        openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0) as client,
+    ):
+        tools: Any = [openai.pydantic_function_tool(GetWeather)]
+        messages: Any = [{"role": "user", "content": "weather in Paris?"}]
+        first = await client.chat.completions.parse(model="tiny-llm", messages=messages, tools=tools)
+        (call,) = first.choices[0].message.tool_calls or []
+        assert first.choices[0].finish_reason == "tool_calls" and call.function.name == "GetWeather"
+        assert isinstance(call.function.parsed_arguments, GetWeather)
+        # The assistant's turn goes back as it came (content null), with the tool's result after it.
+        turn = first.choices[0].message.model_dump(exclude_none=True, exclude={"parsed"})
+        turn["content"] = None  # as clients send it back (it was a 400 before tools were understood)
+        for sent in turn.get("tool_calls", []):
+            sent["function"].pop("parsed_arguments", None)
+        result = {"role": "tool", "tool_call_id": call.id, "content": "18 degrees"}
+        answer = await client.chat.completions.create(model="tiny-llm", messages=[*messages, turn, result], tools=tools)
+        assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
+        # Streamed: the call's name first, its arguments in pieces, the same as unstreamed.
+        stream = await client.chat.completions.create(model="tiny-llm", messages=messages, tools=tools, stream=True)
+        names, arguments, finish = [], "", None
+        async for chunk in stream:
+            for delta_call in chunk.choices[0].delta.tool_calls or []:
+                names += [delta_call.function.name] if delta_call.function and delta_call.function.name else []
+                arguments += (delta_call.function.arguments or "") if delta_call.function else ""
+            finish = chunk.choices[0].finish_reason or finish
+        assert (names, arguments, finish) == (["GetWeather"], call.function.arguments, "tool_calls")
+        words = await client.chat.completions.create(
+            model="tiny-llm", messages=messages, tools=tools, tool_choice="none"
+        )
+        assert words.choices[0].message.content and words.choices[0].finish_reason == "length"
+        for choice, param in (
+            ({"type": "function", "function": {"name": "nope"}}, "tool_choice"),
+            ("always", "tool_choice"),
+        ):
+            with pytest.raises(openai.BadRequestError, match=param):
+                await client.chat.completions.create(
+                    model="tiny-llm", messages=messages, tools=tools, tool_choice=choice
+                )  # type: ignore[arg-type]
+        with pytest.raises(openai.BadRequestError, match="'tool_choice' needs 'tools'"):
+            await client.chat.completions.create(model="tiny-llm", messages=messages, tool_choice="required")
+        with pytest.raises(openai.BadRequestError, match="tools"):
+            await client.chat.completions.create(model="tiny-llm", messages=messages, tools=[{"type": "function"}])  # type: ignore[list-item]
+
+
 async def test_grpc_echo_unary_streaming_health_and_bad_input() -> None:
     server = grpc_echo.make_server()
     await server.start("127.0.0.1", 0)
