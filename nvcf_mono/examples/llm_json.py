@@ -10,6 +10,7 @@ for optional fields, enums, the common string formats); anything else reads as a
 from __future__ import annotations
 
 import json
+import math
 import random
 import uuid
 from collections.abc import Mapping
@@ -53,8 +54,19 @@ def wanted_schema(doc: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def json_answer(schema: dict[str, Any], rng: random.Random, words: tuple[str, ...]) -> str:
     """A value of ``schema`` as JSON text."""
-    defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
+    defs: dict[str, Any] = {}
+    for key in ("definitions", "$defs"):
+        found = schema.get(key)
+        defs.update(found if isinstance(found, dict) else {})
     return json.dumps(_value(schema, rng, words, defs, 0))
+
+
+def _number(schema: dict[str, Any], key: str, default: float) -> float:
+    """A bound of the schema when it is a finite number (a tenant's schema may hold anything)."""
+    value = schema.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return default
+    return float(value)
 
 
 def _value(schema: Any, rng: random.Random, words: tuple[str, ...], defs: dict[str, Any], depth: int) -> Any:
@@ -80,17 +92,19 @@ def _value(schema: Any, rng: random.Random, words: tuple[str, ...], defs: dict[s
         items = properties.items() if isinstance(properties, dict) else ()
         return {name: _value(sub, rng, words, defs, depth + 1) for name, sub in items}
     if kind == "array":
-        count = max(1, min(int(schema.get("minItems", 1) or 1), 3))
+        count = max(1, min(int(_number(schema, "minItems", 1)), 3))
         return [_value(schema.get("items", {}), rng, words, defs, depth + 1) for _ in range(count)]
     return _scalar(kind, schema, rng, words)
 
 
 def _scalar(kind: Any, schema: dict[str, Any], rng: random.Random, words: tuple[str, ...]) -> Any:
-    low, high = schema.get("minimum", 0), schema.get("maximum", 100)
+    low = _number(schema, "minimum", 0.0)
+    high = max(low, _number(schema, "maximum", max(low, 100.0)))
     if kind == "integer":
-        return rng.randint(int(low), max(int(low), int(high)))
+        first = math.ceil(low)
+        return rng.randint(first, max(first, math.floor(high)))
     if kind == "number":
-        return round(rng.uniform(float(low), max(float(low), float(high))), 2)
+        return round(rng.uniform(low, high), 2)
     if kind == "boolean":
         return rng.random() < 0.5
     if kind == "null":

@@ -467,3 +467,27 @@ async def test_http_examples_take_large_bodies_and_refuse_json_nested_too_deep(a
             assert r.status != 413, await r.text()
         async with http.post(f"{base}{path}", data=DEEP, headers=headers) as r:
             assert r.status == 400, await r.text()
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "integer", "minimum": "abc"},
+        {"type": "array", "minItems": 10**12, "items": {"type": "string"}},
+        {"$ref": "#/$defs/A", "$defs": {"A": {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}}}},
+        {"$defs": [1], "$ref": "#/$defs/x"},
+        {"type": "number", "minimum": 1e308, "maximum": -1e308},
+        {"type": "object", "properties": [1, 2]},
+    ],
+    ids=["text-bound", "huge-array", "recursive", "defs-not-a-map", "crossed-bounds", "properties-list"],
+)
+async def test_llm_answers_any_schema_a_tenant_sends_with_json_never_a_500(schema: dict[str, Any]) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    body = {"messages": [{"role": "user", "content": "hi"}], "response_format": fmt}
+    async with (
+        serving(llm.app(llm.Model("tiny-llm", 0))) as base,
+        aiohttp.ClientSession() as http,
+        http.post(f"{base}/v1/chat/completions", json=body) as r,
+    ):
+        assert r.status == 200, await r.text()
+        json.loads((await r.json())["choices"][0]["message"]["content"])
