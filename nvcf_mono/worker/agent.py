@@ -210,7 +210,6 @@ class Worker:
         self._warned_left = False
         #: nats transport: requests pulled from JetStream and not settled yet.
         self._held: dict[str, Settlement] = {}
-        self._pull_watchers: list[anyio.CancelScope] = []
 
     def _outputs_left(self, path: str) -> None:
         """Say once that files a request left in its output directory did not go to its caller."""
@@ -389,8 +388,9 @@ class Worker:
                 tg.start_soon(self._drain_on_request, send, tg.cancel_scope)
                 async with anyio.create_task_group() as requests:
                     slots = Slots(requests, spare=SPARE_TASKS)
+                    leaving = anyio.Event()  # the node said it is stopping: pull no more through it
                     if session.transport == "nats":
-                        requests.start_soon(self._pull_nats, session, link, slots)
+                        requests.start_soon(self._pull_nats, session, link, slots, leaving)
                     while True:
                         envelope = await stream.recv_message()
                         if envelope is None:
@@ -411,6 +411,7 @@ class Worker:
                         elif envelope.kind == "leave":
                             assert envelope.message is not None
                             self._left_because = envelope.message.leave.reason or NODE_STOPPING
+                            leaving.set()
                 tg.cancel_scope.cancel()
             if ended_by_node:  # our side ends too, or grpclib finds the call unfinished as it closes it
                 with contextlib.suppress(*STREAM_GONE):
@@ -465,8 +466,10 @@ class Worker:
 
     # ---- the nats transport -----------------------------------------------------------------------
 
-    async def _pull_nats(self, session: ConnectResponse, link: _Link, slots: Slots) -> None:
-        """Pull the version's durable directly; pause while unhealthy, stop on drain."""
+    async def _pull_nats(self, session: ConnectResponse, link: _Link, slots: Slots, leaving: anyio.Event) -> None:
+        """Pull the version's durable directly; pause while unhealthy, stop on drain or when the session's
+        node leaves (what was pulled is still served and settled; the next session pulls again).
+        """
         # Only this transport needs NATS: importing its client and the bus settings is about a fifth of
         # the worker's imports (0.1 s here), and the worker's start is on every cold start's path.
         from nvcf_mono.bus.nats import open_nats_bus
@@ -495,23 +498,26 @@ class Worker:
                 tg.start_soon(self._nats_cancels, bus, session.cancel_subject)
                 keep = max(1.0, (session.ack_wait_seconds or 30) / 3)
                 tg.start_soon(self._nats_keepalive, keep)
-                while not self._drain.is_set():
-                    await self._healthy.wait()
+                stopped = anyio.Event()
+                current: list[anyio.CancelScope] = []  # the pull under way, for the watcher to end
+                tg.start_soon(self._stop_pulling, (self._drain, leaving), stopped, current)
+                while not stopped.is_set():
                     with anyio.CancelScope() as pulling:
-                        tg.start_soon(self._stop_pulling_on_drain, pulling)
+                        current[:] = [pulling]
+                        await self._healthy.wait()
                         async with stream.consume(
                             session.durable, batch=concurrency, max_inflight=concurrency, fetch_timeout=5.0
                         ) as deliveries:
                             async for delivery in deliveries:
-                                if not self.state.inference_healthy and not self._drain.is_set():
+                                if not self.state.inference_healthy and not stopped.is_set():
                                     await hold_until_ready(
                                         lambda: self._healthy, delivery, within=redelivery.PAUSED_HOLD, keepalive=keep
                                     )
-                                if not self.state.inference_healthy or self._drain.is_set():
+                                if not self.state.inference_healthy or stopped.is_set():
                                     await delivery.nak()  # still paused, or stopping: another instance takes it
                                     break
                                 self._take(delivery, bus=bus, session=session, link=link, slots=slots, up=up)
-                # Draining: what was pulled is answered and acked over this connection, so it stays open
+                # Stopped: what was pulled is answered and acked over this connection, so it stays open
                 # (and kept alive, and cancellable) until nothing is in flight.
                 while self.state.in_flight:
                     await self._idle.wait()
@@ -571,14 +577,24 @@ class Worker:
         if not self.state.in_flight:
             self._idle.set()
 
-    async def _stop_pulling_on_drain(self, pulling: anyio.CancelScope) -> None:
-        with anyio.CancelScope() as own:
-            self._pull_watchers.append(own)
-            try:
-                await self._drain.wait()
-                pulling.cancel()
-            finally:
-                self._pull_watchers.remove(own)
+    @staticmethod
+    async def _stop_pulling(
+        events: tuple[anyio.Event, ...], stopped: anyio.Event, current: list[anyio.CancelScope]
+    ) -> None:
+        """When the first of ``events`` is set: set ``stopped`` and end the pull under way (one watcher
+        for the whole connection, however often the pull pauses).
+        """
+        async with anyio.create_task_group() as race:
+            for event in events:
+
+                async def first(event: anyio.Event = event) -> None:
+                    await event.wait()
+                    race.cancel_scope.cancel()
+
+                race.start_soon(first)
+        stopped.set()
+        for scope in current:
+            scope.cancel()
 
     async def _nats_cancels(self, bus: Bus, subject: str) -> None:
         async with bus.subscribe(subject) as sub:

@@ -11,6 +11,7 @@ gets a stored 500 result instead of taking down instance after instance.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -458,6 +459,11 @@ class WorkerSession:
         self.draining = True
         self.ready.set()  # wakes whatever waits for readiness; it sees the drain
         self._leaving.set()
+        if self.transport == "nats" and self._out is not None:
+            # Its worker pulls for itself: told now, it stops pulling, or under steady load it never
+            # holds nothing and the session outlives the drain. (Said again as the session ends.)
+            with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._out.send_nowait(_LEAVE)
 
     @property
     def _left(self) -> bool:

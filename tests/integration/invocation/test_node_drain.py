@@ -83,3 +83,45 @@ async def test_a_stopping_node_ends_its_workers_sessions_once_what_they_hold_is_
                 return f"INFO    nvcf_mono.worker: connection to the invocation plane lost ({NODE_STOPPING})" in logs
 
             await wait_for(told, timeout=10, what="the worker's log saying the node stopped")
+
+
+async def test_a_stopping_node_under_steady_load_lets_its_nats_transport_worker_go_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nats transport: the worker pulls its requests itself. Node B, its session's node, stops while
+    calls keep coming: the worker is told at once, stops pulling, finishes what it holds, and connects
+    again where its address now points (node A, as a balancer would send it). B used to say so only
+    once the worker held nothing, which steady load never allows: B waited out its whole drain."""
+    settings = {"shutdown.drain_grace": "60", "plugins.invocation.transport": "nats"}
+    address = tmp_path / "grpc-address"  # what the worker dials, read before each connection
+    async with two_invocation_nodes(tmp_path, **settings) as (p, b, _):
+        address.write_text(b.endpoints.grpc_address)
+        monkeypatch.setenv("NVCF_FQDN_GRPC_FILE", str(address))
+        async with launching_agent(p, tmp_path / "instances"):
+            fid, _ = await deployed(p.admin)
+            url = f"/v2/nvcf/pexec/functions/{fid}"
+            warm = await p.key.post(url, {"message": "warm"})
+            assert warm.status == 200, warm.body
+            assert b.plugin("invocation").workers.sessions  # type: ignore[attr-defined]
+            answers: list[Any] = []
+            quiet = anyio.Event()
+
+            async def caller() -> None:
+                while not quiet.is_set():
+                    answers.append(await p.key.post(url, {"message": "steady", "delay": 0.4}))
+
+            async def stopped() -> bool:
+                return b.plugin_state("invocation") is PluginState.STOPPED
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):  # the worker (concurrency 4 here) always holds one
+                    tg.start_soon(caller)
+                await anyio.sleep(1.0)
+                address.write_text(p.host.endpoints.grpc_address)
+                b.request_shutdown()
+                await wait_for(stopped, timeout=20, what="B stopped well within its 60 s drain")
+                served = len(answers)
+                await anyio.sleep(2.0)
+                assert len(answers) > served, "the worker went on serving, through node A"
+                quiet.set()
+            assert all(a.status == 200 and a.json["message"] == "steady" for a in answers), answers
