@@ -316,6 +316,14 @@ class Consumer(Protocol):
         """Local counters."""
         ...
 
+    def stop(self) -> None:
+        """Ask for nothing more. Leaving the block then waits (until the open pull requests are filled or
+        expire) for what was asked for, and gives all that arrived back for redelivery at once: nothing
+        the server sends a consumer that is going away waits out ``ack_wait``. Without it, leaving is
+        quick, and what the server sends in that moment may.
+        """
+        ...
+
 
 class Stream(Protocol):
     """A handle on one JetStream stream."""

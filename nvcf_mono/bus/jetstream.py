@@ -448,7 +448,8 @@ class NatsStream:
         try:
             yield consumer
         finally:
-            with anyio.move_on_after(self._timeout, shield=True):
+            # A stopped consumer may wait for its pull requests (fetch_timeout) before giving back.
+            with anyio.move_on_after(self._timeout + fetch_timeout + 1.0, shield=True):
                 await consumer.close()
 
 
@@ -597,15 +598,34 @@ class NatsConsumer:
         self._paused_until = 0.0
         #: Set when a message arrives or a slot is freed.
         self._changed = Wakeup()
+        #: :meth:`stop` was called: no more pull requests, and :meth:`close` outlasts the open ones.
+        self._stopped = False
 
     async def open(self) -> None:
         self._sub = await self._nc.subscribe(self._inbox, cb=self._on_message)
 
+    def stop(self) -> None:
+        self._stopped = True
+
     async def close(self) -> None:
-        """Stop listening, then give back what was received and never handed out."""
+        """Stop listening, then give back what was received and never handed out.
+
+        The server sends a waiting pull request's messages to its inbox without asking whether anyone
+        still listens there, so a message it sends as the consumer unsubscribes is lost here and waits
+        out ack_wait. A stopped consumer therefore first waits for its open pull requests to be filled
+        or expire, holding what arrives (a message given back at once could come straight back to those
+        requests, and count a delivery each time). Then it drains (what the server sent before it heard
+        of the unsubscribe is still received) and gives everything back.
+        """
+        while self._stopped and self._outstanding and self._sub is not None:
+            left = self._quiet_after - time.monotonic()
+            if left <= 0:
+                break
+            self._changed.clear()
+            await self._changed.wait(left)
         if self._sub is not None:
             with contextlib.suppress(nats.errors.Error, OSError):
-                await self._sub.unsubscribe()  # the server drops pull requests nobody listens to
+                await self._sub.drain()  # type: ignore[no-untyped-call]  # nats-py leaves it untyped
         await self.release_buffered()
 
     def _release(self) -> None:
@@ -672,6 +692,8 @@ class NatsConsumer:
 
     async def _ask(self) -> None:
         """A pull request for the free slots, unless enough is asked for already."""
+        if self._stopped:
+            return
         free = self._max_inflight - self._in_flight - len(self._buffer) - self._outstanding
         if free <= 0 or (self._outstanding and free < max(1, self._batch // 2)):
             return

@@ -81,7 +81,7 @@ from nvcf_mono.worker.scratch import Scratch
 from nvcf_mono.worker.slots import Slots
 
 if TYPE_CHECKING:
-    from nvcf_mono.bus.api import Bus, Delivery
+    from nvcf_mono.bus.api import Bus, Consumer, Delivery
 
 SERVICE = "/nvcf.worker.v1.WorkerService"
 log = logging.getLogger("nvcf_mono.worker")
@@ -499,15 +499,16 @@ class Worker:
                 keep = max(1.0, (session.ack_wait_seconds or 30) / 3)
                 tg.start_soon(self._nats_keepalive, keep)
                 stopped = anyio.Event()
-                current: list[anyio.CancelScope] = []  # the pull under way, for the watcher to end
+                current: list[tuple[anyio.CancelScope, Consumer | None]] = []  # the pull under way
                 tg.start_soon(self._stop_pulling, (self._drain, leaving), stopped, current)
                 while not stopped.is_set():
                     with anyio.CancelScope() as pulling:
-                        current[:] = [pulling]
+                        current[:] = [(pulling, None)]
                         await self._healthy.wait()
                         async with stream.consume(
                             session.durable, batch=concurrency, max_inflight=concurrency, fetch_timeout=5.0
                         ) as deliveries:
+                            current[:] = [(pulling, deliveries)]
                             async for delivery in deliveries:
                                 if not self.state.inference_healthy and not stopped.is_set():
                                     await hold_until_ready(
@@ -579,10 +580,13 @@ class Worker:
 
     @staticmethod
     async def _stop_pulling(
-        events: tuple[anyio.Event, ...], stopped: anyio.Event, current: list[anyio.CancelScope]
+        events: tuple[anyio.Event, ...],
+        stopped: anyio.Event,
+        current: list[tuple[anyio.CancelScope, Consumer | None]],
     ) -> None:
-        """When the first of ``events`` is set: set ``stopped`` and end the pull under way (one watcher
-        for the whole connection, however often the pull pauses).
+        """When the first of ``events`` is set: set ``stopped`` and end the pull under way, its consumer
+        stopped first so that nothing the server sent it waits out ack_wait (one watcher for the whole
+        connection, however often the pull pauses).
         """
         async with anyio.create_task_group() as race:
             for event in events:
@@ -593,7 +597,9 @@ class Worker:
 
                 race.start_soon(first)
         stopped.set()
-        for scope in current:
+        for scope, consumer in current:
+            if consumer is not None:
+                consumer.stop()
             scope.cancel()
 
     async def _nats_cancels(self, bus: Bus, subject: str) -> None:

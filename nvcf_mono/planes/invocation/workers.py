@@ -542,8 +542,15 @@ class WorkerSession:
             ) as deliveries:
                 async for delivery in deliveries:
                     await self._dispatch(delivery, out)
-                    if self.draining or not self.ready.is_set():
+                    if self._draining_now():
+                        deliveries.stop()  # what is on its way to this session is given back, not lost
                         break
+                    if not self.ready.is_set():
+                        break
+
+    def _draining_now(self) -> bool:
+        """Its node stops or its worker drains (read afresh: it changes while the session pulls)."""
+        return self.draining
 
     async def _dispatch(self, delivery: Delivery, out: MemoryObjectSendStream[NodeEnvelope]) -> None:
         try:

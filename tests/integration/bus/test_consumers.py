@@ -6,6 +6,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from nvcf_mono.bus.api import ConsumerSpec, DeliverPolicy, Delivery, Retention, StreamSpec
@@ -355,3 +356,34 @@ async def test_a_consumer_deleted_under_a_waiting_pull_is_not_found(
             assert await bus.stream(name).delete_consumer("workers")
             with anyio.fail_after(5), pytest.raises(NotFound, match="workers"):
                 await anext(deliveries)
+
+
+async def test_closing_a_consumer_strands_nothing_the_server_sent_it(
+    nats_server: NatsServer, unique: Callable[[str], str]
+) -> None:
+    """A stopped consumer gives back everything the server sent it as it closed, for redelivery now. The
+    server sends a waiting pull request's messages whether or not anyone still listens, so some were
+    lost between the unsubscribe and the server hearing of it, and waited out ack_wait: a worker leaving
+    a stopping node under steady load left calls waiting 30 s."""
+    name = unique("CLOSE")
+    async with connect(nats_server.url) as bus, connect(nats_server.url) as publisher:
+        await _work_queue(bus, name, ack_wait=30)
+        stream = bus.stream(name)
+        rounds = 5
+        for _ in range(rounds):
+            async with (
+                anyio.create_task_group() as tg,
+                # Its pull requests ask for more than arrives: they are still open as it closes.
+                stream.consume("workers", batch=64, max_inflight=64, fetch_timeout=0.5) as consumer,
+            ):
+                await _publish(publisher, name, 1)
+                (first,) = await _take(aiter(consumer), 1)
+                await first.ack_sync()  # its pull requests stay open for more
+                tg.start_soon(_publish, publisher, name, 8)  # arriving while the consumer closes
+                await anyio.lowlevel.checkpoint()
+                consumer.stop()
+        left = (await stream.info()).messages
+        assert left == rounds * 8  # each round's burst, none acked
+        async with stream.consume("workers", batch=64, max_inflight=rounds * 8, fetch_timeout=1) as consumer:
+            taken = await _take(aiter(consumer), left, timeout=5)  # not after ack_wait (30 s)
+        assert len(taken) == left
