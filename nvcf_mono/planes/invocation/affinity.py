@@ -29,6 +29,10 @@ TTL = 600.0
 REANNOUNCE = TTL / 4
 #: Longest key kept (a longer one is not a conversation id worth remembering).
 MAX_KEY = 256
+#: How the LLM gateway names a conversation for a call that named none. Most such calls are never
+#: continued, so their first turns are kept in a table of their own: a flood of one-off calls cannot
+#: push out the conversations that go on. A second turn moves one to the main table.
+MINTED = "mts-"
 
 
 def session_key(request: Request) -> str | None:
@@ -69,15 +73,19 @@ class Affinity:
         self._clock = clock
         self.node = node or uuid.uuid4().hex
         self._last: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        #: First turns of conversations the gateway named (:data:`MINTED`), until a second one.
+        self._first: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
 
     def place_of(self, version_id: str, key: str) -> Place | None:
-        found = self._last.get((version_id, key))
-        if found is None:
-            return None
-        if self._clock() - found.at > TTL:
-            del self._last[(version_id, key)]
-            return None
-        return found.place
+        for table in (self._last, self._first):
+            found = table.get((version_id, key))
+            if found is None:
+                continue
+            if self._clock() - found.at > TTL:
+                del table[(version_id, key)]
+                return None
+            return found.place
+        return None
 
     def took(self, version_id: str, key: str, instance_id: str) -> bool:
         """An instance connected to this node took the conversation's latest turn.
@@ -86,28 +94,38 @@ class Affinity:
         last told long enough ago.
         """
         now, place = self._clock(), Place(instance_id, self.node)
-        before = self._last.get((version_id, key))
+        before = self._last.get((version_id, key)) or self._first.get((version_id, key))
         if before is not None and before.place == place and now - before.announced < REANNOUNCE:
-            self._put(version_id, key, _Entry(place, now, before.announced))
+            self._put(version_id, key, _Entry(place, now, before.announced), again=True)
             return False
-        self._put(version_id, key, _Entry(place, now, now))
+        self._put(version_id, key, _Entry(place, now, now), again=before is not None)
         return True
 
     def heard(self, version_id: str, key: str, place: Place) -> None:
         """Another node says one of its instances took the conversation's latest turn."""
         if place.node != self.node:
             now = self._clock()
-            self._put(version_id, key, _Entry(place, now, now))
+            again = (version_id, key) in self._last or (version_id, key) in self._first
+            self._put(version_id, key, _Entry(place, now, now), again=again)
 
     def forget(self, version_id: str, key: str) -> None:
         """The conversation's instance did not answer: its next turn goes wherever it is pulled."""
         self._last.pop((version_id, key), None)
+        self._first.pop((version_id, key), None)
 
-    def _put(self, version_id: str, key: str, entry: _Entry) -> None:
-        self._last[(version_id, key)] = entry
-        self._last.move_to_end((version_id, key))
-        while len(self._last) > MAX_SESSIONS:
-            self._last.popitem(last=False)
+    def _put(self, version_id: str, key: str, entry: _Entry, *, again: bool) -> None:
+        """Keep the entry: a gateway-named conversation's first turn apart, anything else (or a later
+        turn) in the main table.
+        """
+        at = (version_id, key)
+        first = not again and key.partition("/")[2].startswith(MINTED)
+        table = self._first if first else self._last
+        if not first:
+            self._first.pop(at, None)
+        table[at] = entry
+        table.move_to_end(at)
+        while len(table) > MAX_SESSIONS:
+            table.popitem(last=False)
 
     def __len__(self) -> int:
-        return len(self._last)
+        return len(self._last) + len(self._first)

@@ -81,3 +81,24 @@ def test_what_another_node_says_is_kept_and_what_names_this_node_is_not() -> Non
     assert table.place_of("v", "conv") is None
     table.forget("v", "never")
     assert Affinity().node != Affinity().node  # one name per process, even with one configured node id
+
+
+def test_one_off_calls_the_gateway_named_cannot_push_out_the_conversations_that_go_on() -> None:
+    """The gateway names every chat that names no conversation; most are never continued. Their first
+    turns are kept apart, and a second turn moves a conversation into the main table."""
+    table = Affinity(node="here")
+    table.took("v", "acct/chat-1", "i1")  # a caller's own conversation
+    table.took("v", f"acct/{affinity.MINTED}kept", "i2")
+    table.took("v", f"acct/{affinity.MINTED}kept", "i2")  # sent back: it goes on
+    for i in range(affinity.MAX_SESSIONS + 10):
+        table.took("v", f"acct/{affinity.MINTED}{i}", "i3")
+    assert table.place_of("v", "acct/chat-1") == Place("i1", "here")
+    assert table.place_of("v", f"acct/{affinity.MINTED}kept") == Place("i2", "here")
+    assert table.place_of("v", f"acct/{affinity.MINTED}0") is None  # the oldest one-off went
+    assert table.place_of("v", f"acct/{affinity.MINTED}{affinity.MAX_SESSIONS + 9}") == Place("i3", "here")
+    assert len(table) == affinity.MAX_SESSIONS + 2
+    # Heard from another node, the same: a first turn apart, a later one in the main table.
+    table.heard("v", f"acct/{affinity.MINTED}far", Place("i4", "there"))
+    assert table.place_of("v", f"acct/{affinity.MINTED}far") == Place("i4", "there")
+    table.forget("v", f"acct/{affinity.MINTED}far")
+    assert table.place_of("v", f"acct/{affinity.MINTED}far") is None

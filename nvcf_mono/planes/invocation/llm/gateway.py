@@ -89,7 +89,7 @@ def conversation_of(request: web.Request, doc: ShallowObject) -> str | None:
         named = request.headers.get(affinity.HEADER, "")
     if named.strip():
         return header_safe(named.strip())
-    return f"mts-{uuid.uuid4().hex}" if request.path in CONVERSATIONS else None
+    return f"{affinity.MINTED}{uuid.uuid4().hex}" if request.path in CONVERSATIONS else None
 
 
 _HEADER_SAFE_RX = re.compile(r"^[\x21-\x7e](?:[\x20-\x7e]{0,254}[\x21-\x7e])?$")
