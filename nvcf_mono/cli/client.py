@@ -446,6 +446,9 @@ def read_input(flag: str, path: str, ctx: CliContext) -> bytes:
             return Path(path).read_bytes()
         if ctx.stdin is None:
             raise CliError(f"{flag} -: there is no standard input to read")
+        if ctx.stdin_read_by:
+            raise CliError(f"{flag} -: standard input can be read once")
+        ctx.stdin_read_by.append(flag)
         return ctx.stdin.read()
     except OSError as err:
         raise CliError(f"{flag} {path}: {err.strerror or err}") from None

@@ -35,3 +35,5 @@ class CliContext:
     run_worker: Callable[[Sidecar, bool], int] | None = None
     #: What a file argument of ``-`` reads (None: there is no standard input to read).
     stdin: IO[bytes] | None = None
+    #: The arguments that read ``stdin``: one at most (a second ``-`` would silently get nothing).
+    stdin_read_by: list[str] = attrs.field(factory=list, eq=False, repr=False)

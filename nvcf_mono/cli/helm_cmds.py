@@ -166,8 +166,6 @@ def _credentials(args: argparse.Namespace, ctx: CliContext) -> dict[str, Registr
 def _values(files: list[str], sets: list[str], ctx: CliContext) -> dict[str, Any]:
     """Values files deep-merged in order, then each --set."""
     values: dict[str, Any] = {}
-    if files.count("-") > 1:
-        raise CliError("-f -: standard input can be read once")
     for path in files:
         try:
             loaded = yaml.safe_load(read_input("-f", path, ctx))

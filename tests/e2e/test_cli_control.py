@@ -668,3 +668,7 @@ async def test_account_secret_commands(tmp_path: Path) -> None:
         piped = await cli("account-secret", "set", "piped=@-", *conn, env=env, stdin=b"from-a-pipe\n")
         assert ok(piped).strip() == "set piped"
         assert (await fetch(p, worker_token(p, fn["id"], fn["versionId"])))["piped"] == "from-a-pipe"
+        # Standard input is read once: a second @- would have set its secret to "" without a word.
+        twice = await cli("account-secret", "set", "a=@-", "b=@-", *conn, env=env, stdin=b"one\n")
+        assert twice.returncode == 2 and "standard input can be read once" in twice.stderr, twice.stderr
+        assert not {"a", "b"} & set(await fetch(p, worker_token(p, fn["id"], fn["versionId"])))  # nothing was set
