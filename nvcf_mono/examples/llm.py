@@ -107,9 +107,14 @@ def count_tokens(text: str) -> int:
     return len(text.split())
 
 
+def seeded(text: str) -> random.Random:
+    """The generator behind every answer to ``text``: the same text, the same answer."""
+    return random.Random(hashlib.sha256(text.encode()).digest())
+
+
 def generate(prompt: str, limit: int) -> list[str]:
     """``limit`` words, the same for the same prompt."""
-    rng = random.Random(hashlib.sha256(prompt.encode()).digest())
+    rng = seeded(prompt)
     return [rng.choice(WORDS) for _ in range(limit)]
 
 
@@ -333,7 +338,7 @@ def chat_answer(doc: dict[str, Any], prompt: str) -> tuple[list[str], str]:
         return words(prompt, limit), "length"
     if all(doc.get(name) is None for name in names):
         limit = MAX_TOKENS  # the whole document unless the caller set a limit
-    rng = random.Random(hashlib.sha256(prompt.encode()).digest())
+    rng = seeded(prompt)
     tokens = json_pieces(json_answer(schema, rng, WORDS))
     return (tokens[:limit], "length") if len(tokens) > limit else (tokens, "stop")
 
@@ -371,10 +376,27 @@ def _chunk(model: Model, cid: str, created: int, **choice: Any) -> str:
     return data(doc)
 
 
+def _usage_chunk(model: Model, cid: str, created: int, spent: dict[str, int]) -> str:
+    """A chat stream's last chunk for ``stream_options.include_usage``: no choices, the usage."""
+    head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model.name}
+    return data({**head, "choices": [], "usage": spent})
+
+
+def _chat_completion(
+    model: Model, cid: str, created: int, choice: dict[str, Any], spent: dict[str, int]
+) -> web.Response:
+    return web.json_response(
+        {
+            "id": cid, "object": "chat.completion", "created": created, "model": model.name,
+            "system_fingerprint": model.fingerprint, "choices": [choice], "usage": spent,
+        }
+    )  # fmt: skip
+
+
 async def chat(model: Model, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
     _one_choice(doc)
     prompt = chat_prompt(doc)
-    rng = random.Random(hashlib.sha256(prompt.encode()).digest())
+    rng = seeded(prompt)
     try:
         tool = chosen_tool(doc, tools_of(doc), rng)
     except ToolError as err:
@@ -397,20 +419,14 @@ async def chat(model: Model, request: web.Request, doc: dict[str, Any]) -> web.S
                 yield _chunk(model, cid, created, delta={"content": token}, logprobs=logprobs([token]))
             yield _chunk(model, cid, created, delta={}, finish_reason=finish)
             if include_usage:
-                last = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model.name}
-                yield data({**last, "choices": [], "usage": usage(prompt, len(answer))})
+                yield _usage_chunk(model, cid, created, usage(prompt, len(answer)))
             yield "data: [DONE]"
 
         return await sse(request, events())
     tokens = [t async for t in model.paced(answer)]
     message = {"role": "assistant", "content": "".join(tokens)}
     choice = {"index": 0, "message": message, "logprobs": logprobs(tokens), "finish_reason": finish}
-    return web.json_response(
-        {
-            "id": cid, "object": "chat.completion", "created": created, "model": model.name,
-            "system_fingerprint": model.fingerprint, "choices": [choice], "usage": usage(prompt, len(tokens)),
-        }
-    )  # fmt: skip
+    return _chat_completion(model, cid, created, choice, usage(prompt, len(tokens)))
 
 
 async def tool_call(
@@ -433,8 +449,7 @@ async def tool_call(
                 )
             yield _chunk(model, cid, created, delta={}, finish_reason="tool_calls")
             if include_usage:
-                last = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model.name}
-                yield data({**last, "choices": [], "usage": spent})
+                yield _usage_chunk(model, cid, created, spent)
             yield "data: [DONE]"
 
         return await sse(request, events())
@@ -442,12 +457,7 @@ async def tool_call(
     call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": text}}
     message = {"role": "assistant", "content": None, "tool_calls": [call]}
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "tool_calls"}
-    return web.json_response(
-        {
-            "id": cid, "object": "chat.completion", "created": created, "model": model.name,
-            "system_fingerprint": model.fingerprint, "choices": [choice], "usage": spent,
-        }
-    )  # fmt: skip
+    return _chat_completion(model, cid, created, choice, spent)
 
 
 async def completions(model: Model, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
@@ -484,7 +494,7 @@ async def completions(model: Model, request: web.Request, doc: dict[str, Any]) -
 
 def embedding(text: str, dimensions: int) -> list[float]:
     """A unit vector, the same for the same text."""
-    rng = random.Random(hashlib.sha256(text.encode()).digest())
+    rng = seeded(text)
     vector = [rng.gauss(0, 1) for _ in range(dimensions)]
     norm = math.sqrt(sum(v * v for v in vector)) or 1.0
     return [v / norm for v in vector]
