@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,6 +30,7 @@ from grpclib.metadata import encode_bin_value
 from grpclib.server import Server, Stream
 from grpclib.utils import graceful_exit
 
+from nvcf_mono.examples import arguments
 from nvcf_mono.grpc import compression
 from nvcf_mono.grpc.raw import RawStatusDetails, encode_status
 from nvcf_mono.proto.gen.examples.echo.v1 import EchoRequest, EchoResponse, EchoStreamRequest
@@ -172,16 +172,9 @@ async def serve(host: str, port: int, *, test_hooks: bool = False) -> None:
         await server.wait_closed()
 
 
-def default_port() -> int:
-    """``INFERENCE_PORT``, else ``PORT`` (the local backend sets both per instance), else 8001."""
-    return int(os.environ.get("INFERENCE_PORT") or os.environ.get("PORT") or 8001)  # noqa: TID251
-
-
 def main() -> None:
     """Serve until interrupted."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--port", type=int, default=default_port(), help="default: $INFERENCE_PORT, $PORT or 8001")
-    parser.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (0.0.0.0 in a container)")
+    parser = arguments(__doc__, port=8001)
     parser.add_argument("--test-hooks", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     asyncio.run(serve(args.host, args.port, test_hooks=args.test_hooks))

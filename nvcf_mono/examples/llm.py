@@ -14,7 +14,6 @@ and call it through the platform's OpenAI-compatible gateway (``/v1`` on the API
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import hashlib
@@ -30,11 +29,10 @@ from typing import Any
 
 from aiohttp import web
 
-from nvcf_mono.examples import MAX_BODY
+from nvcf_mono.examples import MAX_BODY, arguments, serve_http
 from nvcf_mono.examples.llm_json import FormatError, json_answer, wanted_schema
 from nvcf_mono.examples.llm_json import pieces as json_pieces
 from nvcf_mono.examples.llm_tools import ToolError, chosen_tool, tools_of
-from nvcf_mono.examples.sse import default_port
 
 WORDS = (
     "the",
@@ -655,15 +653,13 @@ def app(model: Model) -> web.Application:
 
 def main() -> None:
     """Serve until interrupted."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--port", type=int, default=default_port(), help="default: $INFERENCE_PORT, $PORT or 8000")
-    parser.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (0.0.0.0 in a container)")
+    parser = arguments(__doc__)
     parser.add_argument("--model", default="tiny-llm", help="the model name it serves (default: tiny-llm)")
     parser.add_argument("--tokens-per-second", type=float, default=100.0, help="output pace; 0: unpaced")
     args = parser.parse_args()
     instance = os.environ.get("NVCF_INSTANCE_ID") or "local"  # noqa: TID251 - the instance contract
     model = Model(args.model, args.tokens_per_second, instance)
-    web.run_app(app(model), host=args.host, port=args.port, access_log=None, print=None)
+    serve_http(app(model), args)
 
 
 if __name__ == "__main__":

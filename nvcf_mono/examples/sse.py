@@ -11,15 +11,13 @@ with ``Accept: text/event-stream`` (``nvcf-mono invoke <fid> --stream -d '{"text
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import os
 from typing import Any
 
 from aiohttp import web
 
-from nvcf_mono.examples import MAX_BODY
+from nvcf_mono.examples import MAX_BODY, arguments, health, serve_http
 
 DEFAULT_TEXT = "The quick brown fox jumps over the lazy dog"
 MAX_TOKENS = 100_000
@@ -72,11 +70,6 @@ async def stream(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def health(request: web.Request) -> web.Response:
-    """Ready as soon as the server listens."""
-    return web.json_response({"status": "OK"})
-
-
 def app() -> web.Application:
     """The streamer's routes."""
     application = web.Application(client_max_size=MAX_BODY)
@@ -85,18 +78,9 @@ def app() -> web.Application:
     return application
 
 
-def default_port() -> int:
-    """``INFERENCE_PORT``, else ``PORT`` (the local backend sets both per instance), else 8000."""
-    return int(os.environ.get("INFERENCE_PORT") or os.environ.get("PORT") or 8000)  # noqa: TID251
-
-
 def main() -> None:
     """Serve until interrupted."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--port", type=int, default=default_port(), help="default: $INFERENCE_PORT, $PORT or 8000")
-    parser.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (0.0.0.0 in a container)")
-    args = parser.parse_args()
-    web.run_app(app(), host=args.host, port=args.port, access_log=None, print=None)
+    serve_http(app(), arguments(__doc__).parse_args())
 
 
 if __name__ == "__main__":
