@@ -8,6 +8,7 @@ from typing import Any
 from nvcf_mono.auth.principal import Principal
 from nvcf_mono.bus.mirror import Unchanged
 from nvcf_mono.contracts import buckets
+from nvcf_mono.http.api import Call
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.common import new_id, now_iso
 from nvcf_mono.models.deployment import Deployment, GpuSpec
@@ -39,6 +40,14 @@ async def find_version(
     if owner_only and rel != "owner":
         raise not_found(function_id, version_id)
     return fv, rel
+
+
+async def owned_version(ctl: Control, call: Call[Any]) -> FunctionVersion:
+    """The version the path names (``functionId``, ``versionId``), if the caller's account owns it: 404 otherwise."""
+    fv, _ = await find_version(
+        ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"), owner_only=True
+    )
+    return fv
 
 
 async def find_versions(

@@ -27,7 +27,13 @@ from nvcf_mono.planes.control.catalog import check_autoscaling, check_spec
 from nvcf_mono.planes.control.charts import check_chart, helm_auth
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.reconcile.plan import mark_rollover
-from nvcf_mono.planes.control.service import find_version, forget_deployment, new_deployment, set_status, undeploy
+from nvcf_mono.planes.control.service import (
+    forget_deployment,
+    new_deployment,
+    owned_version,
+    set_status,
+    undeploy,
+)
 from nvcf_mono.planes.control.validation import workload_problem
 from nvcf_mono.planes.control.views import deployment_view, function_view
 from nvcf_mono.structure import evolve
@@ -52,9 +58,7 @@ def check_stored_workload(fv: FunctionVersion) -> None:
 
 
 async def owned_deployment(ctl: Control, call: Call[Any]) -> tuple[Deployment, FunctionVersion]:
-    fv, _ = await find_version(
-        ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"), owner_only=True
-    )
+    fv = await owned_version(ctl, call)
     dep = await ctl.store.deployments.fetch(buckets.version_key(fv.id, fv.version_id))
     if dep is None:
         raise ProblemError(404, f"Function '{fv.id}' version '{fv.version_id}' is not deployed")
@@ -73,9 +77,7 @@ async def owned_deployment(ctl: Control, call: Call[Any]) -> tuple[Deployment, F
     cross_account=True,
 )
 async def create_deployment(ctl: Control, call: Call[DeploymentRequest]) -> DeploymentResponse:
-    fv, _ = await find_version(
-        ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"), owner_only=True
-    )
+    fv = await owned_version(ctl, call)
     specs_in = call.body.deployment_specifications
     if not specs_in:
         raise ProblemError(400, "'deploymentSpecifications' must not be empty")

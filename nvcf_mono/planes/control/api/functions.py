@@ -22,7 +22,14 @@ from nvcf_mono.models.function import (
 from nvcf_mono.planes.control.access import relation
 from nvcf_mono.planes.control.charts import check_chart, helm_auth
 from nvcf_mono.planes.control.context import Control
-from nvcf_mono.planes.control.service import find_version, find_versions, not_found, seal_secrets, undeploy
+from nvcf_mono.planes.control.service import (
+    find_version,
+    find_versions,
+    not_found,
+    owned_version,
+    seal_secrets,
+    undeploy,
+)
 from nvcf_mono.planes.control.validation import (
     check_create_function,
     check_rate_limit,
@@ -252,9 +259,7 @@ async def update_function(ctl: Control, call: Call[UpdateFunctionRequest]) -> Fu
     if req.tags is None and req.rate_limit is None and req.description is None:
         raise ProblemError(400, "At least one of 'tags', 'rateLimit' or 'description' must be specified")
     check_rate_limit(req.rate_limit)
-    fv, _ = await find_version(
-        ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"), owner_only=True
-    )
+    fv = await owned_version(ctl, call)
 
     def change(current: FunctionVersion | None) -> FunctionVersion | None:
         if current is None:
@@ -299,9 +304,7 @@ for path, deprecated in (
     cross_account=True,
 )
 async def delete_function_version(ctl: Control, call: Call[None]) -> None:
-    fv, _ = await find_version(
-        ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"), owner_only=True
-    )
+    fv = await owned_version(ctl, call)
     store = ctl.store
     if store.deployments.get(buckets.version_key(fv.id, fv.version_id)) is not None:
         await undeploy(ctl, fv, graceful=False)
@@ -323,9 +326,7 @@ async def delete_function_version(ctl: Control, call: Call[None]) -> None:
     cross_account=True,
 )
 async def delete_rate_limit(ctl: Control, call: Call[None]) -> None:
-    fv, _ = await find_version(
-        ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"), owner_only=True
-    )
+    fv = await owned_version(ctl, call)
 
     def change(current: FunctionVersion | None) -> FunctionVersion | None:
         if current is None or current.rate_limit is None:

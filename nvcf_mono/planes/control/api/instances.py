@@ -33,7 +33,7 @@ from nvcf_mono.models.placement import Phase, PlacedInstance, PlacementFailure, 
 from nvcf_mono.planes.control.catalog import health_of, is_heard, visible_clusters
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.reconcile.plan import terminate_instance
-from nvcf_mono.planes.control.service import find_version
+from nvcf_mono.planes.control.service import find_version, owned_version
 from nvcf_mono.structure import WireModel, evolve, wire
 
 R = TypeVar("R")
@@ -453,9 +453,7 @@ async def terminate_function_instance(ctl: Control, call: Call[None]) -> None:
     cross_account=True,
 )
 async def list_version_instances(ctl: Control, call: Call[None]) -> InstanceListResponse:
-    fv, _ = await find_version(
-        ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"), owner_only=True
-    )
+    fv = await owned_version(ctl, call)
     return await listing(ctl, call, ctl.store.placements_of(fv.version_id), None)
 
 

@@ -17,7 +17,7 @@ from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.function import FunctionStatus, FunctionVersion
 from nvcf_mono.models.secret import SealedSecrets, SecretNames, SecretsRequest
 from nvcf_mono.planes.control.context import Control
-from nvcf_mono.planes.control.service import find_version, not_found, open_secrets, seal_secrets
+from nvcf_mono.planes.control.service import not_found, open_secrets, owned_version, seal_secrets
 from nvcf_mono.planes.control.validation import check_secrets
 from nvcf_mono.structure import evolve
 
@@ -57,9 +57,7 @@ async def update_function_secrets(ctl: Control, call: Call[SecretsRequest]) -> N
     if not call.body.secrets:
         raise ProblemError(400, "secrets must name at least one secret")
     given = check_secrets(call.body.secrets)
-    fv, _ = await find_version(
-        ctl, call.principal, call.account, call.path("functionId"), call.path("versionId"), owner_only=True
-    )
+    fv = await owned_version(ctl, call)
     key = buckets.function_secrets_key(fv.id, fv.version_id)
 
     def merge(current: SealedSecrets | None) -> SealedSecrets:
