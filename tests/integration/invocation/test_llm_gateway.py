@@ -225,6 +225,8 @@ async def test_bad_bodies_get_openai_errors_without_reaching_a_function(tmp_path
             (b"{not json", "parse the JSON"),
             (b"[1, 2]", "JSON object"),
             (b'{"messages": []}', "model parameter"),
+            (b'{"model": 5}', "expected a string, but got an integer"),
+            (b'{"model": ["m"]}', "expected a string, but got an array"),
             (b'{"model": "m", "stream": "yes"}', "stream"),
             (b'{"model": "\\ud800/x"}', "parse the JSON"),  # a lone surrogate is not text
             (b'{"model": "00000000-0000-0000-0000-000000000000/x"}', "does not exist"),

@@ -38,7 +38,7 @@ from nvcf_mono.planes.invocation.llm.errors import GatewayError, error_response,
 from nvcf_mono.planes.invocation.llm.limits import Lease, Limits, estimate_tokens
 from nvcf_mono.planes.invocation.llm.models import ModelCatalog, created_epoch
 from nvcf_mono.planes.invocation.llm.settings import LlmGatewaySettings
-from nvcf_mono.planes.invocation.llm.shallow import NotJson, ShallowObject
+from nvcf_mono.planes.invocation.llm.shallow import NotJson, ShallowObject, json_type
 from nvcf_mono.planes.invocation.llm.usage import UsageMeter
 from nvcf_mono.planes.invocation.metrics import REQUEST_LATENCY_BUCKETS, Observation
 
@@ -214,7 +214,11 @@ class Gateway:
             doc = ShallowObject.parse(raw)
         except NotJson as err:
             raise GatewayError(400, str(err)) from None
-        if not isinstance(doc.get("model"), str) or not doc["model"].strip():
+        model = doc.get("model")
+        if model is not None and not isinstance(model, str):
+            detail = f"Invalid type for 'model': expected a string, but got {json_type(model)} instead."
+            raise GatewayError(400, detail, param="model")
+        if model is None or not model.strip():
             raise GatewayError(400, "You must provide a model parameter.", param="model")
         if "stream" in doc and not isinstance(doc.get("stream"), bool):
             raise GatewayError(400, "'stream' must be true or false.", param="stream")

@@ -81,3 +81,11 @@ class ShallowObject(Mapping[str, Any]):
     def encode(self) -> bytes:
         """The object again: members written as they came, ``replace``'s new values in theirs."""
         return msgspec.json.encode(self._members)
+
+
+def json_type(value: Any) -> str:
+    """How OpenAI's errors name a decoded JSON value's type: ``an integer``, ``an array``, ..."""
+    if isinstance(value, bool):  # before int: a bool is an int to Python
+        return "a boolean"
+    names = {int: "an integer", float: "a number", list: "an array", dict: "an object", str: "a string"}
+    return names.get(type(value), "null")
