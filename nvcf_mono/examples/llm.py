@@ -307,11 +307,6 @@ class Model:
         #: OpenAI's system_fingerprint: here, which instance answered (its KV cache is per instance).
         self.fingerprint = f"fp_{instance}"
 
-    async def tokens(self, prompt: str, limit: int) -> AsyncIterator[str]:
-        """The answer's words, paced."""
-        async for token in self.paced(words(prompt, limit)):
-            yield token
-
     async def paced(self, tokens: list[str]) -> AsyncIterator[str]:
         for token in tokens:
             if self.interval:
@@ -324,6 +319,25 @@ def words(prompt: str, limit: int) -> list[str]:
     return [word if i == 0 else " " + word for i, word in enumerate(generate(prompt, limit))]
 
 
+def until_stop(tokens: list[str], doc: dict[str, Any]) -> tuple[list[str], str]:
+    """The tokens before the first of the call's ``stop`` sequences, which is left out as OpenAI leaves it
+    (the token it begins in is cut there), and the finish reason: ``stop`` where one was met, else ``length``.
+    """
+    stop = doc.get("stop")
+    stops = [s for s in ([stop] if isinstance(stop, str) else stop or []) if s]
+    text = "".join(tokens)
+    cut = min((at for s in stops if (at := text.find(s)) >= 0), default=-1)
+    if cut < 0:
+        return tokens, "length"
+    kept: list[str] = []
+    for token in tokens:
+        if cut <= len(token):
+            return [*kept, token[:cut]] if cut else kept, "stop"
+        kept.append(token)
+        cut -= len(token)
+    return kept, "stop"
+
+
 def chat_answer(doc: dict[str, Any], prompt: str) -> tuple[list[str], str]:
     """A chat's tokens and its finish reason: words up to the limit, or the JSON it asked for."""
     names = ("max_completion_tokens", "max_tokens")
@@ -333,7 +347,7 @@ def chat_answer(doc: dict[str, Any], prompt: str) -> tuple[list[str], str]:
     except FormatError as err:
         raise BadRequest(str(err), "response_format") from None
     if schema is None:
-        return words(prompt, limit), "length"
+        return until_stop(words(prompt, limit), doc)
     if all(doc.get(name) is None for name in names):
         limit = MAX_TOKENS  # the whole document unless the caller set a limit
     rng = seeded(prompt)
@@ -461,10 +475,11 @@ async def tool_call(
 async def completions(model: Model, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
     _one_choice(doc)
     prompts, limit = completion_prompts(doc), _max_tokens(doc, "max_tokens")
+    answers = [until_stop(words(prompt, limit), doc) for prompt in prompts]
     top = completion_logprobs(doc)
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     head = {"id": cid, "object": "text_completion", "created": created, "model": model.name}
-    total = usage("\n".join(prompts), limit * len(prompts))
+    total = usage("\n".join(prompts), sum(len(tokens) for tokens, _ in answers))
 
     def choice(index: int, tokens: list[str], finish: str | None, offset: int = 0) -> dict[str, Any]:
         logprobs = None if top is None or not tokens else completion_token_logprobs(tokens, top, offset)
@@ -474,19 +489,18 @@ async def completions(model: Model, request: web.Request, doc: dict[str, Any]) -
         include_usage = _include_usage(doc)
 
         async def events() -> AsyncIterator[str]:
-            for index, prompt in enumerate(prompts):
+            for index, (tokens, finish) in enumerate(answers):
                 offset = 0
-                async for token in model.tokens(prompt, limit):
+                async for token in model.paced(tokens):
                     yield data({**head, "choices": [choice(index, [token], None, offset)]})
                     offset += len(token)
-                yield data({**head, "choices": [choice(index, [], "length")]})
+                yield data({**head, "choices": [choice(index, [], finish)]})
             if include_usage:
                 yield data({**head, "choices": [], "usage": total})
             yield "data: [DONE]"
 
         return await sse(request, events())
-    answers = [[t async for t in model.tokens(prompt, limit)] for prompt in prompts]
-    choices = [choice(i, tokens, "length") for i, tokens in enumerate(answers)]
+    choices = [choice(i, [t async for t in model.paced(tokens)], finish) for i, (tokens, finish) in enumerate(answers)]
     return web.json_response({**head, "choices": choices, "usage": total})
 
 

@@ -206,6 +206,55 @@ async def test_llm_answers_token_id_prompts_and_a_choice_per_prompt_through_open
             assert "'prompt'" in str(refused.value)
 
 
+async def test_llm_ends_an_answer_at_a_stop_sequence_and_leaves_it_out() -> None:
+    """``stop`` as OpenAI and vLLM honour it: the text ends before the first stop sequence (inside a word
+    too), the finish reason is ``stop`` and the usage counts what was written; streamed the same.
+    """
+    async with (
+        serving(llm.app(llm.Model("tiny-llm", 0))) as base,
+        openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0) as client,
+    ):
+        messages: Any = [{"role": "user", "content": "say something"}]
+        whole = await client.chat.completions.create(model="tiny-llm", messages=messages, max_tokens=40)
+        text = whole.choices[0].message.content or ""
+        words = text.split(" ")
+        assert whole.choices[0].finish_reason == "length" and len(words) == 40
+        stop = words[5][1:]  # begins inside the sixth word; its first letter stays
+        head = text[: text.index(stop)]
+        chat = await client.chat.completions.create(
+            model="tiny-llm", messages=messages, max_tokens=40, stop=["never-said", stop]
+        )
+        assert (chat.choices[0].message.content, chat.choices[0].finish_reason) == (head, "stop")
+        assert chat.usage and chat.usage.completion_tokens == len(head.split(" "))
+        streamed = await client.chat.completions.create(
+            model="tiny-llm", messages=messages, max_tokens=40, stop=stop, stream=True
+        )
+        chunks = [c async for c in streamed]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == head
+        assert chunks[-1].choices[0].finish_reason == "stop"
+
+        prompts = ["one prompt", "another prompt"]
+        plain = await client.completions.create(model="tiny-llm", prompt=prompts, max_tokens=30)
+        first = plain.choices[0].text
+        stop = first.split(" ")[3]
+        cut = await client.completions.create(model="tiny-llm", prompt=prompts, max_tokens=30, stop=stop)
+        assert cut.choices[0].text == first[: first.index(stop)] and cut.choices[0].finish_reason == "stop"
+        assert all(c.text == p.text[: p.text.index(stop)] if stop in p.text else c.text == p.text
+                   for c, p in zip(cut.choices, plain.choices, strict=True))  # fmt: skip
+        assert cut.usage and cut.usage.completion_tokens == sum(len(c.text.split(" ")) for c in cut.choices)
+        stream = await client.completions.create(
+            model="tiny-llm", prompt=prompts, max_tokens=30, stop=stop, stream=True
+        )
+        texts: dict[int, str] = {}
+        finishes: dict[int, str | None] = {}
+        async for chunk in stream:
+            for c in chunk.choices:
+                texts[c.index] = texts.get(c.index, "") + c.text
+                finishes[c.index] = c.finish_reason or finishes.get(c.index)
+        assert [texts[0], texts[1]] == [c.text for c in cut.choices]
+        assert [finishes[0], finishes[1]] == [c.finish_reason for c in cut.choices]
+
+
 async def test_llm_gives_log_probabilities_when_asked_and_refuses_bad_settings() -> None:
     """Asked for logprobs, the model gives its true ones (every word equally likely), streamed or not."""
     every = -math.log(len(llm.WORDS))
