@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 
-from aiohttp import web
-
 #: The largest request body the HTTP examples read: the platform's own default limit, so an example
 #: takes whatever the platform passes on (aiohttp's default is 1 MiB).
 MAX_BODY = 64 << 20
@@ -30,13 +28,3 @@ def arguments(description: str | None, port: int = 8000) -> argparse.ArgumentPar
     parser.add_argument("--port", type=int, default=default, help=f"default: $INFERENCE_PORT, $PORT or {port}")
     parser.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (0.0.0.0 in a container)")
     return parser
-
-
-def serve_http(application: web.Application, args: argparse.Namespace) -> None:
-    """Serve an HTTP example on ``args.host:args.port`` until interrupted, without an access log."""
-    web.run_app(application, host=args.host, port=args.port, access_log=None, print=None)
-
-
-async def health(request: web.Request) -> web.Response:
-    """Ready as soon as the server listens."""
-    return web.json_response({"status": "OK"})

@@ -18,7 +18,8 @@ from typing import Any
 
 from aiohttp import web
 
-from nvcf_mono.examples import MAX_BODY, arguments, health, serve_http
+from nvcf_mono.examples import MAX_BODY, arguments
+from nvcf_mono.examples.serving import health, serve_http
 
 MAX_REPEATS = 10_000
 MAX_DELAY = 600.0

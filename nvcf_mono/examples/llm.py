@@ -29,10 +29,11 @@ from typing import Any
 
 from aiohttp import web
 
-from nvcf_mono.examples import MAX_BODY, arguments, serve_http
+from nvcf_mono.examples import MAX_BODY, arguments
 from nvcf_mono.examples.llm_json import FormatError, json_answer, wanted_schema
 from nvcf_mono.examples.llm_json import pieces as json_pieces
 from nvcf_mono.examples.llm_tools import ToolError, chosen_tool, tools_of
+from nvcf_mono.examples.serving import serve_http
 
 WORDS = (
     "the",

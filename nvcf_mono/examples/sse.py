@@ -17,7 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
-from nvcf_mono.examples import MAX_BODY, arguments, health, serve_http
+from nvcf_mono.examples import MAX_BODY, arguments
+from nvcf_mono.examples.serving import health, serve_http
 
 DEFAULT_TEXT = "The quick brown fox jumps over the lazy dog"
 MAX_TOKENS = 100_000
