@@ -232,6 +232,24 @@ def chat_token_logprob(token: str, k: int) -> dict[str, Any]:
     return {**entry(token), "top_logprobs": [entry(t) for t in _alternatives(token, k)]}
 
 
+def completion_echo(doc: dict[str, Any]) -> bool:
+    """``echo`` of a completions call (each answer after its prompt), with the fields beside it checked as
+    OpenAI checks them: ``best_of`` (any number gives the one answer here: the model is deterministic)
+    and ``suffix``, refused as vLLM refuses it rather than ignored.
+    """
+    echo = doc.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise BadRequest("'echo' must be true or false", "echo")
+    if echo and doc.get("logprobs") is not None:
+        raise BadRequest("'echo' with 'logprobs' is not supported by this model", "echo")
+    best_of = doc.get("best_of")
+    if best_of is not None and (isinstance(best_of, bool) or not isinstance(best_of, int) or not 1 <= best_of <= 20):
+        raise BadRequest("'best_of' must be a whole number from 1 to 20", "best_of")
+    if doc.get("suffix") is not None:
+        raise BadRequest("'suffix' is not supported by this model", "suffix")
+    return bool(echo)
+
+
 def completion_token_logprobs(tokens: list[str], k: int, offset: int) -> dict[str, Any]:
     offsets = []
     for t in tokens:
@@ -476,6 +494,7 @@ async def tool_call(
 async def completions(model: Model, request: web.Request, doc: dict[str, Any]) -> web.StreamResponse:
     _one_choice(doc)
     prompts, limit = completion_prompts(doc), _max_tokens(doc, "max_tokens")
+    echo = completion_echo(doc)
     answers = [until_stop(words(prompt, limit), doc) for prompt in prompts]
     top = completion_logprobs(doc)
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
@@ -492,6 +511,8 @@ async def completions(model: Model, request: web.Request, doc: dict[str, Any]) -
         async def events() -> AsyncIterator[str]:
             for index, (tokens, finish) in enumerate(answers):
                 offset = 0
+                if echo:
+                    yield data({**head, "choices": [choice(index, [prompts[index]], None)]})
                 async for token in model.paced(tokens):
                     yield data({**head, "choices": [choice(index, [token], None, offset)]})
                     offset += len(token)
@@ -501,7 +522,10 @@ async def completions(model: Model, request: web.Request, doc: dict[str, Any]) -
             yield "data: [DONE]"
 
         return await sse(request, events())
-    choices = [choice(i, [t async for t in model.paced(tokens)], finish) for i, (tokens, finish) in enumerate(answers)]
+    choices = [
+        choice(i, ([prompts[i]] if echo else []) + [t async for t in model.paced(tokens)], finish)
+        for i, (tokens, finish) in enumerate(answers)
+    ]
     return web.json_response({**head, "choices": choices, "usage": total})
 
 

@@ -141,6 +141,11 @@ async def test_sse_streams_words_then_done() -> None:
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "seed": "x"}, "seed"),
         ("/v1/completions", {"prompt": "hi", "stop": 5}, "stop"),
         ("/v1/completions", {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        # Honoured or refused, never ignored: a suffix (vLLM refuses it too), echo beside logprobs.
+        ("/v1/completions", {"prompt": "hi", "suffix": "the end"}, "suffix"),
+        ("/v1/completions", {"prompt": "hi", "echo": "yes"}, "echo"),
+        ("/v1/completions", {"prompt": "hi", "echo": True, "logprobs": 1}, "echo"),
+        ("/v1/completions", {"prompt": "hi", "best_of": 0}, "best_of"),
     ],
 )
 async def test_llm_refuses_what_it_cannot_do_in_openais_shape(path: str, body: dict[str, object], param: str) -> None:
@@ -253,6 +258,27 @@ async def test_llm_ends_an_answer_at_a_stop_sequence_and_leaves_it_out() -> None
                 finishes[c.index] = c.finish_reason or finishes.get(c.index)
         assert [texts[0], texts[1]] == [c.text for c in cut.choices]
         assert [finishes[0], finishes[1]] == [c.finish_reason for c in cut.choices]
+
+
+async def test_llm_echoes_each_prompt_before_its_answer_when_asked() -> None:
+    """``echo`` as OpenAI's completions answer it: the prompt, then the answer (its usage counts the answer
+    only), streamed the same; ``best_of`` changes nothing of a deterministic model's answer.
+    """
+    async with (
+        serving(llm.app(llm.Model("tiny-llm", 0))) as base,
+        openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0) as client,
+    ):
+        prompts = ["first prompt", "second"]
+        plain = await client.completions.create(model="tiny-llm", prompt=prompts, max_tokens=4)
+        echoed = await client.completions.create(model="tiny-llm", prompt=prompts, max_tokens=4, echo=True, best_of=3)
+        assert [c.text for c in echoed.choices] == [p + c.text for p, c in zip(prompts, plain.choices, strict=True)]
+        assert echoed.usage == plain.usage
+        stream = await client.completions.create(model="tiny-llm", prompt=prompts, max_tokens=4, echo=True, stream=True)
+        texts: dict[int, str] = {}
+        async for chunk in stream:
+            for c in chunk.choices:
+                texts[c.index] = texts.get(c.index, "") + c.text
+        assert [texts[0], texts[1]] == [c.text for c in echoed.choices]
 
 
 async def test_llm_gives_log_probabilities_when_asked_and_refuses_bad_settings() -> None:
