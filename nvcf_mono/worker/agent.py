@@ -326,7 +326,9 @@ class Worker:
             self.state.connected = False
             if self._drain.is_set():
                 return
-            if connected_at is not None and time.monotonic() - connected_at >= STABLE_SESSION:
+            if connected_at is not None and (told is not None or time.monotonic() - connected_at >= STABLE_SESSION):
+                # A session that lasted, or one its node ended in order (a rolling restart): nothing to
+                # back off from, so the next node is dialled at once rather than after earlier failures' delay.
                 self.backoff.reset()
             delay = self.backoff.next()
             self.state.connection_detail = f"not connected to the invocation plane ({why})"

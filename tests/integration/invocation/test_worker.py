@@ -28,8 +28,8 @@ from nvcf_mono.backoff import Backoff
 from nvcf_mono.contracts import buckets, states
 from nvcf_mono.contracts.frames import Frame, Request
 from nvcf_mono.ports import spare_port
-from nvcf_mono.proto.gen.nvcf.worker.v1 import ConnectRequest, ConnectResponse
-from nvcf_mono.proto.serve_wire import NodeEnvelope, WorkerEnvelope
+from nvcf_mono.proto.gen.nvcf.worker.v1 import ConnectRequest, ConnectResponse, Drain, NodeMessage
+from nvcf_mono.proto.serve_wire import NODE_STOPPING, NodeEnvelope, WorkerEnvelope
 from nvcf_mono.testing import echo_server
 from nvcf_mono.testing.platform import Api, wait_for
 from nvcf_mono.testing.scripted_agent import Launched, ProcessLauncher, ScriptedAgent, gpu_inventory
@@ -488,6 +488,8 @@ class FakeNode:
         self.sessions = 0
         #: Set to end every session (the node is going away).
         self.going = anyio.Event()
+        #: Set to end every session as a stopping node does: it says so (``leave``) first.
+        self.leaving = anyio.Event()
         self.drains = 0
 
     def __mapping__(self) -> dict[str, Handler]:
@@ -510,6 +512,7 @@ class FakeNode:
         hello = await stream.recv_message()
         assert hello is not None and hello.kind == "hello"
         self.sessions += 1
+        going, leaving = self.going, self.leaving  # this session's: a test may set up the next one's
         async with anyio.create_task_group() as tg:
 
             async def read() -> None:
@@ -517,10 +520,16 @@ class FakeNode:
                     self.drains += message.kind == "drain"
                 tg.cancel_scope.cancel()  # the worker ended its side (drained): so does the node
 
+            async def leave() -> None:
+                await leaving.wait()
+                await stream.send_message(NodeEnvelope(message=NodeMessage(leave=Drain(reason=NODE_STOPPING))))
+                tg.cancel_scope.cancel()
+
             tg.start_soon(read)
-            await self.going.wait()
+            tg.start_soon(leave)
+            await going.wait()
             tg.cancel_scope.cancel()
-        if self.going.is_set():
+        if going.is_set():
             raise GRPCError(Status.UNAVAILABLE, "the node is shutting down")
 
 
@@ -604,6 +613,30 @@ async def test_the_worker_reconnects_with_backoff_and_drains(tmp_path: Path) -> 
             with anyio.fail_after(5):
                 await stopped.wait()
             assert fake.drains == 1 and not worker.state.ready
+
+
+async def test_a_worker_whose_node_leaves_in_order_dials_again_at_once(tmp_path: Path) -> None:
+    """A node that says it is stopping (a rolling restart) is no fault: the worker connects again after the
+    first step of its backoff, not after the step its earlier failed attempts had reached (it used to wait
+    that long, up to 10 s, unless its session had lasted 10 s)."""
+    node_port, echo_port = spare_port(), spare_port()
+    worker = Worker(worker_config(tmp_path, node_port, echo_port))
+    worker.backoff = Backoff(0.1, 10.0, rand=lambda low, high: 1.0)
+    fake = FakeNode(refuse=4)  # waits of 0.1, 0.2, 0.4 and 0.8 s: the next step would be 1.6 s
+
+    async def connected(sessions: int) -> bool:
+        return worker.state.connected and fake.sessions == sessions
+
+    async with echo(echo_port), node(fake, node_port), anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        await wait_for(lambda: connected(1), timeout=10, what="the worker to connect")
+        left_at = time.monotonic()
+        leaving, fake.leaving = fake.leaving, anyio.Event()  # the next session stays
+        leaving.set()
+        await wait_for(lambda: connected(2), timeout=10, what="the worker to connect again")
+        assert fake.connects[-1] - left_at < 1.0, "the worker backed off as after a failure"
+        worker.request_drain()
+        fake.going.set()
 
 
 async def _false(value: bool) -> bool:
