@@ -20,7 +20,7 @@ import pytest
 
 from nvcf_mono.examples.llm import embedding, generate
 from nvcf_mono.planes.invocation.llm.gateway import header_safe
-from nvcf_mono.testing.platform import Api, wait_status
+from nvcf_mono.testing.platform import Api, wait_for, wait_status
 from nvcf_mono.testing.running import LLM_FUNCTION
 from tests.integration.compute.conftest import compute_platform, spec
 from tests.integration.control.test_sharing import account_key, add_account
@@ -216,6 +216,34 @@ async def test_a_function_at_zero_instances_wakes_on_a_chat_request(tmp_path: Pa
                 model="tiny-llm", messages=[{"role": "user", "content": "wake up"}], max_tokens=2
             )
         assert chat.choices[0].message.content
+
+
+async def test_a_call_past_the_wait_is_a_504_a_client_does_not_resend_and_its_result_is_kept(
+    tmp_path: Path,
+) -> None:
+    """An answer that does not start within ``wait_seconds`` is OpenAI's 504 with ``NVCF-REQID``; the client
+    (retrying twice, its default) sends the call once, since a resend would queue the inference again; the
+    call goes on and its result is kept for ``/v2/nvcf/pexec/status``.
+    """
+    async with compute_platform(tmp_path, **FAST_LLM, **{"plugins.invocation.llm_gateway.wait_seconds": "1"}) as p:
+        fid = await deploy_llm(p.admin)
+        retrying = openai.AsyncOpenAI(base_url=f"{p.key.base}/v1", api_key=p.key.token or "", timeout=60)
+        async with retrying as llm:
+            with pytest.raises(openai.InternalServerError) as late:  # 100 words at 50 a second: 2 s
+                await llm.chat.completions.create(
+                    model="tiny-llm", messages=[{"role": "user", "content": "take your time"}], max_tokens=100
+                )
+        assert late.value.status_code == 504 and "/v2/nvcf/pexec/status/" in late.value.message
+        reqid = late.value.response.headers["NVCF-REQID"]
+        metrics = (await p.anonymous.get("/metrics")).body.decode()
+        assert f'llm_api_gateway_http_requests_total{{function_id="{fid}",code="504"}} 1' in metrics, metrics
+
+        async def kept() -> dict[str, Any] | None:
+            status = await p.key.get(f"/v2/nvcf/pexec/status/{reqid}")
+            return status.json if status.status == 200 else None
+
+        done = await wait_for(kept, timeout=30, what="the call's result")
+        assert done["object"] == "chat.completion" and done["usage"]["completion_tokens"] == 100
 
 
 async def test_bad_bodies_get_openai_errors_without_reaching_a_function(tmp_path: Path) -> None:

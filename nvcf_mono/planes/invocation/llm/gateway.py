@@ -275,7 +275,9 @@ class Gateway:
                 504,
                 f"The model did not start answering within {self.settings.wait_seconds}s. The request goes on: "
                 f"its result is kept for GET /v2/nvcf/pexec/status/{reqid}.",
-                headers={"NVCF-REQID": reqid, "Retry-After": "1"},
+                # OpenAI's clients resend a 5xx (twice by default): here that would queue the same inference
+                # again, each copy waiting as long, while this one goes on. Told not to, they raise at once.
+                headers={"NVCF-REQID": reqid, "x-should-retry": "false"},
             )
         if isinstance(response, web.Response):
             response = in_openai_shape(response)
