@@ -14,7 +14,9 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
+import openai
 import pytest
 import yaml
 
@@ -53,8 +55,9 @@ def _configs(into: Path, control: int, invocation: int, invocation_grpc: int, co
         (into / f"{role}.yaml").write_text(yaml.safe_dump(doc))
 
 
-def _post(url: str, body: bytes) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+def _post(url: str, body: bytes, token: str | None = None) -> tuple[int, dict[str, Any]]:
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {token}"} if token else {})
+    req = urllib.request.Request(url, data=body, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, json.loads(resp.read())
@@ -112,6 +115,14 @@ def test_up_split_routes_each_command_to_its_node_and_stops_everything(tmp_path:
         invoked = run_cli("invoke", function["id"], "-d", '{"message": "split"}', "--json", env=env)
         assert invoked.returncode == 0, invoked.stderr
         assert json.loads(invoked.stdout)["response"]["message"] == "split"
+        # The control node mints a function key as all-in-one does: curl and OpenAI's clients reach the
+        # invocation node (pexec, the LLM gateway) with it.
+        key = json.loads((base / "control" / "endpoints.json").read_text())["credentials"]["api_key"]
+        assert key, "no function key in the control node's endpoints.json"
+        url = f"http://127.0.0.1:{invocation}/v2/nvcf/pexec/functions/{function['id']}"
+        assert _post(url, b'{"message": "with a key"}', key) == (200, {"message": "with a key", "reqid": ANY})
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{invocation}/v1", api_key=key, max_retries=0) as llm:
+            assert [m.id for m in llm.models.list()] == []  # authenticated: no function here serves a model
         # The compute node's directory says where neither API is: a clear error, not a 404.
         lost = run_cli("invoke", function["id"], "-d", "{}", env=cli_env(NVCF_MONO_STATE_DIR=str(base / "compute")))
         assert lost.returncode == 2 and "peers.invocation_url" in lost.stderr
