@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -244,6 +245,29 @@ async def test_a_call_past_the_wait_is_a_504_a_client_does_not_resend_and_its_re
 
         done = await wait_for(kept, timeout=30, what="the call's result")
         assert done["object"] == "chat.completion" and done["usage"]["completion_tokens"] == 100
+
+
+async def test_a_model_whose_deployment_failed_is_a_503_a_client_does_not_resend(tmp_path: Path) -> None:
+    """A version in ERROR answers 503 with why, and nothing changes by waiting: OpenAI's client (retrying
+    twice, its default) is told not to resend, so it raises at once; the 503s with ``Retry-After`` (a
+    bus that did not take the call) stay retried.
+    """
+    broken = {"images.broken.command": json.dumps(["/nonexistent/bin/server", "--port", "{port}"])}
+    async with compute_platform(tmp_path, **broken) as p:
+        created = await p.admin.post("/v2/nvcf/functions", {**LLM_FUNCTION, "containerImage": "broken"})
+        fid, vid = created.json["function"]["id"], created.json["function"]["versionId"]
+        d = f"/v2/nvcf/deployments/functions/{fid}/versions/{vid}"
+        made = await p.admin.post(d, {"deploymentSpecifications": [spec(min_instances=1, max_instances=1)]})
+        assert made.status == 200, made.body
+        await wait_status(p.admin, d, "ERROR", timeout=30)
+        retrying = openai.AsyncOpenAI(base_url=f"{p.key.base}/v1", api_key=p.key.token or "", timeout=60)
+        async with retrying as llm:
+            with pytest.raises(openai.InternalServerError) as failed:
+                await llm.chat.completions.create(model="tiny-llm", messages=[{"role": "user", "content": "hi"}])
+        assert failed.value.status_code == 503 and "ERROR" in failed.value.message
+        metrics = (await p.anonymous.get("/metrics")).body.decode()
+        sent = re.findall(r'llm_api_gateway_http_requests_total\{function_id="[^"]*",code="503"\} (\d+)', metrics)
+        assert sum(int(n) for n in sent) == 1, metrics  # counted by function, or "unknown" before one is chosen
 
 
 async def test_bad_bodies_get_openai_errors_without_reaching_a_function(tmp_path: Path) -> None:

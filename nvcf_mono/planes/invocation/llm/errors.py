@@ -76,6 +76,19 @@ def error_response(
     return web.Response(status=status, body=json.dumps(doc).encode(), content_type="application/json", headers=headers)
 
 
+def platform_problem(status: int, detail: str, headers: Mapping[str, str]) -> web.Response:
+    """The platform's own refusal or failure in OpenAI's shape. A 5xx without ``Retry-After`` also says
+    ``x-should-retry: false``: the platform marks what passes with ``Retry-After`` (a bus or store not
+    taking the call), and has done its own retrying otherwise (a version in ERROR, a request given up
+    after its deliveries, one past its queue deadline), so OpenAI's clients, which resend a 5xx twice
+    by default, would only queue the same inference again.
+    """
+    kept = dict(headers)
+    if status >= 500 and "Retry-After" not in kept:
+        kept["x-should-retry"] = "false"
+    return error_response(status, detail, headers=kept)
+
+
 #: How much of a function's own error answer its OpenAI-shaped twin quotes.
 QUOTED = 500
 
@@ -94,14 +107,13 @@ def in_openai_shape(response: web.Response) -> web.Response:
         doc = ShallowObject.parse(body) if body else None  # one level deep: it is the function's answer
     except NotJson:
         doc = None
+    headers = {k: response.headers[k] for k in _KEPT if k in response.headers}
     if response.content_type == PROBLEM_CONTENT_TYPE:
         detail = doc.get("detail", "") if doc is not None else ""
-        message = str(detail or response.reason)
-    elif doc is not None and "error" in doc:
+        return platform_problem(response.status, str(detail or response.reason), headers)
+    if doc is not None and "error" in doc:
         return response  # OpenAI's shape already (vLLM, NIM, the example)
-    else:
-        said = doc.get("detail") or doc.get("message") if doc is not None else None
-        text = str(said) if said else body.decode("utf-8", "replace").strip()
-        message = f"the model's server answered {response.status}" + (f": {text[:QUOTED]}" if text else "")
-    headers = {k: response.headers[k] for k in _KEPT if k in response.headers}
+    said = doc.get("detail") or doc.get("message") if doc is not None else None
+    text = str(said) if said else body.decode("utf-8", "replace").strip()
+    message = f"the model's server answered {response.status}" + (f": {text[:QUOTED]}" if text else "")
     return error_response(response.status, message, headers=headers)

@@ -34,7 +34,7 @@ from nvcf_mono.planes.invocation import affinity
 from nvcf_mono.planes.invocation.held_input import Hold
 from nvcf_mono.planes.invocation.http import Invocation, Invoker
 from nvcf_mono.planes.invocation.idempotency import IDEMPOTENCY_KEY
-from nvcf_mono.planes.invocation.llm.errors import GatewayError, error_response, in_openai_shape
+from nvcf_mono.planes.invocation.llm.errors import GatewayError, error_response, in_openai_shape, platform_problem
 from nvcf_mono.planes.invocation.llm.limits import Lease, Limits, estimate_tokens
 from nvcf_mono.planes.invocation.llm.models import ModelCatalog, created_epoch
 from nvcf_mono.planes.invocation.llm.settings import LlmGatewaySettings
@@ -188,7 +188,7 @@ class Gateway:
         except ProblemError as err:
             if lease is not None:
                 lease.settle(0)  # refused before the function ran (its rate limit, a full queue): nothing spent
-            response = error_response(err.status, err.detail, headers=err.headers)
+            response = platform_problem(err.status, err.detail, err.headers)
         else:
             self.tokens.inc(lease.estimate, function_id=function_id)
         if not response.prepared:
@@ -306,7 +306,7 @@ class Gateway:
         except GatewayError as err:
             return _identified(request, err.response())
         except ProblemError as err:
-            return _identified(request, error_response(err.status, err.detail, headers=err.headers))
+            return _identified(request, platform_problem(err.status, err.detail, err.headers))
         return _identified(request, web.json_response(_card(name, fv)))
 
     async def ready(self, request: web.Request) -> web.StreamResponse:
