@@ -57,7 +57,8 @@ class GatewayError(Exception):
         self.headers = dict(headers or {})
 
     def response(self) -> web.Response:
-        return error_response(self.status, self.message, code=self.code, param=self.param, headers=self.headers)
+        headers = own_error_headers(self.status, self.headers)
+        return error_response(self.status, self.message, code=self.code, param=self.param, headers=headers)
 
 
 def error_response(
@@ -76,17 +77,23 @@ def error_response(
     return web.Response(status=status, body=json.dumps(doc).encode(), content_type="application/json", headers=headers)
 
 
-def platform_problem(status: int, detail: str, headers: Mapping[str, str]) -> web.Response:
-    """The platform's own refusal or failure in OpenAI's shape. A 5xx without ``Retry-After`` also says
-    ``x-should-retry: false``: the platform marks what passes with ``Retry-After`` (a bus or store not
-    taking the call), and has done its own retrying otherwise (a version in ERROR, a request given up
-    after its deliveries, one past its queue deadline), so OpenAI's clients, which resend a 5xx twice
-    by default, would only queue the same inference again.
+def own_error_headers(status: int, headers: Mapping[str, str]) -> dict[str, str]:
+    """The headers of an error the gateway or the platform answers itself (not the function): a 5xx
+    without ``Retry-After`` also says ``x-should-retry: false``. What passes is marked with
+    ``Retry-After`` (a bus or store not taking the call, the gateway starting); otherwise the platform
+    has done its own retrying (a version in ERROR, a request given up after its deliveries, one past
+    its queue deadline, an answer that did not start within ``wait_seconds`` and goes on), so OpenAI's
+    clients, which resend a 5xx twice by default, would only queue the same inference again.
     """
     kept = dict(headers)
     if status >= 500 and "Retry-After" not in kept:
         kept["x-should-retry"] = "false"
-    return error_response(status, detail, headers=kept)
+    return kept
+
+
+def platform_problem(status: int, detail: str, headers: Mapping[str, str]) -> web.Response:
+    """The platform's own refusal or failure in OpenAI's shape."""
+    return error_response(status, detail, headers=own_error_headers(status, headers))
 
 
 #: How much of a function's own error answer its OpenAI-shaped twin quotes.

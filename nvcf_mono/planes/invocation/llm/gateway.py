@@ -275,9 +275,7 @@ class Gateway:
                 504,
                 f"The model did not start answering within {self.settings.wait_seconds}s. The request goes on: "
                 f"its result is kept for GET /v2/nvcf/pexec/status/{reqid}.",
-                # OpenAI's clients resend a 5xx (twice by default): here that would queue the same inference
-                # again, each copy waiting as long, while this one goes on. Told not to, they raise at once.
-                headers={"NVCF-REQID": reqid, "x-should-retry": "false"},
+                headers={"NVCF-REQID": reqid},  # no Retry-After: the call goes on, a resend would run it again
             )
         if isinstance(response, web.Response):
             response = in_openai_shape(response)
