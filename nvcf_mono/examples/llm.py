@@ -400,8 +400,12 @@ def data(doc: dict[str, Any]) -> str:
     return "data: " + json.dumps(doc, separators=(",", ":"))
 
 
+def _chunk_head(model: Model, cid: str, created: int) -> dict[str, Any]:
+    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model.name}
+
+
 def _chunk(model: Model, cid: str, created: int, **choice: Any) -> str:
-    doc = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model.name}
+    doc = _chunk_head(model, cid, created)
     doc["system_fingerprint"] = model.fingerprint
     doc["choices"] = [{"index": 0, "logprobs": None, "finish_reason": None, **choice}]
     return data(doc)
@@ -409,8 +413,7 @@ def _chunk(model: Model, cid: str, created: int, **choice: Any) -> str:
 
 def _usage_chunk(model: Model, cid: str, created: int, spent: dict[str, int]) -> str:
     """A chat stream's last chunk for ``stream_options.include_usage``: no choices, the usage."""
-    head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model.name}
-    return data({**head, "choices": [], "usage": spent})
+    return data({**_chunk_head(model, cid, created), "choices": [], "usage": spent})
 
 
 def _chat_completion(
