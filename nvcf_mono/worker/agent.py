@@ -132,6 +132,22 @@ class _Link:
 
 
 @final
+@attrs.define
+class _PullUnderWay:
+    """The nats transport's pull of the moment, which a drain or its node's leaving ends."""
+
+    scope: anyio.CancelScope | None = None
+    consumer: Consumer | None = None
+
+    def end(self) -> None:
+        """Stop the consumer first, so nothing the server sent it waits out ack_wait; then the pull."""
+        if self.consumer is not None:
+            self.consumer.stop()
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+@final
 class WorkerState:
     """What the health endpoints report."""
 
@@ -501,16 +517,16 @@ class Worker:
                 keep = max(1.0, (session.ack_wait_seconds or 30) / 3)
                 tg.start_soon(self._nats_keepalive, keep)
                 stopped = anyio.Event()
-                current: list[tuple[anyio.CancelScope, Consumer | None]] = []  # the pull under way
-                tg.start_soon(self._stop_pulling, (self._drain, leaving), stopped, current)
+                pull = _PullUnderWay()
+                tg.start_soon(self._stop_pulling, (self._drain, leaving), stopped, pull)
                 while not stopped.is_set():
-                    with anyio.CancelScope() as pulling:
-                        current[:] = [(pulling, None)]
+                    with anyio.CancelScope() as pull.scope:
+                        pull.consumer = None
                         await self._healthy.wait()
                         async with stream.consume(
                             session.durable, batch=concurrency, max_inflight=concurrency, fetch_timeout=5.0
                         ) as deliveries:
-                            current[:] = [(pulling, deliveries)]
+                            pull.consumer = deliveries
                             async for delivery in deliveries:
                                 if not self.state.inference_healthy and not stopped.is_set():
                                     await hold_until_ready(
@@ -581,14 +597,9 @@ class Worker:
             self._idle.set()
 
     @staticmethod
-    async def _stop_pulling(
-        events: tuple[anyio.Event, ...],
-        stopped: anyio.Event,
-        current: list[tuple[anyio.CancelScope, Consumer | None]],
-    ) -> None:
-        """When the first of ``events`` is set: set ``stopped`` and end the pull under way, its consumer
-        stopped first so that nothing the server sent it waits out ack_wait (one watcher for the whole
-        connection, however often the pull pauses).
+    async def _stop_pulling(events: tuple[anyio.Event, ...], stopped: anyio.Event, pull: _PullUnderWay) -> None:
+        """When the first of ``events`` is set: set ``stopped`` and end the pull under way (one watcher
+        for the whole connection, however often the pull pauses).
         """
         async with anyio.create_task_group() as race:
             for event in events:
@@ -599,10 +610,7 @@ class Worker:
 
                 race.start_soon(first)
         stopped.set()
-        for scope, consumer in current:
-            if consumer is not None:
-                consumer.stop()
-            scope.cancel()
+        pull.end()
 
     async def _nats_cancels(self, bus: Bus, subject: str) -> None:
         async with bus.subscribe(subject) as sub:
