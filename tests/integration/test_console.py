@@ -119,6 +119,11 @@ class Page:
         self.driver.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
 
 
+def _drawn(polyline: Any) -> bool:
+    """A polyline of two points or more (the same point twice, with round caps, is a dot)."""
+    return len((polyline.get_attribute("points") or "").split()) >= 2
+
+
 def _scenario(base: str, admin_token: str, other_key: str, fid: str, vid: str) -> None:
     driver = _browser()
     try:
@@ -162,6 +167,15 @@ def _scenario(base: str, admin_token: str, other_key: str, fid: str, vid: str) -
         assert UUID.match(page.text_of("#try-reqid", r"^[0-9a-f-]{36}$"))
         assert "execution" in page.text_of("#try-timing", "execution")
         page.screenshot("try-it")
+
+        # The dashboard draws that one call's latency: a minute with calls between minutes without
+        # any is a mark of its own (a line of one point draws nothing).
+        page.open("/")
+        latency = "#traffic .grid > div:nth-child(2) polyline"
+        page.wait.until(
+            lambda d: any(_drawn(e) for e in d.find_elements(page.by.CSS_SELECTOR, latency)), "no latency drawn"
+        )
+        page.screenshot("dashboard-traffic")
 
         page.open("/clusters")
         page.text_of("table td", "H100")

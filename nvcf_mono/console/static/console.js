@@ -7,6 +7,8 @@
 const TOKEN = "nvcf.console.token";
 const ACCOUNT = "nvcf.console.account";
 const REFRESH_MS = 2000;
+// The traffic charts: the nodes report their load every few seconds, in minute buckets.
+const TRAFFIC_REFRESH_MS = 5000;
 let timers = [];
 let me = { admin: false, accounts: [] };
 // Each navigation starts a new page; work a page started after it was left must not draw on the next one.
@@ -51,7 +53,15 @@ function toast(message, ok) {
   clearTimeout(toast.timer);
   toast.timer = setTimeout(() => { el.hidden = true; }, ok ? 3000 : 8000);
 }
-function every(ms, fn) { timers.push(setInterval(fn, ms)); }
+// Every ``ms`` while the page is shown; a round still under way (a slow API) is not started twice.
+function every(ms, fn) {
+  let busy = false;
+  timers.push(setInterval(async () => {
+    if (busy) return;
+    busy = true;
+    try { await fn(); } finally { busy = false; }
+  }, ms));
+}
 
 // ---- the API -------------------------------------------------------------------------------------
 
@@ -109,7 +119,7 @@ async function guarded(title, load) {
 const COLORS = ["#76b900", "#1e88e5", "#e53935", "#8e24aa"];
 
 function chart(series, unit) {
-  const W = 600, H = 150, L = 44, B = 18;
+  const W = 600, H = 150, L = 44, B = 18, R = 4;  // R: room for a dot at the last minute
   const points = series.flatMap((s) => s.values.filter((v) => v !== null && v !== undefined));
   const max = Math.max(1e-9, ...points) * 1.1;
   const n = Math.max(1, ...series.map((s) => s.values.length)) - 1 || 1;
@@ -131,9 +141,21 @@ function chart(series, unit) {
   add("text", { x: L, y: H - 4 }, "-60 min");
   add("text", { x: W - 30, y: H - 4 }, "now");
   series.forEach((s, i) => {
-    const coords = s.values.map((v, j) => v === null || v === undefined ? null
-      : `${L + (j / n) * (W - L)},${H - B - (v / max) * (H - B - 8)}`).filter(Boolean);
-    if (coords.length) add("polyline", { points: coords.join(" "), fill: "none", stroke: COLORS[i % COLORS.length], "stroke-width": 2 });
+    // A minute without a value (no calls, so no latency) breaks the line rather than bridging it,
+    // and a value alone between two gaps is drawn as a dot (a one-point line draws nothing).
+    const stroke = COLORS[i % COLORS.length];
+    const segments = [[]];
+    s.values.forEach((v, j) => {
+      if (v === null || v === undefined) {
+        if (segments[segments.length - 1].length) segments.push([]);
+      } else {
+        segments[segments.length - 1].push(`${L + (j / n) * (W - L - R)},${H - B - (v / max) * (H - B - 8)}`);
+      }
+    });
+    for (const seg of segments) {
+      if (seg.length > 1) add("polyline", { points: seg.join(" "), fill: "none", stroke, "stroke-width": 2 });
+      else if (seg.length === 1) add("polyline", { points: `${seg[0]} ${seg[0]}`, fill: "none", stroke, "stroke-width": 5, "stroke-linecap": "round", class: "dot" });
+    }
   });
   const legend = h("div", { class: "legend" }, series.map((s, i) =>
     h("span", {}, h("i", { style: { background: COLORS[i % COLORS.length] } }), s.name)));
@@ -227,18 +249,24 @@ async function dashboard() {
     h("div", { class: "card" }, h("h2", {}, "Instances running"), h("div", { class: "stat" }, instances)),
     h("div", { class: "card", id: "queue-now" }, h("h2", {}, "Queued now"), h("div", { class: "stat" }, "…")));
   show(h("h1", {}, "Dashboard"), head, h("div", { id: "traffic" }), h("div", { id: "clusters" }));
-  const traffic = await guarded("Traffic, the last hour", async () => trafficCharts(await get("/v2/nvcf/stats")));
-  if (!live()) return;
-  document.getElementById("traffic").replaceChildren(traffic);
   const ids = [...new Set(functions.map((f) => f.id))].slice(0, 25);
-  let queued = 0;
-  for (const id of ids) {
-    try { queued += (await get(`/v2/nvcf/queues/functions/${id}`)).queues.reduce((n, q) => n + q.queueDepth, 0); } catch (e) { /* not visible */ }
-  }
-  if (!live()) return;
-  document.querySelector("#queue-now .stat").textContent = String(queued);
-  const gpus = await guarded("Clusters and GPUs", gpuTable);
-  if (live()) document.getElementById("clusters").replaceChildren(gpus);
+  // The traffic, the queues and the GPUs are read again while the page is open (the functions
+  // and their counts when it is opened again).
+  const refresh = async () => {
+    const traffic = await guarded("Traffic, the last hour", async () => trafficCharts(await get("/v2/nvcf/stats")));
+    if (!live()) return;
+    document.getElementById("traffic").replaceChildren(traffic);
+    let queued = 0;
+    for (const id of ids) {
+      try { queued += (await get(`/v2/nvcf/queues/functions/${id}`)).queues.reduce((n, q) => n + q.queueDepth, 0); } catch (e) { /* not visible */ }
+    }
+    if (!live()) return;
+    document.querySelector("#queue-now .stat").textContent = String(queued);
+    const gpus = await guarded("Clusters and GPUs", gpuTable);
+    if (live()) document.getElementById("clusters").replaceChildren(gpus);
+  };
+  await refresh();
+  if (live()) every(TRAFFIC_REFRESH_MS, refresh);
 }
 
 async function gpuTable() {
@@ -313,8 +341,13 @@ async function versionPage(fid, vid) {
   await refresh();
   if (!live()) return;
   every(REFRESH_MS, refresh);
-  traffic.replaceChildren(await guarded("Traffic, the last hour", async () =>
-    trafficCharts(await get(`/v2/nvcf/stats?functionId=${fid}&versionId=${vid}`))));
+  const charts = async () => {
+    const drawn = await guarded("Traffic, the last hour", async () =>
+      trafficCharts(await get(`/v2/nvcf/stats?functionId=${fid}&versionId=${vid}`)));
+    if (live()) traffic.replaceChildren(drawn);
+  };
+  await charts();
+  if (live()) every(TRAFFIC_REFRESH_MS, charts);
 }
 
 async function renderDeployment(card, fn, base) {
