@@ -12,6 +12,7 @@ fails the test; on a machine without one it is skipped, saying what to install.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -23,8 +24,9 @@ import anyio
 import anyio.to_thread
 import pytest
 
+from nvcf_mono.models.account import DEFAULT_ACCOUNT
 from nvcf_mono.testing.platform import credentials, wait_status
-from nvcf_mono.testing.running import other_account_key
+from nvcf_mono.testing.running import agent, other_account_key, platform
 from tests.integration.compute.conftest import (
     CLUSTER_A,
     all_gone,
@@ -49,7 +51,7 @@ if not (CHROMIUM and CHROMEDRIVER):
     pytest.skip("no browser here: apt-get install chromium chromium-driver", allow_module_level=True)
 
 
-def _browser() -> Any:
+def _browser(downloads: Path | None = None) -> Any:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -57,6 +59,10 @@ def _browser() -> Any:
     options.binary_location = CHROMIUM or ""
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
         options.add_argument(flag)
+    if downloads is not None:
+        options.add_experimental_option(
+            "prefs", {"download.default_directory": str(downloads), "download.prompt_for_download": False}
+        )
     return webdriver.Chrome(service=Service(CHROMEDRIVER or ""), options=options)
 
 
@@ -229,3 +235,88 @@ async def test_the_console_is_one_page_and_its_files_with_a_strict_policy(tmp_pa
             async with session.get(f"{base}{missing}") as reply:
                 assert reply.status == 404, missing
                 assert reply.headers["Content-Type"].startswith("application/problem+json")
+
+
+def _task_scenario(base: str, admin_token: str, task_id: str, downloads: Path) -> None:
+    driver = _browser(downloads)
+    try:
+        page = Page(driver, base)
+        page.sign_in(admin_token)
+        page.open(f"/tasks/{task_id}")
+        # The page follows the task while it runs, without a reload: cancellable while it runs, then
+        # COMPLETED at 100 % with its result, and then it can be deleted (no longer cancelled).
+        page.find("#cancel-task")
+        page.text_of("h1 .badge", "^RUNNING$")
+        page.text_of("h1 .badge", "^COMPLETED$")
+        assert page.text_of("#task-progress", r"^\d+ %$") == "100 %"
+        page.find("#delete-task")
+        assert not driver.find_elements(page.by.CSS_SELECTOR, "#cancel-task")
+        page.text_of("td", "^squares.json$")
+        page.screenshot("task-completed")
+
+        # The result downloads as the file it was.
+        page.click("tr[data-result] button.download")
+        saved = downloads / "squares.json"
+        page.wait.until(lambda d: saved.exists() and saved.read_text().startswith("{"), "no download")
+        assert json.loads(saved.read_text()) == {"squares": [1, 4, 9]}
+
+        page.click("#delete-task")
+        page.accept_confirmation()
+        page.text_of("h1", "^Tasks$")
+        page.find("#tasks")
+        assert not driver.find_elements(page.by.CSS_SELECTOR, f'tr[data-task="{task_id}"]')
+    except Exception:
+        Page(driver, base).screenshot("failure")
+        raise
+    finally:
+        driver.quit()
+
+
+async def test_a_task_in_the_console(tmp_path: Path) -> None:
+    async with compute_platform(tmp_path, **{"plugins.control.tasks.heartbeat_interval": "0.5"}) as p:
+        creds = credentials(p.host)
+        body = {
+            "name": "squares",
+            "containerImage": "task-example",
+            "containerArgs": "--steps 3 --seconds 6",
+            "gpuSpecification": {"gpu": "H100", "instanceType": "ON-PREM.GPU.H100_1x"},
+        }
+        created = await p.admin.post("/v1/nvct/tasks", body)
+        assert created.status == 200, created.body
+        task_id = created.json["task"]["id"]
+        base = p.host.endpoints.url.rstrip("/")
+        with anyio.fail_after(120):
+            await anyio.to_thread.run_sync(_task_scenario, base, creds["admin_token"], task_id, tmp_path / "downloads")
+        assert (await p.admin.get(f"/v1/nvct/tasks/{task_id}")).status == 404
+
+
+def _tasks_list_scenario(base: str, admin_token: str, count: int) -> None:
+    driver = _browser()
+    try:
+        page = Page(driver, base)
+        page.sign_in(admin_token)
+        page.open("/tasks")
+        rows = "tr[data-task]"
+        page.wait.until(lambda d: len(d.find_elements(page.by.CSS_SELECTOR, rows)) == 100, "not the first 100 tasks")
+        page.click("#more-tasks")
+        page.wait.until(lambda d: len(d.find_elements(page.by.CSS_SELECTOR, rows)) == count, f"not all {count} tasks")
+        assert not driver.find_elements(page.by.CSS_SELECTOR, "#more-tasks")  # the last page has no cursor
+    except Exception:
+        Page(driver, base).screenshot("failure")
+        raise
+    finally:
+        driver.quit()
+
+
+async def test_the_task_list_shows_every_task_a_page_at_a_time(tmp_path: Path) -> None:
+    count = 105  # the API answers 100 at most a page
+    async with platform(tmp_path) as p, agent(p.bus):
+        raised = await p.admin.patch(f"/v2/nvcf/accounts/{DEFAULT_ACCOUNT}", {"maxTasksAllowed": count})
+        assert raised.status == 200, raised.body
+        gpu = {"gpu": "H100", "instanceType": "ON-PREM.GPU.H100_1x"}
+        for n in range(count):
+            body = {"name": f"t{n}", "containerImage": "registry.example.com/t:1", "gpuSpecification": gpu}
+            assert (await p.admin.post("/v1/nvct/tasks", body)).status == 200
+        base = p.host.endpoints.url.rstrip("/")
+        with anyio.fail_after(120):
+            await anyio.to_thread.run_sync(_tasks_list_scenario, base, credentials(p.host)["admin_token"], count)

@@ -484,36 +484,82 @@ function tryIt(fn) {
     } }, "Invoke")), out);
 }
 
+// A task in one of these changes no more.
+const TASK_ENDED = new Set(["COMPLETED", "ERRORED", "CANCELED", "EXCEEDED_MAX_RUNTIME_DURATION", "EXCEEDED_MAX_QUEUED_DURATION"]);
+const TASKS_PAGE = 100;
+
+function taskRow(t) {
+  return h("tr", { "data-task": t.id }, h("td", {}, h("a", { href: `#/tasks/${t.id}` }, t.name)), h("td", {}, badge(t.status)),
+    h("td", {}, t.percentComplete !== undefined ? `${t.percentComplete} %` : "-"), h("td", { class: "mono" }, t.id), h("td", {}, when(t.createdAt)));
+}
+
 async function tasksPage() {
-  const tasks = (await get("/v1/nvct/tasks")).tasks || [];
-  show(h("h1", {}, "Tasks"), h("section", { class: "card" }, table(["Name", "Status", "Progress", "Id", "Created"],
-    tasks.map((t) => h("tr", {}, h("td", {}, h("a", { href: `#/tasks/${t.id}` }, t.name)), h("td", {}, badge(t.status)),
-      h("td", {}, t.percentComplete !== undefined ? `${t.percentComplete} %` : "-"), h("td", { class: "mono" }, t.id), h("td", {}, when(t.createdAt)))),
-    { id: "tasks" })));
+  const live = alive();
+  const rows = [];
+  let cursor = null;
+  // The API answers a page at a time (oldest first); "More" asks for the next one.
+  const next = async () => {
+    const doc = await get(`/v1/nvct/tasks?limit=${TASKS_PAGE}${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""}`);
+    rows.push(...(doc.tasks || []).map(taskRow));
+    cursor = doc.cursor || null;
+  };
+  await next();
+  if (!live()) return;
+  const card = h("section", { class: "card" });
+  const draw = () => {
+    const more = h("button", { class: "secondary", type: "button", id: "more-tasks", onclick: async () => {
+      try { await next(); } catch (err) { toast(`Could not list more tasks: ${err.message}`); return; }
+      if (live()) draw();
+    } }, "More");
+    card.replaceChildren(table(["Name", "Status", "Progress", "Id", "Created"], rows, { id: "tasks" }), ...(cursor ? [h("div", { class: "row" }, more)] : []));
+  };
+  draw();
+  show(h("h1", {}, "Tasks"), card);
 }
 
 async function taskPage(id) {
-  const task = (await get(`/v1/nvct/tasks/${id}`)).task;
+  const live = alive();
+  const title = h("h1", {});
+  const summary = h("section", { class: "card", id: "task-summary" });
   const events = h("div", {}, "…");
   const results = h("div", {}, "…");
-  show(h("h1", {}, task.name, " ", badge(task.status)),
-    h("section", { class: "card" }, kv([["Id", h("span", { class: "mono" }, task.id)], ["Image", task.containerImage || task.helmChart],
-      ["Progress", task.percentComplete !== undefined ? `${task.percentComplete} %` : "-"], ["Created", when(task.createdAt)],
-      ["Last heartbeat", when(task.lastHeartbeatAt)]]),
-    h("div", { class: "row" }, h("button", { class: "danger", type: "button", id: "cancel-task", onclick: async () => {
-      if (!confirm(`Cancel task ${task.name}?`)) return;
-      try { await call("POST", `/v1/nvct/tasks/${id}/cancel`); toast("Cancelled", true); route(); } catch (err) { toast(`Cancel failed: ${err.message}`); }
-    } }, "Cancel"))),
-    h("section", { class: "card" }, h("h2", {}, "Events"), events), h("section", { class: "card" }, h("h2", {}, "Results"), results));
-  try {
-    const doc = await get(`/v1/nvct/tasks/${id}/events`);
-    events.replaceChildren(table(["When", "Message"], (doc.events || []).map((e) => h("tr", {}, h("td", {}, when(e.createdAt)), h("td", {}, e.message)))));
-  } catch (err) { events.replaceChildren(h("p", { class: "muted" }, err.message)); }
-  try {
-    const doc = await get(`/v1/nvct/tasks/${id}/results`);
-    results.replaceChildren(table(["Name", "Created", ""], (doc.results || []).map((r) => h("tr", {}, h("td", {}, r.name), h("td", {}, when(r.createdAt)),
-      h("td", {}, h("button", { class: "secondary", type: "button", onclick: () => download(`/v1/nvct/tasks/${id}/results/${r.id}/content`, r.name) }, "Download"))))));
-  } catch (err) { results.replaceChildren(h("p", { class: "muted" }, err.message)); }
+  let ended = false;
+  // Drawn again every 2 s until the task has ended: its status, progress, events and results as they come.
+  const refresh = async () => {
+    if (ended) return;
+    const task = (await get(`/v1/nvct/tasks/${id}`)).task;
+    if (!live()) return;
+    ended = TASK_ENDED.has(task.status);
+    title.replaceChildren(task.name, " ", badge(task.status));
+    const error = task.healthInfo && task.healthInfo.error;
+    const action = ended
+      ? h("button", { class: "danger", type: "button", id: "delete-task", onclick: async () => {
+        if (!confirm(`Delete task ${task.name} with its events and results?`)) return;
+        try { await call("DELETE", `/v1/nvct/tasks/${id}`); toast("Deleted", true); location.hash = "#/tasks"; } catch (err) { toast(`Delete failed: ${err.message}`); }
+      } }, "Delete")
+      : h("button", { class: "danger", type: "button", id: "cancel-task", onclick: async () => {
+        if (!confirm(`Cancel task ${task.name}?`)) return;
+        try { await call("POST", `/v1/nvct/tasks/${id}/cancel`); toast("Cancelled", true); await refresh(); } catch (err) { toast(`Cancel failed: ${err.message}`); }
+      } }, "Cancel");
+    summary.replaceChildren(kv([["Id", h("span", { class: "mono" }, task.id)], ["Image", task.containerImage || task.helmChart],
+      ["Progress", task.percentComplete !== undefined ? h("span", { id: "task-progress" }, `${task.percentComplete} %`) : "-"],
+      ["Created", when(task.createdAt)], ["Last heartbeat", when(task.lastHeartbeatAt)],
+      ["Error", error ? h("pre", { class: "log", id: "task-error" }, error) : null]]),
+    h("div", { class: "row" }, action));
+    try {
+      const doc = await get(`/v1/nvct/tasks/${id}/events?limit=100`);
+      events.replaceChildren(table(["When", "Message"], (doc.events || []).map((e) => h("tr", {}, h("td", {}, when(e.createdAt)), h("td", {}, e.message)))));
+    } catch (err) { events.replaceChildren(h("p", { class: "muted" }, err.message)); }
+    try {
+      const doc = await get(`/v1/nvct/tasks/${id}/results?limit=100`);
+      results.replaceChildren(table(["Name", "Created", ""], (doc.results || []).map((r) => h("tr", { "data-result": r.resultId }, h("td", {}, r.name), h("td", {}, when(r.createdAt)),
+        h("td", {}, h("button", { class: "secondary download", type: "button", onclick: () => download(`/v1/nvct/tasks/${id}/results/${r.resultId}/content`, r.name) }, "Download"))))),
+        ...(doc.cursor ? [h("p", { class: "muted" }, "The first 100; nvcf-mono task results lists them all.")] : []));
+    } catch (err) { results.replaceChildren(h("p", { class: "muted" }, err.message)); }
+  };
+  show(title, summary, h("section", { class: "card" }, h("h2", {}, "Events"), events), h("section", { class: "card" }, h("h2", {}, "Results"), results));
+  await refresh();
+  if (live() && !ended) every(REFRESH_MS, () => refresh().catch(() => { /* the next round tries again */ }));
 }
 
 async function download(path, name) {
