@@ -320,3 +320,35 @@ async def test_the_task_list_shows_every_task_a_page_at_a_time(tmp_path: Path) -
         base = p.host.endpoints.url.rstrip("/")
         with anyio.fail_after(120):
             await anyio.to_thread.run_sync(_tasks_list_scenario, base, credentials(p.host)["admin_token"], count)
+
+
+def _deploy_scenario(base: str, admin_token: str, fid: str, vid: str) -> None:
+    driver = _browser()
+    try:
+        page = Page(driver, base)
+        page.sign_in(admin_token)
+        page.open(f"/functions/{fid}/versions/{vid}")
+        page.text_of("#version-status", "^INACTIVE$")
+        # Deployed from its page at zero instances, the version's status follows: ACTIVE, then INACTIVE
+        # once it is undeployed, without a reload.
+        minimum = page.find("#deploy-min")
+        minimum.clear()
+        minimum.send_keys("0")
+        page.click("#deploy button[type=submit]")
+        page.text_of("#version-status", "^ACTIVE$")
+        page.click("#undeploy")
+        page.accept_confirmation()
+        page.text_of("#version-status", "^INACTIVE$")
+    except Exception:
+        Page(driver, base).screenshot("failure")
+        raise
+    finally:
+        driver.quit()
+
+
+async def test_a_version_deployed_and_undeployed_from_its_page(tmp_path: Path) -> None:
+    async with compute_platform(tmp_path) as p:
+        fid, vid, _ = await create(p.admin, function("echo"))
+        base = p.host.endpoints.url.rstrip("/")
+        with anyio.fail_after(120):
+            await anyio.to_thread.run_sync(_deploy_scenario, base, credentials(p.host)["admin_token"], fid, vid)

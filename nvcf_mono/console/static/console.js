@@ -313,23 +313,32 @@ async function functionsPage() {
 
 async function versionPage(fid, vid) {
   const live = alive();
-  const fn = (await get(`/v2/nvcf/functions/${fid}/versions/${vid}`)).function;
+  let fn = (await get(`/v2/nvcf/functions/${fid}/versions/${vid}`)).function;
   if (!live()) return;
+  const status = h("span", { id: "version-status" }, badge(fn.status));
   const base = `/v2/nvcf/deployments/functions/${fid}/versions/${vid}`;
   const deployment = h("section", { class: "card", id: "deployment" }, h("h2", {}, "Deployment"));
   const instances = h("section", { class: "card", id: "instances" }, h("h2", {}, "Instances"));
   const logs = h("section", { class: "card", id: "logs", hidden: true });
   const queue = h("span", { id: "queue-depth" }, "…");
   const traffic = h("div", { id: "version-traffic" });
-  show(h("h1", {}, fn.name, " ", badge(fn.status)),
+  show(h("h1", {}, fn.name, " ", status),
     h("section", { class: "card" }, kv([["Function id", h("span", { class: "mono" }, fn.id)], ["Version id", h("span", { class: "mono" }, fn.versionId)],
       ["Image", fn.containerImage || fn.helmChart], ["Inference URL", fn.inferenceUrl], ["Created", when(fn.createdAt)],
       ["Queued now", queue]]), h("div", { class: "row" }, h("span", { class: "spacer" }),
       h("button", { class: "danger", id: "delete-version", onclick: () => deleteVersion(fn) }, "Delete version"))),
     deployment, instances, logs, tryIt(fn), traffic);
   let shownLogs = null;
+  let first = true;
   const refresh = async () => {
     if (!live()) return;
+    if (!first) {
+      // The version's status moves as it deploys, scales and undeploys.
+      try { fn = (await get(`/v2/nvcf/functions/${fid}/versions/${vid}`)).function; } catch (e) { /* kept as drawn */ }
+      if (!live()) return;
+      status.replaceChildren(badge(fn.status));
+    }
+    first = false;
     try {
       const q = (await get(`/v2/nvcf/queues/functions/${fid}/versions/${vid}`)).queues[0];
       queue.textContent = q.waitReason ? `${q.queueDepth} (waiting: ${q.waitReason.replace("_", " ")})` : String(q.queueDepth);
