@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -327,18 +328,32 @@ def _deploy_scenario(base: str, admin_token: str, fid: str, vid: str) -> None:
     try:
         page = Page(driver, base)
         page.sign_in(admin_token)
+        # The function list follows a deployment made elsewhere (here, the API), without a reload.
+        page.open("/functions")
+        row = 'tr[data-function="echo"] .badge'
+        page.text_of(row, "^INACTIVE$")
+        spec = {"gpu": "H100", "instanceType": "ON-PREM.GPU.H100_1x", "minInstances": 0, "maxInstances": 1}
+        deploy = urllib.request.Request(
+            f"{base}/v2/nvcf/deployments/functions/{fid}/versions/{vid}",
+            data=json.dumps({"deploymentSpecifications": [spec]}).encode(),
+            headers={"Authorization": f"Bearer {admin_token}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(deploy, timeout=30) as answer:
+            assert answer.status == 200
+        page.text_of(row, "^ACTIVE$")
+
+        # On its page the version's status follows what is done there: INACTIVE once undeployed,
+        # ACTIVE once deployed again (at zero instances).
         page.open(f"/functions/{fid}/versions/{vid}")
+        page.text_of("#version-status", "^ACTIVE$")
+        page.click("#undeploy")
+        page.accept_confirmation()
         page.text_of("#version-status", "^INACTIVE$")
-        # Deployed from its page at zero instances, the version's status follows: ACTIVE, then INACTIVE
-        # once it is undeployed, without a reload.
         minimum = page.find("#deploy-min")
         minimum.clear()
         minimum.send_keys("0")
         page.click("#deploy button[type=submit]")
         page.text_of("#version-status", "^ACTIVE$")
-        page.click("#undeploy")
-        page.accept_confirmation()
-        page.text_of("#version-status", "^INACTIVE$")
     except Exception:
         Page(driver, base).screenshot("failure")
         raise

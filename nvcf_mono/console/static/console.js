@@ -7,8 +7,10 @@
 const TOKEN = "nvcf.console.token";
 const ACCOUNT = "nvcf.console.account";
 const REFRESH_MS = 2000;
-// The traffic charts: the nodes report their load every few seconds, in minute buckets.
-const TRAFFIC_REFRESH_MS = 5000;
+// Pages that sum up many things (the dashboard, the function list, the traffic charts, which the
+// nodes report every few seconds in minute buckets).
+const SLOW_REFRESH_MS = 5000;
+const FUNCTION_STATUSES = ["ACTIVE", "DEPLOYING", "DEGRADING", "DEGRADED", "ERROR", "INACTIVE"];
 let timers = [];
 let me = { admin: false, accounts: [] };
 // Each navigation starts a new page; work a page started after it was left must not draw on the next one.
@@ -266,7 +268,7 @@ async function dashboard() {
     if (live()) document.getElementById("clusters").replaceChildren(gpus);
   };
   await refresh();
-  if (live()) every(TRAFFIC_REFRESH_MS, refresh);
+  if (live()) every(SLOW_REFRESH_MS, refresh);
 }
 
 async function gpuTable() {
@@ -289,10 +291,12 @@ async function gpuTable() {
 }
 
 async function functionsPage() {
-  const functions = (await get("/v2/nvcf/functions")).functions;
+  const live = alive();
+  let functions = (await get("/v2/nvcf/functions")).functions;
+  if (!live()) return;
   const search = h("input", { id: "search", placeholder: "Search name or id" });
   const status = h("select", { id: "status-filter" }, h("option", { value: "" }, "any status"),
-    ...[...new Set(functions.map((f) => f.status))].map((s) => h("option", { value: s }, s)));
+    ...FUNCTION_STATUSES.map((s) => h("option", { value: s }, s)));
   const body = h("tbody");
   const render = () => {
     const q = search.value.trim().toLowerCase();
@@ -309,6 +313,13 @@ async function functionsPage() {
   show(h("h1", {}, "Functions"), h("div", { class: "row" }, search, status),
     h("section", { class: "card" }, h("table", { id: "functions" }, h("thead", {}, h("tr", {},
       ["Name", "Status", "Function id", "Version id", "Instances", "Created"].map((x) => h("th", {}, x)))), body)));
+  // Statuses and instance counts move while the page is open; the search and the filter stay.
+  every(SLOW_REFRESH_MS, async () => {
+    const doc = await get("/v2/nvcf/functions").catch(() => null);
+    if (!doc || !live()) return;
+    functions = doc.functions;
+    render();
+  });
 }
 
 async function versionPage(fid, vid) {
@@ -356,7 +367,7 @@ async function versionPage(fid, vid) {
     if (live()) traffic.replaceChildren(drawn);
   };
   await charts();
-  if (live()) every(TRAFFIC_REFRESH_MS, charts);
+  if (live()) every(SLOW_REFRESH_MS, charts);
 }
 
 async function renderDeployment(card, fn, base) {
