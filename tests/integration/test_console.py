@@ -151,10 +151,16 @@ def _scenario(base: str, admin_token: str, other_key: str, fid: str, vid: str) -
         assert page.text_of("#specs td.min", r"^\d+$") == "0"
         page.screenshot("function-at-zero")
 
-        # Scale from zero: an instance appears, runs, and has logs.
+        # What is typed in the scale form stays while the page refreshes around it, also when the
+        # focus moves from one field to the next (a refresh comes every 2 s).
         minimum = page.find("#scale-min")
         minimum.clear()
         minimum.send_keys("1")
+        page.find("#scale-max").click()
+        time.sleep(2.5)
+        assert page.find("#scale-min").get_attribute("value") == "1"
+
+        # Scale from zero: an instance appears, runs, and has logs.
         page.click("#scale-submit")
         page.accept_confirmation()
         page.text_of("#specs td.min", r"^1$")

@@ -376,9 +376,9 @@ async function renderDeployment(card, fn, base) {
     if (err.status === 403) { card.replaceChildren(h("h2", {}, "Deployment"), h("p", { class: "muted" }, `Not allowed with this credential: ${err.message}`)); return; }
     if (err.status !== 404) throw err;
   }
-  if (card.dataset.editing === "1") return; // the user is typing in a form: leave it be
+  if (typingIn(card)) return; // drawn again, the form would lose what is being typed
   if (!dep) {
-    card.replaceChildren(h("h2", {}, "Deployment"), h("p", { class: "muted" }, "Not deployed."), await deployForm(card, base));
+    card.replaceChildren(h("h2", {}, "Deployment"), h("p", { class: "muted" }, "Not deployed."), await deployForm(base));
     return;
   }
   const specs = dep.deploymentSpecifications || [];
@@ -390,17 +390,12 @@ async function renderDeployment(card, fn, base) {
   });
   const min = h("input", { id: "scale-min", type: "number", min: 0, value: specs[0] ? specs[0].minInstances : 0, style: { width: "80px" } });
   const max = h("input", { id: "scale-max", type: "number", min: 1, value: specs[0] ? specs[0].maxInstances : 1, style: { width: "80px" } });
-  for (const input of [min, max]) {
-    input.addEventListener("focus", () => { card.dataset.editing = "1"; });
-    input.addEventListener("blur", () => { setTimeout(() => { card.dataset.editing = ""; }, 300); });
-  }
   const scale = h("form", { class: "inline", id: "scale", onsubmit: async (event) => {
     event.preventDefault();
     const lo = Number(min.value), hi = Number(max.value);
     if (!confirm(`Scale ${fn.name} to min ${lo}, max ${hi}?`)) return;
     try {
       await call("PUT", base, { deploymentSpecifications: specs.map((s) => ({ ...withoutPlacement(s), minInstances: lo, maxInstances: hi })) });
-      card.dataset.editing = "";
       toast(`Scaled to min ${lo}, max ${hi}`, true);
       await renderDeployment(card, fn, base);
     } catch (err) { toast(`Scaling failed: ${err.message}`); }
@@ -413,13 +408,19 @@ async function renderDeployment(card, fn, base) {
     table(["GPU", "Instance type", "Min", "Max", "Concurrency", "Instances", "Autoscaler's last decision"], rows, { id: "specs" }), h("p"), scale);
 }
 
+// The field with the focus is in ``card``: the user is filling in its form.
+function typingIn(card) {
+  const el = document.activeElement;
+  return Boolean(el) && card.contains(el) && el.matches("input, select, textarea");
+}
+
 function withoutPlacement(spec) {
   const copy = { ...spec };
   delete copy.placement;
   return copy;
 }
 
-async function deployForm(card, base) {
+async function deployForm(base) {
   let choices = [];
   try {
     for (const group of (await get("/v2/nvcf/clusterGroups")).clusterGroups) {
@@ -430,7 +431,6 @@ async function deployForm(card, base) {
   const min = h("input", { id: "deploy-min", type: "number", min: 0, value: 1, style: { width: "80px" } });
   const max = h("input", { id: "deploy-max", type: "number", min: 1, value: 1, style: { width: "80px" } });
   const concurrency = h("input", { id: "deploy-concurrency", type: "number", min: 1, value: 1, style: { width: "80px" } });
-  for (const input of [type, min, max, concurrency]) input.addEventListener("focus", () => { card.dataset.editing = "1"; });
   return h("form", { class: "inline", id: "deploy", onsubmit: async (event) => {
     event.preventDefault();
     const choice = choices[Number(type.value)];
@@ -438,7 +438,6 @@ async function deployForm(card, base) {
     try {
       await call("POST", base, { deploymentSpecifications: [{ gpu: choice.gpu, instanceType: choice.type,
         minInstances: Number(min.value), maxInstances: Number(max.value), maxRequestConcurrency: Number(concurrency.value) }] });
-      card.dataset.editing = "";
       toast("Deploying", true);
     } catch (err) { toast(`Deploying failed: ${err.message}`); }
   } }, h("label", {}, "GPU and instance type", type), h("label", {}, "Min", min), h("label", {}, "Max", max),
