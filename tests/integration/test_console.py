@@ -181,6 +181,15 @@ def _scenario(base: str, admin_token: str, other_key: str, fid: str, vid: str) -
         assert "execution" in page.text_of("#try-timing", "execution")
         page.screenshot("try-it")
 
+        # An answer that takes longer than the page's wait (5 s) is followed through its 202s.
+        body = page.find("#try-body")
+        body.clear()
+        body.send_keys('{"message": "slow to come", "delay": 7}')
+        page.click("#try-invoke")
+        assert "In progress" in page.text_of("#try-waiting", "In progress")
+        assert page.text_of("#try-status", r"^\d{3}$") == "200"
+        assert "slow to come" in page.text_of("#try-answer", "slow to come")
+
         # The dashboard draws that one call's latency: a minute with calls between minutes without
         # any is a mark of its own (a line of one point draws nothing).
         page.open("/")

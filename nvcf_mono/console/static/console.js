@@ -10,6 +10,8 @@ const REFRESH_MS = 2000;
 // Pages that sum up many things (the dashboard, the function list, the traffic charts, which the
 // nodes report every few seconds in minute buckets).
 const SLOW_REFRESH_MS = 5000;
+// How long one try-it call waits for its answer before the page shows it is still under way and asks again.
+const TRY_POLL_SECONDS = 5;
 const FUNCTION_STATUSES = ["ACTIVE", "DEPLOYING", "DEGRADING", "DEGRADED", "ERROR", "INACTIVE"];
 let timers = [];
 let me = { admin: false, accounts: [] };
@@ -488,9 +490,20 @@ function tryIt(fn) {
       let text = body.value;
       try { JSON.parse(text); } catch (err) { out.replaceChildren(h("p", { class: "error" }, `Not JSON: ${err.message}`)); return; }
       out.replaceChildren(h("p", { class: "muted" }, "Invoking…"));
+      const live = alive();
       const started = performance.now();
+      const poll = { headers: { "NVCF-POLL-SECONDS": String(TRY_POLL_SECONDS) }, raw: true };
       try {
-        const response = await call("POST", `/v2/nvcf/pexec/functions/${fn.id}/versions/${fn.versionId}`, text, { raw: true });
+        let response = await call("POST", `/v2/nvcf/pexec/functions/${fn.id}/versions/${fn.versionId}`, text, poll);
+        // A 202 is an answer not there yet (queued, a cold start, a long call): followed as the CLI does.
+        while (response.status === 202 && response.headers.get("NVCF-REQID") && live()) {
+          const reqid = response.headers.get("NVCF-REQID");
+          const percent = response.headers.get("NVCF-PERCENT-COMPLETE");
+          out.replaceChildren(h("p", { class: "muted", id: "try-waiting" },
+            `In progress for ${((performance.now() - started) / 1000).toFixed(0)} s${percent ? `, ${percent} %` : ""}; asking again (${reqid})…`));
+          response = await call("GET", `/v2/nvcf/pexec/status/${reqid}`, undefined, poll);
+        }
+        if (!live()) return;
         const answer = await response.text();
         let pretty = answer;
         try { pretty = JSON.stringify(JSON.parse(answer), null, 2); } catch (e) { /* not JSON: as it came */ }
