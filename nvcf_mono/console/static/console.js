@@ -193,10 +193,13 @@ function signInPage(message) {
       try {
         await call("GET", "/v2/nvcf/functions", undefined, { signingIn: true });
       } catch (err) {
-        sessionStorage.removeItem(TOKEN);
-        chrome();
-        error.textContent = `The credential was refused: ${err.message}`;
-        return;
+        // 403 is a valid credential without this scope (a tasks key): its pages say what it may not see.
+        if (err.status !== 403) {
+          sessionStorage.removeItem(TOKEN);
+          chrome();
+          error.textContent = `The credential was refused: ${err.message}`;
+          return;
+        }
       }
       await whoAmI();
       location.hash = "#/";
@@ -242,14 +245,20 @@ function signOut(message) {
 
 async function dashboard() {
   const live = alive();
-  const functions = (await get("/v2/nvcf/functions")).functions;
+  // A credential without list_functions (a tasks key) still gets the page, saying what it may not see.
+  let functions = [];
+  let refused = null;
+  try { functions = (await get("/v2/nvcf/functions")).functions; } catch (err) {
+    if (err.status !== 403) throw err;
+    refused = `Not allowed with this credential: ${err.message}`;
+  }
   if (!live()) return;
   const byStatus = {};
   for (const f of functions) byStatus[f.status] = (byStatus[f.status] || 0) + 1;
   const instances = functions.reduce((n, f) => n + (f.activeInstances || []).length, 0);
   const head = h("div", { class: "grid" },
-    h("div", { class: "card" }, h("h2", {}, "Functions"), h("div", { class: "stat", id: "function-count" }, functions.length),
-      h("div", {}, Object.entries(byStatus).map(([s, n]) => h("span", {}, badge(s), ` ${n} `)))),
+    h("div", { class: "card" }, h("h2", {}, "Functions"), h("div", { class: "stat", id: "function-count" }, refused ? "-" : functions.length),
+      refused ? h("p", { class: "muted" }, refused) : h("div", {}, Object.entries(byStatus).map(([s, n]) => h("span", {}, badge(s), ` ${n} `)))),
     h("div", { class: "card" }, h("h2", {}, "Instances running"), h("div", { class: "stat" }, instances)),
     h("div", { class: "card", id: "queue-now" }, h("h2", {}, "Queued now"), h("div", { class: "stat" }, "…")));
   show(h("h1", {}, "Dashboard"), head, h("div", { id: "traffic" }), h("div", { id: "clusters" }));
