@@ -259,7 +259,7 @@ async function dashboard() {
   const head = h("div", { class: "grid" },
     h("div", { class: "card" }, h("h2", {}, "Functions"), h("div", { class: "stat", id: "function-count" }, refused ? "-" : functions.length),
       refused ? h("p", { class: "muted" }, refused) : h("div", {}, Object.entries(byStatus).map(([s, n]) => h("span", {}, badge(s), ` ${n} `)))),
-    h("div", { class: "card" }, h("h2", {}, "Instances running"), h("div", { class: "stat" }, instances)),
+    h("div", { class: "card" }, h("h2", {}, "Instances running"), h("div", { class: "stat" }, refused ? "-" : instances)),
     h("div", { class: "card", id: "queue-now" }, h("h2", {}, "Queued now"), h("div", { class: "stat" }, "…")));
   show(h("h1", {}, "Dashboard"), head, h("div", { id: "traffic" }), h("div", { id: "clusters" }));
   const ids = [...new Set(functions.map((f) => f.id))].slice(0, 25);
@@ -274,7 +274,7 @@ async function dashboard() {
       try { queued += (await get(`/v2/nvcf/queues/functions/${id}`)).queues.reduce((n, q) => n + q.queueDepth, 0); } catch (e) { /* not visible */ }
     }
     if (!live()) return;
-    document.querySelector("#queue-now .stat").textContent = String(queued);
+    document.querySelector("#queue-now .stat").textContent = refused ? "-" : String(queued);
     const gpus = await guarded("Clusters and GPUs", gpuTable);
     if (live()) document.getElementById("clusters").replaceChildren(gpus);
   };
@@ -644,7 +644,7 @@ async function route() {
     else if (parts[0] === "clusters") await clustersPage();
     else await dashboard();
   } catch (err) {
-    if (live()) show(h("section", { class: "card" }, h("h1", {}, err.status === 404 ? "Not found" : "Something went wrong"), h("p", { class: "error", id: "page-error" }, err.message)));
+    if (live()) show(h("section", { class: "card" }, h("h1", {}, err.status === 404 ? "Not found" : err.status === 403 ? "Not allowed with this credential" : "Something went wrong"), h("p", { class: "error", id: "page-error" }, err.message)));
   }
 }
 
