@@ -212,6 +212,19 @@ def _scenario(base: str, admin_token: str, other_key: str, fid: str, vid: str) -
         assert not driver.find_elements(page.by.CSS_SELECTOR, 'tr[data-function="echo"]')
         page.open(f"/functions/{fid}/versions/{vid}")
         assert "not found" in page.text_of("#page-error", "(?i)not found").lower()
+
+        # The admin token acts on the account chosen in the switcher: the other account's (empty) list,
+        # then its own again.
+        from selenium.webdriver.support.ui import Select
+
+        page.click("#signout")
+        page.sign_in(admin_token)
+        Select(page.find("#account")).select_by_value("other-account")
+        page.open("/functions")
+        page.text_of("#functions td", "No functions")
+        Select(page.find("#account")).select_by_value("")
+        page.open("/functions")
+        page.find('tr[data-function="echo"]')
     except Exception:
         Page(driver, base).screenshot("failure")
         raise
