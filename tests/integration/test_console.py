@@ -12,12 +12,14 @@ fails the test; on a machine without one it is skipped, saying what to install.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,15 +128,26 @@ class Page:
         self.driver.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
 
 
+@contextlib.contextmanager
+def _console(base: str, downloads: Path | None = None) -> Iterator[Page]:
+    """A browser on the console at ``base``; what it showed when a step failed is kept as ``failure``."""
+    page = Page(_browser(downloads), base)
+    try:
+        yield page
+    except Exception:
+        page.screenshot("failure")
+        raise
+    finally:
+        page.driver.quit()
+
+
 def _drawn(polyline: Any) -> bool:
     """A polyline of two points or more (the same point twice, with round caps, is a dot)."""
     return len((polyline.get_attribute("points") or "").split()) >= 2
 
 
 def _scenario(base: str, admin_token: str, other_key: str, fid: str, vid: str) -> None:
-    driver = _browser()
-    try:
-        page = Page(driver, base)
+    with _console(base) as page:
         # A wrong credential is refused, and says why.
         page.sign_in("nvapi-not-a-key", refused=True)
         assert "refused" in page.text_of("#signin-error", "refused")
@@ -142,8 +155,8 @@ def _scenario(base: str, admin_token: str, other_key: str, fid: str, vid: str) -
         page.sign_in(admin_token)
         page.text_of("#traffic h2", "Traffic")
         page.screenshot("dashboard")
-        assert driver.execute_script("return sessionStorage.getItem('nvcf.console.token')") == admin_token
-        assert admin_token not in driver.current_url
+        assert page.driver.execute_script("return sessionStorage.getItem('nvcf.console.token')") == admin_token
+        assert admin_token not in page.driver.current_url
 
         page.open("/functions")
         page.click('tr[data-function="echo"] a.function-link')
@@ -209,7 +222,7 @@ def _scenario(base: str, admin_token: str, other_key: str, fid: str, vid: str) -
         page.open("/functions")
         page.find("#functions")
         time.sleep(0.5)  # the list is rendered: nothing more will come
-        assert not driver.find_elements(page.by.CSS_SELECTOR, 'tr[data-function="echo"]')
+        assert not page.driver.find_elements(page.by.CSS_SELECTOR, 'tr[data-function="echo"]')
         page.open(f"/functions/{fid}/versions/{vid}")
         assert "not found" in page.text_of("#page-error", "(?i)not found").lower()
 
@@ -225,11 +238,6 @@ def _scenario(base: str, admin_token: str, other_key: str, fid: str, vid: str) -
         Select(page.find("#account")).select_by_value("")
         page.open("/functions")
         page.find('tr[data-function="echo"]')
-    except Exception:
-        Page(driver, base).screenshot("failure")
-        raise
-    finally:
-        driver.quit()
 
 
 async def test_the_console_in_a_browser(tmp_path: Path) -> None:
@@ -267,9 +275,7 @@ async def test_the_console_is_one_page_and_its_files_with_a_strict_policy(tmp_pa
 
 
 def _task_scenario(base: str, task_key: str, task_id: str, downloads: Path) -> None:
-    driver = _browser(downloads)
-    try:
-        page = Page(driver, base)
+    with _console(base, downloads) as page:
         # The tasks key may not list functions: it is signed in all the same, and the dashboard says so.
         page.sign_in(task_key)
         assert "Not allowed" in page.text_of(".card p.muted", "Not allowed")
@@ -281,7 +287,7 @@ def _task_scenario(base: str, task_key: str, task_id: str, downloads: Path) -> N
         page.text_of("h1 .badge", "^COMPLETED$")
         assert page.text_of("#task-progress", r"^\d+ %$") == "100 %"
         page.find("#delete-task")
-        assert not driver.find_elements(page.by.CSS_SELECTOR, "#cancel-task")
+        assert not page.driver.find_elements(page.by.CSS_SELECTOR, "#cancel-task")
         page.text_of("td", "^squares.json$")
         page.screenshot("task-completed")
 
@@ -295,12 +301,7 @@ def _task_scenario(base: str, task_key: str, task_id: str, downloads: Path) -> N
         page.accept_confirmation()
         page.text_of("h1", "^Tasks$")
         page.find("#tasks")
-        assert not driver.find_elements(page.by.CSS_SELECTOR, f'tr[data-task="{task_id}"]')
-    except Exception:
-        Page(driver, base).screenshot("failure")
-        raise
-    finally:
-        driver.quit()
+        assert not page.driver.find_elements(page.by.CSS_SELECTOR, f'tr[data-task="{task_id}"]')
 
 
 async def test_a_task_in_the_console(tmp_path: Path) -> None:
@@ -322,21 +323,14 @@ async def test_a_task_in_the_console(tmp_path: Path) -> None:
 
 
 def _tasks_list_scenario(base: str, admin_token: str, count: int) -> None:
-    driver = _browser()
-    try:
-        page = Page(driver, base)
+    with _console(base) as page:
         page.sign_in(admin_token)
         page.open("/tasks")
         rows = "tr[data-task]"
         page.wait.until(lambda d: len(d.find_elements(page.by.CSS_SELECTOR, rows)) == 100, "not the first 100 tasks")
         page.click("#more-tasks")
         page.wait.until(lambda d: len(d.find_elements(page.by.CSS_SELECTOR, rows)) == count, f"not all {count} tasks")
-        assert not driver.find_elements(page.by.CSS_SELECTOR, "#more-tasks")  # the last page has no cursor
-    except Exception:
-        Page(driver, base).screenshot("failure")
-        raise
-    finally:
-        driver.quit()
+        assert not page.driver.find_elements(page.by.CSS_SELECTOR, "#more-tasks")  # the last page has no cursor
 
 
 async def test_the_task_list_shows_every_task_a_page_at_a_time(tmp_path: Path) -> None:
@@ -354,9 +348,7 @@ async def test_the_task_list_shows_every_task_a_page_at_a_time(tmp_path: Path) -
 
 
 def _deploy_scenario(base: str, admin_token: str, fid: str, vid: str) -> None:
-    driver = _browser()
-    try:
-        page = Page(driver, base)
+    with _console(base) as page:
         page.sign_in(admin_token)
         # The function list follows a deployment made elsewhere (here, the API), without a reload.
         page.open("/functions")
@@ -384,11 +376,6 @@ def _deploy_scenario(base: str, admin_token: str, fid: str, vid: str) -> None:
         minimum.send_keys("0")
         page.click("#deploy button[type=submit]")
         page.text_of("#version-status", "^ACTIVE$")
-    except Exception:
-        Page(driver, base).screenshot("failure")
-        raise
-    finally:
-        driver.quit()
 
 
 async def test_a_version_deployed_and_undeployed_from_its_page(tmp_path: Path) -> None:
