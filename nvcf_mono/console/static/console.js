@@ -321,7 +321,10 @@ async function functionsPage() {
   search.addEventListener("input", render);
   status.addEventListener("change", render);
   render();
-  show(h("h1", {}, "Functions"), h("div", { class: "row" }, search, status),
+  const creating = newFunctionForm();
+  creating.hidden = true;
+  const create = h("button", { type: "button", id: "new-function", onclick: () => { creating.hidden = !creating.hidden; } }, "New function");
+  show(h("h1", {}, "Functions"), h("div", { class: "row" }, search, status, h("span", { class: "spacer" }), create), creating,
     h("section", { class: "card" }, h("table", { id: "functions" }, h("thead", {}, h("tr", {},
       ["Name", "Status", "Function id", "Version id", "Instances", "Created"].map((x) => h("th", {}, x)))), body)));
   // Statuses and instance counts move while the page is open; the search and the filter stay.
@@ -331,6 +334,31 @@ async function functionsPage() {
     functions = doc.functions;
     render();
   });
+}
+
+// The fields `nvcf-mono function create` asks for most; the rest keep NVCF's defaults. Once made, the
+// version's page deploys it.
+function newFunctionForm() {
+  const input = (id, attrs) => h("input", { id, ...attrs });
+  const name = input("new-name", { required: true, placeholder: "my-function", pattern: "[a-zA-Z0-9][a-zA-Z0-9_-]*" });
+  const image = input("new-image", { required: true, placeholder: "echo, or registry/path:tag" });
+  const url = input("new-inference-url", { required: true, value: "/" });
+  const port = input("new-inference-port", { type: "number", min: 1, max: 65535, value: 8000, style: { width: "90px" } });
+  const health = input("new-health-uri", { value: "/v2/health/ready" });
+  const healthPort = input("new-health-port", { type: "number", min: 1, max: 65535, placeholder: "same", style: { width: "90px" } });
+  return h("form", { class: "card inline", id: "new-function-form", onsubmit: async (event) => {
+    event.preventDefault();
+    const inferencePort = Number(port.value);
+    const body = { name: name.value.trim(), containerImage: image.value.trim(), inferenceUrl: url.value.trim(), inferencePort,
+      health: { protocol: "HTTP", uri: health.value.trim(), port: Number(healthPort.value) || inferencePort, timeout: "PT10S", expectedStatusCode: 200 } };
+    try {
+      const made = (await call("POST", "/v2/nvcf/functions", body)).function;
+      toast(`Created ${made.name}`, true);
+      location.hash = `#/functions/${made.id}/versions/${made.versionId}`;
+    } catch (err) { toast(`Creating failed: ${err.message}`); }
+  } }, h("label", {}, "Name", name), h("label", {}, "Image", image), h("label", {}, "Inference URL", url),
+  h("label", {}, "Inference port", port), h("label", {}, "Health URI", health), h("label", {}, "Health port", healthPort),
+  h("button", { type: "submit", id: "new-submit" }, "Create"));
 }
 
 async function versionPage(fid, vid) {
