@@ -274,12 +274,27 @@ async def test_the_console_is_one_page_and_its_files_with_a_strict_policy(tmp_pa
                 assert reply.headers["Content-Type"].startswith("application/problem+json")
 
 
-def _task_scenario(base: str, task_key: str, task_id: str, downloads: Path) -> None:
+def _task_scenario(base: str, task_key: str, downloads: Path) -> str:
     with _console(base, downloads) as page:
         # The tasks key may not list functions: it is signed in all the same, and the dashboard says so.
         page.sign_in(task_key)
         assert "Not allowed" in page.text_of(".card p.muted", "Not allowed")
-        page.open(f"/tasks/{task_id}")
+
+        # Launched from the list's form (this key may not list cluster groups: GPU and instance type
+        # are typed in); the page it lands on is the task's.
+        page.open("/tasks")
+        page.click("#new-task")
+        fields = {"#task-name": "squares", "#task-image": "task-example", "#task-args": "--steps 3 --seconds 6"}
+        fields |= {"#task-type-gpu": "H100", "#task-type-instance-type": "ON-PREM.GPU.H100_1x"}
+        for css, value in fields.items():
+            field = page.find(css)
+            field.clear()
+            field.send_keys(value)
+        page.click("#task-submit")
+        page.text_of("h1", "^squares")
+        task_id: str = page.driver.current_url.rsplit("/", 1)[-1]
+        assert UUID.match(task_id), task_id
+
         # The page follows the task while it runs, without a reload: cancellable while it runs, then
         # COMPLETED at 100 % with its result, and then it can be deleted (no longer cancelled).
         page.find("#cancel-task")
@@ -302,23 +317,15 @@ def _task_scenario(base: str, task_key: str, task_id: str, downloads: Path) -> N
         page.text_of("h1", "^Tasks$")
         page.find("#tasks")
         assert not page.driver.find_elements(page.by.CSS_SELECTOR, f'tr[data-task="{task_id}"]')
+        return task_id
 
 
 async def test_a_task_in_the_console(tmp_path: Path) -> None:
     async with compute_platform(tmp_path, **{"plugins.control.tasks.heartbeat_interval": "0.5"}) as p:
-        creds = credentials(p.host)
-        body = {
-            "name": "squares",
-            "containerImage": "task-example",
-            "containerArgs": "--steps 3 --seconds 6",
-            "gpuSpecification": {"gpu": "H100", "instanceType": "ON-PREM.GPU.H100_1x"},
-        }
-        created = await p.admin.post("/v1/nvct/tasks", body)
-        assert created.status == 200, created.body
-        task_id = created.json["task"]["id"]
+        key = credentials(p.host)["task_api_key"]
         base = p.host.endpoints.url.rstrip("/")
         with anyio.fail_after(120):
-            await anyio.to_thread.run_sync(_task_scenario, base, creds["task_api_key"], task_id, tmp_path / "downloads")
+            task_id = await anyio.to_thread.run_sync(_task_scenario, base, key, tmp_path / "downloads")
         assert (await p.admin.get(f"/v1/nvct/tasks/{task_id}")).status == 404
 
 

@@ -459,27 +459,40 @@ function withoutPlacement(spec) {
   return copy;
 }
 
-async function deployForm(base) {
-  let choices = [];
+// Where something can run: a choice of the clusters' GPUs and instance types, or, for a credential
+// that may not list cluster groups (a tasks key), the two names typed in.
+async function gpuPicker(id) {
+  const choices = [];
   try {
     for (const group of (await get("/v2/nvcf/clusterGroups")).clusterGroups) {
       for (const gpu of group.gpus) for (const t of gpu.instanceTypes) choices.push({ gpu: gpu.name, type: t.name });
     }
-  } catch (e) { choices = []; }
-  const type = h("select", { id: "deploy-type" }, choices.map((c, i) => h("option", { value: i }, `${c.gpu} · ${c.type}`)));
+  } catch (e) { /* typed in instead */ }
+  if (choices.length) {
+    const select = h("select", { id }, choices.map((c, i) => h("option", { value: i }, `${c.gpu} · ${c.type}`)));
+    return { fields: [h("label", {}, "GPU and instance type", select)], chosen: () => choices[Number(select.value)] };
+  }
+  const gpu = h("input", { id: `${id}-gpu`, placeholder: "H100", style: { width: "90px" } });
+  const type = h("input", { id: `${id}-instance-type`, placeholder: "ON-PREM.GPU.H100_1x" });
+  return { fields: [h("label", {}, "GPU", gpu), h("label", {}, "Instance type", type)],
+    chosen: () => (gpu.value.trim() && type.value.trim() ? { gpu: gpu.value.trim(), type: type.value.trim() } : undefined) };
+}
+
+async function deployForm(base) {
+  const where = await gpuPicker("deploy-type");
   const min = h("input", { id: "deploy-min", type: "number", min: 0, value: 1, style: { width: "80px" } });
   const max = h("input", { id: "deploy-max", type: "number", min: 1, value: 1, style: { width: "80px" } });
   const concurrency = h("input", { id: "deploy-concurrency", type: "number", min: 1, value: 1, style: { width: "80px" } });
   return h("form", { class: "inline", id: "deploy", onsubmit: async (event) => {
     event.preventDefault();
-    const choice = choices[Number(type.value)];
-    if (!choice) { toast("No GPU to deploy on: no cluster offers one"); return; }
+    const choice = where.chosen();
+    if (!choice) { toast("No GPU to deploy on: name one that a cluster offers"); return; }
     try {
       await call("POST", base, { deploymentSpecifications: [{ gpu: choice.gpu, instanceType: choice.type,
         minInstances: Number(min.value), maxInstances: Number(max.value), maxRequestConcurrency: Number(concurrency.value) }] });
       toast("Deploying", true);
     } catch (err) { toast(`Deploying failed: ${err.message}`); }
-  } }, h("label", {}, "GPU and instance type", type), h("label", {}, "Min", min), h("label", {}, "Max", max),
+  } }, ...where.fields, h("label", {}, "Min", min), h("label", {}, "Max", max),
   h("label", {}, "Concurrency", concurrency), h("button", { type: "submit" }, "Deploy"));
 }
 
@@ -583,7 +596,34 @@ async function tasksPage() {
     card.replaceChildren(table(["Name", "Status", "Progress", "Id", "Created"], rows, { id: "tasks" }), ...(cursor ? [h("div", { class: "row" }, more)] : []));
   };
   draw();
-  show(h("h1", {}, "Tasks"), card);
+  const launching = await newTaskForm();
+  if (!live()) return;
+  launching.hidden = true;
+  const launch = h("button", { type: "button", id: "new-task", onclick: () => { launching.hidden = !launching.hidden; } }, "New task");
+  show(h("h1", {}, "Tasks"), h("div", { class: "row" }, h("span", { class: "spacer" }), launch), launching, card);
+}
+
+// A task to run once: the fields `nvcf-mono task create` asks for most; its page follows it.
+async function newTaskForm() {
+  const where = await gpuPicker("task-type");
+  const name = h("input", { id: "task-name", required: true, placeholder: "my-task", pattern: "[a-zA-Z0-9][a-zA-Z0-9_-]*" });
+  const image = h("input", { id: "task-image", required: true, placeholder: "task-example, or registry/path:tag" });
+  const args = h("input", { id: "task-args", placeholder: "--steps 5" });
+  const runtime = h("input", { id: "task-runtime", value: "PT1H", style: { width: "90px" } });
+  return h("form", { class: "card inline", id: "new-task-form", onsubmit: async (event) => {
+    event.preventDefault();
+    const choice = where.chosen();
+    if (!choice) { toast("Name the GPU and instance type to run on"); return; }
+    const body = { name: name.value.trim(), containerImage: image.value.trim(), gpuSpecification: { gpu: choice.gpu, instanceType: choice.type } };
+    if (args.value.trim()) body.containerArgs = args.value.trim();
+    if (runtime.value.trim()) body.maxRuntimeDuration = runtime.value.trim();
+    try {
+      const made = (await call("POST", "/v1/nvct/tasks", body)).task;
+      toast(`Launched ${made.name}`, true);
+      location.hash = `#/tasks/${made.id}`;
+    } catch (err) { toast(`Launching failed: ${err.message}`); }
+  } }, h("label", {}, "Name", name), h("label", {}, "Image", image), h("label", {}, "Arguments", args), ...where.fields,
+  h("label", {}, "Longest run", runtime), h("button", { type: "submit", id: "task-submit" }, "Launch"));
 }
 
 async function taskPage(id) {
