@@ -340,7 +340,7 @@ async function functionsPage() {
 // version's page deploys it.
 function newFunctionForm() {
   const input = (id, attrs) => h("input", { id, ...attrs });
-  const name = input("new-name", { required: true, placeholder: "my-function", pattern: "[a-zA-Z0-9][a-zA-Z0-9_-]*" });
+  const name = input("new-name", { required: true, placeholder: "my-function" });
   const image = input("new-image", { required: true, placeholder: "echo, or registry/path:tag" });
   const url = input("new-inference-url", { required: true, value: "/" });
   const port = input("new-inference-port", { type: "number", min: 1, max: 65535, value: 8000, style: { width: "90px" } });
@@ -606,7 +606,7 @@ async function tasksPage() {
 // A task to run once: the fields `nvcf-mono task create` asks for most; its page follows it.
 async function newTaskForm() {
   const where = await gpuPicker("task-type");
-  const name = h("input", { id: "task-name", required: true, placeholder: "my-task", pattern: "[a-zA-Z0-9][a-zA-Z0-9_-]*" });
+  const name = h("input", { id: "task-name", required: true, placeholder: "my-task" });
   const image = h("input", { id: "task-image", required: true, placeholder: "task-example, or registry/path:tag" });
   const args = h("input", { id: "task-args", placeholder: "--steps 5" });
   const runtime = h("input", { id: "task-runtime", value: "PT1H", style: { width: "90px" } });
