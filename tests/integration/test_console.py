@@ -295,10 +295,15 @@ def _task_scenario(base: str, task_key: str, downloads: Path) -> str:
         task_id: str = page.driver.current_url.rsplit("/", 1)[-1]
         assert UUID.match(task_id), task_id
 
-        # The page follows the task while it runs, without a reload: cancellable while it runs, then
-        # COMPLETED at 100 % with its result, and then it can be deleted (no longer cancelled).
+        # The page follows the task while it runs, without a reload (it landed on it QUEUED), and so
+        # does the list: the task ends while the list is shown.
         page.find("#cancel-task")
         page.text_of("h1 .badge", "^RUNNING$")
+        page.open("/tasks")
+        page.text_of(f'tr[data-task="{task_id}"] td.status', "^COMPLETED$")
+        page.open(f"/tasks/{task_id}")
+
+        # COMPLETED at 100 % with its result; it can be deleted now, no longer cancelled.
         page.text_of("h1 .badge", "^COMPLETED$")
         assert page.text_of("#task-progress", r"^\d+ %$") == "100 %"
         page.find("#delete-task")

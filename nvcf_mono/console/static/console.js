@@ -571,8 +571,33 @@ const TASK_ENDED = new Set(["COMPLETED", "ERRORED", "CANCELED", "EXCEEDED_MAX_RU
 const TASKS_PAGE = 100;
 
 function taskRow(t) {
-  return h("tr", { "data-task": t.id }, h("td", {}, h("a", { href: `#/tasks/${t.id}` }, t.name)), h("td", {}, badge(t.status)),
-    h("td", {}, t.percentComplete !== undefined ? `${t.percentComplete} %` : "-"), h("td", { class: "mono" }, t.id), h("td", {}, when(t.createdAt)));
+  return h("tr", { "data-task": t.id, "data-status": t.status }, h("td", {}, h("a", { href: `#/tasks/${t.id}` }, t.name)),
+    h("td", { class: "status" }, badge(t.status)), h("td", { class: "progress" }, progressOf(t)), h("td", { class: "mono" }, t.id),
+    h("td", {}, when(t.createdAt)));
+}
+function progressOf(t) { return t.percentComplete !== undefined ? `${t.percentComplete} %` : "-"; }
+
+// The listed tasks that have not ended, asked for again: their statuses in bulk (100 a call), and the
+// progress of those running (the first 25; a task's own page has all of it).
+async function refreshTaskRows(rows, live) {
+  const open = rows.filter((r) => !TASK_ENDED.has(r.dataset.status));
+  const set = (row, t) => {
+    row.dataset.status = t.status;
+    row.querySelector("td.status").replaceChildren(badge(t.status));
+    if (t.percentComplete !== undefined) row.querySelector("td.progress").textContent = progressOf(t);
+  };
+  for (let i = 0; i < open.length; i += TASKS_PAGE) {
+    const batch = open.slice(i, i + TASKS_PAGE);
+    const doc = await call("POST", "/v1/nvct/tasks/bulk", { taskIds: batch.map((r) => r.dataset.task) });
+    if (!live()) return;
+    const byId = new Map((doc.tasks || []).map((t) => [t.id, t]));
+    for (const row of batch) if (byId.has(row.dataset.task)) set(row, byId.get(row.dataset.task));
+  }
+  for (const row of open.filter((r) => r.dataset.status === "RUNNING").slice(0, 25)) {
+    const task = (await get(`/v1/nvct/tasks/${row.dataset.task}`)).task;
+    if (!live()) return;
+    set(row, task);
+  }
 }
 
 async function tasksPage() {
@@ -601,6 +626,7 @@ async function tasksPage() {
   launching.hidden = true;
   const launch = h("button", { type: "button", id: "new-task", onclick: () => { launching.hidden = !launching.hidden; } }, "New task");
   show(h("h1", {}, "Tasks"), h("div", { class: "row" }, h("span", { class: "spacer" }), launch), launching, card);
+  every(SLOW_REFRESH_MS, () => refreshTaskRows(rows, live).catch(() => { /* the next round tries again */ }));
 }
 
 // A task to run once: the fields `nvcf-mono task create` asks for most; its page follows it.
