@@ -418,3 +418,27 @@ async def test_a_function_made_deployed_and_undeployed_from_the_console(tmp_path
             await anyio.to_thread.run_sync(_deploy_scenario, base, credentials(p.host)["admin_token"], fid, vid)
         listed = (await p.admin.get("/v2/nvcf/functions")).json["functions"]
         assert sorted(f["name"] for f in listed) == ["echo", "made-here"]  # the refused one made nothing
+
+
+def _failed_deployment_scenario(base: str, admin_token: str, fid: str, vid: str) -> str:
+    with _console(base) as page:
+        page.sign_in(admin_token)
+        page.open(f"/functions/{fid}/versions/{vid}")
+        page.text_of("#version-status", "^ERROR$")
+        text: str = page.text_of("#deployment pre.health-info", "does not exist")
+        page.screenshot("deployment-error")
+        return text
+
+
+async def test_a_failed_deployment_says_why_on_its_page(tmp_path: Path) -> None:
+    broken = {"images.broken.command": json.dumps(["/nonexistent/bin/server", "--port", "{port}"])}
+    async with compute_platform(tmp_path, **broken) as p:
+        fid, vid, d = await create(p.admin, function("broken", containerImage="broken"))
+        await deploy(p.admin, d, spec(min_instances=1))
+        await wait_status(p.admin, d, "ERROR", timeout=30)
+        base = p.host.endpoints.url.rstrip("/")
+        with anyio.fail_after(120):
+            shown = await anyio.to_thread.run_sync(
+                _failed_deployment_scenario, base, credentials(p.host)["admin_token"], fid, vid
+            )
+        assert "/nonexistent/bin/server" in shown

@@ -443,8 +443,11 @@ async function renderDeployment(card, fn, base) {
     if (!confirm(`Undeploy ${fn.name}? Its instances are stopped.`)) return;
     try { await call("DELETE", base); toast("Undeploying", true); await renderDeployment(card, fn, base); } catch (err) { toast(`Undeploy failed: ${err.message}`); }
   } }, "Undeploy"));
+  // Why it failed (a deployment in ERROR, or instances that could not start): the instances' reasons.
+  const why = (dep.healthInfo || []).map((i) => h("pre", { class: "log health-info" }, `${i.gpu} ${i.instanceType}: ${i.error}`));
   card.replaceChildren(h("h2", {}, "Deployment ", badge(dep.functionStatus)),
-    table(["GPU", "Instance type", "Min", "Max", "Concurrency", "Instances", "Autoscaler's last decision"], rows, { id: "specs" }), h("p"), scale);
+    table(["GPU", "Instance type", "Min", "Max", "Concurrency", "Instances", "Autoscaler's last decision"], rows, { id: "specs" }),
+    ...(why.length ? [h("h2", { class: "muted", style: { marginTop: "12px" } }, "Why"), ...why] : []), h("p"), scale);
 }
 
 // The field with the focus is in ``card``: the user is filling in its form.
