@@ -3,8 +3,10 @@
 The platform is the all-in-one host with its real cluster agent and local backend (instances are
 real processes, their logs real files). The browser signs in with the admin token, finds the echo
 function, scales it from zero and watches its instance come up, reads its logs, invokes it from the
-try-it panel; then signs in as another account and cannot see it. Screenshots of the main pages go
-to ``test-artifacts/console/`` (not committed) for a person to look at.
+try-it panel; then signs in as another account and cannot see it. Other scenarios make, deploy and
+undeploy a function from the console, read why a deployment failed, launch a task with the tasks
+key and follow it to its result's download, and page through a long task list. Screenshots of the
+main pages go to ``test-artifacts/console/`` (not committed) for a person to look at.
 
 CI installs chromium (``.ci/run``) and sets ``NVCF_MONO_REQUIRE_BROWSER=1``: there a missing browser
 fails the test; on a machine without one it is skipped, saying what to install.
