@@ -212,9 +212,8 @@ class ObjectInfo:
 
 
 class ConnectionState(enum.Enum):
-    """Where the bus connection stands."""
+    """Where the bus connection stands (a bus is made connected: there is no first "connecting")."""
 
-    CONNECTING = "connecting"
     CONNECTED = "connected"
     RECONNECTING = "reconnecting"
     CLOSED = "closed"

@@ -163,9 +163,9 @@ class NatsBus:
             return ConnectionState.CLOSED
         if self._nc.is_connected:
             return ConnectionState.CONNECTED
-        if self._nc.is_reconnecting:
-            return ConnectionState.RECONNECTING
-        return ConnectionState.CONNECTING
+        # The bus exists once its first connection is made, so anything else is a reconnection, also
+        # while nats-py says "connecting" (it does during the handshake with the server it reached).
+        return ConnectionState.RECONNECTING
 
     @property
     def max_payload(self) -> int:

@@ -103,3 +103,20 @@ async def test_publishes_are_buffered_while_the_server_is_down(
                     break
             assert (await sub.next(timeout=5)).data == b"sent while down"
     assert restartable.proc is not None and restartable.proc.poll() is None
+
+
+async def test_a_bus_in_a_reconnections_handshake_is_reconnecting(nats_server: NatsServer) -> None:
+    """nats-py marks the handshake with the server a reconnection reached as CONNECTING. The bus is
+    made connected, so that is a reconnection too: under load the LLM gateway's readiness said its bus
+    was "connecting" after the embedded server's crash. The handshake is held still here by setting
+    nats-py's status, which a live reconnection passes through too quickly to catch."""
+    from nats.aio.client import Client as NatsClient
+
+    async with connect(nats_server.url) as bus:
+        nc = bus._nc
+        nc._status = NatsClient.CONNECTING
+        try:
+            during = bus.state
+        finally:
+            nc._status = NatsClient.CONNECTED
+        assert (during, bus.state) == (ConnectionState.RECONNECTING, ConnectionState.CONNECTED)
