@@ -444,3 +444,22 @@ async def test_a_failed_deployment_says_why_on_its_page(tmp_path: Path) -> None:
                 _failed_deployment_scenario, base, credentials(p.host)["admin_token"], fid, vid
             )
         assert "/nonexistent/bin/server" in shown
+
+
+def _many_functions_scenario(base: str, admin_token: str) -> None:
+    with _console(base) as page:
+        page.sign_in(admin_token)
+        assert page.text_of("#queue-now .muted", "deployed functions") == "in the first 25 of 26 deployed functions"
+
+
+async def test_the_dashboard_says_when_it_counts_only_some_queues(tmp_path: Path) -> None:
+    # The dashboard asks for a queue per function, 25 at most: past that it says how many it counted.
+    async with platform(tmp_path) as p, agent(p.bus):
+        at_zero = {"gpu": "H100", "instanceType": "ON-PREM.GPU.H100_1x", "minInstances": 0, "maxInstances": 1}
+        for n in range(26):
+            _, _, d = await create(p.admin, function(f"f{n}"))
+            assert (await p.admin.post(d, {"deploymentSpecifications": [at_zero]})).status == 200
+        await create(p.admin, function("never-deployed"))  # not counted: it has no queue
+        base = p.host.endpoints.url.rstrip("/")
+        with anyio.fail_after(120):
+            await anyio.to_thread.run_sync(_many_functions_scenario, base, credentials(p.host)["admin_token"])

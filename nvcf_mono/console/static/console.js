@@ -260,9 +260,11 @@ async function dashboard() {
     h("div", { class: "card" }, h("h2", {}, "Functions"), h("div", { class: "stat", id: "function-count" }, refused ? "-" : functions.length),
       refused ? h("p", { class: "muted" }, refused) : h("div", {}, Object.entries(byStatus).map(([s, n]) => h("span", {}, badge(s), ` ${n} `)))),
     h("div", { class: "card" }, h("h2", {}, "Instances running"), h("div", { class: "stat" }, refused ? "-" : instances)),
-    h("div", { class: "card", id: "queue-now" }, h("h2", {}, "Queued now"), h("div", { class: "stat" }, "…")));
+    h("div", { class: "card", id: "queue-now" }, h("h2", {}, "Queued now"), h("div", { class: "stat" }, "…"), h("p", { class: "muted" })));
   show(h("h1", {}, "Dashboard"), head, h("div", { id: "traffic" }), h("div", { id: "clusters" }));
-  const ids = [...new Set(functions.map((f) => f.id))].slice(0, 25);
+  // A queue is asked for per function: those deployed (an undeployed one has none), 25 at most.
+  const deployed = [...new Set(functions.filter((f) => f.status !== "INACTIVE").map((f) => f.id))];
+  const ids = deployed.slice(0, 25);
   // The traffic, the queues and the GPUs are read again while the page is open (the functions
   // and their counts when it is opened again).
   const refresh = async () => {
@@ -275,6 +277,8 @@ async function dashboard() {
     }
     if (!live()) return;
     document.querySelector("#queue-now .stat").textContent = refused ? "-" : String(queued);
+    document.querySelector("#queue-now .muted").textContent = deployed.length > ids.length
+      ? `in the first ${ids.length} of ${deployed.length} deployed functions` : "";
     const gpus = await guarded("Clusters and GPUs", gpuTable);
     if (live()) document.getElementById("clusters").replaceChildren(gpus);
   };
