@@ -119,6 +119,13 @@ class Page:
         if not refused:
             self.text_of("#function-count", r"^(\d+|-)$")  # "-": a credential that may not list functions
 
+    def fill(self, fields: dict[str, str]) -> None:
+        """Type each value into the field its selector names, over what it held."""
+        for css, value in fields.items():
+            field = self.find(css)
+            field.clear()
+            field.send_keys(value)
+
     def accept_confirmation(self) -> None:
         from selenium.webdriver.support import expected_conditions
 
@@ -168,9 +175,7 @@ def _scenario(base: str, admin_token: str, other_key: str, fid: str, vid: str) -
 
         # What is typed in the scale form stays while the page refreshes around it, also when the
         # focus moves from one field to the next (a refresh comes every 2 s).
-        minimum = page.find("#scale-min")
-        minimum.clear()
-        minimum.send_keys("1")
+        page.fill({"#scale-min": "1"})
         page.find("#scale-max").click()
         time.sleep(2.5)
         assert page.find("#scale-min").get_attribute("value") == "1"
@@ -186,9 +191,7 @@ def _scenario(base: str, admin_token: str, other_key: str, fid: str, vid: str) -
         page.screenshot("function-running")
 
         # The try-it panel invokes the version and shows what came back.
-        body = page.find("#try-body")
-        body.clear()
-        body.send_keys('{"message": "hello from the console"}')
+        page.fill({"#try-body": '{"message": "hello from the console"}'})
         page.click("#try-invoke")
         assert page.text_of("#try-status", r"^\d{3}$") == "200"
         assert "hello from the console" in page.text_of("#try-answer", "hello from the console")
@@ -197,9 +200,7 @@ def _scenario(base: str, admin_token: str, other_key: str, fid: str, vid: str) -
         page.screenshot("try-it")
 
         # An answer that takes longer than the page's wait (5 s) is followed through its 202s.
-        body = page.find("#try-body")
-        body.clear()
-        body.send_keys('{"message": "slow to come", "delay": 7}')
+        page.fill({"#try-body": '{"message": "slow to come", "delay": 7}'})
         page.click("#try-invoke")
         assert "In progress" in page.text_of("#try-waiting", "In progress")
         assert page.text_of("#try-status", r"^\d{3}$") == "200"
@@ -286,12 +287,8 @@ def _task_scenario(base: str, task_key: str, downloads: Path) -> str:
         # are typed in); the page it lands on is the task's.
         page.open("/tasks")
         page.click("#new-task")
-        fields = {"#task-name": "squares", "#task-image": "task-example", "#task-args": "--steps 3 --seconds 6"}
-        fields |= {"#task-type-gpu": "H100", "#task-type-instance-type": "ON-PREM.GPU.H100_1x"}
-        for css, value in fields.items():
-            field = page.find(css)
-            field.clear()
-            field.send_keys(value)
+        page.fill({"#task-name": "squares", "#task-image": "task-example", "#task-args": "--steps 3 --seconds 6"})
+        page.fill({"#task-type-gpu": "H100", "#task-type-instance-type": "ON-PREM.GPU.H100_1x"})
         page.click("#task-submit")
         page.text_of("h1", "^squares")
         task_id: str = page.driver.current_url.rsplit("/", 1)[-1]
@@ -385,9 +382,7 @@ def _deploy_scenario(base: str, admin_token: str, fid: str, vid: str) -> None:
         page.click("#undeploy")
         page.accept_confirmation()
         page.text_of("#version-status", "^INACTIVE$")
-        minimum = page.find("#deploy-min")
-        minimum.clear()
-        minimum.send_keys("0")
+        page.fill({"#deploy-min": "0"})
         page.click("#deploy button[type=submit]")
         page.text_of("#version-status", "^ACTIVE$")
 
@@ -395,17 +390,11 @@ def _deploy_scenario(base: str, admin_token: str, fid: str, vid: str) -> None:
         # and the page it lands on is its version's, ready to deploy.
         page.open("/functions")
         page.click("#new-function")
-        fields = {"#new-name": "made-here", "#new-image": "Not/An/Image", "#new-inference-url": "/echo"}
-        fields |= {"#new-inference-port": "9000", "#new-health-uri": "/health"}
-        for css, value in fields.items():
-            field = page.find(css)
-            field.clear()
-            field.send_keys(value)
+        page.fill({"#new-name": "made-here", "#new-image": "Not/An/Image", "#new-inference-url": "/echo"})
+        page.fill({"#new-inference-port": "9000", "#new-health-uri": "/health"})
         page.click("#new-submit")
         assert "containerImage" in page.text_of("#toast", "Creating failed")
-        image = page.find("#new-image")
-        image.clear()
-        image.send_keys("echo")
+        page.fill({"#new-image": "echo"})
         page.click("#new-submit")
         page.text_of("h1", "^made-here")
         page.text_of("#version-status", "^INACTIVE$")
