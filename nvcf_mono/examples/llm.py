@@ -122,14 +122,19 @@ def usage(prompt: str, completion: int) -> dict[str, int]:
     return {"prompt_tokens": p, "completion_tokens": completion, "total_tokens": p + completion}
 
 
+def _whole_number(doc: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    """``doc[name]``: None when absent, else a whole number from ``low`` to ``high`` (true and false are not)."""
+    value = doc.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+        raise BadRequest(f"'{name}' must be a whole number from {low} to {high}", name)
+    return value
+
+
 def _max_tokens(doc: dict[str, Any], *names: str) -> int:
     for name in names:
-        value = doc.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TOKENS:
-            raise BadRequest(f"'{name}' must be a whole number from 1 to {MAX_TOKENS}", name)
-        return value
+        value = _whole_number(doc, name, 1, MAX_TOKENS)
+        if value is not None:
+            return value
     return DEFAULT_MAX_TOKENS
 
 
@@ -207,11 +212,10 @@ def _alternatives(token: str, k: int) -> list[str]:
 
 def chat_logprobs(doc: dict[str, Any]) -> int | None:
     """How many alternatives per token a chat call asks for (``top_logprobs``), or None for no logprobs."""
-    wanted, top = doc.get("logprobs"), doc.get("top_logprobs")
+    wanted = doc.get("logprobs")
     if wanted is not None and not isinstance(wanted, bool):
         raise BadRequest("'logprobs' must be true or false", "logprobs")
-    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20):
-        raise BadRequest("'top_logprobs' must be a whole number from 0 to 20", "top_logprobs")
+    top = _whole_number(doc, "top_logprobs", 0, 20)
     if top is not None and not wanted:
         raise BadRequest("'top_logprobs' needs 'logprobs' set to true", "top_logprobs")
     return (top or 0) if wanted else None
@@ -219,10 +223,7 @@ def chat_logprobs(doc: dict[str, Any]) -> int | None:
 
 def completion_logprobs(doc: dict[str, Any]) -> int | None:
     """``logprobs`` of a completions call: how many alternatives per token (0 to 5), or None."""
-    k = doc.get("logprobs")
-    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 5):
-        raise BadRequest("'logprobs' must be a whole number from 0 to 5", "logprobs")
-    return k
+    return _whole_number(doc, "logprobs", 0, 5)
 
 
 def chat_token_logprob(token: str, k: int) -> dict[str, Any]:
@@ -242,9 +243,7 @@ def completion_echo(doc: dict[str, Any]) -> bool:
         raise BadRequest("'echo' must be true or false", "echo")
     if echo and doc.get("logprobs") is not None:
         raise BadRequest("'echo' with 'logprobs' is not supported by this model", "echo")
-    best_of = doc.get("best_of")
-    if best_of is not None and (isinstance(best_of, bool) or not isinstance(best_of, int) or not 1 <= best_of <= 20):
-        raise BadRequest("'best_of' must be a whole number from 1 to 20", "best_of")
+    _whole_number(doc, "best_of", 1, 20)
     if doc.get("suffix") is not None:
         raise BadRequest("'suffix' is not supported by this model", "suffix")
     return bool(echo)
