@@ -43,7 +43,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(RUNTIME_STAMP): pyproject.toml | $(BIN)/python
-	$(call install,-e '.[helm]')
+	$(call install,-e '.[helm,otel]')
 	@touch $@
 
 $(DEV_STAMP): pyproject.toml | $(BIN)/python

@@ -315,7 +315,7 @@ class Host:
             stack.callback(self._stop_infra, infra)
             if s.tracing.otlp_endpoint:
                 tracing.setup(
-                    s.tracing.otlp_endpoint,
+                    [tracing.OtlpTarget.at(s.tracing.otlp_endpoint, "traces")],
                     s.tracing.service_name,
                     sample=s.tracing.sample,
                     export_delay=s.tracing.export_delay,

@@ -1,7 +1,8 @@
 """OpenTelemetry traces of invocations: one span per hop, one trace from the caller to the function.
 
 Off unless an OTLP endpoint is configured (``tracing.otlp_endpoint`` on the host,
-``NVCF_TRACES_ENDPOINT`` in a worker), and then only with the ``otel`` extra installed; switched
+``NVCF_TRACES_ENDPOINT`` in a worker, and a worker's function's traces telemetry), and then only
+with the ``otel`` extra installed; switched
 off, every call here returns at once and nothing of OpenTelemetry is imported.
 
 The spans of one invocation (W3C trace context throughout):
@@ -20,8 +21,10 @@ The tracer is process-wide (like logging's root): one per host or worker process
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+import attrs
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -41,16 +44,30 @@ class TracingUnavailable(RuntimeError):
     """Tracing is configured but OpenTelemetry is not installed."""
 
 
+@attrs.frozen
+class OtlpTarget:
+    """An OTLP/HTTP receiver of one signal: its whole URL, and the headers that authenticate to it."""
+
+    url: str
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+
+    @classmethod
+    def at(cls, endpoint: str, signal: str) -> OtlpTarget:
+        """The receiver of ``signal`` (traces, metrics, logs) of the collector whose base URL is ``endpoint``."""
+        return cls(f"{endpoint.rstrip('/')}/v1/{signal}")
+
+
 def setup(
-    endpoint: str,
+    targets: Sequence[OtlpTarget],
     service_name: str,
     *,
     sample: float = 1.0,
     export_delay: float = 1.0,
     resource: Mapping[str, str] | None = None,
 ) -> None:
-    """Send this process's spans to the OTLP/HTTP collector at ``endpoint`` (until :func:`shutdown`)."""
+    """Send this process's spans to each of ``targets`` (until :func:`shutdown`)."""
     global _tracer, _provider
+    endpoint = ", ".join(t.url for t in targets)
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
@@ -66,8 +83,9 @@ def setup(
         resource=Resource.create({"service.name": service_name, **(resource or {})}),
         sampler=ParentBased(TraceIdRatioBased(sample)),
     )
-    exporter = OTLPSpanExporter(endpoint=endpoint.rstrip("/") + "/v1/traces", timeout=10)
-    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=export_delay * 1000))
+    for target in targets:
+        exporter = OTLPSpanExporter(endpoint=target.url, headers=dict(target.headers), timeout=10)
+        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=export_delay * 1000))
     _provider = provider
     _tracer = provider.get_tracer("nvcf_mono")
 

@@ -23,6 +23,7 @@ from nvcf_mono.models.placement import SpecPlacement
 from nvcf_mono.models.secret import SealedSecrets, StoredRegistryCredential
 from nvcf_mono.models.sharing import AuthorizedParties
 from nvcf_mono.models.task import Task, TaskEvent, TaskResult
+from nvcf_mono.models.telemetry import StoredTelemetry
 from nvcf_mono.structure import WireModel, wire
 
 # ---- specs ----------------------------------------------------------------------------------------
@@ -53,6 +54,7 @@ SECRETS = BucketSpec(
 REGISTRY_CREDENTIALS = BucketSpec(
     name="nvcf_registry_credentials", description="Registry credentials (key: <ncaId>.<credentialId>)."
 )
+TELEMETRIES = BucketSpec(name="nvcf_telemetries", description="Telemetry endpoints (key: <ncaId>.<telemetryId>).")
 AUTHORIZATIONS = BucketSpec(name="nvcf_authorizations", description="Function sharing (key: <fid> or <fid>.<vid>).")
 ASSETS = BucketSpec(name="nvcf_assets", description="Asset metadata (key: <ncaId>.<assetId>).")
 ASSET_CONTENT = ObjectStoreSpec(name="nvcf_assets", description="Asset content (name: <ncaId>/<assetId>).")
@@ -100,6 +102,7 @@ HEARTBEAT = VersionedCodec(ClusterHeartbeat, 1, "cluster heartbeat")
 API_KEY = VersionedCodec(ApiKeyRecord, 1, "api key")
 SEALED_SECRETS = VersionedCodec(SealedSecrets, 1, "secrets")
 REGISTRY_CREDENTIAL = VersionedCodec(StoredRegistryCredential, 1, "registry credential")
+TELEMETRY = VersionedCodec(StoredTelemetry, 1, "telemetry")
 AUTHORIZED_PARTIES = VersionedCodec(AuthorizedParties, 1, "authorized parties")
 ASSET = VersionedCodec(Asset, 1, "asset")
 TASK = VersionedCodec(Task, 1, "task")

@@ -48,6 +48,7 @@ NVCF_FQDN_GRPC_FILE = "NVCF_FQDN_GRPC_FILE"
 NVCF_FQDN_GRPC_TLS = "NVCF_FQDN_GRPC_TLS"
 NVCF_FQDN_GRPC_CA = "NVCF_FQDN_GRPC_CA"
 NVCF_TRACES_ENDPOINT = "NVCF_TRACES_ENDPOINT"
+NVCF_TELEMETRY_EXPORTS = "NVCF_TELEMETRY_EXPORTS"
 NCA_ID = "NCA_ID"
 FUNCTION_ID = "FUNCTION_ID"
 FUNCTION_NAME = "FUNCTION_NAME"
@@ -137,6 +138,14 @@ CONTRACT: tuple[Var, ...] = (
         WORKER,
         "-",
         "OTLP/HTTP collector the worker sends its spans to (the platform's tracing.otlp_endpoint; unset: none).",
+    ),
+    Var(
+        NVCF_TELEMETRY_EXPORTS,
+        CP,
+        WORKER,
+        "-",
+        "The function's telemetries: JSON {traces|metrics|logs: {url, headers}}, the OTLP/HTTP receivers the "
+        "worker sends its spans, the instance's request metrics and its log to (unset: none).",
     ),
     Var(
         NVCF_FQDN_GRPC_FILE,

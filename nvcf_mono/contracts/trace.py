@@ -8,3 +8,10 @@ FUNCTION_VERSION_ID = "nvcf.function_version_id"
 #: Which delivery of the request this is (1 for the first).
 ATTEMPT = "nvcf.attempt"
 INSTANCE_ID = "nvcf.instance_id"
+NCA_ID = "nvcf.nca_id"
+#: A request the instance did not answer (it failed there; another instance may get it).
+OUTCOME = "nvcf.outcome"
+
+# The instance's metrics, as a function's metrics telemetry receives them.
+WORKER_REQUESTS = "nvcf.worker.requests"
+WORKER_REQUEST_DURATION = "nvcf.worker.request.duration"

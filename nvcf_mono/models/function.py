@@ -18,6 +18,7 @@ from nvcf_mono.models.common import (
     name_check,
     url_path,
 )
+from nvcf_mono.models.telemetry import FunctionTelemetries
 from nvcf_mono.structure import WireModel, checked, described, wire
 
 
@@ -198,6 +199,7 @@ class FunctionVersion(WireModel):
     tags: tuple[str, ...] | None = None
     secrets: tuple[str, ...] | None = None
     rate_limit: RateLimit | None = None
+    telemetries: FunctionTelemetries | None = None
     owned_by_different_account: bool | None = None
     active_instances: tuple[InstanceInfo, ...] | None = None
 
@@ -243,10 +245,10 @@ class CreateFunctionRequest(WireModel):
     tags: tuple[str, ...] | None = checked(None, check=tags_check)
     secrets: tuple[NameValue, ...] | None = None
     rate_limit: RateLimit | None = None
+    telemetries: FunctionTelemetries | None = None
     # Accepted in NVCF's schema but not run by this platform: present means a clear 400.
     models: Any = None
     resources: Any = None
-    telemetries: Any = None
     llm_invocation_config: Any = None
 
 

@@ -79,6 +79,7 @@ from nvcf_mono.worker.nats_transport import WorkerSink
 from nvcf_mono.worker.progress import PROGRESS_FILE, ProgressMonitor, ProgressReports
 from nvcf_mono.worker.scratch import Scratch
 from nvcf_mono.worker.slots import Slots
+from nvcf_mono.worker.telemetry import InstanceTelemetry
 
 if TYPE_CHECKING:
     from nvcf_mono.bus.api import Bus, Consumer, Delivery
@@ -226,6 +227,8 @@ class Worker:
         self._warned_left = False
         #: nats transport: requests pulled from JetStream and not settled yet.
         self._held: dict[str, Settlement] = {}
+        #: The function's telemetry endpoints (metrics per request), when it has any (``worker/main.py``).
+        self.telemetry: InstanceTelemetry | None = None
 
     def _outputs_left(self, path: str) -> None:
         """Say once that files a request left in its output directory did not go to its caller."""
@@ -681,55 +684,66 @@ class Worker:
         rid = request.request_id
         received = time.perf_counter()
         reply = _Reply(rid, link.out, held, stop=lambda: self._cancels.get(rid, anyio.CancelScope()).cancel())
-        answer, failed = reply.answer, reply.failed
-
-        def internal_error(detail: str) -> Frame:
-            return problem_frame(rid, attempt, 500, detail, source=WORKER_SERVICE)
-
         try:
-            headers = await self._prepare(request, link, asset_dir=asset_dir, output_dir=output_dir)
-        except _NotPrepared as err:
-            await answer(internal_error(str(err)))
-            return
-        for last_try in (False, True):
-            if not await self._until_healthy(request):
-                await failed(f"the inference server was not healthy: {self.state.inference_detail}")
-                return
+            answer, failed = reply.answer, reply.failed
+
+            def internal_error(detail: str) -> Frame:
+                return problem_frame(rid, attempt, 500, detail, source=WORKER_SERVICE)
+
             try:
-                await self._call_once(
-                    request, attempt, link, headers, output_dir=output_dir, answer=answer, received=received, span=span
-                )
+                headers = await self._prepare(request, link, asset_dir=asset_dir, output_dir=output_dir)
+            except _NotPrepared as err:
+                await answer(internal_error(str(err)))
                 return
-            except InferenceUnreachable as err:
-                # Nothing reached the server: once it is back (restarted), trying again is safe.
-                self._set_health(False, str(err))
-                if last_try:
-                    log.warning("request %s: %s", rid, err)
-                    await failed(str(err))
-            except InferenceCrashed as err:
-                log.warning("request %s: the inference server failed: %s", rid, err)
-                self._set_health(False, f"the inference server failed during a request: {err}")
-                await failed(str(err))
-                return
-            except (BadResponse, TimeoutError) as err:
-                log.warning("request %s: calling the inference server failed: %s", rid, err)
-                if reply.answered:  # part of the answer went out: its node ends it (a 502 mid-response)
-                    await failed(f"the inference server's answer broke off: {type(err).__name__}: {err}")
+            for last_try in (False, True):
+                if not await self._until_healthy(request):
+                    await failed(f"the inference server was not healthy: {self.state.inference_detail}")
                     return
-                detail = "Inference connection error while making inference request"
-                await answer(problem_frame(rid, attempt, 500, detail, source=INFERENCE_CONNECTION))
-                return
-            except _SESSION_GONE:
-                raise
-            except Exception as err:
-                # A fault of the worker's own: this request fails, the session and its other requests go on.
-                log.exception("request %s: the worker failed serving it", rid)
-                reason = f"the worker failed serving the request: {type(err).__name__}: {err}"
-                if reply.answered:
-                    await failed(reason)  # part of the answer went out: another instance tries it whole
-                else:
-                    await answer(internal_error(reason))
-                return
+                try:
+                    await self._call_once(
+                        request,
+                        attempt,
+                        link,
+                        headers,
+                        output_dir=output_dir,
+                        answer=answer,
+                        received=received,
+                        span=span,
+                    )
+                    return
+                except InferenceUnreachable as err:
+                    # Nothing reached the server: once it is back (restarted), trying again is safe.
+                    self._set_health(False, str(err))
+                    if last_try:
+                        log.warning("request %s: %s", rid, err)
+                        await failed(str(err))
+                except InferenceCrashed as err:
+                    log.warning("request %s: the inference server failed: %s", rid, err)
+                    self._set_health(False, f"the inference server failed during a request: {err}")
+                    await failed(str(err))
+                    return
+                except (BadResponse, TimeoutError) as err:
+                    log.warning("request %s: calling the inference server failed: %s", rid, err)
+                    if reply.answered:  # part of the answer went out: its node ends it (a 502 mid-response)
+                        await failed(f"the inference server's answer broke off: {type(err).__name__}: {err}")
+                        return
+                    detail = "Inference connection error while making inference request"
+                    await answer(problem_frame(rid, attempt, 500, detail, source=INFERENCE_CONNECTION))
+                    return
+                except _SESSION_GONE:
+                    raise
+                except Exception as err:
+                    # A fault of the worker's own: this request fails, the session and its other requests go on.
+                    log.exception("request %s: the worker failed serving it", rid)
+                    reason = f"the worker failed serving the request: {type(err).__name__}: {err}"
+                    if reply.answered:
+                        await failed(reason)  # part of the answer went out: another instance tries it whole
+                    else:
+                        await answer(internal_error(reason))
+                    return
+        finally:
+            if self.telemetry is not None:
+                self.telemetry.record(time.perf_counter() - received, reply.status)
 
     async def _call_once(
         self,
@@ -963,8 +977,12 @@ class _Reply:
         self._rid, self._out, self._held, self._stop = rid, out, held, stop
         #: Whether any frame went out (a failure then cannot be a clean answer of its own).
         self.answered = False
+        #: The answer's status (None: not answered, or failed here).
+        self.status: int | None = None
 
     async def answer(self, frame: Frame) -> None:
+        if not self.answered:
+            self.status = frame.status
         self.answered = True
         if self._held is not None:
             # nats transport: straight to the client's node; nobody wants the rest: stop serving it.
@@ -979,6 +997,7 @@ class _Reply:
 
     async def failed(self, reason: str) -> None:
         """Another instance gets it (or the client a 500 after max_deliver attempts)."""
+        self.status = None
         if self._held is not None:
             await self._held.failed(reason)
         else:

@@ -11,6 +11,7 @@ from nvcf_mono.contracts import env
 from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.structure import KEY, Check, StructureError, Text, at_least, checked, in_range, positive, structure
 from nvcf_mono.worker import endpoint
+from nvcf_mono.worker.telemetry import exports_problem
 
 Protocol = Literal["http", "grpc"]
 FunctionType = Literal["DEFAULT", "STREAMING", "LLM"]
@@ -106,6 +107,8 @@ class WorkerConfig:
     grpc_address_file: str | None = contract(env.NVCF_FQDN_GRPC_FILE, None)
     #: The OTLP/HTTP collector this worker sends its spans to (None: no tracing).
     traces_endpoint: str | None = contract(env.NVCF_TRACES_ENDPOINT, None)
+    #: The function's own telemetry receivers (``worker/telemetry.py``).
+    telemetry_exports: str | None = contract(env.NVCF_TELEMETRY_EXPORTS, None, exports_problem)
     # Not from the environment:
     frame_size: int = 256 * 1024
     #: How often a running request's progress file is looked at.

@@ -21,6 +21,7 @@ from nvcf_mono.worker.agent import Worker, WorkerState, fetch_secrets
 from nvcf_mono.worker.config import WorkerConfig
 from nvcf_mono.worker.health import serve_health
 from nvcf_mono.worker.task import TaskConfig, TaskWorker
+from nvcf_mono.worker.telemetry import InstanceTelemetry, targets
 
 log = logging.getLogger("nvcf_mono.worker")
 SECRETS_MODE = 0o640
@@ -51,24 +52,54 @@ class Sidecar(Protocol):
 
 
 async def run_worker(worker: Sidecar, *, secrets: bool) -> None:
-    """Health endpoints, secrets, then serve until drained or cancelled (traced when the platform traces)."""
+    """Health endpoints, secrets, then serve until drained or cancelled (traced when the platform traces,
+    and sending the function's telemetry where it has endpoints).
+    """
     config = worker.config
-    if isinstance(config, WorkerConfig) and config.traces_endpoint:
-        tracing.setup(
-            config.traces_endpoint,
-            "nvcf-mono-worker",
-            resource={
-                "service.instance.id": config.instance_id,
-                trace.FUNCTION_ID: config.function_id,
-                trace.FUNCTION_VERSION_ID: config.function_version_id,
-            },
-        )
+    observed = observe(worker) if isinstance(worker, Worker) else None
     try:
         await _serve(worker, config, secrets=secrets)
     finally:
-        if tracing.enabled():
-            with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            if observed is not None:
+                await anyio.to_thread.run_sync(observed.shutdown)  # the last metrics and log records go out
+            if tracing.enabled():
                 await anyio.to_thread.run_sync(tracing.shutdown)  # what is left goes out
+
+
+def observe(worker: Worker) -> InstanceTelemetry | None:
+    """Tracing to the platform's collector and the function's traces endpoint; the instance's metrics and
+    log to the function's others (given to ``worker``, which records each request).
+
+    Without OpenTelemetry installed, the function's telemetry is not sent and the log says why (the
+    platform's own tracing, configured by its operator, fails the start as it always has).
+    """
+    config = worker.config
+    exports = targets(config.telemetry_exports)
+    traced = [tracing.OtlpTarget.at(config.traces_endpoint, "traces")] if config.traces_endpoint else []
+    if "traces" in exports:
+        traced.append(exports["traces"])
+    resource = {
+        "service.name": "nvcf-mono-worker",
+        "service.instance.id": config.instance_id,
+        trace.FUNCTION_ID: config.function_id,
+        trace.FUNCTION_VERSION_ID: config.function_version_id,
+    }
+    try:
+        if traced:
+            tracing.setup(traced, "nvcf-mono-worker", resource=resource)
+        if "metrics" in exports or "logs" in exports:
+            worker.telemetry = InstanceTelemetry(exports.get("metrics"), exports.get("logs"), resource)
+    except (tracing.TracingUnavailable, ImportError) as err:
+        if config.traces_endpoint:
+            raise
+        log.error(
+            "the function's telemetry (%s) is not sent: OpenTelemetry is not installed beside the worker "
+            "(pip install 'nvcf-mono[otel]'): %s",
+            ", ".join(sorted(exports)),
+            err,
+        )
+    return worker.telemetry
 
 
 async def _serve(worker: Sidecar, config: SidecarConfig, *, secrets: bool) -> None:

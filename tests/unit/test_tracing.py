@@ -23,12 +23,14 @@ def test_switched_off_every_call_is_a_no_op_and_headers_pass_unchanged() -> None
 def test_configured_without_the_sdk_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)  # as if not installed
     with pytest.raises(tracing.TracingUnavailable, match=r"pip install 'nvcf-mono\[otel\]'"):
-        tracing.setup("http://127.0.0.1:4318", "nvcf-mono")
+        tracing.setup([tracing.OtlpTarget.at("http://127.0.0.1:4318", "traces")], "nvcf-mono")
     assert not tracing.enabled()
 
 
 def test_a_span_replaces_the_callers_context_in_the_headers() -> None:
-    tracing.setup("http://127.0.0.1:9", "nvcf-mono", export_delay=60)  # nothing listens: no span is ended
+    tracing.setup(
+        [tracing.OtlpTarget.at("http://127.0.0.1:9", "traces")], "nvcf-mono", export_delay=60
+    )  # nothing listens: no span is ended
     try:
         parent = tracing.extract({"Traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
         span = tracing.start("enqueue", parent=parent, kind="producer")

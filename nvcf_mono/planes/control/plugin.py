@@ -48,6 +48,7 @@ BUCKETS = (
     buckets.CLUSTER_HEALTH,
     buckets.SECRETS,
     buckets.REGISTRY_CREDENTIALS,
+    buckets.TELEMETRIES,
     buckets.AUTHORIZATIONS,
     buckets.ASSETS,
     buckets.LEASES,

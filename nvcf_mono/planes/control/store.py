@@ -28,6 +28,7 @@ from nvcf_mono.models.placement import SpecPlacement
 from nvcf_mono.models.secret import SealedSecrets, StoredRegistryCredential
 from nvcf_mono.models.sharing import AuthorizedParties
 from nvcf_mono.models.task import Task
+from nvcf_mono.models.telemetry import StoredTelemetry
 
 T = TypeVar("T")
 
@@ -105,6 +106,7 @@ class ControlStore:
         self.registry_credentials: Table[StoredRegistryCredential] = table(
             buckets.REGISTRY_CREDENTIALS.name, buckets.REGISTRY_CREDENTIAL
         )
+        self.telemetries: Table[StoredTelemetry] = table(buckets.TELEMETRIES.name, buckets.TELEMETRY)
         self.assets: Table[Asset] = table(buckets.ASSETS.name, buckets.ASSET)
         self.tasks: Table[Task] = table(buckets.TASKS.name, buckets.TASK)
         # Events and results are read on demand (a task's own keys), not mirrored.

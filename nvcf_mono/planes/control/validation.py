@@ -30,7 +30,7 @@ def refuse_unsupported(fields: Iterable[tuple[str, Any]]) -> None:
         if value is not None:
             raise bad(
                 f"'{name}' is not supported by this platform: it runs container and Helm functions without "
-                f"model, resource or telemetry artifacts; remove '{name}' from the request"
+                f"model or resource artifacts; remove '{name}' from the request"
             )
 
 
@@ -132,9 +132,8 @@ def check_helm_artifact(chart: str, args: object, environment: object, allow_loc
 def check_create_function(req: CreateFunctionRequest, *, allow_local_charts: bool = False) -> None:
     """Everything NVCF checks on a new function version that field shapes do not express."""
     refuse_unsupported(
-        (("models", req.models), ("resources", req.resources), ("telemetries", req.telemetries),
-         ("llmInvocationConfig", req.llm_invocation_config))
-    )  # fmt: skip
+        (("models", req.models), ("resources", req.resources), ("llmInvocationConfig", req.llm_invocation_config))
+    )
     if req.function_type is FunctionType.LLM:
         raise bad("functionType 'LLM' is not supported by this platform; use DEFAULT or STREAMING")
     if req.container_image is None and req.helm_chart is None:

@@ -42,6 +42,9 @@ CREDENTIALS = base64.b64encode(
 ).decode()
 
 
+TELEMETRY_AUTH = "Bearer telemetry-token-never-in-the-pod-spec"
+
+
 def message(*, task: bool = False) -> CreationMessage:
     contract = {
         env.INFERENCE_CONTAINER: "nvcr.io/acme/llm:2.1",
@@ -57,6 +60,10 @@ def message(*, task: bool = False) -> CreationMessage:
         env.INSTANCE_TYPE: "ON-PREM.GPU.H100_2x",
         "CONTAINER_REGISTRIES_CREDENTIALS": CREDENTIALS,
     }
+    if not task:
+        contract[env.NVCF_TELEMETRY_EXPORTS] = json.dumps(
+            {"traces": {"url": "https://otel.example.com/v1/traces", "headers": {"Authorization": TELEMETRY_AUTH}}}
+        )
     if task:
         contract |= {env.NVCT_TASK_ID: "task-1", env.NVCT_TASK_NAME: "train", env.NVCT_NCA_ID: "acme"}
     return CreationMessage(
@@ -133,10 +140,16 @@ def test_instance_objects_are_valid_kubernetes_objects(task: bool) -> None:
 
 
 def test_the_worker_token_and_registry_credentials_never_appear_in_the_pod_or_the_request() -> None:
-    request, _, _, pod = objects(False)
+    request, secret, _, pod = objects(False)
     text = json.dumps([request, pod])
     assert "token-never-in-the-pod-spec" not in text
     assert CREDENTIALS not in text
+    # The function's telemetry credentials reach the worker from the instance's Secret.
+    (utils,) = (c for c in pod["spec"]["containers"] if c["name"] == "utils")
+    (ref,) = (e for e in utils["env"] if e["name"] == env.NVCF_TELEMETRY_EXPORTS)
+    key = ref["valueFrom"]["secretKeyRef"]["key"]
+    assert ref["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
+    assert TELEMETRY_AUTH in base64.b64decode(secret["data"][key]).decode()
 
 
 def test_the_pull_secret_keeps_only_the_image_registry() -> None:

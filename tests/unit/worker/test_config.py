@@ -17,6 +17,8 @@ BASE = {
     env.FUNCTION_VERSION_ID: "fvid",
 }
 
+TELEMETRY = '{"traces": {"url": "https://otel.example.com/v1/traces", "headers": {"Authorization": "Bearer t"}}}'
+
 #: variable -> (value, config attribute, expected value of the attribute)
 READS: dict[str, tuple[str, str, Any]] = {
     env.NVCF_WORKER_TOKEN: ("another-token", "worker_token", "another-token"),
@@ -58,6 +60,7 @@ READS: dict[str, tuple[str, str, Any]] = {
     env.NVCF_FQDN_GRPC_CA: ("-----BEGIN CERTIFICATE-----", "grpc_ca", "-----BEGIN CERTIFICATE-----"),
     env.NVCF_FQDN_GRPC_FILE: ("/inst/grpc-address", "grpc_address_file", "/inst/grpc-address"),
     env.NVCF_TRACES_ENDPOINT: ("http://collector:4318", "traces_endpoint", "http://collector:4318"),
+    env.NVCF_TELEMETRY_EXPORTS: (TELEMETRY, "telemetry_exports", TELEMETRY),
 }
 
 
@@ -150,6 +153,7 @@ def test_every_problem_is_listed_at_once() -> None:
         env.INFERENCE_URL: "echo",
         env.BASE_ASSET_DIR: "relative/assets",
         env.BASE_RESPONSE_DIR: "relative/responses",
+        env.NVCF_TELEMETRY_EXPORTS: '{"events": {"url": "https://x"}}',
     }
     with pytest.raises(WorkerConfigError) as caught:
         WorkerConfig.from_env(environ)
@@ -174,6 +178,7 @@ def test_every_problem_is_listed_at_once() -> None:
         "INFERENCE_URL: must be a path starting with '/', got 'echo'",
         "BASE_ASSET_DIR: must be a path starting with '/', got 'relative/assets'",
         "BASE_RESPONSE_DIR: must be a path starting with '/', got 'relative/responses'",
+        "NVCF_TELEMETRY_EXPORTS: must be an object keyed by traces, metrics, logs",
         # Unset, they are the same directories (BASE_*), and say so under their own names.
         "INFERENCE_ASSET_DIR: must be a path starting with '/', got 'relative/assets'",
         "INFERENCE_RESPONSE_DIR: must be a path starting with '/', got 'relative/responses'",

@@ -17,6 +17,7 @@ from nvcf_mono.planes.control.api import (
     sharing,
     stats,
     tasks,
+    telemetries,
     tokens,
 )
 
@@ -29,6 +30,7 @@ ALL = (
     sharing,
     secrets,
     registry_credentials,
+    telemetries,
     assets,
     queues,
     tokens,

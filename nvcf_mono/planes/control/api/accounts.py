@@ -216,6 +216,9 @@ async def purge_account_data(ctl: Control, nca_id: str) -> None:
     for key, _ in ctl.store.registry_credentials.items():
         if key.startswith(prefix):
             await ctl.store.registry_credentials.mutate(key, lambda _: None)
+    for key, _ in ctl.store.telemetries.items():
+        if key.startswith(prefix):
+            await ctl.store.telemetries.mutate(key, lambda _: None)
     if any(key.startswith(prefix) for key, _ in ctl.store.assets.items()):
         content = ctl.bus.objects(buckets.ASSET_CONTENT.name)
         for key, asset in ctl.store.assets.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping
+from typing import Any
 
 from nvcf_mono.auth.tokens import TokenSigner, mint_worker_token
 from nvcf_mono.contracts import env
@@ -20,6 +21,7 @@ from nvcf_mono.models.common import duration_seconds, now_iso
 from nvcf_mono.models.deployment import Deployment, GpuSpec
 from nvcf_mono.models.function import FunctionVersion, HealthProtocol
 from nvcf_mono.models.placement import PlacedInstance
+from nvcf_mono.planes.control.telemetry import function_environment
 
 
 def instance_environment(
@@ -33,8 +35,11 @@ def instance_environment(
     secrets_present: bool,
     pull_credentials: str | None = None,
     chart_credentials: str | None = None,
+    telemetry: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, str]:
-    """The environment contract of a function instance (``contracts/env.py``)."""
+    """The environment contract of a function instance (``contracts/env.py``); ``telemetry``: where the
+    function's telemetry goes (``planes/control/telemetry.py``).
+    """
     health = fv.effective_health()
     port = fv.inference_port or 8000
     values = {
@@ -66,8 +71,10 @@ def instance_environment(
     if fv.container_image is not None:
         values[env.INFERENCE_CONTAINER] = fv.container_image
         values[env.INFERENCE_CONTAINER_ARGS] = fv.container_args or ""
+        # The OpenTelemetry SDK's variables first: one the function sets itself wins.
         values[env.INFERENCE_CONTAINER_ENV] = json.dumps(
-            [{"key": kv.key, "value": kv.value} for kv in fv.container_environment or ()]
+            function_environment(fv, telemetry or {})
+            + [{"key": kv.key, "value": kv.value} for kv in fv.container_environment or ()]
         )
     if fv.helm_chart_service_name is not None:
         values[env.HELM_CHART_INFERENCE_SERVICE_NAME] = fv.helm_chart_service_name
@@ -75,6 +82,10 @@ def instance_environment(
         values[env.CONTAINER_REGISTRIES_CREDENTIALS] = pull_credentials
     if chart_credentials is not None:
         values[env.HELM_REGISTRIES_CREDENTIALS] = chart_credentials
+    if telemetry:
+        values[env.NVCF_TELEMETRY_EXPORTS] = json.dumps(
+            {signal: {"url": t["url"], "headers": t["headers"]} for signal, t in telemetry.items()}
+        )
     return values
 
 
@@ -90,6 +101,7 @@ def creation_message(
     secrets_present: bool,
     pull_credentials: str | None = None,
     chart_credentials: str | None = None,
+    telemetry: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> CreationMessage:
     """``Create.NVCA.Function...`` for one instance."""
     token = mint_worker_token(
@@ -132,6 +144,7 @@ def creation_message(
                 secrets_present=secrets_present,
                 pull_credentials=pull_credentials,
                 chart_credentials=chart_credentials,
+                telemetry=telemetry,
             ),
         ),
     )

@@ -40,6 +40,7 @@ from nvcf_mono.planes.control.registry import (
     pull_credentials_for,
 )
 from nvcf_mono.planes.control.service import forget_deployment, set_status
+from nvcf_mono.planes.control.telemetry import exports_of
 from nvcf_mono.structure import evolve
 
 #: A change-triggered round waits at least this many times the last round's duration.
@@ -339,6 +340,7 @@ class Reconciler:
             else all_pull_credentials(ctl.store, ctl.keyring, fv.nca_id)
         )
         charts = chart_credentials_for(ctl.store, ctl.keyring, fv.nca_id, fv.helm_chart)
+        telemetry = exports_of(ctl.store, ctl.keyring, fv)
         for inst in creations:
             cluster = clusters.get(inst.cluster_id)
             if cluster is None:
@@ -354,6 +356,7 @@ class Reconciler:
                 secrets_present=secrets,
                 pull_credentials=pulls,
                 chart_credentials=charts,
+                telemetry=telemetry,
             )
             subject = subjects.create_subject("Function", cluster.cluster_id, inst.gpu, inst.instance_type)
             await stream.publish(subject, encode(msg), msg_id=inst.request_id)

@@ -42,8 +42,16 @@ SECRETS_DIR = "/var/secrets"
 TASK_DIR = "/var/task"
 SECRET_TOKEN_KEY = "worker-token"
 SECRET_FILE_KEY = "secrets.json"
+SECRET_TELEMETRY_KEY = "telemetry-exports"
 #: Keys of the contract that never reach a pod spec in the clear.
-_SENSITIVE = frozenset({env.NVCF_WORKER_TOKEN, env.CONTAINER_REGISTRIES_CREDENTIALS, env.HELM_REGISTRIES_CREDENTIALS})
+_SENSITIVE = frozenset(
+    {
+        env.NVCF_WORKER_TOKEN,
+        env.CONTAINER_REGISTRIES_CREDENTIALS,
+        env.HELM_REGISTRIES_CREDENTIALS,
+        env.NVCF_TELEMETRY_EXPORTS,
+    }
+)
 MAX_QUEUED_ANNOTATION = kube_labels.MAX_QUEUED_SECONDS
 #: A task's grace period is at least an hour (reference compute-plane §3, container tasks).
 TASK_MIN_GRACE = 3600.0
@@ -222,6 +230,13 @@ def _worker_env(spec: LaunchSpec, settings: KubernetesSettings, ready_timeout: f
             "valueFrom": {"secretKeyRef": {"name": secret_name(spec.instance_id), "key": SECRET_TOKEN_KEY}},
         }
     )
+    if contract.get(env.NVCF_TELEMETRY_EXPORTS):  # the function's telemetry credentials: by reference too
+        out.append(
+            {
+                "name": env.NVCF_TELEMETRY_EXPORTS,
+                "valueFrom": {"secretKeyRef": {"name": secret_name(spec.instance_id), "key": SECRET_TELEMETRY_KEY}},
+            }
+        )
     return out
 
 
@@ -418,9 +433,14 @@ def _utils_container(spec: LaunchSpec, settings: KubernetesSettings, ready_timeo
 def instance_secret(
     spec: LaunchSpec, settings: KubernetesSettings, *, owner: Mapping[str, Any] | None, secrets_json: str | None
 ) -> Manifest:
-    """The instance's own Secret: the worker's token, and the function's or task's secrets (mounted)."""
-    token = spec.message.launch_specification.environment.get(env.NVCF_WORKER_TOKEN, "")
+    """The instance's own Secret: the worker's token, the function's telemetry credentials, and the function's
+    or task's secrets (mounted).
+    """
+    contract = spec.message.launch_specification.environment
+    token = contract.get(env.NVCF_WORKER_TOKEN, "")
     data = {SECRET_TOKEN_KEY: token, SECRET_FILE_KEY: secrets_json if secrets_json is not None else "{}"}
+    if contract.get(env.NVCF_TELEMETRY_EXPORTS):
+        data[SECRET_TELEMETRY_KEY] = contract[env.NVCF_TELEMETRY_EXPORTS]
     return {
         "apiVersion": "v1",
         "kind": "Secret",

@@ -1,0 +1,170 @@
+"""A function's telemetries, end to end: a real instance (local backend) sends its traces, metrics and
+log to the account's endpoint, an OTLP/HTTP receiver on loopback that decodes what it gets as a
+collector would and checks the credential it was given.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from aiohttp import web
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from nvcf_mono.testing.platform import wait_for, wait_status
+
+from .conftest import CLUSTER_A, all_gone, compute_platform, create, deploy, environ_of, function, pids, running, spec
+
+pytestmark = pytest.mark.slow
+TOKEN = "tenant-OTLP-token-7"
+CLIENT_TRACE = "5bf92f3577b34da6a3ce929d0e0e4736"
+
+
+@attrs.define
+class Received:
+    """What the receiver got, by signal; and every Authorization header it was sent."""
+
+    spans: list[dict[str, Any]] = attrs.Factory(list)
+    points: list[dict[str, Any]] = attrs.Factory(list)
+    records: list[dict[str, Any]] = attrs.Factory(list)
+    auth: set[str] = attrs.Factory(set)
+
+
+def _attributes(items: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for a in items:
+        kind = a.value.WhichOneof("value")
+        out[a.key] = getattr(a.value, kind) if kind else None
+    return out
+
+
+@asynccontextmanager
+async def otlp_receiver() -> AsyncIterator[tuple[str, Received]]:
+    """An OTLP/HTTP collector under ``/collector`` on 127.0.0.1 that takes only the tenant's token."""
+    got = Received()
+
+    def traces(body: bytes) -> None:
+        for rs in ExportTraceServiceRequest.FromString(body).resource_spans:
+            resource = _attributes(rs.resource.attributes)
+            for scope in rs.scope_spans:
+                for span in scope.spans:
+                    attributes = _attributes(span.attributes)
+                    got.spans.append(
+                        {"name": span.name, "trace": span.trace_id.hex(), "resource": resource, **attributes}
+                    )
+
+    def metrics(body: bytes) -> None:
+        for rm in ExportMetricsServiceRequest.FromString(body).resource_metrics:
+            resource = _attributes(rm.resource.attributes)
+            for scope in rm.scope_metrics:
+                for metric in scope.metrics:
+                    summed = metric.HasField("sum")
+                    for point in (metric.sum if summed else metric.histogram).data_points:
+                        value = point.as_int if summed else point.count
+                        attributes = _attributes(point.attributes)
+                        got.points.append({"name": metric.name, "value": value, "resource": resource, **attributes})
+
+    def logs(body: bytes) -> None:
+        for rl in ExportLogsServiceRequest.FromString(body).resource_logs:
+            resource = _attributes(rl.resource.attributes)
+            for scope in rl.scope_logs:
+                got.records.extend({"body": r.body.string_value, "resource": resource} for r in scope.log_records)
+
+    def receiver(decode: Callable[[bytes], None]) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def export(request: web.Request) -> web.Response:
+            got.auth.add(request.headers.get("Authorization", ""))
+            if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+                return web.Response(status=401)
+            decode(await request.read())
+            return web.Response(content_type="application/x-protobuf")
+
+        return export
+
+    app = web.Application()
+    for signal, decode in (("traces", traces), ("metrics", metrics), ("logs", logs)):
+        app.router.add_post(f"/collector/v1/{signal}", receiver(decode))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/collector", got
+    finally:
+        await runner.cleanup()
+
+
+async def test_an_instance_sends_its_traces_metrics_and_log_to_the_functions_endpoint(tmp_path: Path) -> None:
+    async with otlp_receiver() as (url, got), compute_platform(tmp_path) as p:
+        made = await p.admin.post(
+            "/v2/nvcf/telemetries",
+            {
+                "endpoint": url,
+                "protocol": "HTTP",
+                "provider": "OTEL_COLLECTOR",
+                "types": ["TRACES", "METRICS", "LOGS"],
+                "secret": {"name": "collector", "value": TOKEN},
+            },
+        )
+        assert made.status == 200, made.body
+        tid = made.json["telemetry"]["telemetryId"]
+        chosen = {"tracesTelemetryId": tid, "metricsTelemetryId": tid, "logsTelemetryId": tid}
+        fid, vid, d = await create(
+            p.admin,
+            function(telemetries=chosen, containerEnvironment=[{"key": "OTEL_SERVICE_NAME", "value": "my-echo"}]),
+        )
+        await deploy(p.admin, d, spec())
+        await wait_status(p.admin, d, "ACTIVE")
+        traceparent = f"00-{CLIENT_TRACE}-00f067aa0ba902b7-01"
+        reply = await p.key.post(
+            f"/v2/nvcf/pexec/functions/{fid}", {"message": "hi"}, headers={"traceparent": traceparent}
+        )
+        assert reply.status == 200, reply.body
+
+        # The function's own SDK is pointed at the endpoint; its own setting wins; the worker's
+        # receivers (with the credential) stay out of the function's environment.
+        (view,) = await running(p.bus, CLUSTER_A)
+        procs = {proc.role: proc.pid for proc in view.instance.processes}
+        inference, worker = environ_of(procs["inference"]), environ_of(procs["worker"])
+        assert inference["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] == f"{url}/v1/traces"
+        assert inference["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"] == f"{url}/v1/metrics"
+        assert inference["OTEL_EXPORTER_OTLP_LOGS_HEADERS"] == f"Authorization=Bearer%20{TOKEN}"
+        assert inference["OTEL_SERVICE_NAME"] == "my-echo"
+        assert "NVCF_TELEMETRY_EXPORTS" not in inference
+        assert set(json.loads(worker["NVCF_TELEMETRY_EXPORTS"])) == {"traces", "metrics", "logs"}
+
+        async def served() -> dict[str, Any] | None:
+            return next((s for s in got.spans if s["name"] == "serve" and s["trace"] == CLIENT_TRACE), None)
+
+        serve = await wait_for(served, timeout=20, what="the worker's serve span at the endpoint")
+        assert serve["resource"]["nvcf.function_id"] == fid and serve["resource"]["service.name"] == "nvcf-mono-worker"
+        assert serve["nvcf.instance_id"] == view.instance.instance_id
+
+        async def logged() -> bool:
+            return any(r["resource"].get("service.instance.id") == view.instance.instance_id for r in got.records)
+
+        await wait_for(logged, timeout=20, what="the worker's log records at the endpoint")
+
+        # The last metrics go out as the worker stops.
+        found = pids([view])
+        assert (await p.admin.delete(d)).status == 200
+        await all_gone(found)
+
+        async def counted() -> list[dict[str, Any]] | None:
+            mine = [
+                point
+                for point in got.points
+                if point["name"] == "nvcf.worker.requests" and point["resource"].get("nvcf.function_version_id") == vid
+            ]
+            return mine or None
+
+        points = await wait_for(counted, timeout=20, what="the instance's request count at the endpoint")
+        assert max(pt["value"] for pt in points if pt.get("http.response.status_code") == 200) == 1
+        assert any(pt["name"] == "nvcf.worker.request.duration" for pt in got.points)
+        assert got.auth == {f"Bearer {TOKEN}"}, "every export carried the tenant's token, and only it"
