@@ -144,8 +144,8 @@ CONTRACT: tuple[Var, ...] = (
         CP,
         WORKER,
         "-",
-        "The function's telemetries: JSON {traces|metrics|logs: {url, headers}}, the OTLP/HTTP receivers the "
-        "worker sends its spans, the instance's request metrics and its log to (unset: none).",
+        "A function's or task's telemetries: JSON {traces|metrics|logs: {url, headers}}, the OTLP/HTTP receivers "
+        "the worker sends its spans, the instance's request metrics and its log to (unset: none).",
     ),
     Var(
         NVCF_FQDN_GRPC_FILE,

@@ -9,6 +9,7 @@ FUNCTION_VERSION_ID = "nvcf.function_version_id"
 ATTEMPT = "nvcf.attempt"
 INSTANCE_ID = "nvcf.instance_id"
 NCA_ID = "nvcf.nca_id"
+TASK_ID = "nvct.task_id"
 #: A request the instance did not answer (it failed there; another instance may get it).
 OUTCOME = "nvcf.outcome"
 

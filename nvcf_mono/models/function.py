@@ -18,7 +18,7 @@ from nvcf_mono.models.common import (
     name_check,
     url_path,
 )
-from nvcf_mono.models.telemetry import FunctionTelemetries
+from nvcf_mono.models.telemetry import TelemetryIds
 from nvcf_mono.structure import WireModel, checked, described, wire
 
 
@@ -199,7 +199,7 @@ class FunctionVersion(WireModel):
     tags: tuple[str, ...] | None = None
     secrets: tuple[str, ...] | None = None
     rate_limit: RateLimit | None = None
-    telemetries: FunctionTelemetries | None = None
+    telemetries: TelemetryIds | None = None
     owned_by_different_account: bool | None = None
     active_instances: tuple[InstanceInfo, ...] | None = None
 
@@ -245,7 +245,7 @@ class CreateFunctionRequest(WireModel):
     tags: tuple[str, ...] | None = checked(None, check=tags_check)
     secrets: tuple[NameValue, ...] | None = None
     rate_limit: RateLimit | None = None
-    telemetries: FunctionTelemetries | None = None
+    telemetries: TelemetryIds | None = None
     # Accepted in NVCF's schema but not run by this platform: present means a clear 400.
     models: Any = None
     resources: Any = None

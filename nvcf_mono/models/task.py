@@ -19,6 +19,7 @@ from nvcf_mono.models.common import (
     max_len,
     name_check,
 )
+from nvcf_mono.models.telemetry import TelemetryIds
 from nvcf_mono.structure import WireModel, checked, wire
 
 
@@ -88,10 +89,10 @@ class CreateTaskRequest(WireModel):
     secrets: tuple[NameValue, ...] | None = None
     tags: tuple[str, ...] | None = checked(None, check=max_items(64))
     description: str | None = checked(None, check=max_len(256))
+    telemetries: TelemetryIds | None = None
     # NVCF's schema has them; this platform does not run them: present means a clear 400.
     models: Any = None
     resources: Any = None
-    telemetries: Any = None
 
 
 @wire
@@ -145,6 +146,7 @@ class Task(WireModel):
     secrets: tuple[str, ...] | None = None
     tags: tuple[str, ...] | None = None
     description: str | None = None
+    telemetries: TelemetryIds | None = None
     percent_complete: int = 0
     last_heartbeat_at: str | None = None
     health_info: TaskHealthInfo | None = None

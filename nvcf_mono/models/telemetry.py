@@ -102,8 +102,8 @@ class TelemetryListResponse(WireModel):
 
 
 @wire
-class FunctionTelemetries(WireModel):
-    """A function version's ``telemetries``: which endpoint gets each kind of its telemetry."""
+class TelemetryIds(WireModel):
+    """A function version's or task's ``telemetries``: which endpoint gets each kind of its telemetry."""
 
     logs_telemetry_id: str | None = None
     metrics_telemetry_id: str | None = None

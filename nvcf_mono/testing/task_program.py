@@ -39,6 +39,7 @@ def main() -> int:
     parser.add_argument("--exit", type=int, default=0)
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--secrets-result", action="store_true", help="write the secrets file's names as a result")
+    parser.add_argument("--otel-result", action="store_true", help="write its OTEL_* variables as a result")
     parser.add_argument("--big-result", type=int, default=0, help="also write big.bin, of this many bytes")
     parser.add_argument("--big-result-first", action="store_true", help="write big.bin before the first step")
     args = parser.parse_args()
@@ -52,6 +53,9 @@ def main() -> int:
     if args.secrets_result:
         names = sorted(json.loads(Path(environ["SECRETS_FILE"]).read_text()))
         (results / "secret-names.json").write_text(json.dumps(names))
+    if args.otel_result:
+        otel = {k: v for k, v in environ.items() if k.startswith("OTEL_")}
+        (results / "otel.json").write_text(json.dumps(otel))
     time.sleep(args.sleep)
     if args.big_result and args.big_result_first:
         (results / "big.bin").write_bytes(b"x" * args.big_result)

@@ -38,6 +38,8 @@ class SidecarConfig(endpoint.Dial, Protocol):
     def secrets_file(self) -> str | None: ...
     @property
     def secrets_refresh(self) -> float: ...
+    @property
+    def telemetry_exports(self) -> str | None: ...
 
 
 class Sidecar(Protocol):
@@ -56,7 +58,7 @@ async def run_worker(worker: Sidecar, *, secrets: bool) -> None:
     and sending the function's telemetry where it has endpoints).
     """
     config = worker.config
-    observed = observe(worker) if isinstance(worker, Worker) else None
+    observed = observe(worker)
     try:
         await _serve(worker, config, secrets=secrets)
     finally:
@@ -67,39 +69,44 @@ async def run_worker(worker: Sidecar, *, secrets: bool) -> None:
                 await anyio.to_thread.run_sync(tracing.shutdown)  # what is left goes out
 
 
-def observe(worker: Worker) -> InstanceTelemetry | None:
-    """Tracing to the platform's collector and the function's traces endpoint; the instance's metrics and
-    log to the function's others (given to ``worker``, which records each request).
+def observe(worker: Sidecar) -> InstanceTelemetry | None:
+    """Tracing to the platform's collector and the workload's traces endpoint; a function instance's
+    request metrics (recorded by its worker) and the worker's log to the workload's other endpoints.
 
-    Without OpenTelemetry installed, the function's telemetry is not sent and the log says why (the
+    Without OpenTelemetry installed, the workload's telemetry is not sent and the log says why (the
     platform's own tracing, configured by its operator, fails the start as it always has).
     """
     config = worker.config
+    resource = {"service.name": "nvcf-mono-worker", "service.instance.id": config.instance_id}
+    traced: list[tracing.OtlpTarget] = []
+    if isinstance(config, WorkerConfig):
+        resource |= {trace.FUNCTION_ID: config.function_id, trace.FUNCTION_VERSION_ID: config.function_version_id}
+        if config.traces_endpoint:
+            traced.append(tracing.OtlpTarget.at(config.traces_endpoint, "traces"))
+    elif isinstance(config, TaskConfig):
+        resource[trace.TASK_ID] = config.task_id
     exports = targets(config.telemetry_exports)
-    traced = [tracing.OtlpTarget.at(config.traces_endpoint, "traces")] if config.traces_endpoint else []
-    if "traces" in exports:
+    if "traces" in exports and isinstance(worker, Worker):  # a task's worker serves no invocations to trace
         traced.append(exports["traces"])
-    resource = {
-        "service.name": "nvcf-mono-worker",
-        "service.instance.id": config.instance_id,
-        trace.FUNCTION_ID: config.function_id,
-        trace.FUNCTION_VERSION_ID: config.function_version_id,
-    }
+    metrics = exports.get("metrics") if isinstance(worker, Worker) else None
+    observed = None
     try:
         if traced:
             tracing.setup(traced, "nvcf-mono-worker", resource=resource)
-        if "metrics" in exports or "logs" in exports:
-            worker.telemetry = InstanceTelemetry(exports.get("metrics"), exports.get("logs"), resource)
+        if metrics is not None or "logs" in exports:
+            observed = InstanceTelemetry(metrics, exports.get("logs"), resource)
     except (tracing.TracingUnavailable, ImportError) as err:
-        if config.traces_endpoint:
+        if isinstance(config, WorkerConfig) and config.traces_endpoint:
             raise
         log.error(
-            "the function's telemetry (%s) is not sent: OpenTelemetry is not installed beside the worker "
+            "the workload's telemetry (%s) is not sent: OpenTelemetry is not installed beside the worker "
             "(pip install 'nvcf-mono[otel]'): %s",
             ", ".join(sorted(exports)),
             err,
         )
-    return worker.telemetry
+    if isinstance(worker, Worker):
+        worker.telemetry = observed
+    return observed
 
 
 async def _serve(worker: Sidecar, config: SidecarConfig, *, secrets: bool) -> None:

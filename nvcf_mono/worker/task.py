@@ -37,6 +37,7 @@ from nvcf_mono.structure import at_least, in_range
 from nvcf_mono.worker import endpoint
 from nvcf_mono.worker.agent import SERVICE, WorkerState
 from nvcf_mono.worker.config import contract, from_contract, host_port
+from nvcf_mono.worker.telemetry import exports_problem
 
 log = logging.getLogger("nvcf_mono.worker.task")
 
@@ -67,6 +68,8 @@ class TaskConfig:
     secrets_refresh: float = contract(env.SECRETS_REFRESH_INTERVAL, 10.0, at_least(0))
     secrets_present: bool = contract(env.FUNCTION_SECRETS_PRESENT, False)
     grpc_address_file: str | None = contract(env.NVCF_FQDN_GRPC_FILE, None)
+    #: The task's own telemetry receivers (``worker/telemetry.py``): its worker sends its log there.
+    telemetry_exports: str | None = contract(env.NVCF_TELEMETRY_EXPORTS, None, exports_problem)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> TaskConfig:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from base64 import b64encode
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -22,10 +22,11 @@ from nvcf_mono.contracts import buckets, trace
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.common import NameValue, is_uuid
 from nvcf_mono.models.function import FunctionVersion
+from nvcf_mono.models.task import TERMINAL, Task
 from nvcf_mono.models.telemetry import (
     EXPORTED,
-    FunctionTelemetries,
     StoredTelemetry,
+    TelemetryIds,
     TelemetryProvider,
     TelemetryType,
 )
@@ -121,7 +122,7 @@ def not_found(nca_id: str, telemetry_id: str) -> ProblemError:
     return ProblemError(404, f"Account '{nca_id}' Telemetry '{telemetry_id}': Not found")
 
 
-async def check_function_telemetries(store: ControlStore, nca_id: str, chosen: FunctionTelemetries | None) -> None:
+async def check_chosen(store: ControlStore, nca_id: str, chosen: TelemetryIds | None) -> None:
     """At least one id; each an endpoint of the account that takes that kind of telemetry."""
     if chosen is None:
         return
@@ -145,15 +146,25 @@ async def check_function_telemetries(store: ControlStore, nca_id: str, chosen: F
             )
 
 
-def users_of(store: ControlStore, nca_id: str, telemetry_id: str) -> list[FunctionVersion]:
-    """The account's function versions that send telemetry to ``telemetry_id``."""
-    return [
-        fv
+def users_of(store: ControlStore, nca_id: str, telemetry_id: str) -> list[str]:
+    """What of the account sends telemetry to ``telemetry_id``: its function versions, and its tasks not
+    yet finished (a finished one sends nothing more).
+    """
+
+    def uses(chosen: TelemetryIds | None) -> bool:
+        return chosen is not None and telemetry_id in (tid for _, tid in chosen.chosen())
+
+    versions = [
+        f"Function id '{fv.id}', version '{fv.version_id}'"
         for fv in store.functions.values()
-        if fv.nca_id == nca_id
-        and fv.telemetries is not None
-        and telemetry_id in (tid for _, tid in fv.telemetries.chosen())
+        if fv.nca_id == nca_id and uses(fv.telemetries)
     ]
+    tasks = [
+        f"Task id '{t.id}' ({t.status.value})"
+        for t in store.tasks.values()
+        if t.nca_id == nca_id and t.status not in TERMINAL and uses(t.telemetries)
+    ]
+    return versions + tasks
 
 
 def _headers(provider: TelemetryProvider, secret: Any) -> dict[str, str]:
@@ -163,15 +174,18 @@ def _headers(provider: TelemetryProvider, secret: Any) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"}
 
 
-def exports_of(store: ControlStore, keyring: Keyring, fv: FunctionVersion) -> dict[str, dict[str, Any]]:
-    """Where each kind of ``fv``'s telemetry goes: ``{"traces": {"url", "headers", "name", "provider"}, ...}``.
+def exports_of(
+    store: ControlStore, keyring: Keyring, nca_id: str, chosen: TelemetryIds | None
+) -> dict[str, dict[str, Any]]:
+    """Where each kind of a version's or task's telemetry goes: ``{"traces": {"url", "headers", "name",
+    "provider"}, ...}``.
 
-    A telemetry deleted or no longer opened with this platform's secret is left out (its function
-    runs without it, and the launch says nothing worse than a missing signal).
+    A telemetry deleted or no longer opened with this platform's secret is left out (the workload runs
+    without it: a missing signal, nothing worse).
     """
     out: dict[str, dict[str, Any]] = {}
-    for kind, tid in fv.telemetries.chosen() if fv.telemetries is not None else ():
-        key = buckets.account_item_key(fv.nca_id, tid)
+    for kind, tid in chosen.chosen() if chosen is not None else ():
+        key = buckets.account_item_key(nca_id, tid)
         stored = store.telemetries.get(key)
         if stored is None or kind not in stored.telemetry.types:
             continue
@@ -189,20 +203,17 @@ def exports_of(store: ControlStore, keyring: Keyring, fv: FunctionVersion) -> di
     return out
 
 
-def function_environment(fv: FunctionVersion, exports: Mapping[str, Mapping[str, Any]]) -> list[dict[str, str]]:
-    """The standard OpenTelemetry SDK variables that send the function's own telemetry where ``exports`` say."""
+def sdk_environment(
+    service: str, attributes: Sequence[tuple[str, str]], exports: Mapping[str, Mapping[str, Any]]
+) -> list[dict[str, str]]:
+    """The standard OpenTelemetry SDK variables that send a workload's own telemetry where ``exports`` say,
+    as ``service`` with resource ``attributes``.
+    """
     if not exports:
         return []
     values = {
-        "OTEL_SERVICE_NAME": fv.name,
-        "OTEL_RESOURCE_ATTRIBUTES": ",".join(
-            f"{k}={quote(v, safe='')}"
-            for k, v in (
-                (trace.FUNCTION_ID, fv.id),
-                (trace.FUNCTION_VERSION_ID, fv.version_id),
-                (trace.NCA_ID, fv.nca_id),
-            )
-        ),
+        "OTEL_SERVICE_NAME": service,
+        "OTEL_RESOURCE_ATTRIBUTES": ",".join(f"{k}={quote(v, safe='')}" for k, v in attributes),
     }
     exporters = {"traces": "OTEL_TRACES_EXPORTER", "metrics": "OTEL_METRICS_EXPORTER", "logs": "OTEL_LOGS_EXPORTER"}
     for signal, variable in exporters.items():
@@ -216,3 +227,19 @@ def function_environment(fv: FunctionVersion, exports: Mapping[str, Mapping[str,
         values[prefix + "PROTOCOL"] = "http/protobuf"
         values[prefix + "HEADERS"] = ",".join(f"{k}={quote(v, safe='')}" for k, v in target["headers"].items())
     return [{"key": k, "value": v} for k, v in values.items()]
+
+
+def function_environment(fv: FunctionVersion, exports: Mapping[str, Mapping[str, Any]]) -> list[dict[str, str]]:
+    """:func:`sdk_environment` for an instance of ``fv``."""
+    ids = ((trace.FUNCTION_ID, fv.id), (trace.FUNCTION_VERSION_ID, fv.version_id), (trace.NCA_ID, fv.nca_id))
+    return sdk_environment(fv.name, ids, exports)
+
+
+def task_environment(task: Task, exports: Mapping[str, Mapping[str, Any]]) -> list[dict[str, str]]:
+    """:func:`sdk_environment` for ``task``'s instance."""
+    return sdk_environment(task.name, ((trace.TASK_ID, task.id), (trace.NCA_ID, task.nca_id)), exports)
+
+
+def worker_exports(exports: Mapping[str, Mapping[str, Any]]) -> str:
+    """``NVCF_TELEMETRY_EXPORTS``: each signal's receiver and credentials, as the worker reads them."""
+    return json.dumps({signal: {"url": t["url"], "headers": t["headers"]} for signal, t in exports.items()})

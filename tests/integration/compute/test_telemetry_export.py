@@ -21,6 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from nvcf_mono.testing.platform import wait_for, wait_status
 
 from .conftest import CLUSTER_A, all_gone, compute_platform, create, deploy, environ_of, function, pids, running, spec
+from .test_tasks_local import finished, get_task, launch, task_body, task_platform
 
 pytestmark = pytest.mark.slow
 TOKEN = "tenant-OTLP-token-7"
@@ -168,3 +169,47 @@ async def test_an_instance_sends_its_traces_metrics_and_log_to_the_functions_end
         assert max(pt["value"] for pt in points if pt.get("http.response.status_code") == 200) == 1
         assert any(pt["name"] == "nvcf.worker.request.duration" for pt in got.points)
         assert got.auth == {f"Bearer {TOKEN}"}, "every export carried the tenant's token, and only it"
+
+
+async def test_a_tasks_worker_log_and_its_programs_sdk_go_to_the_tasks_endpoint(tmp_path: Path) -> None:
+    async with otlp_receiver() as (url, got), task_platform(tmp_path) as (p, _):
+        made = await p.admin.post(
+            "/v2/nvcf/telemetries",
+            {
+                "endpoint": url,
+                "protocol": "HTTP",
+                "provider": "OTEL_COLLECTOR",
+                "types": ["LOGS", "TRACES"],
+                "secret": {"name": "collector", "value": TOKEN},
+            },
+        )
+        assert made.status == 200, made.body
+        tid = made.json["telemetry"]["telemetryId"]
+        chosen = {"logsTelemetryId": tid, "tracesTelemetryId": tid}
+        task_id = await launch(p.admin, task_body("observed", "--steps 100 --otel-result", telemetries=chosen))
+        assert (await get_task(p.admin, task_id))["telemetries"] == chosen
+        # Unfinished (queued a moment ago: its process has yet to start), it holds its endpoint.
+        busy = await p.admin.delete(f"/v2/nvcf/telemetries/{tid}")
+        assert busy.status == 400 and f"in use by Task id '{task_id}'" in busy.detail, busy.body
+        task = await finished(p.admin, task_id)
+        assert task["status"] == "COMPLETED", task
+
+        results = (await p.admin.get(f"/v1/nvct/tasks/{task_id}/results")).json["results"]
+        (otel,) = (r for r in results if r["name"] == "otel.json")
+        content = await p.admin.get(f"/v1/nvct/tasks/{task_id}/results/{otel['resultId']}/content")
+        variables = json.loads(content.body)
+        assert variables["OTEL_EXPORTER_OTLP_LOGS_ENDPOINT"] == f"{url}/v1/logs"
+        assert variables["OTEL_EXPORTER_OTLP_TRACES_HEADERS"] == f"Authorization=Bearer%20{TOKEN}"
+        assert variables["OTEL_METRICS_EXPORTER"] == "none" and variables["OTEL_SERVICE_NAME"] == "observed"
+        assert f"nvct.task_id={task_id}" in variables["OTEL_RESOURCE_ATTRIBUTES"]
+
+        async def uploaded() -> bool:
+            return any(
+                "uploaded result otel.json" in r["body"] and r["resource"].get("nvct.task_id") == task_id
+                for r in got.records
+            )
+
+        await wait_for(uploaded, timeout=20, what="the task worker's log at the endpoint")
+        assert got.auth == {f"Bearer {TOKEN}"}
+        # Finished, the task no longer holds its endpoint.
+        assert (await p.admin.delete(f"/v2/nvcf/telemetries/{tid}")).status == 204

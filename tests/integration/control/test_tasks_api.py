@@ -195,7 +195,7 @@ async def test_launch_validation(tmp_path: Path) -> None:
                 ),
                 ({**TASK, "models": [{"name": "m", "version": "1", "uri": "u"}]}, ("'models' is not supported",)),
                 ({**TASK, "resources": []}, ("'resources' is not supported",)),
-                ({**TASK, "telemetries": {"logsTelemetryId": new_id()}}, ("'telemetries' is not supported",)),
+                ({**TASK, "telemetries": {}}, ("Telemetry object must have at least one UUID specified",)),
                 ({**TASK, "gpuSpecification": {**GPU, "gpu": "B200"}}, ("Invalid GPU 'B200' specified",)),
                 (
                     {**TASK, "gpuSpecification": {**GPU, "instanceType": "ON-PREM.GPU.H100_3x"}},
@@ -218,6 +218,8 @@ async def test_launch_validation(tmp_path: Path) -> None:
             ]
             for body, fragments in cases:
                 assert_problem(await p.admin.post(TASKS, body), 400, *fragments)
+            missing = {**TASK, "telemetries": {"logsTelemetryId": new_id()}}  # not an endpoint of the account
+            assert_problem(await p.admin.post(TASKS, missing), 404, "Telemetry", "Not found")
             assert_problem(await p.admin.post(TASKS, data=b"[1]", headers={"Content-Type": "application/json"}), 400)
             # Nothing was stored by the refused requests.
             assert (await p.admin.get(TASKS)).json["tasks"] == []

@@ -192,7 +192,7 @@ async def test_functions_choose_endpoints_of_the_right_kind_and_keep_them(tmp_pa
             return found if found is not None and len(store.telemetries.values()) == 2 else None
 
         fv = await wait_for(mirrored, what="the store to mirror the function and its telemetries")
-        exports = exports_of(store, keyring, fv)
+        exports = exports_of(store, keyring, fv.nca_id, fv.telemetries)
         assert exports == {
             "traces": {
                 "url": "https://otel.example.com:4318/v1/traces",
@@ -223,7 +223,9 @@ async def test_functions_choose_endpoints_of_the_right_kind_and_keep_them(tmp_pa
         assert put.status == 204, put.body
 
         async def rotated() -> bool:
-            return exports_of(store, keyring, fv)["traces"]["headers"] == {"Authorization": "Bearer rotated-0004"}
+            return exports_of(store, keyring, fv.nca_id, fv.telemetries)["traces"]["headers"] == {
+                "Authorization": "Bearer rotated-0004"
+            }
 
         await wait_for(rotated, what="the rotated secret")
 

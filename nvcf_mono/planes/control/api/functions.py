@@ -30,7 +30,7 @@ from nvcf_mono.planes.control.service import (
     seal_secrets,
     undeploy,
 )
-from nvcf_mono.planes.control.telemetry import check_function_telemetries
+from nvcf_mono.planes.control.telemetry import check_chosen
 from nvcf_mono.planes.control.validation import (
     check_create_function,
     check_rate_limit,
@@ -87,7 +87,7 @@ async def new_version(ctl: Control, call: Call[CreateFunctionRequest], function_
             siblings = [fv for fv in await store.versions_now(function_id) if fv.nca_id == call.account]
             if not siblings:
                 raise not_found(function_id)
-        await check_function_telemetries(store, call.account, req.telemetries)
+        await check_chosen(store, call.account, req.telemetries)
         version_id = new_id()
         key = buckets.version_key(function_id, version_id)
         if secrets:

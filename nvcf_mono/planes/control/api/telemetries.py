@@ -141,7 +141,7 @@ async def get_telemetry(ctl: Control, call: Call[None]) -> TelemetryResponse:
 @routes.route(
     "DELETE",
     BASE + "/{telemetryId}",
-    summary="Delete a telemetry endpoint; 204, or 400 while a function version still sends to it.",
+    summary="Delete a telemetry endpoint; 204, or 400 while a function version or an unfinished task sends to it.",
     tag=TAG,
     scopes=SCOPES,
     errors=(404,),
@@ -156,9 +156,9 @@ async def delete_telemetry(ctl: Control, call: Call[None]) -> None:
             raise ProblemError(
                 400,
                 "; ".join(
-                    f"Telemetry '{tid}': Cannot be deleted as it is in use by Function id '{fv.id}', version "
-                    f"'{fv.version_id}' - Delete the function first to be able to delete the telemetry."
-                    for fv in users
+                    f"Telemetry '{tid}': Cannot be deleted as it is in use by {user} - Delete it (or let the task "
+                    "finish) first to be able to delete the telemetry."
+                    for user in users
                 ),
             )
         await ctl.store.telemetries.delete(key)

@@ -21,7 +21,7 @@ from nvcf_mono.models.common import duration_seconds, now_iso
 from nvcf_mono.models.deployment import Deployment, GpuSpec
 from nvcf_mono.models.function import FunctionVersion, HealthProtocol
 from nvcf_mono.models.placement import PlacedInstance
-from nvcf_mono.planes.control.telemetry import function_environment
+from nvcf_mono.planes.control.telemetry import function_environment, worker_exports
 
 
 def instance_environment(
@@ -83,9 +83,7 @@ def instance_environment(
     if chart_credentials is not None:
         values[env.HELM_REGISTRIES_CREDENTIALS] = chart_credentials
     if telemetry:
-        values[env.NVCF_TELEMETRY_EXPORTS] = json.dumps(
-            {signal: {"url": t["url"], "headers": t["headers"]} for signal, t in telemetry.items()}
-        )
+        values[env.NVCF_TELEMETRY_EXPORTS] = worker_exports(telemetry)
     return values
 
 

@@ -38,6 +38,7 @@ from nvcf_mono.planes.control.catalog import HELM_CAPABILITY, Capacity, candidat
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.registry import all_pull_credentials, chart_credentials_for, pull_credentials_for
 from nvcf_mono.planes.control.tasks.lifecycle import transition
+from nvcf_mono.planes.control.telemetry import exports_of, task_environment, worker_exports
 from nvcf_mono.structure import evolve, structure
 
 
@@ -216,11 +217,16 @@ class TaskScheduler:
             env.BACKEND: cluster.cluster_group_name,
             env.REGION: cluster.region,
         }
+        telemetry = exports_of(ctl.store, ctl.keyring, task.nca_id, task.telemetries)
+        if telemetry:
+            environment[env.NVCF_TELEMETRY_EXPORTS] = worker_exports(telemetry)
         if task.container_image is not None:
             environment[env.INFERENCE_CONTAINER] = task.container_image
             environment[env.INFERENCE_CONTAINER_ARGS] = task.container_args or ""
+            # The OpenTelemetry SDK's variables first: one the task sets itself wins.
             environment[env.INFERENCE_CONTAINER_ENV] = json.dumps(
-                [{"key": kv.key, "value": kv.value} for kv in task.container_environment or ()]
+                task_environment(task, telemetry)
+                + [{"key": kv.key, "value": kv.value} for kv in task.container_environment or ()]
             )
         pulls = (
             pull_credentials_for(ctl.store, ctl.keyring, task.nca_id, task.container_image)

@@ -42,6 +42,7 @@ from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.service import open_secrets, seal_secrets
 from nvcf_mono.planes.control.tasks.lifecycle import first_event, transition
 from nvcf_mono.planes.control.tasks.scheduler import purge_task, spec_of, stop_instance
+from nvcf_mono.planes.control.telemetry import check_chosen
 from nvcf_mono.planes.control.validation import check_helm_artifact, check_secrets, check_workload
 from nvcf_mono.structure import evolve
 
@@ -88,11 +89,11 @@ async def find_task(ctl: Control, principal: Principal, account: str, task_id: s
 
 def refuse_artifacts(req: CreateTaskRequest) -> None:
     """Fields of NVCT's schema this platform does not run: a clear 400, never silently ignored."""
-    for name, value in (("models", req.models), ("resources", req.resources), ("telemetries", req.telemetries)):
+    for name, value in (("models", req.models), ("resources", req.resources)):
         if value is not None:
             raise bad(
-                f"'{name}' is not supported by this platform: tasks run a container image without model, resource "
-                f"or telemetry artifacts; remove '{name}' from the request"
+                f"'{name}' is not supported by this platform: tasks run a container image without model or "
+                f"resource artifacts; remove '{name}' from the request"
             )
 
 
@@ -234,6 +235,7 @@ async def create_task(ctl: Control, principal: Principal, account: str, req: Cre
         "finished ones count until they are deleted or their retention ends); delete tasks no longer needed",
     ):
         await check_unfinished(ctl, account)
+        await check_chosen(ctl.store, account, req.telemetries)
         task_id = new_id()
         if secrets:
             key = buckets.task_secrets_key(task_id)
@@ -259,6 +261,7 @@ async def create_task(ctl: Control, principal: Principal, account: str, req: Cre
             secrets=tuple(sorted(secrets)) or None,
             tags=req.tags,
             description=req.description,
+            telemetries=req.telemetries,
             events=1,
         )
         await ctl.store.tasks.create(task_id, task)

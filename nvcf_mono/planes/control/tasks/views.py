@@ -21,6 +21,7 @@ from nvcf_mono.models.task import (
     TaskResult,
     TaskStatus,
 )
+from nvcf_mono.models.telemetry import TelemetryIds
 from nvcf_mono.structure import WireModel, wire
 
 
@@ -50,6 +51,7 @@ class TaskDto(WireModel):
     secrets: tuple[str, ...] | None = None
     tags: tuple[str, ...] | None = None
     description: str | None = None
+    telemetries: TelemetryIds | None = None
     last_heartbeat_at: str | None = None
     health_info: TaskHealthInfo | None = None
 

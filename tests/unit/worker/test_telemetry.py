@@ -1,0 +1,42 @@
+"""What the worker accepts as a workload's telemetry receivers (``NVCF_TELEMETRY_EXPORTS``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nvcf_mono.tracing import OtlpTarget
+from nvcf_mono.worker.telemetry import exports_problem, targets
+
+GOOD = {
+    "traces": {"url": "https://otel.example.com/v1/traces", "headers": {"Authorization": "Bearer t"}},
+    "logs": {"url": "https://otel.example.com/v1/logs"},
+}
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ("{not json", "must be JSON"),
+        ("[]", "must be an object keyed by traces, metrics, logs"),
+        ('{"profiles": {"url": "https://x"}}', "must be an object keyed by traces, metrics, logs"),
+        ('{"traces": "https://x"}', "traces: must be an object with a url"),
+        ('{"metrics": {"headers": {}}}', "metrics: must be an object with a url"),
+        ('{"logs": {"url": "https://x", "headers": {"a": 1}}}', "logs: headers must be an object of strings"),
+        ('{"logs": {"url": "https://x", "headers": ["a"]}}', "logs: headers must be an object of strings"),
+    ],
+)
+def test_a_malformed_value_is_refused_saying_why(raw: str, problem: str) -> None:
+    found = exports_problem(raw)
+    assert found is not None and found.startswith(problem), found
+
+
+def test_each_signal_gets_its_receiver_and_credentials() -> None:
+    raw = json.dumps(GOOD)
+    assert exports_problem(raw) is None
+    assert targets(raw) == {
+        "traces": OtlpTarget("https://otel.example.com/v1/traces", {"Authorization": "Bearer t"}),
+        "logs": OtlpTarget("https://otel.example.com/v1/logs", {}),
+    }
+    assert targets(None) == {} and targets("") == {}
