@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import attrs
 import pytest
 from aiohttp import web
@@ -213,3 +214,49 @@ async def test_a_tasks_worker_log_and_its_programs_sdk_go_to_the_tasks_endpoint(
         assert got.auth == {f"Bearer {TOKEN}"}
         # Finished, the task no longer holds its endpoint.
         assert (await p.admin.delete(f"/v2/nvcf/telemetries/{tid}")).status == 204
+
+
+async def test_an_endpoint_that_never_answers_costs_the_function_nothing(tmp_path: Path) -> None:
+    """A tenant's collector that takes connections and never replies: calls are answered as ever, and
+    the instance still stops within its grace period (the worker's last exports give up)."""
+    hung = anyio.Event()
+
+    async def never(request: web.Request) -> web.Response:
+        hung.set()
+        await anyio.sleep(3600)
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/v1/{signal}", never)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)  # its requests never end: do not wait for them
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        async with compute_platform(tmp_path) as p:
+            made = await p.admin.post(
+                "/v2/nvcf/telemetries",
+                {
+                    "endpoint": f"http://127.0.0.1:{runner.addresses[0][1]}",
+                    "protocol": "HTTP",
+                    "provider": "OTEL_COLLECTOR",
+                    "types": ["TRACES", "METRICS", "LOGS"],
+                    "secret": {"name": "black-hole", "value": TOKEN},
+                },
+            )
+            tid = made.json["telemetry"]["telemetryId"]
+            chosen = {"tracesTelemetryId": tid, "metricsTelemetryId": tid, "logsTelemetryId": tid}
+            fid, _, d = await create(p.admin, function(telemetries=chosen))
+            await deploy(p.admin, d, spec())
+            await wait_status(p.admin, d, "ACTIVE")
+            for n in range(20):
+                with anyio.fail_after(5):
+                    reply = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": str(n)})
+                assert reply.status == 200 and reply.json["message"] == str(n), reply.body
+            with anyio.fail_after(20):
+                await hung.wait()  # the exports did go out, and hang there
+            found = pids(await running(p.bus, CLUSTER_A))
+            assert (await p.admin.delete(d)).status == 200
+            await all_gone(found, timeout=30)
+    finally:
+        await runner.cleanup()
