@@ -49,6 +49,10 @@ def register(sub: Any) -> None:
     _register_changes(cmds)
 
 
+#: The kinds of telemetry a function sends, each to an endpoint of its own (``--<kind>-telemetry-id``).
+TELEMETRY_KINDS = ("logs", "metrics", "traces")
+
+
 def _register_create(cmds: Any) -> None:
     create = cmds.add_parser(
         "create",
@@ -84,6 +88,9 @@ def _register_create(cmds: Any) -> None:
         "--api-body-format", type=upper, choices=("CUSTOM", "PREDICT_V2"), help="request body format (CUSTOM)"
     )
     _metadata_options(create)
+    telemetry = create.add_argument_group("telemetry endpoints (ids from POST /v2/nvcf/telemetries)")
+    for kind in TELEMETRY_KINDS:
+        telemetry.add_argument(f"--{kind}-telemetry-id", metavar="ID", help=f"where the function's {kind} go")
     create.add_argument("--input-file", metavar="FILE", help="NVCF's function JSON (the POST body)")
     add_api_options(create)
     create.set_defaults(func=_create)
@@ -191,6 +198,12 @@ def _create_body(args: argparse.Namespace, ctx: CliContext) -> dict[str, Any]:
     if args.rate_limit is not None:
         current = body.get("rateLimit")
         body["rateLimit"] = {**(current if isinstance(current, dict) else {}), "rateLimit": args.rate_limit}
+    chosen = {f"{kind}TelemetryId": getattr(args, f"{kind}_telemetry_id") for kind in TELEMETRY_KINDS}
+    if any(chosen.values()):
+        current = body.get("telemetries")
+        body["telemetries"] = {**(current if isinstance(current, dict) else {})} | {
+            k: v for k, v in chosen.items() if v
+        }
     health_flags = {
         "uri": args.health_uri,
         "port": args.health_port,

@@ -202,6 +202,24 @@ async def test_function_create_and_update_from_files_with_env_credentials(tmp_pa
         )  # fmt: skip
         assert json.loads(ok(helm))["function"]["helmChartServiceName"] == "inference-svc"
 
+        # Telemetry endpoints: the file's and the flags' together.
+        tel = await p.admin.post(
+            "/v2/nvcf/telemetries",
+            {
+                "endpoint": "https://otel.example.com",
+                "protocol": "HTTP",
+                "provider": "OTEL_COLLECTOR",
+                "types": ["LOGS", "TRACES"],
+                "secret": {"name": "collector", "value": "token"},
+            },
+        )
+        tid = tel.json["telemetry"]["telemetryId"]
+        body.write_text(json.dumps({**CONTAINER_FUNCTION, "name": "observed", "telemetries": {"logsTelemetryId": tid}}))
+        observed = await cli(
+            "function", "create", "--input-file", str(body), "--traces-telemetry-id", tid, "--json", env=env
+        )  # fmt: skip
+        assert json.loads(ok(observed))["function"]["telemetries"] == {"logsTelemetryId": tid, "tracesTelemetryId": tid}
+
         bad = tmp_path / "bad.json"
         bad.write_text("[1, 2]")
         refused = await cli("function", "create", "--input-file", str(bad), env=env)
