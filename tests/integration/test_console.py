@@ -379,6 +379,7 @@ def _deploy_scenario(base: str, admin_token: str, fid: str, vid: str) -> None:
         # ACTIVE once deployed again (at zero instances).
         page.open(f"/functions/{fid}/versions/{vid}")
         page.text_of("#version-status", "^ACTIVE$")
+        page.text_of("#telemetry", "^traces → collector, logs → collector$")  # its endpoints, by name
         page.click("#undeploy")
         page.accept_confirmation()
         page.text_of("#version-status", "^INACTIVE$")
@@ -403,7 +404,19 @@ def _deploy_scenario(base: str, admin_token: str, fid: str, vid: str) -> None:
 
 async def test_a_function_made_deployed_and_undeployed_from_the_console(tmp_path: Path) -> None:
     async with compute_platform(tmp_path) as p:
-        fid, vid, _ = await create(p.admin, function("echo"))
+        tel = await p.admin.post(
+            "/v2/nvcf/telemetries",
+            {
+                "endpoint": "http://127.0.0.1:9",  # nothing listens: its exports fail, the function is unaffected
+                "protocol": "HTTP",
+                "provider": "OTEL_COLLECTOR",
+                "types": ["LOGS", "TRACES"],
+                "secret": {"name": "collector", "value": "token"},
+            },
+        )
+        tid = tel.json["telemetry"]["telemetryId"]
+        chosen = {"tracesTelemetryId": tid, "logsTelemetryId": tid}
+        fid, vid, _ = await create(p.admin, function("echo", telemetries=chosen))
         base = p.host.endpoints.url.rstrip("/")
         with anyio.fail_after(120):
             await anyio.to_thread.run_sync(_deploy_scenario, base, credentials(p.host)["admin_token"], fid, vid)

@@ -379,7 +379,7 @@ async function versionPage(fid, vid) {
   show(h("h1", {}, fn.name, " ", status),
     h("section", { class: "card" }, kv([["Function id", h("span", { class: "mono" }, fn.id)], ["Version id", h("span", { class: "mono" }, fn.versionId)],
       ["Image", fn.containerImage || fn.helmChart], ["Inference URL", fn.inferenceUrl], ["Created", when(fn.createdAt)],
-      ["Queued now", queue]]), h("div", { class: "row" }, h("span", { class: "spacer" }),
+      ["Telemetry", telemetryOf(fn)], ["Queued now", queue]]), h("div", { class: "row" }, h("span", { class: "spacer" }),
       h("button", { class: "danger", id: "delete-version", onclick: () => deleteVersion(fn) }, "Delete version"))),
     deployment, instances, logs, tryIt(fn), traffic);
   let shownLogs = null;
@@ -411,6 +411,20 @@ async function versionPage(fid, vid) {
   };
   await charts();
   if (live()) every(SLOW_REFRESH_MS, charts);
+}
+
+// Where the version's telemetry goes, kind by kind: the endpoints' names once read (a key without
+// manage_telemetries sees their ids).
+function telemetryOf(fn) {
+  const chosen = fn.telemetries || {};
+  const kinds = ["traces", "metrics", "logs"].filter((k) => chosen[`${k}TelemetryId`]);
+  if (!kinds.length) return "-";
+  const label = (names) => kinds.map((k) => `${k} → ${names[chosen[`${k}TelemetryId`]] || chosen[`${k}TelemetryId`]}`).join(", ");
+  const cell = h("span", { id: "telemetry" }, label({}));
+  get("/v2/nvcf/telemetries").then((doc) => {
+    cell.textContent = label(Object.fromEntries(doc.telemetries.map((t) => [t.telemetryId, t.name])));
+  }).catch(() => { /* ids stay */ });
+  return cell;
 }
 
 async function renderDeployment(card, fn, base) {
