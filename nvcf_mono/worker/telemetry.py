@@ -1,4 +1,4 @@
-"""The function's telemetry endpoints as the worker sends to them (``NVCF_TELEMETRY_EXPORTS``).
+"""A function's or task's telemetry endpoints as the worker sends to them (``NVCF_TELEMETRY_EXPORTS``).
 
 The worker stands in for NVCF's collector sidecar, over OTLP/HTTP: its spans of every invocation go
 to the traces endpoint (through :mod:`nvcf_mono.tracing`), the instance's request count and
@@ -53,7 +53,7 @@ def targets(raw: str | None) -> dict[str, OtlpTarget]:
 
 
 class InstanceTelemetry:
-    """The instance's request metrics and the worker's log records, sent to the function's endpoints."""
+    """The instance's request metrics and the worker's log records, sent to the workload's endpoints."""
 
     def __init__(self, metrics: OtlpTarget | None, logs: OtlpTarget | None, resource: Mapping[str, str]) -> None:
         from opentelemetry.sdk.resources import Resource
