@@ -142,10 +142,11 @@ CONTRACT: tuple[Var, ...] = (
     Var(
         NVCF_TELEMETRY_EXPORTS,
         CP,
-        WORKER,
+        "worker, agent",
         "-",
         "A function's or task's telemetries: JSON {traces|metrics|logs: {url, headers}}, the OTLP/HTTP receivers "
-        "the worker sends its spans, the instance's request metrics and its log to (unset: none).",
+        "the worker sends its spans, the instance's request metrics and its log to, and the agent the "
+        "workload's output (unset: none).",
     ),
     Var(
         NVCF_FQDN_GRPC_FILE,

@@ -8,10 +8,10 @@ from typing import Any, Literal, TypeVar
 import attrs
 
 from nvcf_mono.contracts import env
+from nvcf_mono.contracts.telemetry import exports_problem
 from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.structure import KEY, Check, StructureError, Text, at_least, checked, in_range, positive, structure
 from nvcf_mono.worker import endpoint
-from nvcf_mono.worker.telemetry import exports_problem
 
 Protocol = Literal["http", "grpc"]
 FunctionType = Literal["DEFAULT", "STREAMING", "LLM"]

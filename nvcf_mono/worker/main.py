@@ -15,13 +15,14 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from nvcf_mono import tracing
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.contracts import env, trace
+from nvcf_mono.contracts.telemetry import targets
 from nvcf_mono.state_dir import write_private
 from nvcf_mono.worker import endpoint
 from nvcf_mono.worker.agent import Worker, WorkerState, fetch_secrets
 from nvcf_mono.worker.config import WorkerConfig
 from nvcf_mono.worker.health import serve_health
 from nvcf_mono.worker.task import TaskConfig, TaskWorker
-from nvcf_mono.worker.telemetry import InstanceTelemetry, targets
+from nvcf_mono.worker.telemetry import InstanceTelemetry
 
 log = logging.getLogger("nvcf_mono.worker")
 SECRETS_MODE = 0o640

@@ -23,6 +23,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.contracts import env
+from nvcf_mono.contracts.telemetry import exports_problem
 from nvcf_mono.grpc.uploads import upload
 from nvcf_mono.models.common import now_iso
 from nvcf_mono.proto.gen.nvcf.worker.v1 import (
@@ -37,7 +38,6 @@ from nvcf_mono.structure import at_least, in_range
 from nvcf_mono.worker import endpoint
 from nvcf_mono.worker.agent import SERVICE, WorkerState
 from nvcf_mono.worker.config import contract, from_contract, host_port
-from nvcf_mono.worker.telemetry import exports_problem
 
 log = logging.getLogger("nvcf_mono.worker.task")
 

@@ -8,7 +8,6 @@ endpoint. Everything here needs the ``otel`` extra; the entrypoint says so and s
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -20,36 +19,8 @@ if TYPE_CHECKING:
     from opentelemetry.sdk._logs import LoggerProvider, LoggingHandler
     from opentelemetry.sdk.metrics import MeterProvider
 
-SIGNALS = ("traces", "metrics", "logs")
 #: Seconds between sends of the instance's request metrics (and once more when the worker stops).
 METRICS_INTERVAL = 30.0
-
-
-def exports_problem(raw: str) -> str | None:
-    """Why ``raw`` is not ``{"traces"|"metrics"|"logs": {"url", "headers"}}``, or None."""
-    try:
-        parsed = json.loads(raw)
-    except ValueError as err:
-        return f"must be JSON: {err}"
-    if not isinstance(parsed, dict) or not set(parsed) <= set(SIGNALS):
-        return f"must be an object keyed by {', '.join(SIGNALS)}"
-    for signal, target in parsed.items():
-        if not isinstance(target, dict) or not isinstance(target.get("url"), str):
-            return f"{signal}: must be an object with a url"
-        headers = target.get("headers", {})
-        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
-            return f"{signal}: headers must be an object of strings"
-    return None
-
-
-def targets(raw: str | None) -> dict[str, OtlpTarget]:
-    """Each signal's receiver (``raw`` checked by :func:`exports_problem` when the worker read it)."""
-    if not raw:
-        return {}
-    return {
-        signal: OtlpTarget(url=value["url"], headers=dict(value.get("headers", {})))
-        for signal, value in json.loads(raw).items()
-    }
 
 
 class InstanceTelemetry:

@@ -1,11 +1,13 @@
 """Telemetry endpoints: the checks the API makes, the functions using one, and what an instance exports to.
 
-An instance's telemetry goes out over OTLP/HTTP (as NVCF's collector sends it), by two routes:
+An instance's telemetry goes out over OTLP/HTTP (as NVCF's collector sends it), by three routes:
 
 - the function's own OpenTelemetry SDK, through the standard ``OTEL_EXPORTER_OTLP_<SIGNAL>_*``
   variables the platform puts in its environment (a variable the function sets itself wins);
 - the worker beside it, which sends its spans of every invocation (the function's spans join them
-  through ``traceparent``) and the instance's request metrics (``worker/telemetry.py``).
+  through ``traceparent``), the instance's request metrics and its own log (``worker/telemetry.py``);
+- the cluster agent (local and containers backends), which sends what the workload prints
+  (``planes/compute/log_shipping.py``).
 """
 
 from __future__ import annotations

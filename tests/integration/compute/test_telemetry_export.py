@@ -153,6 +153,21 @@ async def test_an_instance_sends_its_traces_metrics_and_log_to_the_functions_end
 
         await wait_for(logged, timeout=20, what="the worker's log records at the endpoint")
 
+        # The server's own output (stdout and stderr), line by line, as the function's.
+        output = (Path(view.instance.directory or "") / "inference.log").read_text().splitlines()
+        first = next(line for line in output if line.strip())
+
+        async def shipped() -> bool:
+            return any(
+                r["body"] == first
+                and r["resource"].get("service.name") == "echo"
+                and r["resource"].get("nvcf.function_id") == fid
+                and r["resource"].get("service.instance.id") == view.instance.instance_id
+                for r in got.records
+            )
+
+        await wait_for(shipped, timeout=20, what=f"the server's output line {first!r} at the endpoint")
+
         # The last metrics go out as the worker stops.
         found = pids([view])
         assert (await p.admin.delete(d)).status == 200
@@ -211,6 +226,13 @@ async def test_a_tasks_worker_log_and_its_programs_sdk_go_to_the_tasks_endpoint(
             )
 
         await wait_for(uploaded, timeout=20, what="the task worker's log at the endpoint")
+
+        async def printed() -> bool:  # what the program printed, sent as it ended
+            return any(
+                r["body"] == "progress 100" and r["resource"].get("nvct.task_id") == task_id for r in got.records
+            )
+
+        await wait_for(printed, timeout=20, what="the task program's output at the endpoint")
         assert got.auth == {f"Bearer {TOKEN}"}
         # Finished, the task no longer holds its endpoint.
         assert (await p.admin.delete(f"/v2/nvcf/telemetries/{tid}")).status == 204

@@ -36,7 +36,8 @@ BASE = "/v2/nvcf/telemetries"
 SCOPES = (S.MANAGE_TELEMETRIES,)
 EXPORT_NOTE = (
     "Telemetry goes out over OTLP/HTTP to <endpoint>/v1/traces, /v1/metrics and /v1/logs: the worker's "
-    "spans of each invocation and the instance's request metrics, and whatever the function's own "
+    "spans of each invocation, the instance's request metrics and log, what the function prints (local and "
+    "containers backends), and whatever the function's own "
     "OpenTelemetry SDK sends (its OTEL_EXPORTER_OTLP_* variables are set). Instances started from then "
     "on use a changed secret."
 )

@@ -23,10 +23,12 @@ from typing import final
 import aiohttp
 import anyio
 import attrs
+from anyio.abc import TaskGroup
 
 from nvcf_mono.contracts import env, states
 from nvcf_mono.contracts.agent import AgentInstance, AgentLog, AgentProcess
 from nvcf_mono.contracts.messages import CreationMessage
+from nvcf_mono.contracts.telemetry import exports_problem, targets
 from nvcf_mono.models.common import duration_seconds
 from nvcf_mono.planes.compute import workload
 from nvcf_mono.planes.compute.backends import BackendContext, ClusterFacts, LaunchSpec, WorkerEndpoint
@@ -44,6 +46,7 @@ from nvcf_mono.planes.compute.backends.local.users import InstanceUsers, Slot, r
 from nvcf_mono.planes.compute.config import HealthSettings, Image, LocalSettings
 from nvcf_mono.planes.compute.gpus import Inventory
 from nvcf_mono.planes.compute.health import Completion, LaunchFailure, Observation
+from nvcf_mono.planes.compute.log_shipping import LogShipper, resource_of
 from nvcf_mono.plugin import PluginConfigError
 from nvcf_mono.ports import spare_port
 from nvcf_mono.state_dir import write_private
@@ -150,10 +153,17 @@ class LocalBackend:
         self._http: aiohttp.ClientSession | None = None
         #: Instances started or taken over and not released yet.
         self._held: dict[str, LocalInstance] = {}
+        self._shipping: TaskGroup | None = None
+        self._shipper: LogShipper | None = None
 
     async def __aenter__(self) -> LocalBackend:
         self._announce()
         self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
+        # The instances' output to their logs endpoints: a task group held from here to __aexit__.
+        self._shipping = anyio.create_task_group()
+        await self._shipping.__aenter__()
+        self._shipper = LogShipper(self._http, self._log)
+        await self._shipping.start(self._shipper.run)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -163,6 +173,10 @@ class LocalBackend:
                 proc.detach()
         self._held.clear()
         self._users.let_go()  # their running processes keep their users from others until the next agent
+        if self._shipping is not None:
+            self._shipping.cancel_scope.cancel()
+            await self._shipping.__aexit__(None, None, None)
+            self._shipping = self._shipper = None
         if self._http is not None:
             with anyio.move_on_after(2, shield=True):
                 await self._http.close()
@@ -283,10 +297,20 @@ class LocalBackend:
                 inst.secrets_wait = time.monotonic()  # the server starts once the worker wrote the secrets
             else:
                 await self._spawn(inst, INFERENCE)
+            self._ship_output(inst, from_end=False)
         except LaunchError as err:
             inst.failure = err.failure
             self._log.info("instance %s cannot start: %s", inst.instance_id, err.failure.detail)
         return inst
+
+    def _ship_output(self, inst: LocalInstance, *, from_end: bool) -> None:
+        """Send the instance's output to its function's or task's logs endpoint, when it chose one."""
+        contract = inst.envs.get(WORKER, {})
+        raw = contract.get(env.NVCF_TELEMETRY_EXPORTS)
+        target = targets(raw).get("logs") if raw and exports_problem(raw) is None else None
+        if target is not None and self._shipper is not None:
+            resource = resource_of(contract, inst.instance_id)
+            self._shipper.watch(inst.instance_id, inst.log_path(INFERENCE), target, resource, from_end=from_end)
 
     async def adopt(self, spec: LaunchSpec, recorded: AgentInstance) -> LocalInstance:
         inst = self._new_instance(spec, recorded.port, recorded.health_port)
@@ -318,6 +342,7 @@ class LocalBackend:
             inst.exited_role = missing[0]
             for role in missing:
                 inst.due[role] = time.monotonic()
+        self._ship_output(inst, from_end=True)  # the agent before this one sent what was written until now
         return inst
 
     async def _take_over(self, inst: LocalInstance, rec: AgentProcess) -> Proc | None:
@@ -587,6 +612,8 @@ class LocalBackend:
     async def release(self, handle: object) -> None:
         inst = _local(handle)
         self._held.pop(inst.instance_id, None)
+        if self._shipper is not None:
+            self._shipper.forget(inst.instance_id)
         # Every child is reaped here, not left a zombie; one still running (stopped without a stop, or
         # slower than its SIGKILL) is killed with its group first and waited for a moment.
         running = [proc for proc in inst.spawned if proc.poll()]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from nvcf_mono.contracts.telemetry import exports_problem, targets
 from nvcf_mono.tracing import OtlpTarget
-from nvcf_mono.worker.telemetry import exports_problem, targets
 
 GOOD = {
     "traces": {"url": "https://otel.example.com/v1/traces", "headers": {"Authorization": "Bearer t"}},

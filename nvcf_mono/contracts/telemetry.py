@@ -1,0 +1,38 @@
+"""``NVCF_TELEMETRY_EXPORTS``: where a workload's telemetry goes, as the control plane writes it for an
+instance and its worker (and, for a workload's output, its agent) read it.
+"""
+
+from __future__ import annotations
+
+import json
+
+from nvcf_mono.tracing import OtlpTarget
+
+SIGNALS = ("traces", "metrics", "logs")
+
+
+def exports_problem(raw: str) -> str | None:
+    """Why ``raw`` is not ``{"traces"|"metrics"|"logs": {"url", "headers"}}``, or None."""
+    try:
+        parsed = json.loads(raw)
+    except ValueError as err:
+        return f"must be JSON: {err}"
+    if not isinstance(parsed, dict) or not set(parsed) <= set(SIGNALS):
+        return f"must be an object keyed by {', '.join(SIGNALS)}"
+    for signal, target in parsed.items():
+        if not isinstance(target, dict) or not isinstance(target.get("url"), str):
+            return f"{signal}: must be an object with a url"
+        headers = target.get("headers", {})
+        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+            return f"{signal}: headers must be an object of strings"
+    return None
+
+
+def targets(raw: str | None) -> dict[str, OtlpTarget]:
+    """Each signal's receiver (``raw`` checked by :func:`exports_problem` when the worker read it)."""
+    if not raw:
+        return {}
+    return {
+        signal: OtlpTarget(url=value["url"], headers=dict(value.get("headers", {})))
+        for signal, value in json.loads(raw).items()
+    }

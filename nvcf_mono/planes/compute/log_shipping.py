@@ -1,0 +1,189 @@
+"""What a workload writes to stdout and stderr, sent to its logs telemetry endpoint (OTLP/HTTP).
+
+The local and containers backends keep an instance's output in its ``inference.log``; for an
+instance whose function or task chose a logs endpoint, one task per instance reads that file from
+where it left off (at most :data:`MAX_READ` a round, complete lines) and posts the lines as OTLP log
+records. The file is the buffer: an endpoint that is slow or down holds back only its own
+instance's lines (nothing gathers in memory), and each failed post is dropped and said once a
+minute in the agent's log. A released instance gets a last round for what it wrote before it ended.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import attrs
+from anyio.abc import TaskGroup, TaskStatus
+
+from nvcf_mono.contracts import env, trace
+from nvcf_mono.tracing import OtlpTarget
+
+#: Bytes of a log read and sent per round; a line longer than this goes out in pieces.
+MAX_READ = 256 * 1024
+#: Seconds between rounds, and the most one post may take.
+INTERVAL = 1.0
+POST_TIMEOUT = 5.0
+#: Seconds between two warnings about one instance's failing posts.
+WARN_EVERY = 60.0
+
+
+def _have_proto() -> bool:
+    try:
+        return importlib.util.find_spec("opentelemetry.proto") is not None
+    except ModuleNotFoundError:  # no opentelemetry package at all
+        return False
+
+
+def resource_of(contract: Mapping[str, str], instance_id: str) -> dict[str, str]:
+    """What the records say they come from: the function's or task's name and ids, and the instance."""
+    resource = {"service.name": contract.get(env.FUNCTION_NAME) or contract.get(env.NVCT_TASK_NAME) or "workload"}
+    for key, variable in (
+        (trace.FUNCTION_ID, env.FUNCTION_ID),
+        (trace.FUNCTION_VERSION_ID, env.FUNCTION_VERSION_ID),
+        (trace.TASK_ID, env.NVCT_TASK_ID),
+        (trace.NCA_ID, env.NCA_ID),
+    ):
+        if contract.get(variable):
+            resource[key] = contract[variable]
+    resource["service.instance.id"] = instance_id
+    return resource
+
+
+@attrs.define
+class _Watched:
+    instance_id: str
+    path: Path
+    target: OtlpTarget
+    resource: dict[str, str]
+    offset: int
+    done: anyio.Event = attrs.Factory(anyio.Event)
+    warned_at: float = -WARN_EVERY
+
+
+def read_lines(path: Path, offset: int) -> tuple[list[str], int]:
+    """The complete lines from ``offset`` on (up to :data:`MAX_READ` bytes) and the offset after them.
+
+    A file shorter than ``offset`` was truncated or replaced: read from its start.
+    """
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            if size < offset:
+                offset = 0
+            f.seek(offset)
+            chunk = f.read(MAX_READ)
+    except OSError:
+        return [], offset
+    end = chunk.rfind(b"\n") + 1
+    if end == 0 and len(chunk) < MAX_READ:
+        return [], offset  # a line still being written
+    taken = chunk[:end] if end else chunk
+    lines = [line.decode(errors="replace") for line in taken.splitlines()]
+    return [line for line in lines if line.strip()], offset + len(taken)
+
+
+def encode(lines: list[str], resource: Mapping[str, str]) -> bytes:
+    """An OTLP ``ExportLogsServiceRequest`` of ``lines``, stamped now."""
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+    now = time.time_ns()
+    records = [LogRecord(time_unix_nano=now, observed_time_unix_nano=now, body=AnyValue(string_value=s)) for s in lines]
+    attributes = [KeyValue(key=k, value=AnyValue(string_value=v)) for k, v in resource.items()]
+    body = ExportLogsServiceRequest(
+        resource_logs=[
+            ResourceLogs(resource=Resource(attributes=attributes), scope_logs=[ScopeLogs(log_records=records)])
+        ]
+    )
+    return bytes(body.SerializeToString())
+
+
+class LogShipper:
+    """One task per watched instance, in the task group :meth:`run` holds."""
+
+    def __init__(self, http: aiohttp.ClientSession, log: logging.Logger) -> None:
+        self._http = http
+        self._log = log
+        self._tg: TaskGroup | None = None
+        self._watched: dict[str, _Watched] = {}
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            task_status.started()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self._tg = None
+
+    def watch(
+        self, instance_id: str, path: Path, target: OtlpTarget, resource: Mapping[str, str], *, from_end: bool
+    ) -> None:
+        """Send ``path``'s new lines to ``target`` (``from_end``: only what is written from now on, for an
+        instance taken over from an agent that may have sent the rest).
+        """
+        if self._tg is None or instance_id in self._watched:
+            return
+        if not _have_proto():
+            self._log.warning("instance %s: its output is not sent: OpenTelemetry is not installed", instance_id)
+            return
+        try:
+            offset = path.stat().st_size if from_end else 0
+        except OSError:
+            offset = 0
+        watched = _Watched(instance_id=instance_id, path=path, target=target, resource=dict(resource), offset=offset)
+        self._watched[instance_id] = watched
+        self._tg.start_soon(self._ship, watched, name=f"log shipping {instance_id}")
+
+    def forget(self, instance_id: str) -> None:
+        """Stop after one last round (what the instance wrote before it ended goes out)."""
+        watched = self._watched.pop(instance_id, None)
+        if watched is not None:
+            watched.done.set()
+
+    async def _ship(self, w: _Watched) -> None:
+        try:
+            while True:
+                with anyio.move_on_after(INTERVAL):
+                    await w.done.wait()
+                last = w.done.is_set()
+                while True:  # everything there now, a read at a time
+                    lines, w.offset = await anyio.to_thread.run_sync(read_lines, w.path, w.offset)
+                    if not lines:
+                        break
+                    await self._post(w, lines)
+                if last:
+                    return
+        except Exception:  # a fault here ends this instance's shipping, never the agent
+            self._log.exception("instance %s: sending its output to its logs endpoint stopped", w.instance_id)
+        finally:
+            if self._watched.get(w.instance_id) is w:
+                del self._watched[w.instance_id]
+
+    async def _post(self, w: _Watched, lines: list[str]) -> None:
+        headers = {**w.target.headers, "Content-Type": "application/x-protobuf"}
+        try:
+            with anyio.fail_after(POST_TIMEOUT):
+                async with self._http.post(w.target.url, data=encode(lines, w.resource), headers=headers) as resp:
+                    await resp.read()
+                    problem: Any = None if resp.status < 300 else f"HTTP {resp.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as err:
+            problem = f"{type(err).__name__}: {err}"
+        if problem is not None and time.monotonic() - w.warned_at >= WARN_EVERY:
+            w.warned_at = time.monotonic()
+            self._log.warning(
+                "instance %s: its output could not be sent to its logs endpoint %s (%d lines dropped): %s",
+                w.instance_id,
+                w.target.url,
+                len(lines),
+                problem,
+            )
