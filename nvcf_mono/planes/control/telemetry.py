@@ -13,6 +13,7 @@ An instance's telemetry goes out over OTLP/HTTP (as NVCF's collector sends it), 
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import json
 from base64 import b64encode
 from collections.abc import Iterable, Mapping, Sequence
@@ -54,6 +55,13 @@ def endpoint_problem(endpoint: str) -> str | None:
         )
     if parts.query or parts.fragment or parts.username is not None:
         return f"endpoint {endpoint!r} must not carry a query, fragment or user name (the secret holds credentials)"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None  # a name
+    if address.is_link_local or address.is_unspecified or address.is_multicast:
+        # No collector lives there; a cloud's instance metadata service does (exports leave from the host).
+        return f"endpoint {endpoint!r}: {address} is a link-local, unspecified or multicast address"
     return None
 
 
