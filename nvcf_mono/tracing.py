@@ -21,6 +21,7 @@ The tracer is process-wide (like logging's root): one per host or worker process
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +97,16 @@ def shutdown() -> None:
     provider, _provider, _tracer = _provider, None, None
     if provider is not None:
         provider.shutdown()
+
+
+def installed() -> bool:
+    """Whether the ``otel`` extra is installed: the SDK, its OTLP/HTTP exporters and the OTLP protobuf types
+    (looked up, not imported).
+    """
+    try:
+        return importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is not None
+    except ModuleNotFoundError:  # no opentelemetry package at all
+        return False
 
 
 def enabled() -> bool:

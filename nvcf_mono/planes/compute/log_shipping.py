@@ -10,7 +10,6 @@ minute in the agent's log. A released instance gets a last round for what it wro
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import time
 from collections.abc import Mapping
@@ -22,8 +21,8 @@ import anyio
 import attrs
 from anyio.abc import TaskGroup, TaskStatus
 
+from nvcf_mono import tracing
 from nvcf_mono.contracts import env, trace
-from nvcf_mono.tracing import OtlpTarget
 
 #: Bytes of a log read and sent per round; a line longer than this goes out in pieces.
 MAX_READ = 256 * 1024
@@ -32,13 +31,6 @@ INTERVAL = 1.0
 POST_TIMEOUT = 5.0
 #: Seconds between two warnings about one instance's failing posts.
 WARN_EVERY = 60.0
-
-
-def _have_proto() -> bool:
-    try:
-        return importlib.util.find_spec("opentelemetry.proto") is not None
-    except ModuleNotFoundError:  # no opentelemetry package at all
-        return False
 
 
 def resource_of(contract: Mapping[str, str], instance_id: str) -> dict[str, str]:
@@ -60,7 +52,7 @@ def resource_of(contract: Mapping[str, str], instance_id: str) -> dict[str, str]
 class _Watched:
     instance_id: str
     path: Path
-    target: OtlpTarget
+    target: tracing.OtlpTarget
     resource: dict[str, str]
     offset: int
     done: anyio.Event = attrs.Factory(anyio.Event)
@@ -126,14 +118,14 @@ class LogShipper:
                 self._tg = None
 
     def watch(
-        self, instance_id: str, path: Path, target: OtlpTarget, resource: Mapping[str, str], *, from_end: bool
+        self, instance_id: str, path: Path, target: tracing.OtlpTarget, resource: Mapping[str, str], *, from_end: bool
     ) -> None:
         """Send ``path``'s new lines to ``target`` (``from_end``: only what is written from now on, for an
         instance taken over from an agent that may have sent the rest).
         """
         if self._tg is None or instance_id in self._watched:
             return
-        if not _have_proto():
+        if not tracing.installed():
             self._log.warning("instance %s: its output is not sent: OpenTelemetry is not installed", instance_id)
             return
         try:

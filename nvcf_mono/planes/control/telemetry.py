@@ -12,7 +12,6 @@ An instance's telemetry goes out over OTLP/HTTP (as NVCF's collector sends it), 
 
 from __future__ import annotations
 
-import importlib.util
 import ipaddress
 import json
 from base64 import b64encode
@@ -20,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from nvcf_mono import tracing
 from nvcf_mono.auth.secret import Keyring
 from nvcf_mono.contracts import buckets, trace
 from nvcf_mono.http.problem import ProblemError
@@ -67,11 +67,7 @@ def endpoint_problem(endpoint: str) -> str | None:
 
 def export_problem() -> str | None:
     """Why this platform cannot send telemetry at all, or None (its workers run from the same install)."""
-    try:
-        found = importlib.util.find_spec("opentelemetry.exporter.otlp.proto.http") is not None
-    except ModuleNotFoundError:
-        found = False
-    if found:
+    if tracing.installed():
         return None
     return (
         "this platform cannot send telemetry: OpenTelemetry is not installed (its operator installs it with "
