@@ -42,8 +42,10 @@ $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "nvcf-mono needs Python 3.11 or newer; set PYTHON=python3.11")'
 	$(PYTHON) -m venv $(VENV)
 
+# A comma inside $(call ...) would split its argument: extras go through a variable.
+RUNTIME_EXTRAS := .[helm,otel]
 $(RUNTIME_STAMP): pyproject.toml | $(BIN)/python
-	$(call install,-e '.[helm,otel]')
+	$(call install,-e '$(RUNTIME_EXTRAS)')
 	@touch $@
 
 $(DEV_STAMP): pyproject.toml | $(BIN)/python
@@ -84,7 +86,6 @@ proto-check: $(DEV_STAMP)
 reference: $(RUNTIME_STAMP)
 	$(BIN)/nvcf-mono config reference > config/reference.yaml
 
-# A comma inside $(call ...) would split its argument: the extras go through a variable.
 BENCH_EXTRAS := .[test,bench]
 $(BENCH_STAMP): $(DEV_STAMP)
 	$(call install,-e '$(BENCH_EXTRAS)')
