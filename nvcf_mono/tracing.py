@@ -47,10 +47,24 @@ class TracingUnavailable(RuntimeError):
 
 @attrs.frozen
 class OtlpTarget:
-    """An OTLP/HTTP receiver of one signal: its whole URL, and the headers that authenticate to it."""
+    """An OTLP/HTTP receiver of one signal: its whole URL, and the headers that authenticate to it.
+
+    ``networks``: a tenant's endpoint, reached only at public addresses and in these networks
+    (:mod:`nvcf_mono.contracts.egress`); None for the operator's own collector.
+    """
 
     url: str
     headers: Mapping[str, str] = attrs.field(factory=dict)
+    networks: tuple[str, ...] | None = None
+
+    def session(self) -> Any:
+        """The ``requests`` session an exporter to this receiver uses (None: the exporter's own)."""
+        if self.networks is None:
+            return None
+        from nvcf_mono.contracts.egress import parse
+        from nvcf_mono.egress_http import checked_session
+
+        return checked_session(parse(self.networks))
 
     @classmethod
     def at(cls, endpoint: str, signal: str) -> OtlpTarget:
@@ -85,7 +99,9 @@ def setup(
         sampler=ParentBased(TraceIdRatioBased(sample)),
     )
     for target in targets:
-        exporter = OTLPSpanExporter(endpoint=target.url, headers=dict(target.headers), timeout=10)
+        exporter = OTLPSpanExporter(
+            endpoint=target.url, headers=dict(target.headers), timeout=10, session=target.session()
+        )
         provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=export_delay * 1000))
     _provider = provider
     _tracer = provider.get_tracer("nvcf_mono")

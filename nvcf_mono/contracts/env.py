@@ -144,9 +144,9 @@ CONTRACT: tuple[Var, ...] = (
         CP,
         "worker, agent",
         "-",
-        "A function's or task's telemetries: JSON {traces|metrics|logs: {url, headers}}, the OTLP/HTTP receivers "
-        "the worker sends its spans, the instance's request metrics and its log to, and the agent the "
-        "workload's output (unset: none).",
+        "A function's or task's telemetries: JSON {traces|metrics|logs: {url, headers, networks}}, the OTLP/HTTP "
+        "receivers the worker sends its spans, the instance's request metrics and its log to, and the agent the "
+        "workload's output (unset: none); each is reached only at public addresses and in its networks (CIDR).",
     ),
     Var(
         NVCF_FQDN_GRPC_FILE,

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 
+from nvcf_mono.contracts.egress import networks_problem
 from nvcf_mono.tracing import OtlpTarget
 
 SIGNALS = ("traces", "metrics", "logs")
 
 
 def exports_problem(raw: str) -> str | None:
-    """Why ``raw`` is not ``{"traces"|"metrics"|"logs": {"url", "headers"}}``, or None."""
+    """Why ``raw`` is not ``{"traces"|"metrics"|"logs": {"url", "headers", "networks"}}``, or None."""
     try:
         parsed = json.loads(raw)
     except ValueError as err:
@@ -25,14 +26,26 @@ def exports_problem(raw: str) -> str | None:
         headers = target.get("headers", {})
         if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
             return f"{signal}: headers must be an object of strings"
+        networks = target.get("networks", [])
+        if not isinstance(networks, list):
+            return f"{signal}: networks must be a list of networks"
+        problem = networks_problem(networks)
+        if problem:
+            return f"{signal}: networks: {problem}"
     return None
 
 
 def targets(raw: str | None) -> dict[str, OtlpTarget]:
-    """Each signal's receiver (``raw`` checked by :func:`exports_problem` when the worker read it)."""
+    """Each signal's receiver (``raw`` checked by :func:`exports_problem` when the worker read it).
+
+    A tenant's endpoint: reached only at public addresses and in the networks the control plane listed
+    (none listed: public addresses only).
+    """
     if not raw:
         return {}
     return {
-        signal: OtlpTarget(url=value["url"], headers=dict(value.get("headers", {})))
+        signal: OtlpTarget(
+            url=value["url"], headers=dict(value.get("headers", {})), networks=tuple(value.get("networks", ()))
+        )
         for signal, value in json.loads(raw).items()
     }

@@ -45,7 +45,9 @@ class InstanceTelemetry:
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-        exporter = OTLPMetricExporter(endpoint=target.url, headers=dict(target.headers), timeout=5)
+        exporter = OTLPMetricExporter(
+            endpoint=target.url, headers=dict(target.headers), timeout=5, session=target.session()
+        )
         reader = PeriodicExportingMetricReader(exporter, export_interval_millis=METRICS_INTERVAL * 1000)
         self._meters = MeterProvider(resource=self._resource, metric_readers=[reader])
         meter = self._meters.get_meter("nvcf_mono.worker")
@@ -62,7 +64,9 @@ class InstanceTelemetry:
         from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 
         self._loggers = LoggerProvider(resource=self._resource)
-        exporter = OTLPLogExporter(endpoint=target.url, headers=dict(target.headers), timeout=5)
+        exporter = OTLPLogExporter(
+            endpoint=target.url, headers=dict(target.headers), timeout=5, session=target.session()
+        )
         self._loggers.add_log_record_processor(BatchLogRecordProcessor(exporter, schedule_delay_millis=1000))
         self._handler = LoggingHandler(level=logging.INFO, logger_provider=self._loggers)
         logging.getLogger("nvcf_mono").addHandler(self._handler)

@@ -403,7 +403,8 @@ def _deploy_scenario(base: str, admin_token: str, fid: str, vid: str) -> None:
 
 
 async def test_a_function_made_deployed_and_undeployed_from_the_console(tmp_path: Path) -> None:
-    async with compute_platform(tmp_path) as p:
+    # A collector on this host: the operator allows loopback endpoints.
+    async with compute_platform(tmp_path, **{"plugins.control.telemetry_networks": '["127.0.0.0/8"]'}) as p:
         tel = await p.admin.post(
             "/v2/nvcf/telemetries",
             {

@@ -6,23 +6,31 @@ where it left off (at most :data:`MAX_READ` a round, complete lines) and posts t
 records. The file is the buffer: an endpoint that is slow or down holds back only its own
 instance's lines (nothing gathers in memory), and each failed post is dropped and said once a
 minute in the agent's log. A released instance gets a last round for what it wrote before it ended.
+
+The endpoint is a tenant's: posts connect only to the addresses :mod:`nvcf_mono.contracts.egress`
+allows (checked after the name resolves) and follow no redirect.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import anyio
 import attrs
+from aiohttp.abc import AbstractResolver, ResolveResult
 from anyio.abc import TaskGroup, TaskStatus
 
 from nvcf_mono import tracing
 from nvcf_mono.contracts import env, trace
+from nvcf_mono.contracts.egress import EgressRefused, Network, parse, refusal
 
 #: Bytes of a log read and sent per round; a line longer than this goes out in pieces.
 MAX_READ = 256 * 1024
@@ -99,23 +107,58 @@ def encode(lines: list[str], resource: Mapping[str, str]) -> bytes:
     return bytes(body.SerializeToString())
 
 
+class _CheckedResolver(AbstractResolver):
+    """Names resolved as aiohttp does, keeping only the addresses the platform may send a tenant's data to."""
+
+    def __init__(self, allowed: Sequence[Network]) -> None:
+        self._inner = aiohttp.ThreadedResolver()
+        self._allowed = allowed
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        found = await self._inner.resolve(host, port, family)
+        kept = [r for r in found if refusal(r["host"], self._allowed) is None]
+        if not kept:
+            reasons = dict.fromkeys(str(refusal(r["host"], self._allowed)) for r in found)
+            raise EgressRefused(f"{host}: {'; '.join(reasons) or 'no address'}")
+        return kept
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
 class LogShipper:
     """One task per watched instance, in the task group :meth:`run` holds."""
 
-    def __init__(self, http: aiohttp.ClientSession, log: logging.Logger) -> None:
-        self._http = http
+    def __init__(self, log: logging.Logger) -> None:
         self._log = log
         self._tg: TaskGroup | None = None
         self._watched: dict[str, _Watched] = {}
+        #: One client per set of allowed networks (in practice one: the control plane's setting).
+        self._clients: dict[tuple[str, ...], aiohttp.ClientSession] = {}
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            task_status.started()
-            try:
-                await anyio.sleep_forever()
-            finally:
-                self._tg = None
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                task_status.started()
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    self._tg = None
+        finally:
+            clients, self._clients = list(self._clients.values()), {}
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                for client in clients:
+                    await client.close()
+
+    def _client(self, networks: tuple[str, ...]) -> aiohttp.ClientSession:
+        client = self._clients.get(networks)
+        if client is None:
+            connector = aiohttp.TCPConnector(resolver=_CheckedResolver(parse(networks)), limit_per_host=4)
+            client = self._clients[networks] = aiohttp.ClientSession(connector=connector, trust_env=False)
+        return client
 
     def watch(
         self, instance_id: str, path: Path, target: tracing.OtlpTarget, resource: Mapping[str, str], *, from_end: bool
@@ -163,10 +206,16 @@ class LogShipper:
 
     async def _post(self, w: _Watched, lines: list[str]) -> None:
         headers = {**w.target.headers, "Content-Type": "application/x-protobuf"}
+        networks = w.target.networks or ()
         try:
+            literal = _literal_refusal(w.target.url, parse(networks))
+            if literal is not None:
+                raise EgressRefused(literal)  # aiohttp does not ask the resolver for an address
             with anyio.fail_after(POST_TIMEOUT):
                 # The answer's body is never read: a tenant's endpoint could send any amount.
-                async with self._http.post(w.target.url, data=encode(lines, w.resource), headers=headers) as resp:
+                async with self._client(networks).post(
+                    w.target.url, data=encode(lines, w.resource), headers=headers, allow_redirects=False
+                ) as resp:
                     problem: Any = None if resp.status < 300 else f"HTTP {resp.status}"
         except (aiohttp.ClientError, TimeoutError, OSError) as err:
             problem = f"{type(err).__name__}: {err}"
@@ -179,3 +228,13 @@ class LogShipper:
                 len(lines),
                 problem,
             )
+
+
+def _literal_refusal(url: str, allowed: Sequence[Network]) -> str | None:
+    """Why the platform does not post to ``url``'s host when it is an IP address, or None."""
+    host = urlsplit(url).hostname or ""
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return None  # a name: the resolver checks what it resolves to
+    return refusal(host, allowed)

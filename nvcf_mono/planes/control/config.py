@@ -7,6 +7,7 @@ from pathlib import Path
 
 import attrs
 
+from nvcf_mono.contracts.egress import networks_problem
 from nvcf_mono.models.account import DEFAULT_ACCOUNT
 from nvcf_mono.structure import Seconds, at_least, in_range, matches, optional, positive, setting
 
@@ -239,6 +240,15 @@ class ControlConfig:
         doc="The content of all of one account's assets together, in bytes (0: no limit but the store's). "
         "An upload that would pass it is refused (413) until the account deletes assets.",
         check=at_least(0),
+    )
+    telemetry_networks: tuple[str, ...] = setting(
+        (),
+        doc="Non-public networks (CIDR) where an account's telemetry endpoints may be, e.g. [127.0.0.0/8] for "
+        "a collector on the platform's host. Exports leave from the platform's side (the worker, the cluster "
+        "agent), so a tenant's endpoint is reached only at public addresses and in these networks (unspecified "
+        "and multicast addresses never): checked when it is registered, and again at each connection once its "
+        "name is resolved.",
+        check=networks_problem,
     )
     reconcile: ReconcileSettings = setting(factory=ReconcileSettings, doc="The deployment reconciler.")
     autoscaler: AutoscalerSettings = setting(factory=AutoscalerSettings, doc="The autoscaler.")

@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import socket
 from base64 import b64encode
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import anyio
+
 from nvcf_mono import tracing
 from nvcf_mono.auth.secret import Keyring
 from nvcf_mono.contracts import buckets, trace
+from nvcf_mono.contracts.egress import Network, refusal
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.common import NameValue, is_uuid
 from nvcf_mono.models.function import FunctionVersion
@@ -36,12 +40,16 @@ from nvcf_mono.models.telemetry import (
 from nvcf_mono.planes.control.store import ControlStore
 from nvcf_mono.planes.control.validation import SECRET_NAME
 
+#: Seconds a registration waits for its endpoint's name to resolve (after that, it is checked when used).
+RESOLVE_WITHIN = 2.0
 #: The path OTLP/HTTP receivers take each signal on, after the endpoint's own path.
 SIGNAL_PATHS = {TelemetryType.TRACES: "v1/traces", TelemetryType.METRICS: "v1/metrics", TelemetryType.LOGS: "v1/logs"}
 
 
-def endpoint_problem(endpoint: str) -> str | None:
-    """Why ``endpoint`` is no OTLP/HTTP base URL, or None."""
+def endpoint_problem(endpoint: str, networks: Sequence[Network]) -> str | None:
+    """Why ``endpoint`` is no OTLP/HTTP base URL the platform sends to, or None (a name is checked by
+    :func:`resolved_problem`).
+    """
     try:
         parts = urlsplit(endpoint.strip())
         host = parts.hostname
@@ -56,12 +64,42 @@ def endpoint_problem(endpoint: str) -> str | None:
     if parts.query or parts.fragment or parts.username is not None:
         return f"endpoint {endpoint!r} must not carry a query, fragment or user name (the secret holds credentials)"
     try:
-        address = ipaddress.ip_address(host)
+        ipaddress.ip_address(host)
     except ValueError:
         return None  # a name
-    if address.is_link_local or address.is_unspecified or address.is_multicast:
-        # No collector lives there; a cloud's instance metadata service does (exports leave from the host).
-        return f"endpoint {endpoint!r}: {address} is a link-local, unspecified or multicast address"
+    return _refused(endpoint, refusal(host, networks))
+
+
+def _refused(endpoint: str, reason: str | None) -> str | None:
+    if reason is None:
+        return None
+    return (
+        f"endpoint {endpoint!r}: {reason}; telemetry is sent from the platform's side, to public addresses and to "
+        "the networks its operator lists in plugins.control.telemetry_networks"
+    )
+
+
+async def resolved_problem(endpoint: str, networks: Sequence[Network]) -> str | None:
+    """Why ``endpoint``'s host name resolves only to addresses the platform does not send to, or None.
+
+    Only a first answer for the one who registers it: a name that does not resolve (yet) here is
+    accepted, and the worker and the agent check every address again when they connect.
+    """
+    host = urlsplit(endpoint.strip()).hostname or ""
+    try:
+        ipaddress.ip_address(host)
+        return None  # checked by endpoint_problem
+    except ValueError:
+        pass
+    with anyio.move_on_after(RESOLVE_WITHIN):
+        try:
+            infos = await anyio.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except OSError:
+            return None
+        reasons = [refusal(str(info[4][0]), networks) for info in infos]
+        if reasons and all(reasons):
+            why = "; ".join(dict.fromkeys(r for r in reasons if r))
+            return _refused(endpoint, f"{host} resolves only to addresses the platform does not send to ({why})")
     return None
 
 
@@ -181,10 +219,11 @@ def _headers(provider: TelemetryProvider, secret: Any) -> dict[str, str]:
 
 
 def exports_of(
-    store: ControlStore, keyring: Keyring, nca_id: str, chosen: TelemetryIds | None
+    store: ControlStore, keyring: Keyring, nca_id: str, chosen: TelemetryIds | None, networks: Sequence[str]
 ) -> dict[str, dict[str, Any]]:
     """Where each kind of a version's or task's telemetry goes: ``{"traces": {"url", "headers", "name",
-    "provider"}, ...}``.
+    "provider", "networks"}, ...}`` (``networks``: the non-public ones it may reach, the operator's
+    ``telemetry_networks``).
 
     A telemetry deleted or no longer opened with this platform's secret is left out (the workload runs
     without it: a missing signal, nothing worse).
@@ -205,6 +244,7 @@ def exports_of(
             "headers": _headers(tel.provider, secret),
             "name": tel.name,
             "provider": tel.provider.value,
+            "networks": list(networks),
         }
     return out
 
@@ -248,4 +288,6 @@ def task_environment(task: Task, exports: Mapping[str, Mapping[str, Any]]) -> li
 
 def worker_exports(exports: Mapping[str, Mapping[str, Any]]) -> str:
     """``NVCF_TELEMETRY_EXPORTS``: each signal's receiver and credentials, as the worker reads them."""
-    return json.dumps({signal: {"url": t["url"], "headers": t["headers"]} for signal, t in exports.items()})
+    return json.dumps(
+        {signal: {"url": t["url"], "headers": t["headers"], "networks": t["networks"]} for signal, t in exports.items()}
+    )

@@ -27,6 +27,8 @@ from .test_tasks_local import finished, get_task, launch, task_body, task_platfo
 pytestmark = pytest.mark.slow
 TOKEN = "tenant-OTLP-token-7"
 CLIENT_TRACE = "5bf92f3577b34da6a3ce929d0e0e4736"
+#: The receivers run on loopback, which the operator must allow (public addresses only, by default).
+LOOPBACK = {"plugins.control.telemetry_networks": '["127.0.0.0/8"]'}
 
 
 @attrs.define
@@ -103,7 +105,7 @@ async def otlp_receiver() -> AsyncIterator[tuple[str, Received]]:
 
 
 async def test_an_instance_sends_its_traces_metrics_and_log_to_the_functions_endpoint(tmp_path: Path) -> None:
-    async with otlp_receiver() as (url, got), compute_platform(tmp_path) as p:
+    async with otlp_receiver() as (url, got), compute_platform(tmp_path, **LOOPBACK) as p:
         made = await p.admin.post(
             "/v2/nvcf/telemetries",
             {
@@ -139,7 +141,10 @@ async def test_an_instance_sends_its_traces_metrics_and_log_to_the_functions_end
         assert inference["OTEL_EXPORTER_OTLP_LOGS_HEADERS"] == f"Authorization=Bearer%20{TOKEN}"
         assert inference["OTEL_SERVICE_NAME"] == "my-echo"
         assert "NVCF_TELEMETRY_EXPORTS" not in inference
-        assert set(json.loads(worker["NVCF_TELEMETRY_EXPORTS"])) == {"traces", "metrics", "logs"}
+        exports = json.loads(worker["NVCF_TELEMETRY_EXPORTS"])
+        assert set(exports) == {"traces", "metrics", "logs"}
+        # The worker connects to the endpoint only at public addresses and in the operator's networks.
+        assert all(target["networks"] == ["127.0.0.0/8"] for target in exports.values())
 
         async def served() -> dict[str, Any] | None:
             return next((s for s in got.spans if s["name"] == "serve" and s["trace"] == CLIENT_TRACE), None)
@@ -188,7 +193,7 @@ async def test_an_instance_sends_its_traces_metrics_and_log_to_the_functions_end
 
 
 async def test_a_tasks_worker_log_and_its_programs_sdk_go_to_the_tasks_endpoint(tmp_path: Path) -> None:
-    async with otlp_receiver() as (url, got), task_platform(tmp_path) as (p, _):
+    async with otlp_receiver() as (url, got), task_platform(tmp_path, **LOOPBACK) as (p, _):
         made = await p.admin.post(
             "/v2/nvcf/telemetries",
             {
@@ -255,7 +260,7 @@ async def test_an_endpoint_that_never_answers_costs_the_function_nothing(tmp_pat
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     try:
-        async with compute_platform(tmp_path) as p:
+        async with compute_platform(tmp_path, **LOOPBACK) as p:
             made = await p.admin.post(
                 "/v2/nvcf/telemetries",
                 {

@@ -91,9 +91,16 @@ async def test_bad_requests_are_refused_with_what_is_wrong(tmp_path: Path) -> No
             (telemetry(endpoint="ftp://otel.example.com"), "must be an http:// or https:// URL"),
             (telemetry(endpoint="https://u:p@otel.example.com"), "must not carry a query, fragment or user name"),
             (telemetry(endpoint="https://otel.example.com:99999"), "is not a URL"),
-            (telemetry(endpoint="http://169.254.169.254/latest"), "is a link-local, unspecified or multicast address"),
-            (telemetry(endpoint="http://[fe80::1]:4318"), "is a link-local"),
-            (telemetry(endpoint="http://0.0.0.0:4318"), "is a link-local"),
+            (telemetry(endpoint="http://169.254.169.254/latest"), "169.254.169.254 is a link-local address"),
+            (telemetry(endpoint="http://[fe80::1]:4318"), "fe80::1 is a link-local address"),
+            (telemetry(endpoint="http://0.0.0.0:4318"), "0.0.0.0 is an unspecified or multicast address"),
+            (telemetry(endpoint="http://224.0.0.251:4318"), "is an unspecified or multicast address"),
+            (telemetry(endpoint="http://127.0.0.1:4318"), "127.0.0.1 is a loopback address"),
+            (telemetry(endpoint="http://[::ffff:127.0.0.1]:4318"), "127.0.0.1 is a loopback address"),
+            (telemetry(endpoint="http://[64:ff9b::a00:1]:4318"), "10.0.0.1 is a private or reserved address"),
+            (telemetry(endpoint="http://192.168.1.20:4318"), "lists in plugins.control.telemetry_networks"),
+            (telemetry(endpoint="http://100.64.0.7:4318"), "100.64.0.7 is a private or reserved address"),
+            (telemetry(endpoint="http://localhost:4318"), "localhost resolves only to addresses the"),
             (telemetry(provider="DATADOG"), "provider 'DATADOG' is not supported by this platform"),
             (telemetry(provider="NEW_RELIC"), "field=provider"),
             (telemetry(protocol="UDP"), "field=protocol"),
@@ -195,19 +202,21 @@ async def test_functions_choose_endpoints_of_the_right_kind_and_keep_them(tmp_pa
             return found if found is not None and len(store.telemetries.values()) == 2 else None
 
         fv = await wait_for(mirrored, what="the store to mirror the function and its telemetries")
-        exports = exports_of(store, keyring, fv.nca_id, fv.telemetries)
+        exports = exports_of(store, keyring, fv.nca_id, fv.telemetries, ["10.1.0.0/16"])
         assert exports == {
             "traces": {
                 "url": "https://otel.example.com:4318/v1/traces",
                 "headers": {"Authorization": f"Bearer {TOKEN}"},
                 "name": "traces-only",
                 "provider": "OTEL_COLLECTOR",
+                "networks": ["10.1.0.0/16"],
             },
             "logs": {
                 "url": "https://otel.example.com:4318/v1/logs",
                 "headers": {"Authorization": f"Bearer {TOKEN}"},
                 "name": "logs-only",
                 "provider": "OTEL_COLLECTOR",
+                "networks": ["10.1.0.0/16"],
             },
         }
         variables = {e["key"]: e["value"] for e in function_environment(fv, exports)}
@@ -226,7 +235,7 @@ async def test_functions_choose_endpoints_of_the_right_kind_and_keep_them(tmp_pa
         assert put.status == 204, put.body
 
         async def rotated() -> bool:
-            return exports_of(store, keyring, fv.nca_id, fv.telemetries)["traces"]["headers"] == {
+            return exports_of(store, keyring, fv.nca_id, fv.telemetries, [])["traces"]["headers"] == {
                 "Authorization": "Bearer rotated-0004"
             }
 
@@ -236,3 +245,15 @@ async def test_functions_choose_endpoints_of_the_right_kind_and_keep_them(tmp_pa
         assert (await p.admin.delete(f"/v2/nvcf/functions/{fn['id']}/versions/{fn['versionId']}")).status == 204
         assert (await p.admin.delete(f"{TM}/{traces}")).status == 204
         assert json.loads((await p.admin.get(TM)).body)["telemetries"][0]["telemetryId"] == logs
+
+
+async def test_the_operator_lists_the_private_networks_endpoints_may_be_in(tmp_path: Path) -> None:
+    allowed = '["127.0.0.0/8", "192.168.0.0/16", "0.0.0.0/0"]'
+    async with platform(tmp_path, **{"plugins.control.telemetry_networks": allowed}) as p:
+        for i, endpoint in enumerate(("http://127.0.0.1:4318", "http://192.168.1.20", "http://localhost:4318")):
+            made = await p.admin.post(TM, telemetry(f"listed-{i}", endpoint=endpoint))
+            assert made.status == 200, (endpoint, made.body)
+        # Listing everything still leaves out what is never a collector (0.0.0.0 reaches this host).
+        for endpoint in ("http://0.0.0.0:4318", "http://[::]:4318", "http://239.1.2.3"):
+            refused = await p.admin.post(TM, telemetry("never", endpoint=endpoint))
+            assert refused.status == 400 and "unspecified or multicast" in refused.detail, (endpoint, refused.body)

@@ -11,7 +11,7 @@ from nvcf_mono.tracing import OtlpTarget
 
 GOOD = {
     "traces": {"url": "https://otel.example.com/v1/traces", "headers": {"Authorization": "Bearer t"}},
-    "logs": {"url": "https://otel.example.com/v1/logs"},
+    "logs": {"url": "https://otel.example.com/v1/logs", "networks": ["10.0.0.0/8"]},
 }
 
 
@@ -25,6 +25,8 @@ GOOD = {
         ('{"metrics": {"headers": {}}}', "metrics: must be an object with a url"),
         ('{"logs": {"url": "https://x", "headers": {"a": 1}}}', "logs: headers must be an object of strings"),
         ('{"logs": {"url": "https://x", "headers": ["a"]}}', "logs: headers must be an object of strings"),
+        ('{"logs": {"url": "https://x", "networks": "10.0.0.0/8"}}', "logs: networks must be a list"),
+        ('{"logs": {"url": "https://x", "networks": ["10.0.0.0/33"]}}', "logs: networks: '10.0.0.0/33' is not"),
     ],
 )
 def test_a_malformed_value_is_refused_saying_why(raw: str, problem: str) -> None:
@@ -35,8 +37,9 @@ def test_a_malformed_value_is_refused_saying_why(raw: str, problem: str) -> None
 def test_each_signal_gets_its_receiver_and_credentials() -> None:
     raw = json.dumps(GOOD)
     assert exports_problem(raw) is None
+    # A tenant's receiver: public addresses and the listed networks; none listed is public only.
     assert targets(raw) == {
-        "traces": OtlpTarget("https://otel.example.com/v1/traces", {"Authorization": "Bearer t"}),
-        "logs": OtlpTarget("https://otel.example.com/v1/logs", {}),
+        "traces": OtlpTarget("https://otel.example.com/v1/traces", {"Authorization": "Bearer t"}, ()),
+        "logs": OtlpTarget("https://otel.example.com/v1/logs", {}, ("10.0.0.0/8",)),
     }
     assert targets(None) == {} and targets("") == {}

@@ -6,6 +6,7 @@ from typing import Any
 
 from nvcf_mono.auth import scopes as S
 from nvcf_mono.contracts import buckets
+from nvcf_mono.contracts.egress import parse
 from nvcf_mono.http.api import Call, Routes
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.common import new_id, now_iso
@@ -24,6 +25,7 @@ from nvcf_mono.planes.control.telemetry import (
     not_found,
     owned,
     provider_problem,
+    resolved_problem,
     seal_secret,
     secret_problem,
     users_of,
@@ -39,7 +41,8 @@ EXPORT_NOTE = (
     "spans of each invocation, the instance's request metrics and log, what the function prints (local and "
     "containers backends), and whatever the function's own "
     "OpenTelemetry SDK sends (its OTEL_EXPORTER_OTLP_* variables are set). Instances started from then "
-    "on use a changed secret."
+    "on use a changed secret. The platform sends from its own side, so the endpoint must be at a public "
+    "address or in a network its operator allows (plugins.control.telemetry_networks)."
 )
 
 
@@ -65,11 +68,13 @@ async def _owned_or_404(ctl: Control, call: Call[Any]) -> tuple[str, StoredTelem
 )
 async def create_telemetry(ctl: Control, call: Call[TelemetryRequest]) -> TelemetryResponse:
     req = call.body
+    networks = parse(ctl.config.telemetry_networks)
     problem = (
         export_problem()
-        or endpoint_problem(req.endpoint)
+        or endpoint_problem(req.endpoint, networks)
         or provider_problem(req.provider)
         or secret_problem(req.provider, req.secret)
+        or await resolved_problem(req.endpoint, networks)
     )
     if problem:
         raise ProblemError(400, problem)

@@ -340,7 +340,7 @@ class Reconciler:
             else all_pull_credentials(ctl.store, ctl.keyring, fv.nca_id)
         )
         charts = chart_credentials_for(ctl.store, ctl.keyring, fv.nca_id, fv.helm_chart)
-        telemetry = exports_of(ctl.store, ctl.keyring, fv.nca_id, fv.telemetries)
+        telemetry = exports_of(ctl.store, ctl.keyring, fv.nca_id, fv.telemetries, ctl.config.telemetry_networks)
         for inst in creations:
             cluster = clusters.get(inst.cluster_id)
             if cluster is None:

@@ -217,7 +217,7 @@ class TaskScheduler:
             env.BACKEND: cluster.cluster_group_name,
             env.REGION: cluster.region,
         }
-        telemetry = exports_of(ctl.store, ctl.keyring, task.nca_id, task.telemetries)
+        telemetry = exports_of(ctl.store, ctl.keyring, task.nca_id, task.telemetries, ctl.config.telemetry_networks)
         if telemetry:
             environment[env.NVCF_TELEMETRY_EXPORTS] = worker_exports(telemetry)
         if task.container_image is not None:

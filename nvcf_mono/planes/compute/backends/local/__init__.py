@@ -162,7 +162,7 @@ class LocalBackend:
         # The instances' output to their logs endpoints: a task group held from here to __aexit__.
         self._shipping = anyio.create_task_group()
         await self._shipping.__aenter__()
-        self._shipper = LogShipper(self._http, self._log)
+        self._shipper = LogShipper(self._log)
         await self._shipping.start(self._shipper.run)
         return self
 

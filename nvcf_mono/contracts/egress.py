@@ -1,0 +1,93 @@
+"""Where the platform connects on a tenant's behalf (its telemetry endpoints): public addresses, and the
+non-public networks its operator lists.
+
+A tenant names the endpoint, but the connection leaves from the platform's side (the worker, the
+cluster agent): without a rule a tenant could make the host post to its own loopback services, the
+cluster's private network or a cloud's instance metadata service. The control plane checks an endpoint
+when it is registered; the worker and the agent check each address again when they connect, after
+resolving the name, so a name that later resolves elsewhere gains nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+from collections.abc import Iterable, Sequence
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+#: The well-known NAT64 prefix: its addresses reach the IPv4 address in their last 32 bits.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+class EgressRefused(OSError):
+    """No address of the endpoint is one the platform connects to for a tenant."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(errno.EACCES, reason)  # the reason is the strerror clients report
+
+
+def networks_problem(values: Iterable[object]) -> str | None:
+    """Why ``values`` is not a list of networks in CIDR notation, or None."""
+    for value in values:
+        try:
+            ipaddress.ip_network(str(value), strict=False)
+        except ValueError as err:
+            return f"{value!r} is not a network in CIDR notation (e.g. 10.0.0.0/8): {err}"
+    return None
+
+
+def parse(values: Iterable[str]) -> tuple[Network, ...]:
+    """The networks of ``values`` (checked by :func:`networks_problem`)."""
+    return tuple(ipaddress.ip_network(v, strict=False) for v in values)
+
+
+def _reached(address: Address) -> Address:
+    """The IPv4 address an IPv6 one really reaches when it embeds one (mapped, 6to4, NAT64)."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return address.ipv4_mapped
+        if address.sixtofour is not None:
+            return address.sixtofour
+        if address in _NAT64:
+            return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return address
+
+
+def refusal(address: str, allowed: Sequence[Network]) -> str | None:
+    """Why the platform does not connect to ``address`` for a tenant, or None.
+
+    Public addresses are fine; others only inside ``allowed``. Unspecified and multicast addresses never
+    (``0.0.0.0`` reaches the host itself).
+    """
+    try:
+        ip = _reached(ipaddress.ip_address(address.split("%", 1)[0]))
+    except ValueError:
+        return f"{address!r} is not an IP address"
+    if ip.is_unspecified or ip.is_multicast:
+        return f"{ip} is an unspecified or multicast address"
+    if ip.is_global or any(ip in network for network in allowed):
+        return None
+    kind = "a loopback" if ip.is_loopback else "a link-local" if ip.is_link_local else "a private or reserved"
+    return f"{ip} is {kind} address"
+
+
+def connectable(host: str, port: int, allowed: Sequence[Network]) -> list[tuple[socket.AddressFamily, str]]:
+    """The addresses of ``host`` the platform may connect to (blocking resolution), in resolver order.
+
+    Raises :class:`EgressRefused` when it has none (socket.gaierror when the name does not resolve).
+    """
+    found: list[tuple[socket.AddressFamily, str]] = []
+    reasons: list[str] = []
+    for family, _, _, _, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        ip = str(sockaddr[0])
+        reason = refusal(ip, allowed)
+        if reason is None:
+            found.append((family, ip))
+        elif reason not in reasons:
+            reasons.append(reason)
+    if not found:
+        raise EgressRefused(f"{host}: {'; '.join(reasons) or 'no address'}")
+    return found
