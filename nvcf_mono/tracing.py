@@ -62,7 +62,7 @@ class OtlpTarget:
         if self.networks is None:
             return None
         from nvcf_mono.contracts.egress import parse
-        from nvcf_mono.egress_http import checked_session
+        from nvcf_mono.egress_requests import checked_session
 
         return checked_session(parse(self.networks))
 

@@ -169,6 +169,6 @@ explanation  # a field of a Pydantic model the example LLM fills in (tests/unit/
 final_answer  # the same model's
 confidence  # the same model's
 city  # a field of a Pydantic model the example LLM's tool call fills in (tests/unit/examples/test_servers.py)
-_._new_conn  # urllib3 calls it to open a connection (nvcf_mono/egress_http.py)
-_.pool_classes_by_scheme  # urllib3's PoolManager reads it (nvcf_mono/egress_http.py)
-_.trust_env  # requests.Session reads it (nvcf_mono/egress_http.py)
+_._new_conn  # urllib3 calls it to open a connection (nvcf_mono/egress_requests.py)
+_.pool_classes_by_scheme  # urllib3's PoolManager reads it (nvcf_mono/egress_requests.py)
+_.trust_env  # requests.Session reads it (nvcf_mono/egress_requests.py)

@@ -15,6 +15,8 @@ import ipaddress
 import socket
 from collections.abc import Iterable, Sequence
 
+import anyio
+
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -91,3 +93,24 @@ def connectable(host: str, port: int, allowed: Sequence[Network]) -> list[tuple[
     if not found:
         raise EgressRefused(f"{host}: {'; '.join(reasons) or 'no address'}")
     return found
+
+
+async def host_refusal(host: str, allowed: Sequence[Network], *, each: bool) -> str | None:
+    """Why ``host`` (an IP address, or a name resolved now) is refused, or None; a name that does not
+    resolve is None (whoever connects finds that out). ``each``: refused when any address is (a client
+    that picks one itself, unchecked), else only when every address is.
+    """
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+        return refusal(host, allowed)
+    except ValueError:
+        pass
+    try:
+        infos = await anyio.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return None
+    reasons = [refusal(str(info[4][0]), allowed) for info in infos]
+    refused = list(dict.fromkeys(r for r in reasons if r))
+    if refused and (each or all(reasons)):
+        return f"{host} resolves to addresses the platform does not connect to for a tenant ({'; '.join(refused)})"
+    return None

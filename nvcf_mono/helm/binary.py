@@ -18,7 +18,7 @@ import anyio
 import yaml
 
 from nvcf_mono.helm.common import deadline, rendered_chart
-from nvcf_mono.helm.download import download_archive
+from nvcf_mono.helm.download import check_registry, download_archive
 from nvcf_mono.helm.errors import HelmRenderError
 from nvcf_mono.helm.model import RenderedChart, RendererOptions, RenderRequest
 from nvcf_mono.helm.source import ChartSource, chart_source
@@ -98,12 +98,17 @@ class BinaryRenderer:
         credential = source.credential(request.credentials)
         if source.kind == "https":
             data = await download_archive(
-                source.ref, credential=credential, max_size=self.options.max_chart_size, ca_file=self.options.ca_file
+                source.ref,
+                credential=credential,
+                max_size=self.options.max_chart_size,
+                ca_file=self.options.ca_file,
+                networks=self.options.chart_networks,
             )
             archive = anyio.Path(work / "chart.tgz")
             await archive.write_bytes(data)
             return str(archive)
         if source.kind == "oci":
+            await check_registry(source.ref, source.display, self.options.chart_networks)
             pulled = work / "pulled"
             args = ["pull", source.ref, "--destination", str(pulled)]
             if credential is not None and source.host is not None:

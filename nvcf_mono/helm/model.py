@@ -95,3 +95,6 @@ class RendererOptions:
     max_chart_size: int = 20 * 1024 * 1024
     #: A CA bundle trusted (besides the system's) for https chart downloads.
     ca_file: Path | None = None
+    #: A tenant's chart: fetched only from public addresses and these networks (CIDR); None: unchecked
+    #: (the operator's own renders, ``nvcf-mono helm``).
+    chart_networks: tuple[str, ...] | None = None

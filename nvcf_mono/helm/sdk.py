@@ -17,7 +17,7 @@ import anyio
 import anyio.to_thread
 
 from nvcf_mono.helm.common import deadline, rendered_chart
-from nvcf_mono.helm.download import download_archive
+from nvcf_mono.helm.download import check_registry, download_archive
 from nvcf_mono.helm.errors import HelmRenderError
 from nvcf_mono.helm.model import RegistryCredential, RenderedChart, RendererOptions, RenderRequest
 from nvcf_mono.helm.source import ChartSource, chart_source
@@ -62,9 +62,11 @@ class SdkRenderer:
                     credential=source.credential(request.credentials),
                     max_size=self.options.max_chart_size,
                     ca_file=self.options.ca_file,
+                    networks=self.options.chart_networks,
                 )
                 return await _in_thread(partial(_render, partial(_load_bytes, data), source, values, request))
             if source.kind == "oci":
+                await check_registry(source.ref, source.display, self.options.chart_networks)
                 async with anyio.TemporaryDirectory(prefix="nvcf-helm-") as tmp:
                     credential = source.credential(request.credentials)
                     archive = await _in_thread(partial(_pull, source, credential, Path(tmp)))

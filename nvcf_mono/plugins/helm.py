@@ -12,6 +12,7 @@ from typing import ClassVar
 import attrs
 from anyio.abc import TaskStatus
 
+from nvcf_mono.contracts.egress import networks_problem
 from nvcf_mono.helm import (
     AUTO,
     CHART_RENDERER,
@@ -44,6 +45,14 @@ class HelmConfig:
         check=in_range(1024, 1024 * 1024 * 1024),
     )
     ca_file: Path | None = setting(None, doc="A CA bundle trusted, besides the system's, for https chart downloads.")
+    chart_networks: tuple[str, ...] = setting(
+        (),
+        doc="Non-public networks (CIDR) charts may be fetched from, e.g. [10.20.0.0/16] for a registry in the "
+        "cluster. A function's chart URL is a tenant's and the platform fetches it, so its host is reached only at "
+        "public addresses and in these networks (unspecified and multicast addresses never); names are checked as "
+        "they resolve, redirects too.",
+        check=networks_problem,
+    )
 
 
 class Helm(BasePlugin[HelmConfig]):
@@ -69,6 +78,7 @@ class Helm(BasePlugin[HelmConfig]):
             timeout=config.timeout,
             max_chart_size=config.max_chart_size,
             ca_file=config.ca_file,
+            chart_networks=config.chart_networks,
         )
         providers = [ext.value for ext in ctx.services.extensions(HELM_RENDERERS)]
         try:

@@ -13,24 +13,21 @@ allows (checked after the name resolves) and follow no redirect.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
-import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import anyio
 import attrs
-from aiohttp.abc import AbstractResolver, ResolveResult
 from anyio.abc import TaskGroup, TaskStatus
 
 from nvcf_mono import tracing
 from nvcf_mono.contracts import env, trace
-from nvcf_mono.contracts.egress import EgressRefused, Network, parse, refusal
+from nvcf_mono.contracts.egress import EgressRefused, parse
+from nvcf_mono.egress_aiohttp import checked_session, url_refusal
 
 #: Bytes of a log read and sent per round; a line longer than this goes out in pieces.
 MAX_READ = 256 * 1024
@@ -107,27 +104,6 @@ def encode(lines: list[str], resource: Mapping[str, str]) -> bytes:
     return bytes(body.SerializeToString())
 
 
-class _CheckedResolver(AbstractResolver):
-    """Names resolved as aiohttp does, keeping only the addresses the platform may send a tenant's data to."""
-
-    def __init__(self, allowed: Sequence[Network]) -> None:
-        self._inner = aiohttp.ThreadedResolver()
-        self._allowed = allowed
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        found = await self._inner.resolve(host, port, family)
-        kept = [r for r in found if refusal(r["host"], self._allowed) is None]
-        if not kept:
-            reasons = dict.fromkeys(str(refusal(r["host"], self._allowed)) for r in found)
-            raise EgressRefused(f"{host}: {'; '.join(reasons) or 'no address'}")
-        return kept
-
-    async def close(self) -> None:
-        await self._inner.close()
-
-
 class LogShipper:
     """One task per watched instance, in the task group :meth:`run` holds."""
 
@@ -156,8 +132,7 @@ class LogShipper:
     def _client(self, networks: tuple[str, ...]) -> aiohttp.ClientSession:
         client = self._clients.get(networks)
         if client is None:
-            connector = aiohttp.TCPConnector(resolver=_CheckedResolver(parse(networks)), limit_per_host=4)
-            client = self._clients[networks] = aiohttp.ClientSession(connector=connector, trust_env=False)
+            client = self._clients[networks] = checked_session(parse(networks))
         return client
 
     def watch(
@@ -208,7 +183,7 @@ class LogShipper:
         headers = {**w.target.headers, "Content-Type": "application/x-protobuf"}
         networks = w.target.networks or ()
         try:
-            literal = _literal_refusal(w.target.url, parse(networks))
+            literal = url_refusal(w.target.url, parse(networks))
             if literal is not None:
                 raise EgressRefused(literal)  # aiohttp does not ask the resolver for an address
             with anyio.fail_after(POST_TIMEOUT):
@@ -228,13 +203,3 @@ class LogShipper:
                 len(lines),
                 problem,
             )
-
-
-def _literal_refusal(url: str, allowed: Sequence[Network]) -> str | None:
-    """Why the platform does not post to ``url``'s host when it is an IP address, or None."""
-    host = urlsplit(url).hostname or ""
-    try:
-        ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return None  # a name: the resolver checks what it resolves to
-    return refusal(host, allowed)

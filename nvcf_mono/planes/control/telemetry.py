@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import socket
 from base64 import b64encode
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -25,7 +24,7 @@ import anyio
 from nvcf_mono import tracing
 from nvcf_mono.auth.secret import Keyring
 from nvcf_mono.contracts import buckets, trace
-from nvcf_mono.contracts.egress import Network, refusal
+from nvcf_mono.contracts.egress import Network, host_refusal, refusal
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.common import NameValue, is_uuid
 from nvcf_mono.models.function import FunctionVersion
@@ -86,20 +85,8 @@ async def resolved_problem(endpoint: str, networks: Sequence[Network]) -> str | 
     accepted, and the worker and the agent check every address again when they connect.
     """
     host = urlsplit(endpoint.strip()).hostname or ""
-    try:
-        ipaddress.ip_address(host)
-        return None  # checked by endpoint_problem
-    except ValueError:
-        pass
     with anyio.move_on_after(RESOLVE_WITHIN):
-        try:
-            infos = await anyio.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-        except OSError:
-            return None
-        reasons = [refusal(str(info[4][0]), networks) for info in infos]
-        if reasons and all(reasons):
-            why = "; ".join(dict.fromkeys(r for r in reasons if r))
-            return _refused(endpoint, f"{host} resolves only to addresses the platform does not send to ({why})")
+        return _refused(endpoint, await host_refusal(host, networks, each=False))
     return None
 
 

@@ -232,6 +232,25 @@ async def test_urls_are_checked_before_anything_is_fetched(tmp_path: Path) -> No
         ]
 
 
+async def test_a_chart_is_fetched_only_from_public_addresses_and_the_listed_networks(tmp_path: Path) -> None:
+    # A name passes the URL's check; the platform fetching it checks what the name resolves to.
+    chart = "https://localhost:9/charts/x-1.0.0.tgz"
+    async with platform(tmp_path / "a") as p:
+        reply = await p.admin.post("/v1/validate", {"helmChart": chart})
+        assert reply.json["valid"] is False, reply.body
+        (error,) = reply.json["validationErrors"]
+        assert f"cannot download chart {chart}: localhost: 127.0.0.1 is a loopback address" in error
+        assert "plugins.helm.chart_networks" in error
+        function = {"name": "chart", "inferenceUrl": "/infer", "inferencePort": 8001, "helmChart": chart}
+        refused = await p.admin.post("/v2/nvcf/functions", {**function, "helmChartServiceName": "svc"})
+        assert refused.status == 400 and "127.0.0.1 is a loopback address" in refused.detail
+    # Listed: the platform connects (nothing listens on port 9, and the error says so).
+    async with platform(tmp_path / "b", **{"plugins.helm.chart_networks": '["127.0.0.0/8", "::1/128"]'}) as p:
+        reply = await p.admin.post("/v1/validate", {"helmChart": chart})
+        (error,) = reply.json["validationErrors"]
+        assert "cannot connect to localhost:9" in error and "loopback" not in error, error
+
+
 async def test_function_creation_and_deployment_refuse_an_invalid_chart(tmp_path: Path) -> None:
     good = write_chart(tmp_path / "good", templates={"i.yaml": INFERENCE, "s.yaml": SERVICE})
     bad = write_chart(tmp_path / "bad", templates={"i.yaml": HOST_PATH, "s.yaml": SERVICE})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import shutil
 from pathlib import Path
 
 import pytest
@@ -36,11 +37,15 @@ def _chart_app(archive: bytes) -> web.Application:
     async def to_http(request: web.Request) -> web.Response:
         raise web.HTTPFound("http://127.0.0.1:1/demo.tgz")
 
+    async def elsewhere(request: web.Request) -> web.Response:
+        raise web.HTTPFound(f"https://127.0.0.2:{request.url.port}/charts/demo-1.2.3.tgz")
+
     app = web.Application()
     app.router.add_get("/charts/demo-1.2.3.tgz", public)
     app.router.add_get("/private/demo-1.2.3.tgz", private)
     app.router.add_get("/endless.tgz", endless)
     app.router.add_get("/redirect.tgz", to_http)
+    app.router.add_get("/elsewhere.tgz", elsewhere)
     return app
 
 
@@ -104,3 +109,33 @@ async def test_a_password_in_the_url_never_reaches_a_message(tmp_path: Path, arc
             await render_chart(RenderRequest(chart=url), renderer="sdk", options=RendererOptions(ca_file=ca_file))
         assert PASSWORD not in str(caught.value)
         assert "HTTP 404" in str(caught.value)
+
+
+async def test_a_tenants_chart_comes_only_from_public_addresses_and_the_listed_networks(
+    tmp_path: Path, archive: bytes
+) -> None:
+    # The download is the same code for both renderers; the OCI check sits in each. helm where installed.
+    for renderer in ["sdk", *(["binary"] if shutil.which("helm") else [])]:
+        await _tenant_chart(tmp_path / renderer, archive, renderer)
+
+
+async def _tenant_chart(tmp_path: Path, archive: bytes, renderer: str) -> None:
+    ca_file, context = issue_tls(tmp_path)
+    tenant = RendererOptions(ca_file=ca_file, chart_networks=())
+    async with serving(_chart_app(archive), context) as base:
+        chart = f"{base}/charts/demo-1.2.3.tgz"
+        with pytest.raises(HelmRenderError, match=r"127\.0\.0\.1 is a loopback address.*plugins\.helm\.chart_networks"):
+            await render_chart(RenderRequest(chart=chart), renderer=renderer, options=tenant)
+        # A name is checked as it resolves (its certificate would not even matter: nothing connects).
+        named = chart.replace("127.0.0.1", "localhost")
+        with pytest.raises(HelmRenderError, match=r"localhost: 127\.0\.0\.1 is a loopback address"):
+            await render_chart(RenderRequest(chart=named), renderer=renderer, options=tenant)
+        # The operator lists the network: fetched; a redirect out of it is checked like the first address.
+        listed = RendererOptions(ca_file=ca_file, chart_networks=("127.0.0.1/32",))
+        result = await render_chart(RenderRequest(chart=chart), renderer=renderer, options=listed)
+        assert result.chart_name == "demo"
+        with pytest.raises(HelmRenderError, match=r"127\.0\.0\.2 is a loopback address"):
+            await render_chart(RenderRequest(chart=f"{base}/elsewhere.tgz"), renderer=renderer, options=listed)
+    # An OCI registry is pulled by Helm itself: every address of its host must be allowed first.
+    with pytest.raises(HelmRenderError, match=r"cannot pull chart .*localhost resolves to addresses"):
+        await render_chart(RenderRequest(chart="oci://localhost:5000/charts/demo"), renderer=renderer, options=tenant)
