@@ -1,11 +1,11 @@
-"""Where the platform connects on a tenant's behalf (its telemetry endpoints): public addresses, and the
-non-public networks its operator lists.
+"""Where the platform connects on a tenant's behalf (its telemetry endpoints, its Helm charts): public
+addresses, and the non-public networks its operator lists.
 
-A tenant names the endpoint, but the connection leaves from the platform's side (the worker, the
-cluster agent): without a rule a tenant could make the host post to its own loopback services, the
-cluster's private network or a cloud's instance metadata service. The control plane checks an endpoint
-when it is registered; the worker and the agent check each address again when they connect, after
-resolving the name, so a name that later resolves elsewhere gains nothing.
+A tenant names the address, but the connection leaves from the platform's side (the worker, the
+cluster agent, the control plane): without a rule a tenant could make the host reach its own loopback
+services, the cluster's private network or a cloud's instance metadata service. What registers an
+address checks it then; whatever connects checks each address again as it dials, after resolving the
+name itself, so a name that later resolves elsewhere gains nothing.
 """
 
 from __future__ import annotations
