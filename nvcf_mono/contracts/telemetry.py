@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-from nvcf_mono.contracts.egress import networks_problem
 from nvcf_mono.tracing import OtlpTarget
 
 SIGNALS = ("traces", "metrics", "logs")
@@ -14,6 +13,8 @@ SIGNALS = ("traces", "metrics", "logs")
 
 def exports_problem(raw: str) -> str | None:
     """Why ``raw`` is not ``{"traces"|"metrics"|"logs": {"url", "headers", "networks"}}``, or None."""
+    from nvcf_mono.contracts.egress import networks_problem  # here: only a worker with telemetry pays its import
+
     try:
         parsed = json.loads(raw)
     except ValueError as err:
