@@ -454,6 +454,17 @@ def read_input(flag: str, path: str, ctx: CliContext) -> bytes:
         raise CliError(f"{flag} {path}: {err.strerror or err}") from None
 
 
+def read_text(flag: str, path: str, ctx: CliContext) -> str:
+    """A secret's text from a file named on the command line (``-``: standard input), without its final
+    line break (what an editor or ``echo`` leaves); exit 2 when it cannot be read or is not UTF-8.
+    """
+    data = read_input(flag, path, ctx)
+    try:
+        return data.decode().removesuffix("\n").removesuffix("\r")
+    except UnicodeDecodeError:
+        raise CliError(f"{flag} {path}: is not UTF-8 text") from None
+
+
 def read_json_object(flag: str, path: str, ctx: CliContext) -> dict[str, Any]:
     """A JSON object from a file named on the command line (exit 2 when it is not one)."""
     try:

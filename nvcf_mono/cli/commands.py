@@ -42,6 +42,16 @@ COMMANDS = (
         "nvcf_mono.cli.account_secret_cmds",
         "set, list and delete the account's secrets (read by all its instances and tasks)",
     ),
+    Command(
+        "registry-credential",
+        "nvcf_mono.cli.registry_cmds",
+        "add, list, update and delete the account's credentials for private registries",
+    ),
+    Command(
+        "telemetry",
+        "nvcf_mono.cli.telemetry_cmds",
+        "add, list and delete the account's telemetry endpoints (where functions send traces, metrics, logs)",
+    ),
     Command("helm", "nvcf_mono.cli.helm_cmds", "render Helm charts the way the platform does"),
     Command(
         "worker",

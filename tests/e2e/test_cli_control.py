@@ -6,6 +6,7 @@ which only a process can receive, is sent to a child process.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import signal
@@ -18,11 +19,14 @@ from pathlib import Path
 import anyio
 import pytest
 
+from nvcf_mono.auth.secret import KEYRING
+from nvcf_mono.contracts import buckets
 from nvcf_mono.models.cluster import MaintenanceMode
 from nvcf_mono.testing.platform import credentials, wait_for
 from tests.e2e.cli import ROOT, cli_env, run_cli
 from tests.function_charts import write_chart
 from tests.integration.control.conftest import CONTAINER_FUNCTION, Platform, agent, platform
+from tests.integration.control.test_registry_credentials import control_store
 from tests.integration.control.test_secrets import fetch, worker_token
 from tests.support.procs import describe
 
@@ -690,3 +694,174 @@ async def test_account_secret_commands(tmp_path: Path) -> None:
         twice = await cli("account-secret", "set", "a=@-", "b=@-", *conn, env=env, stdin=b"one\n")
         assert twice.returncode == 2 and "standard input can be read once" in twice.stderr, twice.stderr
         assert not {"a", "b"} & set(await fetch(p, worker_token(p, fn["id"], fn["versionId"])))  # nothing was set
+
+
+async def test_registry_credential_commands(tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    async with platform(tmp_path) as p:
+        conn = flags(p)
+        rc = ("registry-credential",)
+        assert ok(await cli(*rc, "list", *conn, env=env)).strip() == "no registry credentials"
+        key_file = tmp_path / "ngc.key"
+        key_file.write_text("nvapi-KEY-0001\n")
+        made = await cli(
+            *rc, "add", "--hostname", "nvcr.io", "--username", "$oauthtoken", "--password-file", str(key_file),
+            "--artifact-type", "container", "--tag", "team-a", *conn, env=env,
+        )  # fmt: skip
+        shown = kv(ok(made))
+        cid = shown["id"]
+        assert shown["hostname"] == "nvcr.io" and shown["artifact types"] == "CONTAINER"
+        assert shown["name"] == "nvcr.io" and shown["tags"] == "team-a"
+        # What the platform stored is base64 of user:password (the file's newline dropped), never shown.
+        key = buckets.account_item_key("nvcf-default", cid)
+        expected = base64.b64encode(b"$oauthtoken:nvapi-KEY-0001").decode()
+        assert await opened_secret(p, "registry_credentials", key) == expected
+
+        listing = ok(await cli(*rc, "list", *conn, env=env))
+        assert re.search(rf"^{cid}\s+nvcr\.io\s+CONTAINER\s+nvcr\.io\s+USER", listing, re.M), listing
+        assert (
+            ok(await cli(*rc, "list", "--artifact-type", "HELM", *conn, env=env)).strip() == "no registry credentials"
+        )
+        # Types are added, never removed; a new secret keeps the name.
+        updated = await cli(
+            *rc,
+            "update",
+            cid,
+            "--artifact-type",
+            "HELM",
+            "--username",
+            "$oauthtoken",
+            "--password",
+            "nvapi-KEY-2",
+            *conn,
+            env=env,
+        )
+        assert kv(ok(updated))["artifact types"] == "CONTAINER, HELM" and kv(updated.stdout)["name"] == "nvcr.io"
+        doc = json.loads(ok(await cli(*rc, "get", cid, "--json", *conn, env=env)))
+        assert doc["registryCredential"]["artifactTypes"] == ["CONTAINER", "HELM"]
+        assert "secret" not in json.dumps(doc).lower().replace("registrycredential", "")
+        recognized = ok(await cli(*rc, "list-recognized", *conn, env=env))
+        assert re.search(r"^CONTAINER\s+\S.*\s+nvcr\.io$", recognized, re.M), recognized
+
+        # Mistakes are one line and exit 2 before any call; the platform's refusals exit 1.
+        usage = [
+            await cli(*rc, "add", "--hostname", "x.io", "--artifact-type", "HELM", *conn, env=env),
+            await cli(*rc, "add", "--hostname", "x.io", "--artifact-type", "HELM", "--username", "u", *conn, env=env),
+            await cli(*rc, "add", "--hostname", "x.io", "--artifact-type", "HELM", "--password", "p", *conn, env=env),
+            await cli(*rc, "update", cid, *conn, env=env),
+        ]
+        assert [u.returncode for u in usage] == [2, 2, 2, 2], [u.stderr for u in usage]
+        again = await cli(
+            *rc,
+            "add",
+            "--hostname",
+            "NVCR.io",
+            "--secret",
+            "JG9hdXRodG9rZW46bnZhcGktS0VZLTM=",
+            "--artifact-type",
+            "HELM",
+            *conn,
+            env=env,
+        )
+        assert again.returncode == 1 and "already exists" in again.stderr, again.stderr
+        assert ok(await cli(*rc, "delete", cid, *conn, env=env)).strip() == f"deleted {cid}"
+        gone = await cli(*rc, "get", cid, *conn, env=env)
+        assert gone.returncode == 1 and "not found" in gone.stderr
+        assert "Traceback" not in "".join(u.stderr for u in [*usage, again, gone])
+
+
+async def test_telemetry_commands(tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    async with platform(tmp_path) as p:
+        conn = flags(p)
+        assert ok(await cli("telemetry", "list", *conn, env=env)).strip() == "no telemetry endpoints"
+        made = await cli(
+            "telemetry", "add", "--name", "collector", "--endpoint", "https://otel.example.com:4318",
+            "--secret-file", "-", *conn, env=env, stdin=b"bearer-TOKEN-0001\n",
+        )  # fmt: skip
+        shown = kv(ok(made))
+        tid = shown["id"]
+        assert shown["types"] == "LOGS, METRICS, TRACES" and shown["provider"] == "OTEL_COLLECTOR"
+        grafana = await cli(
+            "telemetry", "add", "--name", "grafana", "--endpoint", "https://otlp-gateway.example.net/otlp",
+            "--provider", "grafana_cloud", "--instance-id", "123456", "--secret", "glc-KEY", "--type", "metrics",
+            *conn, env=env,
+        )  # fmt: skip
+        assert kv(ok(grafana))["types"] == "METRICS"
+        listing = ok(await cli("telemetry", "list", *conn, env=env))
+        assert re.search(rf"^{tid}\s+collector\s+OTEL_COLLECTOR\s+LOGS, METRICS, TRACES\s+https://otel", listing, re.M)
+
+        # A function picks it by id with the flags that already exist; then it cannot be deleted.
+        fn = await cli(
+            "function", "create", "--name", "echo", "--image", "echo", "--inference-url", "/echo",
+            "--inference-port", "8000", "--traces-telemetry-id", tid, *conn, env=env,
+        )  # fmt: skip
+        ok(fn)
+        busy = await cli("telemetry", "delete", tid, *conn, env=env)
+        assert busy.returncode == 1 and "in use by Function id" in busy.stderr, busy.stderr
+
+        sealed_before = await sealed_of(p, "telemetries", buckets.account_item_key("nvcf-default", tid))
+        replaced = await cli("telemetry", "set-secret", tid, "--secret", "bearer-TOKEN-0002", *conn, env=env)
+        assert ok(replaced).strip() == f"replaced the secret of collector ({tid})"
+        key = buckets.account_item_key("nvcf-default", tid)
+        assert json.loads(await opened_secret(p, "telemetries", key, not_before=sealed_before)) == "bearer-TOKEN-0002"
+
+        usage = [
+            await cli("telemetry", "add", "--name", "x", "--endpoint", "https://o.example.com", *conn, env=env),
+            await cli(
+                "telemetry",
+                "add",
+                "--name",
+                "x",
+                "--endpoint",
+                "https://o.example.com",
+                "--secret",
+                "k",
+                "--provider",
+                "GRAFANA_CLOUD",
+                *conn,
+                env=env,
+            ),
+            await cli(
+                "telemetry",
+                "add",
+                "--name",
+                "x",
+                "--endpoint",
+                "https://o.example.com",
+                "--type",
+                "EVENTS",
+                "--secret",
+                "k",
+                *conn,
+                env=env,
+            ),
+        ]
+        assert [u.returncode for u in usage] == [2, 2, 2], [u.stderr for u in usage]
+        # The platform's own refusal (a loopback endpoint) is its problem's detail, exit 1.
+        local = await cli("telemetry", "add", "--name", "y", "--endpoint", "http://127.0.0.1:4318", "--secret", "k",
+                          *conn, env=env)  # fmt: skip
+        assert local.returncode == 1 and "127.0.0.1 is a loopback address" in local.stderr, local.stderr
+        assert "Traceback" not in "".join(u.stderr for u in [*usage, busy, local])
+
+
+async def sealed_of(p: Platform, table: str, key: str) -> str | None:
+    """What the control plane stored sealed for ``key`` in ``table`` (read through a mirror of the store)."""
+    async with control_store(p) as store:
+
+        async def found() -> str | None:
+            stored = getattr(store, table).get(key)
+            return None if stored is None else str(stored.sealed_secret)
+
+        return await wait_for(found, what=f"{key} in {table}")  # type: ignore[no-any-return]
+
+
+async def opened_secret(p: Platform, table: str, key: str, *, not_before: str | None = None) -> str:
+    """The secret stored for ``key``, opened with the platform's key (a newer one than ``not_before``)."""
+
+    async def changed() -> str | None:
+        sealed = await sealed_of(p, table, key)
+        return sealed if sealed != not_before else None
+
+    sealed = await wait_for(changed, what=f"a new secret for {key}")
+    return str(p.host.services.get(KEYRING).box.open(sealed, aad=key).decode())
