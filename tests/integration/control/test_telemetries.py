@@ -101,6 +101,9 @@ async def test_bad_requests_are_refused_with_what_is_wrong(tmp_path: Path) -> No
             (telemetry(endpoint="http://192.168.1.20:4318"), "lists in plugins.control.telemetry_networks"),
             (telemetry(endpoint="http://100.64.0.7:4318"), "100.64.0.7 is a private or reserved address"),
             (telemetry(endpoint="http://localhost:4318"), "localhost resolves to addresses the platform does not"),
+            # Legacy forms of 127.0.0.1 are names to a URL parser and loopback to the resolver.
+            (telemetry(endpoint="http://2130706433:4318"), "(127.0.0.1 is a loopback address)"),
+            (telemetry(endpoint="http://0x7f.1:4318"), "(127.0.0.1 is a loopback address)"),
             (telemetry(provider="DATADOG"), "provider 'DATADOG' is not supported by this platform"),
             (telemetry(provider="NEW_RELIC"), "field=provider"),
             (telemetry(protocol="UDP"), "field=protocol"),

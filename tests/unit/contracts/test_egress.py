@@ -62,3 +62,9 @@ def test_a_name_is_connectable_only_at_its_allowed_addresses() -> None:
         connectable("localhost", 80, ())
     assert "127.0.0.1" in {ip for _, ip in connectable("localhost", 80, parse(["127.0.0.0/8"]))}
     assert [ip for _, ip in connectable("127.0.0.1", 80, parse(["127.0.0.0/8"]))] == ["127.0.0.1"]
+
+
+@pytest.mark.parametrize("host", ["2130706433", "0x7f.1", "0177.0.0.1", "127.1"])
+def test_a_legacy_or_dotted_form_of_loopback_is_refused_once_resolved(host: str) -> None:
+    with pytest.raises(EgressRefused, match=re.escape("127.0.0.1 is a loopback address")):
+        connectable(host, 80, ())
