@@ -19,9 +19,22 @@ _KINDS = {
 }  # fmt: skip
 
 
+#: Who wrote a problem, as its type URN says (``urn:<source>:problem-details:<kind>``): the platform's
+#: nodes, the worker beside a function, the worker about its connection to the function. A function's
+#: own problem+json has a type of its own.
+PLATFORM, WORKER_SERVICE, INFERENCE_CONNECTION = "nv-boot", "nvcf-worker-service", "inference-connection"
+
+
+def from_platform(problem_type_: object) -> bool:
+    """Whether a problem's ``type`` says the platform wrote it (its nodes or a worker), not the function."""
+    return isinstance(problem_type_, str) and problem_type_.startswith(
+        tuple(f"urn:{source}:" for source in (PLATFORM, WORKER_SERVICE, INFERENCE_CONNECTION))
+    )
+
+
 def problem_type(status: int) -> str:
     """NVCF's problem type URN for a status (``urn:nv-boot:problem-details:<kind>``)."""
-    return f"urn:nv-boot:problem-details:{_KINDS.get(status, 'error')}"
+    return f"urn:{PLATFORM}:problem-details:{_KINDS.get(status, 'error')}"
 
 
 def reason(status: int) -> str:

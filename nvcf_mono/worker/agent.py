@@ -33,6 +33,7 @@ from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.holding import hold_until_ready
 from nvcf_mono.contracts import live_input, redelivery, subjects, trace
 from nvcf_mono.contracts.frames import Frame, FrameError, Request
+from nvcf_mono.contracts.problems import INFERENCE_CONNECTION, WORKER_SERVICE
 from nvcf_mono.grpc.batch import MOST, STREAM_GONE, accept_large_frames, send_all
 from nvcf_mono.grpc.uploads import upload as upload_all
 from nvcf_mono.log import bind, unbind
@@ -61,8 +62,6 @@ from nvcf_mono.worker.config import WorkerConfig
 from nvcf_mono.worker.grpc_relay import grpc_call
 from nvcf_mono.worker.http1 import BadResponse, Http1Client
 from nvcf_mono.worker.inference import (
-    INFERENCE_CONNECTION,
-    WORKER_SERVICE,
     InferenceCrashed,
     InferenceUnreachable,
     call,

@@ -26,6 +26,7 @@ from grpclib.metadata import encode_bin_value
 
 from nvcf_mono.contracts import live_input
 from nvcf_mono.contracts.frames import Frame, Headers, Request, header_value
+from nvcf_mono.contracts.problems import WORKER_SERVICE
 from nvcf_mono.grpc import compression, hpack_plain
 from nvcf_mono.grpc.raw import (
     DETAILS,
@@ -44,7 +45,6 @@ from nvcf_mono.grpc.raw import (
 from nvcf_mono.proto.gen.grpc.health.v1 import HealthCheckRequest, HealthCheckResponseServingStatus, HealthStub
 from nvcf_mono.worker.config import WorkerConfig
 from nvcf_mono.worker.inference import (
-    WORKER_SERVICE,
     InferenceCrashed,
     InferenceUnreachable,
     problem_frame,

@@ -190,7 +190,6 @@ async def call(
 
 
 #: Sources of the worker's synthetic errors (``urn:<source>:problem-details:<reason>``).
-WORKER_SERVICE, INFERENCE_CONNECTION = "nvcf-worker-service", "inference-connection"
 
 
 def problem_frame(request_id: str, attempt: int, status: int, detail: str, *, source: str) -> Frame:

@@ -7,7 +7,7 @@ import tracemalloc
 
 from aiohttp import web
 
-from nvcf_mono.contracts.problems import PROBLEM_CONTENT_TYPE
+from nvcf_mono.contracts.problems import PROBLEM_CONTENT_TYPE, problem_body, problem_type
 from nvcf_mono.planes.invocation.llm.errors import QUOTED, in_openai_shape
 
 
@@ -20,7 +20,7 @@ def error_of(response: web.Response) -> dict[str, object]:
 def test_the_platforms_problem_gives_its_detail_and_keeps_the_request_id() -> None:
     problem = web.Response(
         status=429,
-        body=json.dumps({"status": 429, "detail": "queue full"}).encode(),
+        body=json.dumps({"type": problem_type(429), "status": 429, "detail": "queue full"}).encode(),
         content_type=PROBLEM_CONTENT_TYPE,
         headers={"NVCF-REQID": "r1", "Retry-After": "2", "X-Other": "x"},
     )
@@ -41,6 +41,26 @@ def test_a_functions_error_in_another_shape_is_quoted() -> None:
     huge = in_openai_shape(web.Response(status=500, text="x" * 10_000))
     assert len(str(error_of(huge)["message"])) < QUOTED + 50
     assert error_of(in_openai_shape(web.Response(status=502)))["message"] == "the model's server answered 502"
+
+
+def test_only_the_platforms_own_5xx_tell_clients_not_to_retry() -> None:
+    # OpenAI's clients resend a 5xx twice unless told not to: the platform has done its own retrying,
+    # the function's own error is the client's to retry as it would any server's.
+    def problem(doc: dict[str, object]) -> web.Response:
+        return web.Response(status=500, body=json.dumps(doc).encode(), content_type=PROBLEM_CONTENT_TYPE)
+
+    worker = {"type": "urn:nvcf-worker-service:problem-details:internal-server-error", "detail": "gave up"}
+    for platforms in (problem(problem_body(500, "the bus is away")), problem(worker)):
+        shaped = in_openai_shape(platforms)
+        assert shaped.headers["x-should-retry"] == "false" and error_of(shaped)["type"] == "server_error"
+    functions = {"type": "https://example.com/probs/out-of-memory", "title": "OOM", "detail": "KV cache full"}
+    shaped = in_openai_shape(problem(functions))
+    assert error_of(shaped)["message"] == "the model's server answered 500: KV cache full"
+    assert "x-should-retry" not in shaped.headers
+    untyped = in_openai_shape(problem({"detail": "no type at all"}))
+    assert "x-should-retry" not in untyped.headers and "answered 500: no type at all" in str(
+        error_of(untyped)["message"]
+    )
 
 
 def test_answers_already_in_openai_shape_and_successes_pass_unchanged() -> None:

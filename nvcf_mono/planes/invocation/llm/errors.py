@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-from nvcf_mono.contracts.problems import PROBLEM_CONTENT_TYPE
+from nvcf_mono.contracts.problems import PROBLEM_CONTENT_TYPE, from_platform
 from nvcf_mono.planes.invocation.llm.shallow import NotJson, ShallowObject
 
 _TYPES = {
@@ -103,9 +103,10 @@ QUOTED = 500
 def in_openai_shape(response: web.Response) -> web.Response:
     """An error answer, not yet sent, in OpenAI's shape; a success, or an error already in it, unchanged.
 
-    The platform's problem+json gives its ``detail``. A function's error that is not OpenAI-shaped (a
-    server's plain "404: Not Found", a web framework's ``{"detail": ...}``) is quoted, so a client's
-    exception says what went wrong rather than nothing.
+    The platform's problem+json (its ``type`` says so: the platform's nodes or a worker wrote it) gives
+    its ``detail``. A function's error that is not OpenAI-shaped (a server's plain "404: Not Found", a
+    web framework's ``{"detail": ...}``, its own problem+json) is quoted, so a client's exception says
+    what went wrong rather than nothing, and only the platform's own 5xx say ``x-should-retry: false``.
     """
     if response.prepared or response.status < 400:
         return response
@@ -115,8 +116,8 @@ def in_openai_shape(response: web.Response) -> web.Response:
     except NotJson:
         doc = None
     headers = {k: response.headers[k] for k in _KEPT if k in response.headers}
-    if response.content_type == PROBLEM_CONTENT_TYPE:
-        detail = doc.get("detail", "") if doc is not None else ""
+    if response.content_type == PROBLEM_CONTENT_TYPE and doc is not None and from_platform(doc.get("type")):
+        detail = doc.get("detail", "")
         return platform_problem(response.status, str(detail or response.reason), headers)
     if doc is not None and "error" in doc:
         return response  # OpenAI's shape already (vLLM, NIM, the example)
