@@ -116,6 +116,19 @@ def _register_reads(cmds: Any) -> None:
     add_api_options(versions)
     versions.set_defaults(func=_versions)
 
+    queue = cmds.add_parser("queue", help="requests waiting for a function, and where one of them stands")
+    queues = queue.add_subparsers(dest="queue_command", metavar="SUBCOMMAND")
+    queue.set_defaults(func=lambda args, ctx: (queue.print_help(ctx.stdout), 2)[1])
+    status = queues.add_parser("status", help="how many requests wait for each version, and why")
+    status.add_argument("function_id", metavar="FID")
+    status.add_argument("version_id", metavar="VID", nargs="?")
+    add_api_options(status)
+    status.set_defaults(func=_queue_status)
+    position = queues.add_parser("position", help="where a queued request stands (1 is next)")
+    position.add_argument("request_id", metavar="REQUEST_ID", help="its NVCF-REQID")
+    add_api_options(position)
+    position.set_defaults(func=_queue_position)
+
 
 def _register_changes(cmds: Any) -> None:
     update = cmds.add_parser(
@@ -321,6 +334,43 @@ def _versions(args: argparse.Namespace, ctx: CliContext) -> int:
         emit_json(ctx, doc)
     else:
         _version_table(ctx, doc.get("functions") or [], empty="no versions")
+    return 0
+
+
+def _queue_status(args: argparse.Namespace, ctx: CliContext) -> int:
+    path = f"/v2/nvcf/queues/functions/{args.function_id}"
+    doc = connect(args, ctx).get(path + (f"/versions/{args.version_id}" if args.version_id else ""))
+    if args.json:
+        emit_json(ctx, doc)
+        return 0
+    table(
+        ctx,
+        ("VERSION ID", "NAME", "STATUS", "WAITING", "WHY"),
+        (
+            (
+                q.get("functionVersionId"),
+                q.get("functionName"),
+                q.get("functionStatus"),
+                q.get("queueDepth"),
+                q.get("waitReason"),
+            )
+            for q in doc.get("queues") or []
+        ),
+        empty=f"function {args.function_id} has no versions",
+    )
+    return 0
+
+
+def _queue_position(args: argparse.Namespace, ctx: CliContext) -> int:
+    doc = connect(args, ctx).get(f"/v2/nvcf/queues/{args.request_id}/position")
+    if args.json:
+        emit_json(ctx, doc)
+    else:
+        print(
+            f"position {doc['positionInQueue']} (1 is next) for function {doc['functionId']} version "
+            f"{doc['functionVersionId']}",
+            file=ctx.stdout,
+        )
     return 0
 
 

@@ -26,6 +26,7 @@ from nvcf_mono.testing.platform import credentials, wait_for
 from tests.e2e.cli import ROOT, cli_env, run_cli
 from tests.function_charts import write_chart
 from tests.integration.control.conftest import CONTAINER_FUNCTION, Platform, agent, platform
+from tests.integration.control.test_queues import enqueue, new_function, request_stream
 from tests.integration.control.test_registry_credentials import control_store
 from tests.integration.control.test_secrets import fetch, worker_token
 from tests.support.procs import describe
@@ -865,3 +866,23 @@ async def opened_secret(p: Platform, table: str, key: str, *, not_before: str | 
 
     sealed = await wait_for(changed, what=f"a new secret for {key}")
     return str(p.host.services.get(KEYRING).box.open(sealed, aad=key).decode())
+
+
+async def test_function_queue_commands(tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    async with platform(tmp_path) as p:
+        conn = flags(p)
+        fid, vid = await new_function(p)
+        idle = ok(await cli("function", "queue", "status", fid, *conn, env=env))
+        assert re.search(rf"^{vid}\s+echo\s+INACTIVE\s+0\s+-$", idle, re.M), idle
+        ids = await enqueue(p, await request_stream(p, vid), fid, vid, 3)
+        waiting = ok(await cli("function", "queue", "status", fid, vid, *conn, env=env))
+        assert re.search(rf"^{vid}\s+echo\s+INACTIVE\s+3\s+", waiting, re.M), waiting
+        third = ok(await cli("function", "queue", "position", ids[2], *conn, env=env))
+        assert third.strip() == f"position 3 (1 is next) for function {fid} version {vid}"
+        doc = json.loads(ok(await cli("function", "queue", "position", ids[0], "--json", *conn, env=env)))
+        assert doc == {"functionId": fid, "functionVersionId": vid, "positionInQueue": 1}
+        unknown = await cli("function", "queue", "position", "00000000-0000-4000-8000-000000000000", *conn, env=env)
+        assert unknown.returncode == 1 and "is not queued" in unknown.stderr, unknown.stderr
+        missing = await cli("function", "queue", "status", "00000000-0000-4000-8000-000000000000", *conn, env=env)
+        assert missing.returncode == 1 and "Traceback" not in missing.stderr + unknown.stderr
