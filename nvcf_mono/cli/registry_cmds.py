@@ -113,7 +113,7 @@ def _secret_value(args: argparse.Namespace, ctx: CliContext) -> str | None:
 
 
 def _default_name(hostname: str) -> str:
-    kept = "".join(c if c.isalnum() or c in "_.-" else "-" for c in hostname.strip().lower())
+    kept = "".join(c if (c.isascii() and c.isalnum()) or c in "_.-" else "-" for c in hostname.strip().lower())
     return kept.strip("-._") or "registry"
 
 
