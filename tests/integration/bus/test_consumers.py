@@ -9,10 +9,11 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from nvcf_mono.bus.api import ConsumerSpec, DeliverPolicy, Delivery, Retention, StreamSpec
+from nvcf_mono.bus.api import ConsumerSpec, ConsumerState, DeliverPolicy, Delivery, Retention, StreamSpec
 from nvcf_mono.bus.errors import NotFound, SpecConflict
 from nvcf_mono.bus.nats import NatsBus
 from nvcf_mono.testing.nats_server import NatsServer
+from nvcf_mono.testing.platform import wait_for
 from tests.conftest import connect
 
 
@@ -228,7 +229,13 @@ async def test_consumer_info_reports_the_backlog(nats_server: NatsServer, unique
         await _work_queue(bus, name)
         await _publish(bus, name, 5)
         stream = bus.stream(name)
-        before = await stream.consumer_info("workers")
+
+        async def counted() -> ConsumerState | None:
+            # nats-server counts a consumer's pending messages apart from storing them: a moment later.
+            info = await stream.consumer_info("workers")
+            return info if info.num_pending == 5 else None
+
+        before = await wait_for(counted, timeout=5, what="the consumer to count the 5 stored messages")
         assert (before.name, before.num_pending, before.num_ack_pending) == ("workers", 5, 0)
         async with stream.consume("workers", batch=2, max_inflight=2, fetch_timeout=0.5) as consumer:
             first, second = await _take(aiter(consumer), 2)
