@@ -16,7 +16,7 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
-from nvcf_mono.contracts.egress import EgressRefused, Network, refusal
+from nvcf_mono.contracts.egress import Network, allowed_of, refusal
 
 
 class CheckedResolver(AbstractResolver):
@@ -30,11 +30,8 @@ class CheckedResolver(AbstractResolver):
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
         found = await self._inner.resolve(host, port, family)
-        kept = [r for r in found if refusal(r["host"], self._allowed) is None]
-        if not kept:
-            reasons = dict.fromkeys(str(refusal(r["host"], self._allowed)) for r in found)
-            raise EgressRefused(f"{host}: {'; '.join(reasons) or 'no address'}")
-        return kept
+        kept = set(allowed_of(host, (r["host"] for r in found), self._allowed))
+        return [r for r in found if r["host"] in kept]
 
     async def close(self) -> None:
         await self._inner.close()

@@ -32,7 +32,7 @@ class _Checked(HTTPConnection):
         except EgressRefused as err:
             raise NewConnectionError(self, f"Failed to establish a new connection: refused: {err.strerror}") from err
         failure: OSError | None = None
-        for _, ip in addresses:
+        for ip in addresses:
             try:
                 return create_connection(
                     (ip, self.port),

@@ -76,23 +76,34 @@ def refusal(address: str, allowed: Sequence[Network]) -> str | None:
     return f"{ip} is {kind} address"
 
 
-def connectable(host: str, port: int, allowed: Sequence[Network]) -> list[tuple[socket.AddressFamily, str]]:
+def screen(addresses: Iterable[str], allowed: Sequence[Network]) -> tuple[list[str], list[str]]:
+    """The allowed ones of ``addresses`` (in their order), and why the others are refused (each reason once)."""
+    kept: list[str] = []
+    reasons: list[str] = []
+    for address in addresses:
+        reason = refusal(address, allowed)
+        if reason is None:
+            kept.append(address)
+        elif reason not in reasons:
+            reasons.append(reason)
+    return kept, reasons
+
+
+def allowed_of(host: str, addresses: Iterable[str], allowed: Sequence[Network]) -> list[str]:
+    """The addresses ``host`` resolved to that the platform may connect to; :class:`EgressRefused` if none."""
+    kept, reasons = screen(addresses, allowed)
+    if not kept:
+        raise EgressRefused(f"{host}: {'; '.join(reasons) or 'no address'}")
+    return kept
+
+
+def connectable(host: str, port: int, allowed: Sequence[Network]) -> list[str]:
     """The addresses of ``host`` the platform may connect to (blocking resolution), in resolver order.
 
     Raises :class:`EgressRefused` when it has none (socket.gaierror when the name does not resolve).
     """
-    found: list[tuple[socket.AddressFamily, str]] = []
-    reasons: list[str] = []
-    for family, _, _, _, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
-        ip = str(sockaddr[0])
-        reason = refusal(ip, allowed)
-        if reason is None:
-            found.append((family, ip))
-        elif reason not in reasons:
-            reasons.append(reason)
-    if not found:
-        raise EgressRefused(f"{host}: {'; '.join(reasons) or 'no address'}")
-    return found
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return allowed_of(host, dict.fromkeys(str(info[4][0]) for info in infos), allowed)
 
 
 async def host_refusal(host: str, allowed: Sequence[Network], *, each: bool) -> str | None:
@@ -109,8 +120,7 @@ async def host_refusal(host: str, allowed: Sequence[Network], *, each: bool) -> 
         infos = await anyio.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except OSError:
         return None
-    reasons = [refusal(str(info[4][0]), allowed) for info in infos]
-    refused = list(dict.fromkeys(r for r in reasons if r))
-    if refused and (each or all(reasons)):
+    kept, refused = screen(dict.fromkeys(str(info[4][0]) for info in infos), allowed)
+    if refused and (each or not kept):
         return f"{host} resolves to addresses the platform does not connect to for a tenant ({'; '.join(refused)})"
     return None

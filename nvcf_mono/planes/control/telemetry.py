@@ -12,7 +12,6 @@ An instance's telemetry goes out over OTLP/HTTP (as NVCF's collector sends it), 
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from base64 import b64encode
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,7 +23,7 @@ import anyio
 from nvcf_mono import tracing
 from nvcf_mono.auth.secret import Keyring
 from nvcf_mono.contracts import buckets, trace
-from nvcf_mono.contracts.egress import Network, host_refusal, refusal
+from nvcf_mono.contracts.egress import Network, host_refusal
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.models.common import NameValue, is_uuid
 from nvcf_mono.models.function import FunctionVersion
@@ -45,10 +44,8 @@ RESOLVE_WITHIN = 2.0
 SIGNAL_PATHS = {TelemetryType.TRACES: "v1/traces", TelemetryType.METRICS: "v1/metrics", TelemetryType.LOGS: "v1/logs"}
 
 
-def endpoint_problem(endpoint: str, networks: Sequence[Network]) -> str | None:
-    """Why ``endpoint`` is no OTLP/HTTP base URL the platform sends to, or None (a name is checked by
-    :func:`resolved_problem`).
-    """
+def endpoint_problem(endpoint: str) -> str | None:
+    """Why ``endpoint`` is no OTLP/HTTP base URL, or None (where it points is :func:`address_problem`'s)."""
     try:
         parts = urlsplit(endpoint.strip())
         host = parts.hostname
@@ -62,32 +59,26 @@ def endpoint_problem(endpoint: str, networks: Sequence[Network]) -> str | None:
         )
     if parts.query or parts.fragment or parts.username is not None:
         return f"endpoint {endpoint!r} must not carry a query, fragment or user name (the secret holds credentials)"
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return None  # a name
-    return _refused(endpoint, refusal(host, networks))
+    return None
 
 
-def _refused(endpoint: str, reason: str | None) -> str | None:
+async def address_problem(endpoint: str, networks: Sequence[Network]) -> str | None:
+    """Why the platform does not send to ``endpoint``'s host (an IP address it refuses, or a name that
+    resolves only to such addresses), or None.
+
+    Only a first answer for the one who registers it: a name that does not resolve (yet) here is
+    accepted, and the worker and the agent check every address again when they connect.
+    """
+    host = urlsplit(endpoint.strip()).hostname or ""
+    reason = None
+    with anyio.move_on_after(RESOLVE_WITHIN):
+        reason = await host_refusal(host, networks, each=False)
     if reason is None:
         return None
     return (
         f"endpoint {endpoint!r}: {reason}; telemetry is sent from the platform's side, to public addresses and to "
         "the networks its operator lists in plugins.control.telemetry_networks"
     )
-
-
-async def resolved_problem(endpoint: str, networks: Sequence[Network]) -> str | None:
-    """Why ``endpoint``'s host name resolves only to addresses the platform does not send to, or None.
-
-    Only a first answer for the one who registers it: a name that does not resolve (yet) here is
-    accepted, and the worker and the agent check every address again when they connect.
-    """
-    host = urlsplit(endpoint.strip()).hostname or ""
-    with anyio.move_on_after(RESOLVE_WITHIN):
-        return _refused(endpoint, await host_refusal(host, networks, each=False))
-    return None
 
 
 def export_problem() -> str | None:

@@ -20,12 +20,12 @@ from nvcf_mono.models.telemetry import (
 )
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.telemetry import (
+    address_problem,
     endpoint_problem,
     export_problem,
     not_found,
     owned,
     provider_problem,
-    resolved_problem,
     seal_secret,
     secret_problem,
     users_of,
@@ -71,10 +71,10 @@ async def create_telemetry(ctl: Control, call: Call[TelemetryRequest]) -> Teleme
     networks = parse(ctl.config.telemetry_networks)
     problem = (
         export_problem()
-        or endpoint_problem(req.endpoint, networks)
+        or endpoint_problem(req.endpoint)
         or provider_problem(req.provider)
         or secret_problem(req.provider, req.secret)
-        or await resolved_problem(req.endpoint, networks)
+        or await address_problem(req.endpoint, networks)
     )
     if problem:
         raise ProblemError(400, problem)
