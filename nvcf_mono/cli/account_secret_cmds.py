@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nvcf_mono.cli.client import add_api_options, connect, key_value, read_input
+from nvcf_mono.cli.client import add_api_options, connect, for_account, key_value, read_input
 from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.cli.output import emit_json
@@ -42,7 +42,7 @@ def register(sub: Any) -> None:
 
 
 def _path(args: argparse.Namespace) -> str:
-    return f"/v2/nvcf/accounts/{args.account}/secrets/account" if args.account else OWN
+    return for_account(OWN, args.account)
 
 
 def _value(name: str, raw: str, ctx: CliContext) -> str:

@@ -408,6 +408,13 @@ def connect(args: argparse.Namespace, ctx: CliContext, *, invocation: bool = Fal
 # ---- argument helpers shared by the API commands ---------------------------------------------------
 
 
+def for_account(path: str, account: str | None) -> str:
+    """``/v2/nvcf/<rest>`` as the caller's own, or as ``account``'s (``/v2/nvcf/accounts/<account>/<rest>``,
+    for super admins) when one is named.
+    """
+    return path.replace("/v2/nvcf/", f"/v2/nvcf/accounts/{account}/", 1) if account else path
+
+
 def csv_list(text: str) -> list[str]:
     """An argparse type: ``a,b`` -> ``["a", "b"]`` (blanks dropped; ``""`` gives ``[]``)."""
     return [part.strip() for part in text.split(",") if part.strip()]

@@ -8,7 +8,7 @@ import argparse
 import base64
 from typing import Any
 
-from nvcf_mono.cli.client import add_api_options, connect, read_text, upper
+from nvcf_mono.cli.client import add_api_options, connect, for_account, read_text, upper
 from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.cli.output import emit_json, fields, table
@@ -88,7 +88,7 @@ def _types_option(parser: argparse.ArgumentParser, *, required: bool, what: str 
 
 
 def _prefix(args: argparse.Namespace) -> str:
-    return f"/v2/nvcf/accounts/{args.account}/registry-credentials" if args.account else BASE
+    return for_account(BASE, args.account)
 
 
 def _secret_value(args: argparse.Namespace, ctx: CliContext) -> str | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from nvcf_mono.cli.client import add_api_options, connect, read_text, upper
+from nvcf_mono.cli.client import add_api_options, connect, for_account, read_text, upper
 from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
 from nvcf_mono.cli.output import emit_json, fields, table
@@ -74,7 +74,7 @@ def _secret_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _prefix(args: argparse.Namespace) -> str:
-    return f"/v2/nvcf/accounts/{args.account}/telemetries" if args.account else BASE
+    return for_account(BASE, args.account)
 
 
 def _secret(args: argparse.Namespace, ctx: CliContext, name: str) -> dict[str, Any]:
@@ -131,8 +131,8 @@ def _delete(args: argparse.Namespace, ctx: CliContext) -> int:
 def _set_secret(args: argparse.Namespace, ctx: CliContext) -> int:
     client = connect(args, ctx)
     current = client.get(f"{_prefix(args)}/{args.telemetry_id}", management=True)["telemetry"]
-    secrets = f"/v2/nvcf/accounts/{args.account}/secrets" if args.account else "/v2/nvcf/secrets"
-    client.put(f"{secrets}/telemetries/{args.telemetry_id}", {"secret": _secret(args, ctx, current["name"])})
+    secret = {"secret": _secret(args, ctx, current["name"])}
+    client.put(for_account(f"/v2/nvcf/secrets/telemetries/{args.telemetry_id}", args.account), secret)
     if not args.json:
         print(f"replaced the secret of {current['name']} ({args.telemetry_id})", file=ctx.stdout)
     return 0
