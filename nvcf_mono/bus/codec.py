@@ -14,9 +14,10 @@ from typing import Any, Generic, TypeVar, final
 
 import attrs
 
+from nvcf_mono import compact_json
 from nvcf_mono.bus.api import KeyValue, Watch
 from nvcf_mono.bus.errors import BusError
-from nvcf_mono.structure import StructureError, structure, unstructure
+from nvcf_mono.structure import StructureError, structure_json, unstructure
 
 T = TypeVar("T")
 
@@ -39,7 +40,7 @@ class VersionedCodec(Generic[T]):
 
     def encode(self, value: T) -> bytes:
         """Bytes to store."""
-        return json.dumps({"v": self.version, "data": unstructure(value)}, separators=(",", ":")).encode()
+        return compact_json.dumps({"v": self.version, "data": unstructure(value)})
 
     def decode(self, raw: bytes) -> T:
         """The value; raises SchemaVersionError for unreadable or future versions."""
@@ -63,7 +64,7 @@ class VersionedCodec(Generic[T]):
             version += 1
         try:
             # Unknown fields are kept out rather than fatal: a rolling upgrade may have added one.
-            return structure(self.type, data, forbid_extra=False)
+            return structure_json(self.type, data)
         except StructureError as err:
             raise SchemaVersionError(f"{self.name}: stored value does not match schema {self.version}: {err}") from err
 

@@ -20,6 +20,8 @@ from typing import Any
 import attrs
 import orjson
 
+from nvcf_mono import compact_json
+
 _LEN = struct.Struct(">I")
 Headers = tuple[tuple[str, str], ...]
 #: The request header that turns the worker's compatibility mode off for one request (NVCF's).
@@ -36,11 +38,7 @@ class FrameError(ValueError):
 
 
 def _pack(header: dict[str, Any], body: bytes | memoryview) -> bytes:
-    try:
-        meta = orjson.dumps(header)  # on every hop of every request: the fast encoder
-    except orjson.JSONEncodeError:
-        # What orjson refuses and json writes: a header value holding a lone surrogate (undecodable bytes).
-        meta = json.dumps(header, separators=(",", ":")).encode()
+    meta = compact_json.dumps(header)  # on every hop of every request: the fast encoder
     return b"".join((_LEN.pack(len(meta)), meta, body))
 
 

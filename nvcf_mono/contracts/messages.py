@@ -12,8 +12,9 @@ from typing import Any, TypeVar
 
 import attrs
 
+from nvcf_mono import compact_json
 from nvcf_mono.models.cluster import ClusterGpu, GpuUsage, MaintenanceMode
-from nvcf_mono.structure import StructureError, WireModel, structure, unstructure, wire
+from nvcf_mono.structure import StructureError, WireModel, structure_json, unstructure, wire
 
 M = TypeVar("M")
 
@@ -24,7 +25,7 @@ class MessageError(ValueError):
 
 def encode(message: Any) -> bytes:
     """Compact JSON of a payload (null fields omitted)."""
-    return json.dumps(unstructure(message, omit_none=True), separators=(",", ":")).encode()
+    return compact_json.dumps(unstructure(message, omit_none=True))
 
 
 def decode(tp: type[M], data: bytes) -> M:
@@ -34,7 +35,7 @@ def decode(tp: type[M], data: bytes) -> M:
     except ValueError as err:
         raise MessageError(f"{tp.__name__}: not JSON") from err
     try:
-        return structure(tp, raw, forbid_extra=False)
+        return structure_json(tp, raw)
     except StructureError as err:
         raise MessageError(f"{tp.__name__}: {err}") from err
 

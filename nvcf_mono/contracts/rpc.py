@@ -12,11 +12,12 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
+from nvcf_mono import compact_json
 from nvcf_mono.bus.api import Bus, Msg
 from nvcf_mono.bus.errors import BusError
 from nvcf_mono.contracts.messages import MessageError, decode
 from nvcf_mono.errors import NvcfMonoError
-from nvcf_mono.structure import StructureError, structure, unstructure
+from nvcf_mono.structure import StructureError, structure_json, unstructure
 
 Resp = TypeVar("Resp")
 
@@ -36,7 +37,7 @@ async def call(
     bus: Bus, subject: str, request: Any, response_type: type[Resp], *, timeout: float | None = None
 ) -> Resp:
     """Send ``request`` and decode the reply; raises :class:`RpcError` or the bus's errors."""
-    body = json.dumps({"ok": unstructure(request, omit_none=True)}, separators=(",", ":")).encode()
+    body = compact_json.dumps({"ok": unstructure(request, omit_none=True)})
     reply = await bus.request(subject, body, timeout=timeout)
     return _reply(reply.data, response_type)
 
@@ -52,13 +53,13 @@ def _reply(data: bytes, response_type: type[Resp]) -> Resp:
     if not isinstance(doc, dict) or "ok" not in doc:
         raise RpcError(502, "the reply has neither 'ok' nor 'error'")
     try:
-        return structure(response_type, doc["ok"], forbid_extra=False)
+        return structure_json(response_type, doc["ok"])
     except StructureError as err:
         raise RpcError(502, f"unexpected reply: {err}") from err
 
 
 def ok(payload: Any) -> bytes:
-    return json.dumps({"ok": unstructure(payload, omit_none=True)}, separators=(",", ":")).encode()
+    return compact_json.dumps({"ok": unstructure(payload, omit_none=True)})
 
 
 def error(code: int, message: str) -> bytes:

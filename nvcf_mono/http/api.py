@@ -15,6 +15,7 @@ from typing import Any, Generic, Literal, TypeVar, final
 import attrs
 from aiohttp import web
 
+from nvcf_mono import compact_json
 from nvcf_mono.auth.principal import AuthError, Principal
 from nvcf_mono.auth.strategy import Authenticator
 from nvcf_mono.contracts.ids import ID_RULE, is_id, shown
@@ -22,7 +23,7 @@ from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late
 from nvcf_mono.plugin import SetupContext
 from nvcf_mono.services import ExtensionPoint
-from nvcf_mono.structure import Issue, StructureError, camel_case, structure, unstructure
+from nvcf_mono.structure import Issue, StructureError, camel_case, structure_json, unstructure
 
 B = TypeVar("B")
 C = TypeVar("C")
@@ -180,7 +181,7 @@ class Call(Generic[B]):
 
 def json_response(value: Any, status: int = 200) -> web.Response:
     """NVCF JSON: camelCase keys from the models, null fields omitted."""
-    body = json.dumps(unstructure(value, omit_none=True), separators=(",", ":")).encode()
+    body = compact_json.dumps(unstructure(value, omit_none=True))
     return web.Response(status=status, body=body, content_type="application/json")
 
 
@@ -211,7 +212,7 @@ def parse_body(tp: type[B], raw: Any) -> B:
     if not isinstance(raw, Mapping):
         raise ProblemError(400, f"Validation failed: the request body must be a JSON object, got {type(raw).__name__}")
     try:
-        return structure(tp, raw, forbid_extra=False)
+        return structure_json(tp, raw)
     except StructureError as err:
         raise ProblemError(400, validation_detail(tp, raw, err.issues)) from err
 
