@@ -7,7 +7,7 @@ import shutil
 
 import anyio
 
-from bench import bus, cold_start, container_cold_start, invoke, llm, versions
+from bench import bus, cold_start, container_cold_start, invoke, llm, models, versions
 
 
 def main() -> None:
@@ -27,6 +27,8 @@ def main() -> None:
         anyio.run(container_cold_start.run, args.quick, backend="asyncio")
     else:
         print("-- cold start on the containers backend: skipped, podman is not installed")
+    print("-- reading and writing the data models")
+    anyio.run(models.run, args.quick, backend="asyncio")
     print("-- the cost of a function version")
     anyio.run(versions.run, args.quick, backend="asyncio")
 
