@@ -10,7 +10,18 @@ import attrs
 from nvcf_mono.contracts import env
 from nvcf_mono.contracts.telemetry import exports_problem
 from nvcf_mono.errors import NvcfMonoError
-from nvcf_mono.structure import KEY, Check, StructureError, Text, at_least, checked, in_range, positive, structure
+from nvcf_mono.structure import (
+    KEY,
+    Check,
+    StructureError,
+    Text,
+    at_least,
+    checked,
+    in_range,
+    optional,
+    positive,
+    structure,
+)
 from nvcf_mono.worker import endpoint
 
 Protocol = Literal["http", "grpc"]
@@ -108,7 +119,7 @@ class WorkerConfig:
     #: The OTLP/HTTP collector this worker sends its spans to (None: no tracing).
     traces_endpoint: str | None = contract(env.NVCF_TRACES_ENDPOINT, None)
     #: The function's own telemetry receivers (``worker/telemetry.py``).
-    telemetry_exports: str | None = contract(env.NVCF_TELEMETRY_EXPORTS, None, exports_problem)
+    telemetry_exports: str | None = contract(env.NVCF_TELEMETRY_EXPORTS, None, optional(exports_problem))
     # Not from the environment:
     frame_size: int = 256 * 1024
     #: How often a running request's progress file is looked at.

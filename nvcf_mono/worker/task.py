@@ -34,7 +34,7 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     TaskResultAck,
     TaskResultChunk,
 )
-from nvcf_mono.structure import at_least, in_range
+from nvcf_mono.structure import at_least, in_range, optional
 from nvcf_mono.worker import endpoint
 from nvcf_mono.worker.agent import SERVICE, WorkerState
 from nvcf_mono.worker.config import contract, from_contract, host_port
@@ -69,7 +69,7 @@ class TaskConfig:
     secrets_present: bool = contract(env.FUNCTION_SECRETS_PRESENT, False)
     grpc_address_file: str | None = contract(env.NVCF_FQDN_GRPC_FILE, None)
     #: The task's own telemetry receivers (``worker/telemetry.py``): its worker sends its log there.
-    telemetry_exports: str | None = contract(env.NVCF_TELEMETRY_EXPORTS, None, exports_problem)
+    telemetry_exports: str | None = contract(env.NVCF_TELEMETRY_EXPORTS, None, optional(exports_problem))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> TaskConfig:

@@ -193,6 +193,12 @@ def test_blank_values_count_as_unset() -> None:
         WorkerConfig.from_env({**BASE, env.NVCF_WORKER_TOKEN: "  "})
 
 
+def test_null_written_for_an_optional_setting_is_unset() -> None:
+    """``null`` reads as unset, and the setting's check is not run on it (it used to crash on None)."""
+    config = WorkerConfig.from_env({**BASE, env.NVCF_TELEMETRY_EXPORTS: "null", env.NVCF_FQDN_GRPC_CA: "~"})
+    assert (config.telemetry_exports, config.grpc_ca) == (None, None)
+
+
 def test_the_address_file_wins_while_it_holds_an_address(tmp_path: Path) -> None:
     from nvcf_mono.worker import endpoint
 
