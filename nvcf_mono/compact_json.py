@@ -1,4 +1,4 @@
-"""Compact JSON bytes: orjson's encoder, and the standard library's for what orjson refuses."""
+"""JSON as bytes, fast: orjson, and the standard library for what orjson refuses."""
 
 from __future__ import annotations
 
@@ -18,3 +18,15 @@ def dumps(value: Any) -> bytes:
         return orjson.dumps(value)
     except orjson.JSONEncodeError:
         return json.dumps(value, separators=(",", ":")).encode()
+
+
+def loads(data: bytes | str) -> Any:
+    """The value ``data`` holds; raises ValueError when it is not JSON.
+
+    What :func:`dumps` wrote with the standard library (an escaped lone surrogate, a large integer)
+    orjson refuses to read: the standard library reads it.
+    """
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)

@@ -7,7 +7,6 @@ with a clear error instead of being misread.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Generic, TypeVar, final
@@ -45,7 +44,7 @@ class VersionedCodec(Generic[T]):
     def decode(self, raw: bytes) -> T:
         """The value; raises SchemaVersionError for unreadable or future versions."""
         try:
-            doc = json.loads(raw)
+            doc = compact_json.loads(raw)
         except ValueError as err:
             raise SchemaVersionError(f"{self.name}: stored value is not JSON") from err
         if not isinstance(doc, dict) or not isinstance(doc.get("v"), int) or not isinstance(doc.get("data"), dict):

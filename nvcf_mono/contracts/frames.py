@@ -12,13 +12,11 @@ Response frames of one request are numbered from 0 per delivery attempt; the las
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Iterable
 from typing import Any
 
 import attrs
-import orjson
 
 from nvcf_mono import compact_json
 
@@ -50,12 +48,9 @@ def _unpack(blob: bytes) -> tuple[dict[str, Any], bytes]:
         raise FrameError("frame header runs past the end")
     meta = blob[4 : 4 + size]
     try:
-        header = orjson.loads(meta)
-    except orjson.JSONDecodeError:
-        try:
-            header = json.loads(meta)  # orjson refuses the escaped lone surrogates _pack may have written
-        except ValueError as err:
-            raise FrameError(f"frame header is not JSON: {err}") from err
+        header = compact_json.loads(meta)
+    except ValueError as err:
+        raise FrameError(f"frame header is not JSON: {err}") from err
     if not isinstance(header, dict):
         raise FrameError("frame header is not an object")
     return header, blob[4 + size :]

@@ -7,7 +7,6 @@ Creation and termination messages keep NVCF's field names (reference compute-pla
 from __future__ import annotations
 
 import enum
-import json
 from typing import Any, TypeVar
 
 import attrs
@@ -31,7 +30,7 @@ def encode(message: Any) -> bytes:
 def decode(tp: type[M], data: bytes) -> M:
     """The payload in ``data``; raises :class:`MessageError`."""
     try:
-        raw = json.loads(data) if data else {}
+        raw = compact_json.loads(data) if data else {}
     except ValueError as err:
         raise MessageError(f"{tp.__name__}: not JSON") from err
     try:

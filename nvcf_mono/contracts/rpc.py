@@ -44,7 +44,7 @@ async def call(
 
 def _reply(data: bytes, response_type: type[Resp]) -> Resp:
     try:
-        doc = json.loads(data)
+        doc = compact_json.loads(data)
     except ValueError as err:
         raise RpcError(502, "the reply is not JSON") from err
     if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
@@ -80,7 +80,7 @@ def dispatcher(endpoints: Mapping[str, Endpoint], route: Callable[[str], str]) -
                 return error(404, f"no such call {name!r}")
             request_type, fn = endpoint
             try:
-                doc = json.loads(msg.data) if msg.data else {"ok": {}}
+                doc = compact_json.loads(msg.data) if msg.data else {"ok": {}}
                 request = decode(request_type, json.dumps(doc.get("ok", {})).encode())
             except (ValueError, AttributeError, MessageError) as err:
                 return error(400, f"bad request: {err}")

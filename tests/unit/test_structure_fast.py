@@ -289,3 +289,7 @@ def test_compact_json_writes_what_orjson_refuses() -> None:
     # a lone surrogate (undecodable bytes), an integer past 64 bits, a key that is not a string
     for value in ({"h": "\udcff"}, {"n": 2**70}, {1: "x"}):
         assert json.loads(compact_json.dumps(value)) == json.loads(json.dumps(value))
+    for value in ({"h": "\udcff"}, {"n": 2**70}):
+        assert compact_json.loads(compact_json.dumps(value)) == value  # read back what json wrote
+    with pytest.raises(ValueError):
+        compact_json.loads(b"{not json")
