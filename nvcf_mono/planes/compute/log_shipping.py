@@ -7,6 +7,10 @@ records. The file is the buffer: an endpoint that is slow or down holds back onl
 instance's lines (nothing gathers in memory), and each failed post is dropped and said once a
 minute in the agent's log. A released instance gets a last round for what it wrote before it ended.
 
+The Kubernetes backend has no file: its task follows the container's log as the cluster streams it
+(:meth:`LogShipper.follow`), at most :data:`QUEUED_LINES` lines held between rounds; a slow endpoint
+holds back the stream, not the agent's memory.
+
 The endpoint is a tenant's: posts connect only to the addresses :mod:`nvcf_mono.contracts.egress`
 allows (checked after the name resolves) and follow no redirect.
 """
@@ -15,9 +19,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import anyio
@@ -27,6 +31,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from nvcf_mono import tracing
 from nvcf_mono.contracts import env, trace
 from nvcf_mono.contracts.egress import EgressRefused, parse
+from nvcf_mono.contracts.telemetry import exports_problem, targets
 from nvcf_mono.egress_aiohttp import checked_session, url_refusal
 
 #: Bytes of a log read and sent per round; a line longer than this goes out in pieces.
@@ -36,6 +41,16 @@ INTERVAL = 1.0
 POST_TIMEOUT = 5.0
 #: Seconds between two warnings about one instance's failing posts.
 WARN_EVERY = 60.0
+#: Lines of a followed log held between rounds (then the stream waits).
+QUEUED_LINES = 4096
+#: Seconds a released instance's followed log has to reach its end before its last round.
+LAST_WAIT = 2.0
+
+
+def logs_target(contract: Mapping[str, str]) -> tracing.OtlpTarget | None:
+    """Where an instance's output goes: its function's or task's logs endpoint, if it chose one."""
+    raw = contract.get(env.NVCF_TELEMETRY_EXPORTS)
+    return targets(raw).get("logs") if raw and exports_problem(raw) is None else None
 
 
 def resource_of(contract: Mapping[str, str], instance_id: str) -> dict[str, str]:
@@ -53,13 +68,78 @@ def resource_of(contract: Mapping[str, str], instance_id: str) -> dict[str, str]
     return resource
 
 
+class _Source(Protocol):
+    #: Set once there is nothing more to read (a file: at once; a stream: at its end).
+    ended: anyio.Event
+
+    async def run(self) -> None:
+        """Read in the background (a stream), or nothing (a file)."""
+
+    async def take(self) -> list[str]:
+        """The lines to send now (up to about :data:`MAX_READ` bytes); none when there are none yet."""
+
+    def close(self) -> None:
+        """Done with it (what was not taken is dropped)."""
+
+
+@attrs.define
+class _FileLines:
+    """An instance's output file, read from where the last round left off."""
+
+    path: Path
+    offset: int
+    ended: anyio.Event = attrs.Factory(anyio.Event)
+
+    async def run(self) -> None:
+        self.ended.set()
+
+    async def take(self) -> list[str]:
+        lines, self.offset = await anyio.to_thread.run_sync(read_lines, self.path, self.offset)
+        return lines
+
+    def close(self) -> None:
+        pass
+
+
+class _StreamLines:
+    """Lines an iterator yields (a container's log as the cluster streams it), queued between rounds."""
+
+    def __init__(self, lines: Callable[[], AsyncIterator[str]]) -> None:
+        self._lines = lines
+        self._send, self._receive = anyio.create_memory_object_stream[str](QUEUED_LINES)
+        self.ended = anyio.Event()
+
+    async def run(self) -> None:
+        try:
+            async with self._send:
+                async for line in self._lines():
+                    await self._send.send(line)
+        finally:
+            self.ended.set()
+
+    async def take(self) -> list[str]:
+        lines: list[str] = []
+        size = 0
+        while size < MAX_READ:
+            try:
+                line = self._receive.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                break
+            if line.strip():
+                lines.append(line)
+                size += len(line)
+        return lines
+
+    def close(self) -> None:
+        self._receive.close()
+
+
 @attrs.define
 class _Watched:
     instance_id: str
-    path: Path
+    source: _Source
     target: tracing.OtlpTarget
     resource: dict[str, str]
-    offset: int
     done: anyio.Event = attrs.Factory(anyio.Event)
     warned_at: float = -WARN_EVERY
 
@@ -141,16 +221,31 @@ class LogShipper:
         """Send ``path``'s new lines to ``target`` (``from_end``: only what is written from now on, for an
         instance taken over from an agent that may have sent the rest).
         """
+        try:
+            offset = path.stat().st_size if from_end else 0
+        except OSError:
+            offset = 0
+        self._start(instance_id, _FileLines(path, offset), target, resource)
+
+    def follow(
+        self,
+        instance_id: str,
+        lines: Callable[[], AsyncIterator[str]],
+        target: tracing.OtlpTarget,
+        resource: Mapping[str, str],
+    ) -> None:
+        """Send the lines ``lines()`` yields to ``target``, a round's worth at a time, until :meth:`forget`."""
+        self._start(instance_id, _StreamLines(lines), target, resource)
+
+    def _start(
+        self, instance_id: str, source: _Source, target: tracing.OtlpTarget, resource: Mapping[str, str]
+    ) -> None:
         if self._tg is None or instance_id in self._watched:
             return
         if not tracing.installed():
             self._log.warning("instance %s: its output is not sent: OpenTelemetry is not installed", instance_id)
             return
-        try:
-            offset = path.stat().st_size if from_end else 0
-        except OSError:
-            offset = 0
-        watched = _Watched(instance_id=instance_id, path=path, target=target, resource=dict(resource), offset=offset)
+        watched = _Watched(instance_id=instance_id, source=source, target=target, resource=dict(resource))
         self._watched[instance_id] = watched
         self._tg.start_soon(self._ship, watched, name=f"log shipping {instance_id}")
 
@@ -162,20 +257,24 @@ class LogShipper:
 
     async def _ship(self, w: _Watched) -> None:
         try:
-            while True:
-                with anyio.move_on_after(INTERVAL):
-                    await w.done.wait()
-                last = w.done.is_set()
-                while True:  # everything there now, a read at a time
-                    lines, w.offset = await anyio.to_thread.run_sync(read_lines, w.path, w.offset)
-                    if not lines:
-                        break
-                    await self._post(w, lines)
-                if last:
-                    return
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(w.source.run)
+                while True:
+                    with anyio.move_on_after(INTERVAL):
+                        await w.done.wait()
+                    last = w.done.is_set()
+                    if last:
+                        with anyio.move_on_after(LAST_WAIT):  # what the stream still brings
+                            await w.source.ended.wait()
+                    while lines := await w.source.take():  # everything there now, a read at a time
+                        await self._post(w, lines)
+                    if last:
+                        tg.cancel_scope.cancel()
+                        return
         except Exception:  # a fault here ends this instance's shipping, never the agent
             self._log.exception("instance %s: sending its output to its logs endpoint stopped", w.instance_id)
         finally:
+            w.source.close()
             if self._watched.get(w.instance_id) is w:
                 del self._watched[w.instance_id]
 

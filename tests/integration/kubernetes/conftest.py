@@ -4,16 +4,19 @@ No Kubernetes cluster exists here, so the API server is kmock's stateful emulato
 server keeping objects in memory, with lists and watches), made a little more like a real server:
 it gives objects a uid, a creation time and a resource version, and starts pods Pending. Nothing runs
 the pods: a test plays the scheduler and the kubelet by writing pod statuses through the API, which
-the backend sees through its watch like any status change. Every object the backend creates is
-checked against the Kubernetes OpenAPI schemas (``kubernetes-validate``).
+the backend sees through its watch like any status change, and by writing containers' log lines,
+which the API serves as the kubelet would (``follow``, ``timestamps``, ``sinceSeconds``). Every
+object the backend creates is checked against the Kubernetes OpenAPI schemas (``kubernetes-validate``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import itertools
 import json
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -64,6 +67,14 @@ def stamp(seconds_ago: float = 0.0) -> str:
 
 
 _NAMESPACE_PATH = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+))?$")
+_LOG_PATH = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/pods/(?P<name>[^/]+)/log$")
+
+
+def log_stamp(at_ns: int) -> str:
+    """A log line's time as the kubelet writes it (RFC 3339, nanoseconds)."""
+    return datetime.fromtimestamp(at_ns // 1_000_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%S") + (
+        f".{at_ns % 1_000_000_000:09d}Z"
+    )
 
 
 class ApiServer(kmock.KubernetesEmulator):
@@ -75,6 +86,49 @@ class ApiServer(kmock.KubernetesEmulator):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.namespaces: dict[str, dict[str, Any]] = {}
+        #: (pod, container) -> its log lines, each with its container's run (restarts so far) and time (ns);
+        #: absent: the container has not started.
+        self.logs: dict[tuple[str, str], list[tuple[int, int, str]]] = {}
+        #: (pod, container) -> its restarts, and how many times its followed logs were cut short.
+        self.restarts: dict[tuple[str, str], int] = {}
+        self.log_breaks: dict[tuple[str, str], int] = {}
+        self.log_requests: list[dict[str, str]] = []
+
+    def _pod_exists(self, namespace: str, name: str) -> bool:
+        pods = kmock.resource("v1/pods")
+        return any(key == (pods, namespace, name) and not obj.deleted for key, obj in self.objects.items())
+
+    async def _log_call(self, request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse | None:
+        m = _LOG_PATH.match(request.path)
+        if m is None or request.method.upper() != "GET":
+            return None
+        key = (m["name"], request.query.get("container", ""))
+        self.log_requests.append(dict(request.query))
+        if not self._pod_exists(m["namespace"], m["name"]):
+            return aiohttp.web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
+        if key not in self.logs:
+            waiting = {"kind": "Status", "code": 400, "message": f"container {key[1]!r} is waiting to start"}
+            return aiohttp.web.json_response(waiting, status=400)
+        since = request.query.get("sinceSeconds")
+        cutoff = time.time_ns() - int(since) * 1_000_000_000 if since else None
+        truth = ("1", "t", "T", "TRUE", "true", "True")  # what the API server's ParseBool takes
+        timestamps, follow = request.query.get("timestamps") in truth, request.query.get("follow") in truth
+        run, breaks = self.restarts.get(key, 0), self.log_breaks.get(key, 0)
+        resp = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await resp.prepare(request)
+        sent = 0
+        # The running container's log (a restarted one's new run only), until it restarts or the stream is cut.
+        while self.restarts.get(key, 0) == run and self.log_breaks.get(key, 0) == breaks:
+            lines = self.logs[key]
+            for of_run, at, text in lines[sent:]:
+                if of_run == run and (cutoff is None or at >= cutoff):
+                    await resp.write(((log_stamp(at) + " " if timestamps else "") + text + "\n").encode())
+            sent = len(lines)
+            if not follow or not self._pod_exists(m["namespace"], m["name"]):
+                break
+            await asyncio.sleep(0.05)
+        await resp.write_eof()
+        return resp
 
     async def _namespace_call(self, request: aiohttp.web.BaseRequest) -> aiohttp.web.Response | None:
         m = _NAMESPACE_PATH.match(request.path)
@@ -98,7 +152,7 @@ class ApiServer(kmock.KubernetesEmulator):
         return aiohttp.web.json_response(self.namespaces[name])
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
-        served = await self._namespace_call(raw_request)
+        served = await self._namespace_call(raw_request) or await self._log_call(raw_request)
         return served if served is not None else await super().__call__(raw_request)
 
     async def _handle(self, request: Any) -> Any:
@@ -191,6 +245,19 @@ class Cluster:
 
     async def delete_pod(self, name: str) -> None:
         await self._request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+
+    def write_log(self, pod: str, container: str, *lines: str) -> None:
+        """Play the container: it writes ``lines`` now."""
+        run = self.server.restarts.get((pod, container), 0)
+        self.server.logs.setdefault((pod, container), []).extend((run, time.time_ns(), line) for line in lines)
+
+    def restart_container(self, pod: str, container: str) -> None:
+        """Play the kubelet restarting a container: the logs being followed end; its log starts again."""
+        self.server.restarts[(pod, container)] = self.server.restarts.get((pod, container), 0) + 1
+
+    def cut_log_streams(self, pod: str, container: str) -> None:
+        """End the container's followed logs (a connection reset, an API server restart); it runs on."""
+        self.server.log_breaks[(pod, container)] = self.server.log_breaks.get((pod, container), 0) + 1
 
     def objects(self, resource: str, namespace: str | None = NAMESPACE) -> dict[str, dict[str, Any]]:
         """Name -> object of what exists now (``v1/pods``, ``nvca.nvcf.nvidia.io/v2beta1/icmsrequests``)."""

@@ -13,10 +13,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from nvcf_mono.testing.platform import wait_for, wait_status
 from tests.integration.compute.conftest import compute_platform, create, deploy, function, instances, running, spec
+from tests.integration.compute.test_telemetry_export import LOOPBACK, TOKEN, otlp_receiver
 from tests.integration.kubernetes.conftest import (
     emulated_cluster,
     ended,
@@ -371,3 +373,82 @@ async def test_function_secrets_are_mounted_from_the_instances_secret_and_kept_c
                 return json.loads(base64.b64decode(data)) == {"API_KEY": "r0tated", "SHARED": "acct"}
 
             await wait_for(updated, timeout=15, what="the instance's Secret updated")
+
+
+@pytest.mark.slow
+async def test_the_function_containers_log_goes_to_its_logs_endpoint_once_across_restarts(tmp_path: Path) -> None:
+    """The agent follows the inference container's log (timestamps on) and posts it as OTLP log records.
+    A stream cut short is followed again from a little before its last line, whose earlier lines are
+    not sent twice; a restarted container's new log is followed too. The worker's own log (the
+    ``utils`` container) is not the function's and is not sent.
+    """
+    async with otlp_receiver() as (url, got), emulated_cluster(tmp_path) as kc:
+        await gpu_nodes(kc)
+        async with compute_platform(tmp_path, [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig)], **LOOPBACK) as p:
+            await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
+            made = await p.admin.post(
+                "/v2/nvcf/telemetries",
+                {
+                    "endpoint": url,
+                    "protocol": "HTTP",
+                    "provider": "OTEL_COLLECTOR",
+                    "types": ["LOGS"],
+                    "secret": {"name": "collector", "value": TOKEN},
+                },
+            )
+            assert made.status == 200, made.body
+            chosen = {"logsTelemetryId": made.json["telemetry"]["telemetryId"]}
+            fid, _, d = await create(p.admin, function("on-k8s", containerImage=IMAGE, telemetries=chosen))
+            await deploy(p.admin, d, spec("H100"))
+            name = (await one_pod(kc))["metadata"]["name"]
+            kc.write_log(name, "utils", "the worker's own line")
+            await kc.set_pod_status(name, ready_status())
+            await running(p.bus, CLUSTER)
+            kc.write_log(name, "inference", "model loaded", "", "listening on :9000")
+
+            def bodies() -> list[str]:
+                return [r["body"] for r in got.records]
+
+            async def sent(*want: str) -> bool:
+                return bodies() == list(want)
+
+            await wait_for(lambda: sent("model loaded", "listening on :9000"), timeout=20, what="the first lines")
+            (record, *_) = got.records
+            assert record["resource"]["service.instance.id"] == name
+            assert record["resource"]["nvcf.function_id"] == fid and record["resource"]["service.name"] == "on-k8s"
+            follows = [q for q in kc.server.log_requests if q.get("follow") == "True"]
+            assert {q["container"] for q in follows} == {"inference"} and follows[0].get("timestamps") == "True"
+            assert "sinceSeconds" not in follows[-1]  # from the container's start
+
+            # Cut short: followed again from before the last line; what came before is skipped.
+            kc.cut_log_streams(name, "inference")
+
+            async def followed_again() -> bool:
+                return any("sinceSeconds" in q for q in kc.server.log_requests if q.get("follow") == "True")
+
+            await wait_for(followed_again, timeout=20, what="the log followed again")
+            kc.write_log(name, "inference", "still here")
+            await wait_for(
+                lambda: sent("model loaded", "listening on :9000", "still here"), timeout=20, what="one more line"
+            )
+
+            kc.restart_container(name, "inference")
+            kc.write_log(name, "inference", "started again")
+            await wait_for(
+                lambda: sent("model loaded", "listening on :9000", "still here", "started again"),
+                timeout=20,
+                what="the restarted container's line",
+            )
+
+            # Undeployed: the lines written before the pod went still go out; then the agent stops asking.
+            kc.write_log(name, "inference", "shutting down")
+            assert (await p.admin.delete(d)).status == 200
+            await wait_for(lambda: _last_is(bodies(), "shutting down"), timeout=20, what="the last line")
+            asked = len(kc.server.log_requests)
+            await anyio.sleep(2.5)
+            assert len(kc.server.log_requests) == asked, "the agent still follows a released instance's log"
+            assert bodies().count("model loaded") == 1 and got.auth == {f"Bearer {TOKEN}"}
+
+
+async def _last_is(bodies: list[str], line: str) -> bool:
+    return bodies[-1:] == [line]

@@ -17,9 +17,11 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
+from datetime import datetime
 from pathlib import Path
 from typing import Any, final
 
@@ -27,6 +29,7 @@ import anyio
 import attrs
 from anyio.abc import TaskGroup
 
+from nvcf_mono.backoff import Backoff
 from nvcf_mono.contracts import env, pull_credentials, states
 from nvcf_mono.contracts.agent import AgentInstance, AgentLog, AgentProcess
 from nvcf_mono.contracts.messages import CreationMessage
@@ -50,12 +53,16 @@ from nvcf_mono.planes.compute.backends.kubernetes.extensions import ExtensionFai
 from nvcf_mono.planes.compute.config import ClusterSettings, ComputeConfig, KubernetesSettings
 from nvcf_mono.planes.compute.gpus import Inventory, static_inventory
 from nvcf_mono.planes.compute.health import LaunchFailure, Observation
+from nvcf_mono.planes.compute.log_shipping import LogShipper, logs_target, resource_of
 from nvcf_mono.reval.engine import RequestError, RevalRequest, Validator, ValidatorSettings
 
 __all__ = ["KubernetesBackend", "KubernetesProvider"]
 
 #: A created pod the watch has not shown yet after this long is missing.
 _UNSEEN_GRACE = 30.0
+#: Seconds more than the time since the last line sent that a followed log is asked for again from:
+#: the node's clock may run apart from the agent's, and lines already sent are skipped by their time.
+_CLOCK_MARGIN = 30
 #: Chart objects read for terminal conditions (their pods are watched anyway).
 _CONTROLLERS = ("deployments", "replicasets", "statefulsets", "jobs", "cronjobs")
 MS_RESOURCE = (miniservice.MS_GROUP, miniservice.MS_VERSION, miniservice.MS_PLURAL)
@@ -174,6 +181,7 @@ class KubernetesBackend:
         self._held: dict[str, KubeInstance] = {}
         self._stack: AsyncExitStack | None = None
         self._tg: TaskGroup | None = None
+        self._shipper: LogShipper | None = None
 
     async def __aenter__(self) -> KubernetesBackend:
         async with AsyncExitStack() as stack:
@@ -190,6 +198,9 @@ class KubernetesBackend:
             tg = anyio.create_task_group()
             await tg.__aenter__()
             try:
+                shipper = LogShipper(self._log)
+                await tg.start(shipper.run)
+                self._shipper = shipper
                 for site in self._sites.values():
                     await tg.start(site.pods.run)
                     if site.settings.secrets_refresh > 0:
@@ -204,6 +215,7 @@ class KubernetesBackend:
 
     async def __aexit__(self, *exc: object) -> None:
         tg, self._tg = self._tg, None
+        self._shipper = None
         if tg is not None:
             tg.cancel_scope.cancel()
             await tg.__aexit__(None, None, None)
@@ -361,6 +373,7 @@ class KubernetesBackend:
                 await self._install(site, spec, inst)
             else:
                 await self._create(site, spec, inst)
+                self._ship_output(site, spec, inst, adopted=False)
         except _Refused as err:
             inst.failure = err.failure
             self._log.info("instance %s cannot start: %s", inst.instance_id, err.failure.detail)
@@ -706,7 +719,48 @@ class KubernetesBackend:
         if site.pods.get(spec.instance_id) is None:
             self._log.info("instance %s: its pod is gone; creating it again", spec.instance_id)
             return await self.start(spec)
-        return self._hold(spec, seen=True)
+        inst = self._hold(spec, seen=True)
+        self._ship_output(site, spec, inst, adopted=True)
+        return inst
+
+    def _ship_output(self, site: Site, spec: LaunchSpec, inst: KubeInstance, *, adopted: bool) -> None:
+        """Send what the function's (or task's) container writes to its logs endpoint, when it chose one.
+
+        An adopted pod's log is sent from now on: the agent before may have sent the rest.
+        """
+        contract = spec.message.launch_specification.environment
+        target = logs_target(contract)
+        if target is None or self._shipper is None:
+            return
+        container = manifests.TASK if inst.task else manifests.INFERENCE
+        since = time.time_ns() if adopted else None
+
+        def lines() -> AsyncIterator[str]:
+            return self._pod_lines(site, inst.instance_id, container, since)
+
+        self._shipper.follow(inst.instance_id, lines, target, resource_of(contract, inst.instance_id))
+
+    async def _pod_lines(self, site: Site, name: str, container: str, since: int | None) -> AsyncIterator[str]:
+        """A container's log lines for as long as the instance is held, across its restarts and broken
+        streams: each time from a little before the last line sent (``since``, in nanoseconds since the
+        epoch), skipping what was sent by its time.
+        """
+        backoff = Backoff(1.0, 30.0)
+        while name in self._held:
+            ago = None if since is None else int((time.time_ns() - since) // 1_000_000_000) + _CLOCK_MARGIN
+            try:
+                async for stamped in site.kube.follow_pod_log(name, container, since_seconds=ago):
+                    stamp, _, line = stamped.partition(" ")
+                    at = _nanoseconds(stamp)
+                    if at is not None and since is not None and at <= since:
+                        continue  # sent before the stream was asked for again
+                    since = at if at is not None else since
+                    backoff.reset()
+                    yield line if at is not None else stamped
+            except KubeError as err:
+                # Not started yet (400), gone (404), or the API is away: asked again while it is held.
+                self._log.debug("instance %s: following the log of %s: %s", name, container, err)
+            await anyio.sleep(backoff.next())
 
     async def observe(self, handle: object) -> Observation:
         inst = _kube(handle)
@@ -836,6 +890,8 @@ class KubernetesBackend:
     async def release(self, handle: object) -> None:
         inst = _kube(handle)
         self._held.pop(inst.instance_id, None)
+        if self._shipper is not None:
+            self._shipper.forget(inst.instance_id)
         site = self._site(inst.cluster_id)
         kube = site.kube
         try:
@@ -913,6 +969,19 @@ def _secrets_source(spec: LaunchSpec) -> _SecretsSource:
 def _kube(handle: object) -> KubeInstance:
     assert isinstance(handle, KubeInstance), handle
     return handle
+
+
+_STAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)")
+
+
+def _nanoseconds(stamp: str) -> int | None:
+    """A log line's time (RFC 3339, ``2026-12-07T10:00:00.123456789Z``) in nanoseconds since the epoch."""
+    m = _STAMP.fullmatch(stamp)
+    if m is None:
+        return None
+    zone = "+00:00" if m[3] == "Z" else m[3]
+    seconds = int(datetime.fromisoformat(m[1] + zone).timestamp())
+    return seconds * 1_000_000_000 + int((m[2] or "").ljust(9, "0"))
 
 
 async def _close_client(api: Any) -> None:

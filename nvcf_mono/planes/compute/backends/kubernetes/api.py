@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
+import aiohttp
 import anyio
 from anyio.abc import TaskStatus
 from kubernetes_asyncio import client, config
@@ -21,6 +22,10 @@ from nvcf_mono.planes.compute.config import KubernetesSettings
 
 Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
+#: Seconds a followed log may stay silent before it is asked for again (a connection that died unnoticed).
+FOLLOW_IDLE = 300.0
+#: Bytes of one line of a followed log; a longer one comes in pieces.
+FOLLOW_LINE = 256 * 1024
 
 
 class KubeError(NvcfMonoError):
@@ -32,11 +37,30 @@ class KubeError(NvcfMonoError):
 
 
 def _message(err: ApiException) -> str:
+    return _status_message(err.body, err.reason or str(err))
+
+
+def _status_message(body: Any, reason: Any) -> str:
+    """The ``message`` of the API's Status answer, else the HTTP reason."""
     try:
-        body = json.loads(err.body or "{}")
-        return str(body.get("message") or err.reason)
-    except (ValueError, TypeError):
-        return str(err.reason or err)
+        status = json.loads(body or "{}")
+        return str(status.get("message") or reason)
+    except (ValueError, TypeError, AttributeError):
+        return str(reason)
+
+
+async def _refuse_error(resp: Any) -> None:
+    """KubeError for an answer with an error status, its body read and the response released.
+
+    The client checks the status only where it reads the body itself; every call here reads it.
+    """
+    if 200 <= resp.status < 300:
+        return
+    try:
+        body = await resp.read()
+    finally:
+        resp.release()
+    raise KubeError(resp.status, _status_message(body, resp.reason))
 
 
 async def open_client(settings: KubernetesSettings) -> client.ApiClient:
@@ -71,6 +95,7 @@ class Kube:
         try:
             with anyio.fail_after(self.settings.api_timeout):
                 resp = await fn(*args, _preload_content=False, **kwargs)
+                await _refuse_error(resp)
                 try:
                     data = await resp.read()
                 finally:
@@ -145,25 +170,57 @@ class Kube:
             if err.status != 404:
                 raise
 
-    async def pod_log(self, name: str, container: str, *, previous: bool, limit: int) -> str:
-        """The end of a container's log ('' when there is none)."""
+    async def _open_log(self, name: str, container: str, **query: Any) -> Any:
+        """The answer to a read of a container's log, its body not read yet; KubeError when there is none."""
         try:
             with anyio.fail_after(self.settings.api_timeout):
                 resp: Any = await self.core.read_namespaced_pod_log(
-                    name,
-                    self.namespace,
-                    container=container,
-                    previous=previous,
-                    tail_lines=200,
-                    _preload_content=False,
+                    name, self.namespace, container=container, _preload_content=False, **query
                 )
-                try:
+                await _refuse_error(resp)  # not started, no previous container: a Status, not its log
+                return resp
+        except ApiException as err:
+            raise KubeError(int(err.status or 0), _message(err)) from err
+        except (TimeoutError, OSError) as err:
+            raise KubeError(0, f"cannot read the log of {name}/{container}: {err}") from err
+
+    async def pod_log(self, name: str, container: str, *, previous: bool, limit: int) -> str:
+        """The end of a container's log ('' when there is none)."""
+        try:
+            resp = await self._open_log(name, container, previous=previous, tail_lines=200)
+            try:
+                with anyio.fail_after(self.settings.api_timeout):
                     data = await resp.read()
-                finally:
-                    resp.release()
-        except (ApiException, TimeoutError, OSError):
+            finally:
+                resp.release()
+        except (KubeError, TimeoutError, OSError):
             return ""
         return data.decode(errors="replace")[-limit:] if limit > 0 else ""
+
+    async def follow_pod_log(self, name: str, container: str, *, since_seconds: int | None) -> AsyncIterator[str]:
+        """A container's log as it is written, each line after its time (RFC 3339, to the nanosecond) and a
+        space, from ``since_seconds`` ago (all of it: None), until the container ends or nothing comes for
+        :data:`FOLLOW_IDLE` seconds. A line longer than :data:`FOLLOW_LINE` comes in pieces.
+        """
+        timeout = aiohttp.ClientTimeout(sock_connect=self.settings.api_timeout, sock_read=FOLLOW_IDLE)
+        since: dict[str, Any] = {} if since_seconds is None else {"since_seconds": since_seconds}
+        resp = await self._open_log(name, container, follow=True, timestamps=True, _request_timeout=timeout, **since)
+        try:
+            carry = b""
+            async for chunk in resp.content.iter_any():
+                carry += chunk
+                *lines, carry = carry.split(b"\n")
+                for line in lines:
+                    yield line.decode(errors="replace")
+                while len(carry) > FOLLOW_LINE:
+                    piece, carry = carry[:FOLLOW_LINE], carry[FOLLOW_LINE:]
+                    yield piece.decode(errors="replace")
+            if carry:
+                yield carry.decode(errors="replace")
+        except (TimeoutError, OSError, aiohttp.ClientPayloadError):
+            return  # idle, cut off or reset: the caller follows again from the last line it has
+        finally:
+            resp.release()
 
     # ---- any object (a chart's) ------------------------------------------------------------------
 
@@ -358,6 +415,7 @@ class PodCache:
         try:
             with anyio.fail_after(kube.settings.api_timeout):
                 resp: Any = await kube.core.list_pod_for_all_namespaces(_preload_content=False, **kwargs)
+                await _refuse_error(resp)
         except ApiException as err:
             raise KubeError(int(err.status or 0), _message(err)) from err
         except (TimeoutError, OSError) as err:

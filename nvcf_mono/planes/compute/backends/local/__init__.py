@@ -28,7 +28,6 @@ from anyio.abc import TaskGroup
 from nvcf_mono.contracts import env, states
 from nvcf_mono.contracts.agent import AgentInstance, AgentLog, AgentProcess
 from nvcf_mono.contracts.messages import CreationMessage
-from nvcf_mono.contracts.telemetry import exports_problem, targets
 from nvcf_mono.models.common import duration_seconds
 from nvcf_mono.planes.compute import workload
 from nvcf_mono.planes.compute.backends import BackendContext, ClusterFacts, LaunchSpec, WorkerEndpoint
@@ -46,7 +45,7 @@ from nvcf_mono.planes.compute.backends.local.users import InstanceUsers, Slot, r
 from nvcf_mono.planes.compute.config import HealthSettings, Image, LocalSettings
 from nvcf_mono.planes.compute.gpus import Inventory
 from nvcf_mono.planes.compute.health import Completion, LaunchFailure, Observation
-from nvcf_mono.planes.compute.log_shipping import LogShipper, resource_of
+from nvcf_mono.planes.compute.log_shipping import LogShipper, logs_target, resource_of
 from nvcf_mono.plugin import PluginConfigError
 from nvcf_mono.ports import spare_port
 from nvcf_mono.state_dir import write_private
@@ -306,8 +305,7 @@ class LocalBackend:
     def _ship_output(self, inst: LocalInstance, *, from_end: bool) -> None:
         """Send the instance's output to its function's or task's logs endpoint, when it chose one."""
         contract = inst.envs.get(WORKER, {})
-        raw = contract.get(env.NVCF_TELEMETRY_EXPORTS)
-        target = targets(raw).get("logs") if raw and exports_problem(raw) is None else None
+        target = logs_target(contract)
         if target is not None and self._shipper is not None:
             resource = resource_of(contract, inst.instance_id)
             self._shipper.watch(inst.instance_id, inst.log_path(INFERENCE), target, resource, from_end=from_end)
