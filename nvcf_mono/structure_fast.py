@@ -234,9 +234,8 @@ def builder(tp: Any, forbid_extra: bool) -> Build:
     _BUILDERS[key] = late
     try:
         made = _make(tp, forbid_extra)
-    except BaseException:
-        del _BUILDERS[key]
-        raise
+    except Exception:  # annotations that do not resolve, a type cattrs refuses: the walker's, every time
+        made = _give_up
     _BUILDERS[key] = made
     return made
 
