@@ -3,11 +3,13 @@
 The holder creates the key with a TTL and renews it (compare-and-set on its revision) every third
 of the TTL. If renewal fails, or the holder cannot reach the bus for most of the TTL, it steps down
 before another process can take over, so two leaders never act at once (writes they make are CAS
-on top of that).
+on top of that). A write whose answer was lost (a busy store) may still have landed: a revision
+that no longer matches is read back, and a lease that still names this holder is kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -61,16 +63,33 @@ class LeaderLease:
                     self._name, Lease(holder=self.holder, acquired_at=now, renewed_at=now), ttl=self._ttl
                 )
             except ConflictError:
-                pass
+                mine = await self._still_mine()  # a create or renewal of ours that landed unanswered
+                if mine is not None:
+                    # Renewed at once: when that write landed is unknown, so its time left is too.
+                    with contextlib.suppress(BusError):
+                        lease = Lease(holder=self.holder, acquired_at=now, renewed_at=now)
+                        return await self._kv.update(self._name, lease, revision=mine, ttl=self._ttl)
             except BusError as err:
                 self._log.debug("%s: cannot contend for the lease: %s", self._name, err)
             await anyio.sleep(self._ttl / 5)
 
+    async def _still_mine(self) -> int | None:
+        """The lease's revision if it names this holder (nobody else can hold it then), else None."""
+        try:
+            with anyio.fail_after(self._ttl / 3):
+                current = await self._kv.get(self._name)
+        except (BusError, TimeoutError):
+            return None
+        return current.revision if current is not None and current.value.holder == self.holder else None
+
     async def _renew(self, revision: int, scope: anyio.CancelScope) -> None:
         acquired = now_iso()
         valid_until = time.monotonic() + self._ttl * 0.8
+        #: When the first renewal since the last answered one was sent: one that landed did so after it.
+        unanswered: float | None = None
         while True:
             await anyio.sleep(self._ttl / 3)
+            sent = time.monotonic()
             try:
                 with anyio.fail_after(self._ttl / 3):
                     revision = await self._kv.update(
@@ -79,12 +98,19 @@ class LeaderLease:
                         revision=revision,
                         ttl=self._ttl,
                     )
-                valid_until = time.monotonic() + self._ttl * 0.8
+                valid_until, unanswered = sent + self._ttl * 0.8, None
             except ConflictError:
+                mine = await self._still_mine()
+                if mine is not None:  # a renewal landed though its answer was lost: go on from it
+                    revision = mine
+                    if unanswered is not None:
+                        valid_until, unanswered = max(valid_until, unanswered + self._ttl * 0.8), None
+                    continue
                 self._log.warning("%s: the lease was taken over", self._name)
                 scope.cancel()
                 return
             except (BusError, TimeoutError) as err:
+                unanswered = sent if unanswered is None else unanswered
                 if time.monotonic() >= valid_until:
                     self._log.warning("%s: cannot renew the lease (%s); stepping down", self._name, err)
                     scope.cancel()
