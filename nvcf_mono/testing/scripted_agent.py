@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import aiohttp
 import anyio
@@ -19,7 +19,9 @@ import anyio.abc
 import attrs
 from anyio.abc import TaskStatus
 
+from nvcf_mono.backoff import Backoff
 from nvcf_mono.bus.api import Bus
+from nvcf_mono.bus.errors import BusError
 from nvcf_mono.contracts import rpc, states, streams, subjects
 from nvcf_mono.contracts.env import NVCF_FQDN_GRPC
 from nvcf_mono.contracts.messages import (
@@ -43,6 +45,9 @@ from nvcf_mono.ports import spare_port
 Behaviour = Literal["run", "fail", "start", "ignore", "fail-permanent", "launch"]
 
 log = logging.getLogger("nvcf_mono.testing.agent")
+R = TypeVar("R")
+#: Times an RPC is sent while the bus does not answer.
+RPC_ATTEMPTS = 5
 
 
 def gpu_inventory(
@@ -172,6 +177,20 @@ class ScriptedAgent:
         self.changed.set()
         self.changed = anyio.Event()
 
+    async def _call(self, kind: Literal["ack", "status"], body: Any, response: type[R]) -> R:
+        """One RPC to the control plane, sent again while the bus does not answer (as the real agent does:
+        a busy store may answer late); the control plane's refusals (RpcError) are raised at once.
+        """
+        subject = subjects.icms_subject(kind, self.cluster_id)
+        backoff = Backoff(0.5, 4.0)
+        for _ in range(RPC_ATTEMPTS - 1):
+            try:
+                return await rpc.call(self.bus, subject, body, response)
+            except BusError as err:
+                log.info("%s for cluster %s: %s; asking again", kind, self.cluster_id, err)
+                await anyio.sleep(backoff.next())
+        return await rpc.call(self.bus, subject, body, response)  # the last one's failure is the caller's
+
     async def _creations(self) -> None:
         async with (
             anyio.create_task_group() as launches,
@@ -191,9 +210,8 @@ class ScriptedAgent:
                     self._notify()
                     continue
                 try:
-                    await rpc.call(
-                        self.bus,
-                        subjects.icms_subject("ack", self.cluster_id),
+                    await self._call(
+                        "ack",
                         AckRequest(
                             request_id=msg.request_id,
                             instance_count=msg.instance_count,
@@ -272,7 +290,7 @@ class ScriptedAgent:
             function_version_id=function_version_id,
         )
         try:
-            await rpc.call(self.bus, subjects.icms_subject("status", self.cluster_id), report, Empty)
+            await self._call("status", report, Empty)
         except rpc.RpcError as err:
             log.info("report of %s as never started refused: %s", request_id, err)
 
@@ -304,7 +322,7 @@ class ScriptedAgent:
             gpu_specification_id=msg.gpu_specification_id,
         )
         try:
-            await rpc.call(self.bus, subjects.icms_subject("status", self.cluster_id), report, Empty)
+            await self._call("status", report, Empty)
         except rpc.RpcError as err:
             if err.code == 412 and not gone:
                 inst.state = states.TERMINATED

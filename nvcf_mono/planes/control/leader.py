@@ -63,10 +63,10 @@ class LeaderLease:
                     self._name, Lease(holder=self.holder, acquired_at=now, renewed_at=now), ttl=self._ttl
                 )
             except ConflictError:
-                mine = await self._still_mine()  # a create or renewal of ours that landed unanswered
-                if mine is not None:
-                    # Renewed at once: when that write landed is unknown, so its time left is too.
-                    with contextlib.suppress(BusError):
+                with contextlib.suppress(BusError, TimeoutError):
+                    mine = await self._still_mine()  # a create or renewal of ours that landed unanswered
+                    if mine is not None:
+                        # Renewed at once: when that write landed is unknown, so its time left is too.
                         lease = Lease(holder=self.holder, acquired_at=now, renewed_at=now)
                         return await self._kv.update(self._name, lease, revision=mine, ttl=self._ttl)
             except BusError as err:
@@ -74,12 +74,12 @@ class LeaderLease:
             await anyio.sleep(self._ttl / 5)
 
     async def _still_mine(self) -> int | None:
-        """The lease's revision if it names this holder (nobody else can hold it then), else None."""
-        try:
-            with anyio.fail_after(self._ttl / 3):
-                current = await self._kv.get(self._name)
-        except (BusError, TimeoutError):
-            return None
+        """The lease's revision if it names this holder (nobody else can hold it then), else None.
+
+        Raises BusError or TimeoutError when the store cannot tell.
+        """
+        with anyio.fail_after(self._ttl / 3):
+            current = await self._kv.get(self._name)
         return current.revision if current is not None and current.value.holder == self.holder else None
 
     async def _renew(self, revision: int, scope: anyio.CancelScope) -> None:
@@ -91,25 +91,25 @@ class LeaderLease:
             await anyio.sleep(self._ttl / 3)
             sent = time.monotonic()
             try:
-                with anyio.fail_after(self._ttl / 3):
-                    revision = await self._kv.update(
-                        self._name,
-                        Lease(holder=self.holder, acquired_at=acquired, renewed_at=now_iso()),
-                        revision=revision,
-                        ttl=self._ttl,
-                    )
-                valid_until, unanswered = sent + self._ttl * 0.8, None
-            except ConflictError:
-                mine = await self._still_mine()
-                if mine is not None:  # a renewal landed though its answer was lost: go on from it
-                    revision = mine
+                try:
+                    with anyio.fail_after(self._ttl / 3):
+                        revision = await self._kv.update(
+                            self._name,
+                            Lease(holder=self.holder, acquired_at=acquired, renewed_at=now_iso()),
+                            revision=revision,
+                            ttl=self._ttl,
+                        )
+                    valid_until, unanswered = sent + self._ttl * 0.8, None
+                except ConflictError:
+                    mine = await self._still_mine()
+                    if mine is None:
+                        self._log.warning("%s: the lease was taken over", self._name)
+                        scope.cancel()
+                        return
+                    revision = mine  # a renewal landed though its answer was lost: go on from it
                     if unanswered is not None:
                         valid_until, unanswered = max(valid_until, unanswered + self._ttl * 0.8), None
-                    continue
-                self._log.warning("%s: the lease was taken over", self._name)
-                scope.cancel()
-                return
-            except (BusError, TimeoutError) as err:
+            except (BusError, TimeoutError) as err:  # no answer, to the renewal or to reading it back
                 unanswered = sent if unanswered is None else unanswered
                 if time.monotonic() >= valid_until:
                     self._log.warning("%s: cannot renew the lease (%s); stepping down", self._name, err)
