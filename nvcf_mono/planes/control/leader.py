@@ -19,7 +19,7 @@ from typing import final
 import anyio
 from anyio.abc import TaskStatus
 
-from nvcf_mono.bus.codec import TypedKV
+from nvcf_mono.bus.codec import TypedKV, Versioned
 from nvcf_mono.bus.errors import BusError, ConflictError
 from nvcf_mono.contracts.buckets import Lease
 from nvcf_mono.models.common import now_iso
@@ -64,23 +64,19 @@ class LeaderLease:
                 )
             except ConflictError:
                 with contextlib.suppress(BusError, TimeoutError):
-                    mine = await self._still_mine()  # a create or renewal of ours that landed unanswered
-                    if mine is not None:
+                    current = await self._current()  # a create or renewal of ours that landed unanswered
+                    if current is not None and current.value.holder == self.holder:
                         # Renewed at once: when that write landed is unknown, so its time left is too.
                         lease = Lease(holder=self.holder, acquired_at=now, renewed_at=now)
-                        return await self._kv.update(self._name, lease, revision=mine, ttl=self._ttl)
+                        return await self._kv.update(self._name, lease, revision=current.revision, ttl=self._ttl)
             except BusError as err:
                 self._log.debug("%s: cannot contend for the lease: %s", self._name, err)
             await anyio.sleep(self._ttl / 5)
 
-    async def _still_mine(self) -> int | None:
-        """The lease's revision if it names this holder (nobody else can hold it then), else None.
-
-        Raises BusError or TimeoutError when the store cannot tell.
-        """
+    async def _current(self) -> Versioned[Lease] | None:
+        """The lease as stored (None: expired); raises BusError or TimeoutError when the store cannot tell."""
         with anyio.fail_after(self._ttl / 3):
-            current = await self._kv.get(self._name)
-        return current.revision if current is not None and current.value.holder == self.holder else None
+            return await self._kv.get(self._name)
 
     async def _renew(self, revision: int, scope: anyio.CancelScope) -> None:
         acquired = now_iso()
@@ -101,12 +97,15 @@ class LeaderLease:
                         )
                     valid_until, unanswered = sent + self._ttl * 0.8, None
                 except ConflictError:
-                    mine = await self._still_mine()
-                    if mine is None:
-                        self._log.warning("%s: the lease was taken over", self._name)
+                    current = await self._current()
+                    if current is None or current.value.holder != self.holder:
+                        if current is None:
+                            self._log.warning("%s: the lease expired before it was renewed", self._name)
+                        else:
+                            self._log.warning("%s: the lease was taken over by %s", self._name, current.value.holder)
                         scope.cancel()
                         return
-                    revision = mine  # a renewal landed though its answer was lost: go on from it
+                    revision = current.revision  # a renewal landed though its answer was lost: go on from it
                     if unanswered is not None:
                         valid_until, unanswered = max(valid_until, unanswered + self._ttl * 0.8), None
             except (BusError, TimeoutError) as err:  # no answer, to the renewal or to reading it back
