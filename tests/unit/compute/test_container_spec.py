@@ -7,11 +7,11 @@ from pathlib import Path
 import attrs
 
 from nvcf_mono.planes.compute.backends import LaunchSpec
-from nvcf_mono.planes.compute.backends.containers import new_lines
 from nvcf_mono.planes.compute.backends.containers.engine import gpu_devices, socket_candidates
 from nvcf_mono.planes.compute.backends.containers.spec import create_body, memory_bytes
 from nvcf_mono.planes.compute.config import ContainerSettings
 from nvcf_mono.planes.compute.gpus import Allocation
+from nvcf_mono.planes.compute.log_stamps import StampedLines, new_lines
 
 from .test_kube_manifests import launch
 
@@ -120,3 +120,20 @@ def test_lines_stamped_the_same_second_are_told_apart_by_their_count() -> None:
     text, mark = new_lines(one * 3, mark)
     assert text == "giving up\ngiving up\n" and mark is not None and mark[2] == 3
     assert new_lines(one * 3, mark) == ("", mark)
+
+
+def test_a_followed_log_read_again_sends_only_what_is_new_even_lines_of_one_stamp() -> None:
+    # The Kubernetes backend takes a followed log a line at a time; cut short, it reads it again from
+    # before the last line sent: two lines of the very same nanosecond are told apart by their count.
+    lines = [
+        "2026-12-07T10:00:00.000000001Z one",
+        "2026-12-07T10:00:00.000000002Z two",
+        "2026-12-07T10:00:00.000000002Z two again",
+        "2026-12-07T10:00:01Z three",
+    ]
+    first = StampedLines(None)
+    assert [first.new(line) for line in lines[:2]] == ["one", "two"]
+    again = StampedLines(first.mark)  # the stream was cut after "two"
+    assert [again.new(line) for line in lines] == [None, None, "two again", "three"]
+    adopted = StampedLines((1796637601, 0, 0))  # an agent that took the pod over at 10:00:01
+    assert [adopted.new(line) for line in lines] == [None, None, None, "three"]

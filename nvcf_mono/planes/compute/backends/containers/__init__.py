@@ -15,13 +15,11 @@ the instance's inference process.
 from __future__ import annotations
 
 import logging
-import re
 import signal
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
-from datetime import datetime
 from pathlib import Path
 from typing import final
 
@@ -57,19 +55,16 @@ from nvcf_mono.planes.compute.backends.local.environment import Where, inference
 from nvcf_mono.planes.compute.backends.local.images import LaunchError
 from nvcf_mono.planes.compute.backends.local.processes import Proc, open_log
 from nvcf_mono.planes.compute.config import ContainerSettings, HealthSettings, LocalSettings
+from nvcf_mono.planes.compute.log_stamps import Mark, new_lines
 from nvcf_mono.plugin import PluginConfigError
 from nvcf_mono.printable import one_line
 from nvcf_mono.state_dir import write_private
 
-#: The engine's timestamp of the last line copied (Unix seconds, nanoseconds) and how many lines with that
-#: very stamp were copied: Podman stamps to the second, so several lines share one.
-Mark = tuple[int, int, int]
 _LOG_PUMP_INTERVAL = 1.0
 #: The exit code a failed start counts as, when the container shows none of its own (a kubelet's StartError).
 START_FAILED = 128
 #: How long a failed start's container is watched for the run it may have had.
 _SETTLE = 1.0
-_STAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d) ")
 
 
 @attrs.define(eq=False)
@@ -546,34 +541,6 @@ class ContainersBackend(LocalBackend):
         if isinstance(held, ContainerInstance) and held.cluster_id in self._engines:
             await self._pump_log(held, now=True)  # up to this moment
         return await super().logs(cluster_id, instance, tail)
-
-
-def new_lines(raw: str, mark: Mark | None) -> tuple[str, Mark | None]:
-    """The lines of ``raw`` (each prefixed with the engine's timestamp, in order) after ``mark``, without their
-    timestamps, and the new mark. A line whose stamp cannot be read goes with the line before it.
-    """
-    out: list[str] = []
-    last, copied = (mark[:2], mark[2]) if mark is not None else (None, 0)
-    same = 0  # lines seen so far in ``raw`` stamped ``last``
-    keep = mark is None
-    for line in raw.splitlines(keepends=True):
-        m = _STAMP.match(line)
-        if m is not None:
-            base, frac, zone = m.groups()
-            when = datetime.fromisoformat(base + ("+00:00" if zone == "Z" else zone))
-            instant = (int(when.timestamp()), int((frac or "0").ljust(9, "0")))
-            if last is None or instant > last:
-                last, same, copied, keep = instant, 1, 1, True
-            elif instant == last:
-                same += 1
-                keep = same > copied
-                copied = max(copied, same)
-            else:
-                keep = False
-            line = line[m.end() :]
-        if keep:
-            out.append(line)
-    return "".join(out), (None if last is None else (*last, copied))
 
 
 def _mark_file(log: Path) -> Path:

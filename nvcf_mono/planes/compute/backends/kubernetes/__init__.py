@@ -17,11 +17,9 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
-from datetime import datetime
 from pathlib import Path
 from typing import Any, final
 
@@ -54,6 +52,7 @@ from nvcf_mono.planes.compute.config import ClusterSettings, ComputeConfig, Kube
 from nvcf_mono.planes.compute.gpus import Inventory, static_inventory
 from nvcf_mono.planes.compute.health import LaunchFailure, Observation
 from nvcf_mono.planes.compute.log_shipping import LogShipper, logs_target, resource_of
+from nvcf_mono.planes.compute.log_stamps import Mark, StampedLines
 from nvcf_mono.reval.engine import RequestError, RevalRequest, Validator, ValidatorSettings
 
 __all__ = ["KubernetesBackend", "KubernetesProvider"]
@@ -733,30 +732,29 @@ class KubernetesBackend:
         if target is None or self._shipper is None:
             return
         container = manifests.TASK if inst.task else manifests.INFERENCE
-        since = time.time_ns() if adopted else None
+        now = time.time_ns()
+        mark: Mark | None = (now // 1_000_000_000, now % 1_000_000_000, 0) if adopted else None
 
         def lines() -> AsyncIterator[str]:
-            return self._pod_lines(site, inst.instance_id, container, since)
+            return self._pod_lines(site, inst.instance_id, container, mark)
 
         self._shipper.follow(inst.instance_id, lines, target, resource_of(contract, inst.instance_id))
 
-    async def _pod_lines(self, site: Site, name: str, container: str, since: int | None) -> AsyncIterator[str]:
+    async def _pod_lines(self, site: Site, name: str, container: str, mark: Mark | None) -> AsyncIterator[str]:
         """A container's log lines for as long as the instance is held, across its restarts and broken
-        streams: each time from a little before the last line sent (``since``, in nanoseconds since the
-        epoch), skipping what was sent by its time.
+        streams: each time from a little before the last line sent (``mark``), skipping what was sent.
         """
         backoff = Backoff(1.0, 30.0)
         while name in self._held:
-            ago = None if since is None else int((time.time_ns() - since) // 1_000_000_000) + _CLOCK_MARGIN
+            ago = None if mark is None else int(time.time()) - mark[0] + _CLOCK_MARGIN
+            read = StampedLines(mark)
             try:
                 async for stamped in site.kube.follow_pod_log(name, container, since_seconds=ago):
-                    stamp, _, line = stamped.partition(" ")
-                    at = _nanoseconds(stamp)
-                    if at is not None and since is not None and at <= since:
-                        continue  # sent before the stream was asked for again
-                    since = at if at is not None else since
-                    backoff.reset()
-                    yield line if at is not None else stamped
+                    line = read.new(stamped)
+                    mark = read.mark
+                    if line is not None:
+                        backoff.reset()
+                        yield line
             except KubeError as err:
                 # Not started yet (400), gone (404), or the API is away: asked again while it is held.
                 self._log.debug("instance %s: following the log of %s: %s", name, container, err)
@@ -969,19 +967,6 @@ def _secrets_source(spec: LaunchSpec) -> _SecretsSource:
 def _kube(handle: object) -> KubeInstance:
     assert isinstance(handle, KubeInstance), handle
     return handle
-
-
-_STAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)")
-
-
-def _nanoseconds(stamp: str) -> int | None:
-    """A log line's time (RFC 3339, ``2026-12-07T10:00:00.123456789Z``) in nanoseconds since the epoch."""
-    m = _STAMP.fullmatch(stamp)
-    if m is None:
-        return None
-    zone = "+00:00" if m[3] == "Z" else m[3]
-    seconds = int(datetime.fromisoformat(m[1] + zone).timestamp())
-    return seconds * 1_000_000_000 + int((m[2] or "").ljust(9, "0"))
 
 
 async def _close_client(api: Any) -> None:
