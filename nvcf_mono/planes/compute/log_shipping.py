@@ -8,8 +8,8 @@ instance's lines (nothing gathers in memory), and each failed post is dropped an
 minute in the agent's log. A released instance gets a last round for what it wrote before it ended.
 
 The Kubernetes backend has no file: its task follows the container's log as the cluster streams it
-(:meth:`LogShipper.follow`), at most :data:`QUEUED_LINES` lines held between rounds; a slow endpoint
-holds back the stream, not the agent's memory.
+(:meth:`LogShipper.follow`), at most :data:`QUEUED_BYTES` held between rounds (and one line more); a
+slow endpoint holds back the stream, not the agent's memory.
 
 The endpoint is a tenant's: posts connect only to the addresses :mod:`nvcf_mono.contracts.egress`
 allows (checked after the name resolves) and follow no redirect.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,8 +42,9 @@ INTERVAL = 1.0
 POST_TIMEOUT = 5.0
 #: Seconds between two warnings about one instance's failing posts.
 WARN_EVERY = 60.0
-#: Lines of a followed log held between rounds (then the stream waits).
-QUEUED_LINES = 4096
+#: Bytes of a followed log held between rounds (then the stream waits): a bound per instance however
+#: long its lines are.
+QUEUED_BYTES = 4 * MAX_READ
 #: Seconds a released instance's followed log has to reach its end before its last round.
 LAST_WAIT = 2.0
 
@@ -106,32 +108,36 @@ class _StreamLines:
 
     def __init__(self, lines: Callable[[], AsyncIterator[str]]) -> None:
         self._lines = lines
-        self._send, self._receive = anyio.create_memory_object_stream[str](QUEUED_LINES)
+        self._queue: deque[str] = deque()
+        self._queued = 0  # bytes
+        self._room = anyio.Event()
         self.ended = anyio.Event()
 
     async def run(self) -> None:
         try:
-            async with self._send:
-                async for line in self._lines():
-                    await self._send.send(line)
+            async for line in self._lines():
+                while self._queued >= QUEUED_BYTES:
+                    self._room = anyio.Event()
+                    await self._room.wait()
+                self._queue.append(line)
+                self._queued += len(line)
         finally:
             self.ended.set()
 
     async def take(self) -> list[str]:
         lines: list[str] = []
         size = 0
-        while size < MAX_READ:
-            try:
-                line = self._receive.receive_nowait()
-            except (anyio.WouldBlock, anyio.EndOfStream):
-                break
+        while self._queue and size < MAX_READ:
+            line = self._queue.popleft()
+            self._queued -= len(line)
             if line.strip():
                 lines.append(line)
                 size += len(line)
+        self._room.set()
         return lines
 
     def close(self) -> None:
-        self._receive.close()
+        self._queue.clear()
 
 
 @attrs.define

@@ -31,3 +31,34 @@ def test_a_line_longer_than_a_read_goes_out_in_pieces(tmp_path: Path) -> None:
     lines, offset = read_lines(log, 0)
     assert lines == ["x" * MAX_READ] and offset == MAX_READ
     assert read_lines(log, offset) == (["x" * 10], MAX_READ + 11)
+
+
+async def test_a_followed_log_holds_a_bounded_number_of_bytes_however_long_its_lines() -> None:
+    from collections.abc import AsyncIterator
+
+    import anyio
+
+    from nvcf_mono.planes.compute.log_shipping import QUEUED_BYTES, _StreamLines
+
+    line = "x" * (64 * 1024)
+    made = 0
+
+    async def lines() -> AsyncIterator[str]:
+        nonlocal made
+        for _ in range(200):  # a workload that writes long lines faster than its endpoint takes them
+            made += 1
+            yield line
+            await anyio.sleep(0)
+
+    source = _StreamLines(lines)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(source.run)
+        await anyio.sleep(0.2)
+        held = made
+        assert held * len(line) <= QUEUED_BYTES + 2 * len(line), "the reader waits once the queue is full"
+        taken = await source.take()
+        assert 0 < sum(map(len, taken)) <= MAX_READ
+        await anyio.sleep(0.2)
+        assert made > held  # room again: it reads on
+        assert (made - len(taken)) * len(line) <= QUEUED_BYTES + 2 * len(line)
+        tg.cancel_scope.cancel()
