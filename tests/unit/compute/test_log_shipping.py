@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-from nvcf_mono.planes.compute.log_shipping import MAX_READ, read_lines
+import anyio
+import anyio.lowlevel
+
+from nvcf_mono.planes.compute.log_shipping import MAX_READ, QUEUED_BYTES, _StreamLines, read_lines
 
 
 def test_whole_lines_from_the_offset_and_a_line_being_written_waits(tmp_path: Path) -> None:
@@ -34,12 +38,6 @@ def test_a_line_longer_than_a_read_goes_out_in_pieces(tmp_path: Path) -> None:
 
 
 async def test_a_followed_log_holds_a_bounded_number_of_bytes_however_long_its_lines() -> None:
-    from collections.abc import AsyncIterator
-
-    import anyio
-
-    from nvcf_mono.planes.compute.log_shipping import QUEUED_BYTES, _StreamLines
-
     line = "x" * (64 * 1024)
     made = 0
 
@@ -48,7 +46,7 @@ async def test_a_followed_log_holds_a_bounded_number_of_bytes_however_long_its_l
         for _ in range(200):  # a workload that writes long lines faster than its endpoint takes them
             made += 1
             yield line
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
 
     source = _StreamLines(lines)
     async with anyio.create_task_group() as tg:
