@@ -68,7 +68,7 @@ def register(sub: Any) -> None:
     )
     render.add_argument("--helm-binary", type=Path, metavar="PATH", help="the helm executable (default: helm on PATH)")
     render.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="deadline (default 60)")
-    render.add_argument("--ca-file", type=Path, metavar="FILE", help="CA bundle trusted for https chart downloads")
+    render.add_argument("--ca-file", type=Path, metavar="FILE", help="CA bundle trusted for charts and registries")
     render.add_argument("--username", metavar="USER", help="registry or chart-host user (with --password-file)")
     render.add_argument("--password-file", metavar="FILE", help="file holding that user's password ('-': stdin)")
     render.add_argument("--json", action="store_true", help="one JSON document: chart, objects and skipped")

@@ -106,10 +106,10 @@ def connectable(host: str, port: int, allowed: Sequence[Network]) -> list[str]:
     return allowed_of(host, dict.fromkeys(str(info[4][0]) for info in infos), allowed)
 
 
-async def host_refusal(host: str, allowed: Sequence[Network], *, each: bool) -> str | None:
-    """Why ``host`` (an IP address, or a name resolved now) is refused, or None; a name that does not
-    resolve is None (whoever connects finds that out). ``each``: refused when any address is (a client
-    that picks one itself, unchecked), else only when every address is.
+async def host_refusal(host: str, allowed: Sequence[Network]) -> str | None:
+    """Why ``host`` (an IP address, or a name resolved now) is refused, or None: a name is refused when
+    none of its addresses is allowed (whoever connects dials only the allowed ones, checking again), and
+    one that does not resolve is None (whoever connects finds that out).
     """
     try:
         ipaddress.ip_address(host.split("%", 1)[0])
@@ -121,6 +121,6 @@ async def host_refusal(host: str, allowed: Sequence[Network], *, each: bool) -> 
     except OSError:
         return None
     kept, refused = screen(dict.fromkeys(str(info[4][0]) for info in infos), allowed)
-    if refused and (each or not kept):
+    if refused and not kept:
         return f"{host} resolves to addresses the platform does not connect to for a tenant ({'; '.join(refused)})"
     return None

@@ -5,7 +5,8 @@
     result.objects   # dicts, in Helm's install order; hooks and CRDs are never among them
     result.skipped   # what was left out, and why
 
-A chart is a directory, a ``.tgz``, an ``oci://`` reference or an ``https://`` URL. Two renderers ship:
+A chart is a directory, a ``.tgz``, an ``oci://`` reference or an ``https://`` URL; remote charts are
+fetched by this process (:mod:`nvcf_mono.helm.download`, :mod:`nvcf_mono.helm.oci`). Two renderers ship:
 ``binary`` (the ``helm`` executable) and ``sdk`` (helm-python-sdk, in process); ``auto`` takes the
 binary when it is on PATH. Plugins add others through :data:`HELM_RENDERERS`; inside the platform,
 the ``helm`` plugin provides the configured one as :data:`CHART_RENDERER`.

@@ -1,14 +1,12 @@
 """The renderer that runs the ``helm`` executable: ``helm template`` in a subprocess, under a deadline.
 
 Hooks are rendered (no ``--no-hooks``) so that they can be reported as skipped; like every hook, they
-are left out of the result. Remote charts are fetched first (https by this process, OCI by ``helm
-pull``), so each is downloaded once and read locally by ``helm show`` and ``helm template``.
+are left out of the result. Remote charts (https, OCI) are fetched first by this process, so each is
+downloaded once, through the platform's checked client, and read locally by ``helm show`` and ``helm template``.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import shutil
 from collections.abc import Mapping
@@ -18,7 +16,7 @@ import anyio
 import yaml
 
 from nvcf_mono.helm.common import deadline, rendered_chart
-from nvcf_mono.helm.download import check_registry, download_archive
+from nvcf_mono.helm.download import fetch_chart
 from nvcf_mono.helm.errors import HelmRenderError
 from nvcf_mono.helm.model import RenderedChart, RendererOptions, RenderRequest
 from nvcf_mono.helm.source import ChartSource, chart_source
@@ -94,36 +92,12 @@ class BinaryRenderer:
         )
 
     async def _local_chart(self, source: ChartSource, request: RenderRequest, work: Path) -> str:
-        """A local path of the chart: as given, downloaded (https), or pulled (OCI)."""
-        credential = source.credential(request.credentials)
-        if source.kind == "https":
-            data = await download_archive(
-                source.ref,
-                credential=credential,
-                max_size=self.options.max_chart_size,
-                ca_file=self.options.ca_file,
-                networks=self.options.chart_networks,
-            )
+        """A local path of the chart: as given, or fetched (https, OCI) into ``work``."""
+        if source.kind in ("https", "oci"):
+            data = await fetch_chart(source, source.credential(request.credentials), self.options)
             archive = anyio.Path(work / "chart.tgz")
             await archive.write_bytes(data)
             return str(archive)
-        if source.kind == "oci":
-            await check_registry(source.ref, source.display, self.options.chart_networks)
-            pulled = work / "pulled"
-            args = ["pull", source.ref, "--destination", str(pulled)]
-            if credential is not None and source.host is not None:
-                # Only this render's credential, in a private file: not the user's registry logins.
-                config = anyio.Path(work / "registry.json")
-                auth = base64.b64encode(f"{credential.username}:{credential.password}".encode()).decode()
-                await config.write_text(json.dumps({"auths": {source.host: {"auth": auth}}}))
-                await config.chmod(0o600)
-                args += ["--registry-config", str(config)]
-            await anyio.Path(pulled).mkdir()
-            await self._helm("pull chart", source, *args)
-            archives = sorted([p async for p in anyio.Path(pulled).glob("*.tgz")])
-            if not archives:
-                raise HelmRenderError(f"cannot pull chart {source.display}: helm pull wrote no chart archive")
-            return str(archives[0])
         return str(source.path)
 
     async def _helm(self, what: str, source: ChartSource, *args: str) -> str:

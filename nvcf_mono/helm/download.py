@@ -1,25 +1,163 @@
-"""Downloading a chart archive from an https URL: bounded in size, https only (redirects too), basic auth."""
+"""Fetching a remote chart over https, by this process: an archive at an https URL, or an ``oci://`` chart
+from its registry (:mod:`nvcf_mono.helm.oci`). Both renderers then read the archive locally, so a tenant's
+chart is fetched once, through one client that checks every address it connects to.
+
+Every request is https (redirects too), bounded in size, and sends credentials only to the origin they
+were given for; a redirect elsewhere (a registry's blob storage) goes without them.
+"""
 
 from __future__ import annotations
 
 import base64
+import os
 import ssl
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit
+from types import TracebackType
 
 import aiohttp
+import attrs
+from multidict import CIMultiDictProxy
 from yarl import URL
 
-from nvcf_mono.contracts.egress import EgressRefused, host_refusal, parse
+from nvcf_mono.contracts.egress import EgressRefused, parse
 from nvcf_mono.egress_aiohttp import checked_session, url_refusal
 from nvcf_mono.helm.errors import HelmRenderError
-from nvcf_mono.helm.model import RegistryCredential
-from nvcf_mono.helm.source import redact
+from nvcf_mono.helm.model import RegistryCredential, RendererOptions
+from nvcf_mono.helm.source import ChartSource
 
 _CHUNK = 64 * 1024
 _MAX_REDIRECTS = 10
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
+#: What is read of an answer that is not a 200, for the message.
+_ERROR_BODY = 16 * 1024
+
+
+@attrs.frozen
+class Fetched:
+    """An answer: its status, headers and (bounded) body, and the URL that gave it."""
+
+    status: int
+    reason: str
+    headers: CIMultiDictProxy[str]
+    body: bytes
+    url: URL
+
+    def status_text(self) -> str:
+        return f"HTTP {self.status} {self.reason}".rstrip()
+
+
+class TooLarge(Exception):
+    """An answer's body is larger than its limit."""
+
+
+class ChartFetcher:
+    """One render's https client for a chart: ``doing`` ("download", "pull") and ``shown`` name it in messages.
+
+    ``networks``: a tenant's chart, fetched only from public addresses and these networks (None: unchecked).
+    """
+
+    def __init__(self, shown: str, doing: str, *, ca_file: Path | None, networks: Sequence[str] | None) -> None:
+        self.shown = shown
+        self.doing = doing
+        self._context = _ssl_context(ca_file)
+        self._allowed = parse(networks) if networks is not None else None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> ChartFetcher:
+        allowed = self._allowed
+        self._session = checked_session(allowed) if allowed is not None else aiohttp.ClientSession(trust_env=False)
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def fail(self, why: str) -> HelmRenderError:
+        return HelmRenderError(f"cannot {self.doing} chart {self.shown}: {why}")
+
+    async def get(self, url: str | URL, *, limit: int, headers: Mapping[str, str] | None = None) -> Fetched:
+        """GET ``url``, following redirects (each https and checked); ``headers`` go to ``url``'s origin only.
+        A 200's body is read whole (``limit`` bytes at most, else :class:`TooLarge`); other answers' only in part.
+        """
+        assert self._session is not None, "use the fetcher as an async context manager"
+        target = URL(url)
+        origin = target.origin()
+        for hop in range(_MAX_REDIRECTS + 1):
+            if target.scheme != "https":
+                raise self.fail("redirected to a non-https URL" if hop else f"{target} is not an https URL")
+            if self._allowed is not None and (why := url_refusal(target, self._allowed)) is not None:
+                raise HelmRenderError(refused(self.shown, why, doing=self.doing))
+            sent = dict(headers or {}) if target.origin() == origin else {}
+            with self._errors():
+                async with self._session.get(target, headers=sent, ssl=self._context, allow_redirects=False) as got:
+                    if got.status in _REDIRECTS and "Location" in got.headers:
+                        target = got.url.join(URL(got.headers["Location"]))
+                        continue
+                    size = limit if got.status == 200 else _ERROR_BODY
+                    body = await _body(got, size, whole=got.status == 200)
+                    return Fetched(got.status, got.reason or "", got.headers, body, got.url)
+        raise self.fail(f"more than {_MAX_REDIRECTS} redirects")
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except aiohttp.ClientConnectorCertificateError as err:
+            raise self.fail(
+                f"the server's certificate is not trusted ({err.certificate_error}); "
+                "plugins.helm.ca_file (--ca-file) adds a CA"
+            ) from err
+        except aiohttp.ClientConnectorError as err:
+            if isinstance(err.os_error, EgressRefused):
+                raise HelmRenderError(refused(self.shown, str(err.os_error.strerror), doing=self.doing)) from err
+            # asyncio's strerror is "Connect call failed (...)"; the errno says what happened.
+            code = err.os_error.errno
+            why = (os.strerror(code) if code else "") or err.os_error.strerror or str(err.os_error)
+            raise self.fail(f"cannot connect to {err.host}:{err.port}: {why}") from err
+        except aiohttp.ClientError as err:
+            raise self.fail(str(err) or type(err).__name__) from err
+
+
+async def fetch_chart(source: ChartSource, credential: RegistryCredential | None, options: RendererOptions) -> bytes:
+    """The archive of a remote chart (https or oci); the caller bounds the time (the render's deadline)."""
+    from nvcf_mono.helm.oci import pull_chart
+
+    doing = "pull" if source.kind == "oci" else "download"
+    fetcher = ChartFetcher(source.display, doing, ca_file=options.ca_file, networks=options.chart_networks)
+    async with fetcher:
+        if source.kind == "oci":
+            return await pull_chart(fetcher, source.ref, credential, max_size=options.max_chart_size)
+        return await _download(fetcher, source.ref, credential, max_size=options.max_chart_size)
+
+
+async def _download(fetcher: ChartFetcher, url: str, credential: RegistryCredential | None, *, max_size: int) -> bytes:
+    headers = {"Authorization": basic_auth(credential)} if credential is not None else {}
+    try:
+        got = await fetcher.get(url, limit=max_size, headers=headers)
+    except TooLarge:
+        raise fetcher.fail(f"it is larger than {max_size} bytes") from None
+    if got.status != 200:
+        hint = ": check the registry credentials" if got.status in (401, 403) else ""
+        raise fetcher.fail(f"{got.status_text()}{hint}")
+    if not got.body:
+        raise fetcher.fail("the response is empty")
+    return got.body
+
+
+def basic_auth(credential: RegistryCredential) -> str:
+    pair = f"{credential.username}:{credential.password}".encode()
+    return "Basic " + base64.b64encode(pair).decode()
+
+
+def refused(shown: str, why: str, *, doing: str = "download") -> str:
+    return (
+        f"cannot {doing} chart {shown}: {why}; charts are fetched from public addresses and from the networks "
+        "the operator lists in plugins.helm.chart_networks"
+    )
 
 
 def _ssl_context(ca_file: Path | None) -> ssl.SSLContext:
@@ -32,88 +170,15 @@ def _ssl_context(ca_file: Path | None) -> ssl.SSLContext:
     return context
 
 
-async def download_archive(
-    url: str,
-    *,
-    credential: RegistryCredential | None,
-    max_size: int,
-    ca_file: Path | None,
-    networks: Sequence[str] | None = None,
-) -> bytes:
-    """The bytes at ``url``; the caller bounds the time (the renderer's deadline covers the download).
-    ``networks``: a tenant's chart, fetched only from public addresses and these networks.
-    """
-    shown = redact(url)
-    context = _ssl_context(ca_file)
-    target = URL(url)
-    origin = target.origin()
-    auth = {}
-    if credential is not None:
-        pair = f"{credential.username}:{credential.password}".encode()
-        auth = {"Authorization": "Basic " + base64.b64encode(pair).decode()}
-    allowed = parse(networks) if networks is not None else None
-    client = checked_session(allowed) if allowed is not None else aiohttp.ClientSession(trust_env=False)
-    try:
-        async with client as session:
-            for _ in range(_MAX_REDIRECTS + 1):
-                if allowed is not None and (why := url_refusal(target, allowed)) is not None:
-                    raise HelmRenderError(refused(shown, why))
-                # Redirects are followed here: each must stay https, and credentials stay with their origin.
-                headers = auth if target.origin() == origin else {}
-                async with session.get(target, headers=headers, ssl=context, allow_redirects=False) as response:
-                    if response.status in _REDIRECTS and "Location" in response.headers:
-                        target = response.url.join(URL(response.headers["Location"]))
-                        if target.scheme != "https":
-                            raise HelmRenderError(f"cannot download chart {shown}: redirected to a non-https URL")
-                        continue
-                    return await _body(response, shown, max_size)
-    except aiohttp.ClientConnectorCertificateError as err:
-        raise HelmRenderError(
-            f"cannot download chart {shown}: the server's certificate is not trusted "
-            f"({err.certificate_error}); plugins.helm.ca_file (--ca-file) adds a CA"
-        ) from err
-    except aiohttp.ClientConnectorError as err:
-        why = err.os_error.strerror or str(err.os_error)
-        if isinstance(err.os_error, EgressRefused):
-            raise HelmRenderError(refused(shown, why)) from err
-        raise HelmRenderError(f"cannot download chart {shown}: cannot connect to {err.host}:{err.port}: {why}") from err
-    except aiohttp.ClientError as err:
-        raise HelmRenderError(f"cannot download chart {shown}: {err}") from err
-    raise HelmRenderError(f"cannot download chart {shown}: more than {_MAX_REDIRECTS} redirects")
-
-
-def refused(shown: str, why: str, *, doing: str = "download") -> str:
-    return (
-        f"cannot {doing} chart {shown}: {why}; charts are fetched from public addresses and from the networks "
-        "the operator lists in plugins.helm.chart_networks"
-    )
-
-
-async def check_registry(ref: str, shown: str, networks: Sequence[str] | None) -> None:
-    """Before an OCI pull (the puller resolves the registry itself): every address of its host allowed."""
-    if networks is None:
-        return
-    why = await host_refusal(urlsplit(ref).hostname or "", parse(networks), each=True)
-    if why is not None:
-        raise HelmRenderError(refused(shown, why, doing="pull"))
-
-
-async def _body(response: aiohttp.ClientResponse, shown: str, max_size: int) -> bytes:
-    if response.status != 200:
-        hint = ": check the registry credentials" if response.status in (401, 403) else ""
-        status = f"HTTP {response.status} {response.reason or ''}".rstrip()
-        raise HelmRenderError(f"cannot download chart {shown}: {status}{hint}")
-    if response.content_length is not None and response.content_length > max_size:
-        raise HelmRenderError(_too_large(shown, max_size))
+async def _body(response: aiohttp.ClientResponse, limit: int, *, whole: bool) -> bytes:
+    """Up to ``limit`` bytes of the body; with ``whole``, more than that is :class:`TooLarge`."""
+    if whole and response.content_length is not None and response.content_length > limit:
+        raise TooLarge
     data = bytearray()
     async for chunk in response.content.iter_chunked(_CHUNK):
         data += chunk
-        if len(data) > max_size:
-            raise HelmRenderError(_too_large(shown, max_size))
-    if not data:
-        raise HelmRenderError(f"cannot download chart {shown}: the response is empty")
-    return bytes(data)
-
-
-def _too_large(shown: str, max_size: int) -> str:
-    return f"cannot download chart {shown}: it is larger than {max_size} bytes"
+        if len(data) > limit:
+            if whole:
+                raise TooLarge
+            break
+    return bytes(data[:limit])

@@ -91,9 +91,9 @@ class RendererOptions:
     environ: Mapping[str, str] | None = None
     #: Deadline of one render, fetching the chart included.
     timeout: float = 60.0
-    #: Largest chart archive downloaded from an https URL.
+    #: Largest chart archive fetched from an https URL or an OCI registry.
     max_chart_size: int = 20 * 1024 * 1024
-    #: A CA bundle trusted (besides the system's) for https chart downloads.
+    #: A CA bundle trusted (besides the system's) for charts fetched over https (URLs, OCI registries).
     ca_file: Path | None = None
     #: A tenant's chart: fetched only from public addresses and these networks (CIDR); None: unchecked
     #: (the operator's own renders, ``nvcf-mono helm``).

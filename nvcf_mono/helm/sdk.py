@@ -17,9 +17,9 @@ import anyio
 import anyio.to_thread
 
 from nvcf_mono.helm.common import deadline, rendered_chart
-from nvcf_mono.helm.download import check_registry, download_archive
+from nvcf_mono.helm.download import fetch_chart
 from nvcf_mono.helm.errors import HelmRenderError
-from nvcf_mono.helm.model import RegistryCredential, RenderedChart, RendererOptions, RenderRequest
+from nvcf_mono.helm.model import RenderedChart, RendererOptions, RenderRequest
 from nvcf_mono.helm.source import ChartSource, chart_source
 
 if TYPE_CHECKING:
@@ -56,21 +56,9 @@ class SdkRenderer:
         source = chart_source(request.chart)
         values = _plain(request.values)
         with deadline(source, self.options.timeout):
-            if source.kind == "https":
-                data = await download_archive(
-                    source.ref,
-                    credential=source.credential(request.credentials),
-                    max_size=self.options.max_chart_size,
-                    ca_file=self.options.ca_file,
-                    networks=self.options.chart_networks,
-                )
+            if source.kind in ("https", "oci"):
+                data = await fetch_chart(source, source.credential(request.credentials), self.options)
                 return await _in_thread(partial(_render, partial(_load_bytes, data), source, values, request))
-            if source.kind == "oci":
-                await check_registry(source.ref, source.display, self.options.chart_networks)
-                async with anyio.TemporaryDirectory(prefix="nvcf-helm-") as tmp:
-                    credential = source.credential(request.credentials)
-                    archive = await _in_thread(partial(_pull, source, credential, Path(tmp)))
-                    return await _in_thread(partial(_render, partial(_load_path, archive), source, values, request))
             return await _in_thread(partial(_render, partial(_load_path, source.path), source, values, request))
 
 
@@ -97,30 +85,6 @@ def _load_bytes(data: bytes) -> helm_python.Chart:
     import helm_python
 
     return helm_python.Chart.load_archive(data)
-
-
-def _pull(source: ChartSource, credential: RegistryCredential | None, into: Path) -> Path:
-    """Pull an OCI chart into ``into``; credentials go to a private registry config there, not the user's."""
-    import helm_python
-
-    try:
-        if credential is None:
-            helm_python.pull(source.ref, destination=into)
-        else:
-            with helm_python.RegistryClient(credentials_file=into / "registry.json") as client:
-                helm_python.pull(
-                    source.ref,
-                    client=client,
-                    destination=into,
-                    username=credential.username,
-                    password=credential.password,
-                )
-    except helm_python.HelmError as err:
-        raise HelmRenderError(f"cannot pull chart {source.display}: {err.detail}") from err
-    archives = sorted(into.glob("*.tgz"))
-    if not archives:
-        raise HelmRenderError(f"cannot pull chart {source.display}: the registry returned no chart archive")
-    return archives[0]
 
 
 def _render(

@@ -41,10 +41,12 @@ class HelmConfig:
     timeout: Seconds = setting(60.0, doc="Deadline of one render, downloading the chart included.", check=positive)
     max_chart_size: ByteSize = setting(
         20 * 1024 * 1024,
-        doc="Largest chart archive downloaded from an https URL.",
+        doc="Largest chart archive fetched from an https URL or an OCI registry.",
         check=in_range(1024, 1024 * 1024 * 1024),
     )
-    ca_file: Path | None = setting(None, doc="A CA bundle trusted, besides the system's, for https chart downloads.")
+    ca_file: Path | None = setting(
+        None, doc="A CA bundle trusted, besides the system's, for charts fetched over https (URLs and OCI registries)."
+    )
     chart_networks: tuple[str, ...] = setting(
         (),
         doc="Non-public networks (CIDR) charts may be fetched from, e.g. [10.20.0.0/16] for a registry in the "

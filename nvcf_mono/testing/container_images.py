@@ -201,11 +201,10 @@ def build_llm_image(podman: str) -> str:
 
 
 @contextmanager
-def private_registry(podman: str, workdir: Path) -> Iterator[str]:
-    """A real registry (Debian's ``docker-registry``) on 127.0.0.1 with one user, ``alice``/``wonderland``,
-    holding ``nvcf-test/private:1`` (the echo image); yields its ``host:port``. Podman reaches it over
-    HTTP where ``CONTAINERS_REGISTRIES_CONF`` names ``workdir/registries.conf`` (it marks the registry
-    insecure), and keeps no local copy of the image.
+def registry_server(workdir: Path, *, tls: tuple[Path, Path] | None = None) -> Iterator[str]:
+    """A real registry (Debian's ``docker-registry``) on 127.0.0.1 with one user, ``alice``/``wonderland``
+    (basic authentication), storing under ``workdir``; yields its ``host:port``. ``tls``: its certificate
+    and key files (HTTPS); without, it speaks HTTP.
     """
     registry = shutil.which("docker-registry")
     assert registry is not None, "docker-registry is needed for this test (apt-get install docker-registry)"
@@ -214,13 +213,12 @@ def private_registry(podman: str, workdir: Path) -> Iterator[str]:
     workdir.mkdir(parents=True, exist_ok=True)
     users = subprocess.run(["htpasswd", "-Bbn", "alice", "wonderland"], capture_output=True, text=True, check=True)
     (workdir / "htpasswd").write_text(users.stdout)
+    served = f"http:\n  addr: {host}\n"
+    if tls is not None:
+        served += f"  tls:\n    certificate: {tls[0]}\n    key: {tls[1]}\n"
     (workdir / "config.yml").write_text(
         f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {workdir / 'data'}\n"
-        f"http:\n  addr: {host}\nauth:\n  htpasswd:\n    realm: test\n    path: {workdir / 'htpasswd'}\n"
-    )
-    conf = workdir / "registries.conf"
-    conf.write_text(
-        "".join(f'[[registry]]\nlocation = "{h}:{port}"\ninsecure = true\n' for h in ("127.0.0.1", "localhost"))
+        f"{served}auth:\n  htpasswd:\n    realm: test\n    path: {workdir / 'htpasswd'}\n"
     )
     with open(workdir / "registry.log", "wb") as log:
         proc = subprocess.Popen([registry, "serve", str(workdir / "config.yml")], stdout=log, stderr=subprocess.STDOUT)
@@ -231,15 +229,33 @@ def private_registry(podman: str, workdir: Path) -> Iterator[str]:
                     break
             except OSError:
                 time.sleep(0.05)
+        yield host
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@contextmanager
+def private_registry(podman: str, workdir: Path) -> Iterator[str]:
+    """:func:`registry_server` over HTTP holding ``nvcf-test/private:1`` (the echo image); yields its
+    ``host:port``. Podman reaches it where ``CONTAINERS_REGISTRIES_CONF`` names ``workdir/registries.conf``
+    (it marks the registry insecure), and keeps no local copy of the image.
+    """
+    with registry_server(workdir) as host:
+        port = host.rsplit(":", 1)[1]
+        conf = workdir / "registries.conf"
+        conf.write_text(
+            "".join(f'[[registry]]\nlocation = "{h}:{port}"\ninsecure = true\n' for h in ("127.0.0.1", "localhost"))
+        )
         image = f"{host}/nvcf-test/private:1"
         for args in (
             ["push", "--tls-verify=false", "--creds", "alice:wonderland", ECHO_IMAGE, f"docker://{image}"],
             ["rmi", "-f", image],
         ):
             subprocess.run([podman, *args], capture_output=True, check=False)
-        yield host
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        for h in ("127.0.0.1", "localhost"):
-            subprocess.run([podman, "rmi", "-f", f"{h}:{port}/nvcf-test/private:1"], capture_output=True, check=False)
+        try:
+            yield host
+        finally:
+            for h in ("127.0.0.1", "localhost"):
+                image = f"{h}:{port}/nvcf-test/private:1"
+                subprocess.run([podman, "rmi", "-f", image], capture_output=True, check=False)

@@ -72,7 +72,7 @@ async def address_problem(endpoint: str, networks: Sequence[Network]) -> str | N
     host = urlsplit(endpoint.strip()).hostname or ""
     reason = None
     with anyio.move_on_after(RESOLVE_WITHIN):
-        reason = await host_refusal(host, networks, each=False)
+        reason = await host_refusal(host, networks)
     if reason is None:
         return None
     return (

@@ -1,13 +1,13 @@
 """A stand-in for the ``helm`` executable, for the binary renderer's tests (no helm binary is installed here).
 
 It is NOT helm: it implements only the commands and flags the binary renderer runs (``show chart``,
-``show crds``, ``template``, ``pull``), renders with Helm's Go SDK (helm-python-sdk), and writes its
+``show crds``, ``template``), renders with Helm's Go SDK (helm-python-sdk), and writes its
 output and errors in helm's formats (``---`` / ``# Source: <template>`` documents; ``Error: ...`` on
 stderr, exit 1). Any other flag is refused, the way helm refuses unknown flags. What the tests learn
 from it is how the renderer calls helm and reads its answers; helm's own rendering is the SDK's.
 
-``FAKE_HELM_LOG``: append each argv (JSON) there. ``FAKE_HELM_OCI_ROOT``: ``pull oci://HOST/PATH:TAG``
-copies ``<root>/PATH-TAG.tgz``, and records the registry config it was given beside the log.
+``FAKE_HELM_LOG``: append each argv (JSON) there. Remote charts never reach helm: the platform fetches
+them and hands helm a local archive.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -45,10 +44,6 @@ def _parser() -> Parser:
     template.add_argument("--values", action="append", default=[])
     template.add_argument("--skip-crds", action="store_true")
     template.add_argument("--no-hooks", action="store_true")
-    pull = sub.add_parser("pull")
-    pull.add_argument("ref")
-    pull.add_argument("--destination", required=True)
-    pull.add_argument("--registry-config")
     return parser
 
 
@@ -63,8 +58,6 @@ def main(argv: list[str]) -> int:
             out.write(json.dumps(argv) + "\n")
     try:
         args = _parser().parse_args(argv)
-        if args.command == "pull":
-            return _pull(args, log)
         with helm_python.Chart.load(args.chart) as chart:
             if args.command == "show" and args.what == "chart":
                 sys.stdout.write(yaml.safe_dump(chart.metadata, sort_keys=False))
@@ -87,20 +80,6 @@ def main(argv: list[str]) -> int:
     except (Refused, helm_python.HelmError) as err:
         sys.stderr.write(f"Error: {err}\n")
         return 1
-    return 0
-
-
-def _pull(args: argparse.Namespace, log: str | None) -> int:
-    root = os.environ.get("FAKE_HELM_OCI_ROOT")
-    ref = args.ref.removeprefix("oci://")
-    path, _, tag = ref.partition("/")[2].rpartition(":")
-    source = Path(root or "/nonexistent") / f"{path}-{tag}.tgz"
-    if log and args.registry_config:
-        shutil.copy(args.registry_config, Path(log).with_name("registry-config.json"))
-    if not source.is_file():
-        sys.stderr.write(f'Error: failed to perform "FetchReference" on source: {args.ref}: not found\n')
-        return 1
-    shutil.copy(source, Path(args.destination) / source.name)
     return 0
 
 

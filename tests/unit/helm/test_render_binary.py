@@ -2,13 +2,12 @@
 
 No helm executable is installed here or in CI, so these tests put ``fake_helm.py`` first on PATH: a
 stand-in that implements the few helm commands the renderer uses, in helm's output and error formats,
-rendering with the Go SDK. They check the renderer's side (arguments, values file, registry config,
+rendering with the Go SDK. They check the renderer's side (arguments, values file,
 output parsing, errors, deadline), not helm itself.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import sys
 from pathlib import Path
@@ -17,7 +16,6 @@ import pytest
 
 from nvcf_mono.helm import (
     HelmRenderError,
-    RegistryCredential,
     RenderedChart,
     RendererOptions,
     RenderRequest,
@@ -25,7 +23,7 @@ from nvcf_mono.helm import (
     render_chart,
     select_renderer,
 )
-from tests.unit.helm.charts import BROKEN_TEMPLATES, package, write_chart
+from tests.unit.helm.charts import BROKEN_TEMPLATES, write_chart
 
 FAKE = Path(__file__).with_name("fake_helm.py")
 
@@ -112,27 +110,6 @@ async def test_a_missing_chart_is_reported_before_helm_runs(tmp_path: Path, helm
     with pytest.raises(HelmRenderError, match=r"chart not found: .*/nowhere does not exist"):
         await _render(tmp_path / "nowhere", helm_env)
     assert not _helm_ran(helm_env)
-
-
-async def test_an_oci_chart_is_pulled_once_with_a_private_registry_config(
-    tmp_path: Path, helm_env: dict[str, str]
-) -> None:
-    registry = tmp_path / "registry"
-    archive = package(write_chart(tmp_path / "src"), tmp_path / "dist")
-    (registry / "charts").mkdir(parents=True)
-    archive.rename(registry / "charts" / "demo-1.2.3.tgz")
-    env = {**helm_env, "FAKE_HELM_OCI_ROOT": str(registry)}
-    credentials = {"registry.example.com": RegistryCredential("robot", "pw")}
-    result = await _render("oci://registry.example.com/charts/demo:1.2.3", env, credentials=credentials)
-    assert result.chart_name == "demo"
-    calls = _calls(env)
-    assert [call[0] for call in calls] == ["pull", "show", "show", "template"]
-    pulled = calls[1][2]
-    assert calls[3][2] == pulled and pulled.endswith("demo-1.2.3.tgz")
-    config = json.loads((tmp_path / "registry-config.json").read_text())
-    assert config == {"auths": {"registry.example.com": {"auth": base64.b64encode(b"robot:pw").decode()}}}
-    with pytest.raises(HelmRenderError, match=r"cannot pull chart oci://registry.example.com/charts/demo:9.9.9: "):
-        await _render("oci://registry.example.com/charts/demo:9.9.9", env)
 
 
 async def test_a_helm_that_hangs_is_stopped_at_the_deadline(tmp_path: Path) -> None:
