@@ -9,7 +9,8 @@ minute in the agent's log. A released instance gets a last round for what it wro
 
 The Kubernetes backend has no file: its task follows the container's log as the cluster streams it
 (:meth:`LogShipper.follow`), at most :data:`QUEUED_BYTES` held between rounds (and one line more); a
-slow endpoint holds back the stream, not the agent's memory.
+slow endpoint holds back the stream, not the agent's memory. A Helm function's instance is several
+pods: each line carries its pod and container (an :data:`Origin`), sent as resource attributes.
 
 The endpoint is a tenant's: posts connect only to the addresses :mod:`nvcf_mono.contracts.egress`
 allows (checked after the name resolves) and follow no redirect.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,6 +48,15 @@ WARN_EVERY = 60.0
 QUEUED_BYTES = 4 * MAX_READ
 #: Seconds a released instance's followed log has to reach its end before its last round.
 LAST_WAIT = 2.0
+
+
+#: Where a followed line comes from within its instance, as resource attributes (a Helm chart's pod and
+#: container); () for an instance's one workload.
+Origin = tuple[tuple[str, str], ...]
+#: A line to send, and where it comes from.
+Line = tuple[str, Origin]
+#: What a follower hands each line to (it waits while the queue is full).
+Put = Callable[[str, Origin], Awaitable[None]]
 
 
 def logs_target(contract: Mapping[str, str]) -> tracing.OtlpTarget | None:
@@ -77,7 +87,7 @@ class _Source(Protocol):
     async def run(self) -> None:
         """Read in the background (a stream), or nothing (a file)."""
 
-    async def take(self) -> list[str]:
+    async def take(self) -> list[Line]:
         """The lines to send now (up to about :data:`MAX_READ` bytes); none when there are none yet."""
 
     def close(self) -> None:
@@ -95,43 +105,47 @@ class _FileLines:
     async def run(self) -> None:
         self.ended.set()
 
-    async def take(self) -> list[str]:
+    async def take(self) -> list[Line]:
         lines, self.offset = await anyio.to_thread.run_sync(read_lines, self.path, self.offset)
-        return lines
+        return [(line, ()) for line in lines]
 
     def close(self) -> None:
         pass
 
 
 class _StreamLines:
-    """Lines an iterator yields (a container's log as the cluster streams it), queued between rounds."""
+    """Lines a follower hands over (a container's log as the cluster streams it, or several), queued
+    between rounds; the follower waits while :data:`QUEUED_BYTES` are queued.
+    """
 
-    def __init__(self, lines: Callable[[], AsyncIterator[str]]) -> None:
-        self._lines = lines
-        self._queue: deque[str] = deque()
+    def __init__(self, produce: Callable[[Put], Awaitable[None]]) -> None:
+        self._produce = produce
+        self._queue: deque[Line] = deque()
         self._queued = 0  # bytes
         self._room = anyio.Event()
         self.ended = anyio.Event()
 
     async def run(self) -> None:
         try:
-            async for line in self._lines():
-                while self._queued >= QUEUED_BYTES:
-                    self._room = anyio.Event()
-                    await self._room.wait()
-                self._queue.append(line)
-                self._queued += len(line)
+            await self._produce(self._put)
         finally:
             self.ended.set()
 
-    async def take(self) -> list[str]:
-        lines: list[str] = []
+    async def _put(self, line: str, origin: Origin) -> None:
+        while self._queued >= QUEUED_BYTES:
+            self._room = anyio.Event()
+            await self._room.wait()
+        self._queue.append((line, origin))
+        self._queued += len(line)
+
+    async def take(self) -> list[Line]:
+        lines: list[Line] = []
         size = 0
         while self._queue and size < MAX_READ:
-            line = self._queue.popleft()
+            line, origin = self._queue.popleft()
             self._queued -= len(line)
             if line.strip():
-                lines.append(line)
+                lines.append((line, origin))
                 size += len(line)
         self._room.set()
         return lines
@@ -172,22 +186,24 @@ def read_lines(path: Path, offset: int) -> tuple[list[str], int]:
     return [line for line in lines if line.strip()], offset + len(taken)
 
 
-def encode(lines: list[str], resource: Mapping[str, str]) -> bytes:
-    """An OTLP ``ExportLogsServiceRequest`` of ``lines``, stamped now."""
+def encode(lines: list[Line], resource: Mapping[str, str]) -> bytes:
+    """An OTLP ``ExportLogsServiceRequest`` of ``lines``, stamped now: one resource per origin."""
     from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
     from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
     from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
     now = time.time_ns()
-    records = [LogRecord(time_unix_nano=now, observed_time_unix_nano=now, body=AnyValue(string_value=s)) for s in lines]
-    attributes = [KeyValue(key=k, value=AnyValue(string_value=v)) for k, v in resource.items()]
-    body = ExportLogsServiceRequest(
-        resource_logs=[
-            ResourceLogs(resource=Resource(attributes=attributes), scope_logs=[ScopeLogs(log_records=records)])
-        ]
-    )
-    return bytes(body.SerializeToString())
+    by_origin: dict[Origin, list[LogRecord]] = {}
+    for text, origin in lines:
+        record = LogRecord(time_unix_nano=now, observed_time_unix_nano=now, body=AnyValue(string_value=text))
+        by_origin.setdefault(origin, []).append(record)
+    resource_logs = []
+    for origin, records in by_origin.items():
+        attributes = [KeyValue(key=k, value=AnyValue(string_value=v)) for k, v in (*resource.items(), *origin)]
+        scope = ScopeLogs(log_records=records)
+        resource_logs.append(ResourceLogs(resource=Resource(attributes=attributes), scope_logs=[scope]))
+    return bytes(ExportLogsServiceRequest(resource_logs=resource_logs).SerializeToString())
 
 
 class LogShipper:
@@ -236,12 +252,14 @@ class LogShipper:
     def follow(
         self,
         instance_id: str,
-        lines: Callable[[], AsyncIterator[str]],
+        produce: Callable[[Put], Awaitable[None]],
         target: tracing.OtlpTarget,
         resource: Mapping[str, str],
     ) -> None:
-        """Send the lines ``lines()`` yields to ``target``, a round's worth at a time, until :meth:`forget`."""
-        self._start(instance_id, _StreamLines(lines), target, resource)
+        """Send the lines ``produce`` hands to the :data:`Put` it is given to ``target``, a round's worth at a
+        time, until :meth:`forget`.
+        """
+        self._start(instance_id, _StreamLines(produce), target, resource)
 
     def _start(
         self, instance_id: str, source: _Source, target: tracing.OtlpTarget, resource: Mapping[str, str]
@@ -284,7 +302,7 @@ class LogShipper:
             if self._watched.get(w.instance_id) is w:
                 del self._watched[w.instance_id]
 
-    async def _post(self, w: _Watched, lines: list[str]) -> None:
+    async def _post(self, w: _Watched, lines: list[Line]) -> None:
         headers = {**w.target.headers, "Content-Type": "application/x-protobuf"}
         networks = w.target.networks or ()
         try:

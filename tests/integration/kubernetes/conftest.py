@@ -92,6 +92,7 @@ class ApiServer(kmock.KubernetesEmulator):
         #: (pod, container) -> its restarts, and how many times its followed logs were cut short.
         self.restarts: dict[tuple[str, str], int] = {}
         self.log_breaks: dict[tuple[str, str], int] = {}
+        #: Each read of a log: its query, and the pod as ``_pod``.
         self.log_requests: list[dict[str, str]] = []
 
     def _pod_exists(self, namespace: str, name: str) -> bool:
@@ -103,7 +104,7 @@ class ApiServer(kmock.KubernetesEmulator):
         if m is None or request.method.upper() != "GET":
             return None
         key = (m["name"], request.query.get("container", ""))
-        self.log_requests.append(dict(request.query))
+        self.log_requests.append({**request.query, "_pod": m["name"]})
         if not self._pod_exists(m["namespace"], m["name"]):
             return aiohttp.web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
         if key not in self.logs:
@@ -243,8 +244,8 @@ class Cluster:
         """Play a controller: create a pod (e.g. from a Deployment's template)."""
         await self._request("POST", f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods", dict(pod))
 
-    async def delete_pod(self, name: str) -> None:
-        await self._request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+    async def delete_pod(self, name: str, namespace: str = NAMESPACE) -> None:
+        await self._request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
 
     def write_log(self, pod: str, container: str, *lines: str) -> None:
         """Play the container: it writes ``lines`` now."""

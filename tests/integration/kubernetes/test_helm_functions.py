@@ -10,17 +10,20 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from nvcf_mono.testing.platform import wait_for, wait_status
 from tests.function_charts import INFERENCE, SERVICE, SIDECAR, VALUES, WORKLOAD_CONFIG, write_chart
 from tests.integration.compute.conftest import compute_platform, create, deploy, instances, running, spec
+from tests.integration.compute.test_telemetry_export import LOOPBACK, TOKEN, otlp_receiver
 from tests.integration.kubernetes.conftest import (
     Cluster,
     emulated_cluster,
@@ -97,11 +100,13 @@ def failed_status() -> dict[str, Any]:
 
 
 async def start_sample(
-    kc: Cluster, p: Any, chart: Path, configuration: dict[str, Any] | None = None
+    kc: Cluster, p: Any, chart: Path, configuration: dict[str, Any] | None = None, **fields: Any
 ) -> tuple[str, str, str]:
-    """Create and deploy the function; play the controllers until its pods run. (namespace, worker, deployment path)"""
+    """Create and deploy the function (``fields`` added to it); play the controllers until its pods run.
+    (namespace, worker, deployment path)
+    """
     await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
-    _, _, d = await create(p.admin, helm_function(chart))
+    _, _, d = await create(p.admin, {**helm_function(chart), **fields})
     extra = {"configuration": configuration} if configuration else {}
     await deploy(p.admin, d, spec("H100", **extra))
     ns, inference = await installed(kc, "deployments", "inference")
@@ -309,3 +314,117 @@ async def test_a_terminal_warning_event_before_running_is_install_failed(tmp_pat
         ]  # fmt: skip
         phases = [(h.raw.get("status") or {}).get("phase") for h in ms.history if h is not None]
         assert "InstallFailed" in phases and "Failed" not in phases and "Running" not in phases
+
+
+@pytest.mark.slow
+async def test_the_charts_containers_write_to_the_functions_logs_endpoint(tmp_path: Path) -> None:
+    """Every container of the chart's pods is followed, each line marked with its pod and container; a pod
+    that goes stops being followed, and one that comes is followed. The worker's pod is the platform's
+    and is not sent.
+    """
+    chart = write_chart(tmp_path / "chart", templates={"i.yaml": INFERENCE, "s.yaml": SERVICE, "m.yaml": SIDECAR})
+    async with otlp_receiver() as (url, got), helm_platform(tmp_path, **LOOPBACK) as (kc, p):
+        made = await p.admin.post(
+            "/v2/nvcf/telemetries",
+            {
+                "endpoint": url,
+                "protocol": "HTTP",
+                "provider": "OTEL_COLLECTOR",
+                "types": ["LOGS"],
+                "secret": {"name": "collector", "value": TOKEN},
+            },
+        )
+        assert made.status == 200, made.body
+        chosen = {"logsTelemetryId": made.json["telemetry"]["telemetryId"]}
+        ns, worker, d = await start_sample(kc, p, chart, telemetries=chosen)
+        kc.write_log(worker, "utils", "the worker's own line")
+        kc.write_log("inference-abc12", "server", "model loaded")
+        kc.write_log("metrics-def34", "exporter", "scraping")
+
+        def sent() -> list[tuple[str, str, str]]:
+            return [
+                (r["body"], r["resource"].get("k8s.pod.name", ""), r["resource"].get("k8s.container.name", ""))
+                for r in got.records
+            ]
+
+        async def has(*want: tuple[str, str, str]) -> bool:
+            return sorted(sent()) == sorted(want)
+
+        first = (("model loaded", "inference-abc12", "server"), ("scraping", "metrics-def34", "exporter"))
+        await wait_for(lambda: has(*first), timeout=20, what="the chart's first lines")
+        assert {r["resource"]["service.instance.id"] for r in got.records} == {worker}
+        assert {r["resource"]["service.name"] for r in got.records} == {"inference-test"}
+        assert worker not in {q["_pod"] for q in kc.server.log_requests}
+
+        # The sidecar's pod is replaced: the old one is no longer followed, the new one is.
+        def reads_of_the_old_pod() -> int:
+            return sum(q["_pod"] == "metrics-def34" for q in kc.server.log_requests)
+
+        before, deleted_at = reads_of_the_old_pod(), time.monotonic()
+        await kc.delete_pod("metrics-def34", namespace=ns)
+        _, metrics = await installed(kc, "deployments", "metrics")
+        await kc.create_pod(pod_from(metrics, ns, "metrics-ghi56"))
+        await kc.set_pod_status("metrics-ghi56", ready_status(), namespace=ns)
+        kc.write_log("metrics-ghi56", "exporter", "scraping again")
+        again = ("scraping again", "metrics-ghi56", "exporter")
+        await wait_for(lambda: has(*first, again), timeout=20, what="the new pod's line")
+        # Following it still would read it again and again (1 s, then 2, 4, ... apart): 8 s show three reads.
+        await anyio.sleep(max(0.0, 8.0 - (time.monotonic() - deleted_at)))
+        assert reads_of_the_old_pod() - before <= 1, "a pod that is gone is still followed"
+
+        # Undeployed: what was written before goes out; then nothing is followed any more.
+        kc.write_log("inference-abc12", "server", "shutting down")
+        assert (await p.admin.delete(d)).status == 200
+        last = ("shutting down", "inference-abc12", "server")
+        await wait_for(lambda: has(*first, again, last), timeout=20, what="the last line")
+        await anyio.sleep(1.0)
+        asked = len(kc.server.log_requests)
+        await anyio.sleep(2.5)
+        assert len(kc.server.log_requests) == asked, "the agent still follows a released instance's pods"
+        assert got.auth == {f"Bearer {TOKEN}"}
+
+
+@pytest.mark.slow
+async def test_the_next_agent_sends_a_helm_instances_output_from_then_on(tmp_path: Path) -> None:
+    chart = write_chart(tmp_path / "chart", templates={"i.yaml": INFERENCE, "s.yaml": SERVICE})
+    async with otlp_receiver() as (url, got), emulated_cluster(tmp_path) as kc:
+        await gpu_nodes(kc)
+        clusters = [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig, allow_local_charts=True)]
+        settings = {**LOCAL, **LOOPBACK}
+
+        def bodies() -> list[str]:
+            return [r["body"] for r in got.records]
+
+        async def sent(*want: str) -> bool:
+            return bodies() == list(want)
+
+        async with compute_platform(tmp_path, clusters, **settings) as p:
+            made = await p.admin.post(
+                "/v2/nvcf/telemetries",
+                {
+                    "endpoint": url,
+                    "protocol": "HTTP",
+                    "provider": "OTEL_COLLECTOR",
+                    "types": ["LOGS"],
+                    "secret": {"name": "collector", "value": TOKEN},
+                },
+            )
+            chosen = {"logsTelemetryId": made.json["telemetry"]["telemetryId"]}
+            await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
+            _, _, d = await create(p.admin, {**helm_function(chart), "telemetries": chosen})
+            await deploy(p.admin, d, spec("H100"))
+            ns, inference = await installed(kc, "deployments", "inference")
+            await kc.create_pod(pod_from(inference, ns, "inference-abc12"))
+            for name in (worker_pod(kc, ns), "inference-abc12"):
+                await kc.set_pod_status(name, ready_status(), namespace=ns)
+            kc.write_log("inference-abc12", "server", "model loaded")
+            await wait_for(lambda: sent("model loaded"), timeout=20, what="the first line")
+        # The agent stopped; the chart's pod did not. The next agent installs again and follows from now on.
+        async with compute_platform(tmp_path, clusters, **settings) as p:
+            await running(p.bus, CLUSTER)
+            await wait_status(p.admin, d, "ACTIVE")
+            await anyio.sleep(1.0)
+            kc.write_log("inference-abc12", "server", "after the restart")
+            await wait_for(lambda: sent("model loaded", "after the restart"), timeout=20, what="the new line")
+            await anyio.sleep(1.5)
+            assert bodies() == ["model loaded", "after the restart"]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
 import anyio.lowlevel
 
-from nvcf_mono.planes.compute.log_shipping import MAX_READ, QUEUED_BYTES, _StreamLines, read_lines
+from nvcf_mono.planes.compute.log_shipping import MAX_READ, QUEUED_BYTES, Put, _StreamLines, encode, read_lines
 
 
 def test_whole_lines_from_the_offset_and_a_line_being_written_waits(tmp_path: Path) -> None:
@@ -41,11 +40,11 @@ async def test_a_followed_log_holds_a_bounded_number_of_bytes_however_long_its_l
     line = "x" * (64 * 1024)
     made = 0
 
-    async def lines() -> AsyncIterator[str]:
+    async def lines(put: Put) -> None:
         nonlocal made
         for _ in range(200):  # a workload that writes long lines faster than its endpoint takes them
             made += 1
-            yield line
+            await put(line, ())
             await anyio.lowlevel.checkpoint()
 
     source = _StreamLines(lines)
@@ -55,8 +54,30 @@ async def test_a_followed_log_holds_a_bounded_number_of_bytes_however_long_its_l
         held = made
         assert held * len(line) <= QUEUED_BYTES + 2 * len(line), "the reader waits once the queue is full"
         taken = await source.take()
-        assert 0 < sum(map(len, taken)) <= MAX_READ
+        assert 0 < sum(len(text) for text, _ in taken) <= MAX_READ
         await anyio.sleep(0.2)
         assert made > held  # room again: it reads on
         assert (made - len(taken)) * len(line) <= QUEUED_BYTES + 2 * len(line)
         tg.cancel_scope.cancel()
+
+
+def test_lines_of_several_origins_go_out_as_one_resource_each_in_their_order() -> None:
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+    web = (("k8s.pod.name", "web-1"), ("k8s.container.name", "server"))
+    cache = (("k8s.pod.name", "cache-0"), ("k8s.container.name", "redis"))
+    lines = [("a", web), ("b", cache), ("c", web)]
+    request = ExportLogsServiceRequest.FromString(encode(lines, {"service.name": "chart"}))
+    got = [
+        (
+            {kv.key: kv.value.string_value for kv in resource_logs.resource.attributes},
+            [r.body.string_value for r in resource_logs.scope_logs[0].log_records],
+        )
+        for resource_logs in request.resource_logs
+    ]
+    assert got == [
+        ({"service.name": "chart", "k8s.pod.name": "web-1", "k8s.container.name": "server"}, ["a", "c"]),
+        ({"service.name": "chart", "k8s.pod.name": "cache-0", "k8s.container.name": "redis"}, ["b"]),
+    ]
+    (plain,) = ExportLogsServiceRequest.FromString(encode([("x", ())], {"service.name": "fn"})).resource_logs
+    assert [kv.key for kv in plain.resource.attributes] == ["service.name"]

@@ -51,7 +51,7 @@ from nvcf_mono.planes.compute.backends.kubernetes.extensions import ExtensionFai
 from nvcf_mono.planes.compute.config import ClusterSettings, ComputeConfig, KubernetesSettings
 from nvcf_mono.planes.compute.gpus import Inventory, static_inventory
 from nvcf_mono.planes.compute.health import LaunchFailure, Observation
-from nvcf_mono.planes.compute.log_shipping import LogShipper, logs_target, resource_of
+from nvcf_mono.planes.compute.log_shipping import LogShipper, Put, logs_target, resource_of
 from nvcf_mono.planes.compute.log_stamps import Mark, StampedLines
 from nvcf_mono.reval.engine import RequestError, RevalRequest, Validator, ValidatorSettings
 
@@ -365,6 +365,10 @@ class KubernetesBackend:
         return inst
 
     async def start(self, spec: LaunchSpec) -> KubeInstance:
+        return await self._start(spec, adopted=False)
+
+    async def _start(self, spec: LaunchSpec, *, adopted: bool) -> KubeInstance:
+        """Create the instance (``adopted``: install a Helm instance again that an agent before installed)."""
         site = self._site(spec.cluster_id)
         inst = self._hold(spec, seen=False)
         try:
@@ -372,7 +376,7 @@ class KubernetesBackend:
                 await self._install(site, spec, inst)
             else:
                 await self._create(site, spec, inst)
-                self._ship_output(site, spec, inst, adopted=False)
+            self._ship_output(site, spec, inst, adopted=adopted)
         except _Refused as err:
             inst.failure = err.failure
             self._log.info("instance %s cannot start: %s", inst.instance_id, err.failure.detail)
@@ -714,7 +718,7 @@ class KubernetesBackend:
             await site.pods.synced.wait()
         if spec.message.launch_specification.helm_chart:
             # Installing again is idempotent (create, or server-side apply): what changed is re-applied.
-            return await self.start(spec)
+            return await self._start(spec, adopted=True)
         if site.pods.get(spec.instance_id) is None:
             self._log.info("instance %s: its pod is gone; creating it again", spec.instance_id)
             return await self.start(spec)
@@ -723,33 +727,72 @@ class KubernetesBackend:
         return inst
 
     def _ship_output(self, site: Site, spec: LaunchSpec, inst: KubeInstance, *, adopted: bool) -> None:
-        """Send what the function's (or task's) container writes to its logs endpoint, when it chose one.
+        """Send what the function's (or task's) containers write to its logs endpoint, when it chose one: its
+        one container, or every container of a Helm chart's pods (each line marked with its pod and container).
 
-        An adopted pod's log is sent from now on: the agent before may have sent the rest.
+        An adopted instance's logs are sent from now on: the agent before may have sent the rest.
         """
         contract = spec.message.launch_specification.environment
         target = logs_target(contract)
         if target is None or self._shipper is None:
             return
-        container = manifests.TASK if inst.task else manifests.INFERENCE
         now = time.time_ns()
         mark: Mark | None = (now // 1_000_000_000, now % 1_000_000_000, 0) if adopted else None
+        name = inst.instance_id
 
-        def lines() -> AsyncIterator[str]:
-            return self._pod_lines(site, inst.instance_id, container, mark)
+        async def one_container(put: Put) -> None:
+            container = manifests.TASK if inst.task else manifests.INFERENCE
+            async for line in self._pod_lines(site, name, name, container, namespace=None, mark=mark):
+                await put(line, ())
 
-        self._shipper.follow(inst.instance_id, lines, target, resource_of(contract, inst.instance_id))
+        async def charts_pods(put: Put) -> None:
+            assert inst.helm is not None
+            await self._chart_lines(site, name, inst.helm.namespace, mark, put)
 
-    async def _pod_lines(self, site: Site, name: str, container: str, mark: Mark | None) -> AsyncIterator[str]:
-        """A container's log lines for as long as the instance is held, across its restarts and broken
-        streams: each time from a little before the last line sent (``mark``), skipping what was sent.
+        produce = charts_pods if inst.helm is not None else one_container
+        self._shipper.follow(name, produce, target, resource_of(contract, name))
+
+    async def _chart_lines(self, site: Site, name: str, namespace: str, mark: Mark | None, put: Put) -> None:
+        """Every container of the chart's pods in ``namespace`` (not the worker's own), followed as each pod
+        appears, until the pod goes or the instance is released.
+        """
+        followed: set[tuple[str, str]] = set()
+
+        async def follow(pod: str, container: str) -> None:
+            origin = (("k8s.pod.name", pod), ("k8s.container.name", container))
+            try:
+                async for line in self._pod_lines(site, name, pod, container, namespace=namespace, mark=mark):
+                    await put(line, origin)
+            finally:
+                followed.discard((pod, container))
+
+        async with anyio.create_task_group() as tg:
+            while name in self._held:
+                for pod in site.pods.in_namespace(namespace):
+                    pod_name = pod.get("metadata", {}).get("name", "")
+                    if pod_name == name:
+                        continue  # the worker's pod: the platform's, not the function's output
+                    for container in pod.get("spec", {}).get("containers") or ():
+                        key = (pod_name, str(container.get("name", "")))
+                        if key not in followed:
+                            followed.add(key)
+                            tg.start_soon(follow, *key)
+                await site.pods.changed(5.0)
+            tg.cancel_scope.cancel()
+
+    async def _pod_lines(
+        self, site: Site, name: str, pod: str, container: str, *, namespace: str | None, mark: Mark | None
+    ) -> AsyncIterator[str]:
+        """A container's log lines while instance ``name`` is held (and, for a chart's pod, while the pod is
+        there), across its restarts and broken streams: each time from a little before the last line sent
+        (``mark``), skipping what was sent.
         """
         backoff = Backoff(1.0, 30.0)
-        while name in self._held:
+        while name in self._held and (namespace is None or site.pods.get(pod, namespace) is not None):
             ago = None if mark is None else int(time.time()) - mark[0] + _CLOCK_MARGIN
             read = StampedLines(mark)
             try:
-                async for stamped in site.kube.follow_pod_log(name, container, since_seconds=ago):
+                async for stamped in site.kube.follow_pod_log(pod, container, since_seconds=ago, namespace=namespace):
                     line = read.new(stamped)
                     mark = read.mark
                     if line is not None:
@@ -757,7 +800,7 @@ class KubernetesBackend:
                         yield line
             except KubeError as err:
                 # Not started yet (400), gone (404), or the API is away: asked again while it is held.
-                self._log.debug("instance %s: following the log of %s: %s", name, container, err)
+                self._log.debug("instance %s: following the log of %s/%s: %s", name, pod, container, err)
             await anyio.sleep(backoff.next())
 
     async def observe(self, handle: object) -> Observation:

@@ -170,12 +170,12 @@ class Kube:
             if err.status != 404:
                 raise
 
-    async def _open_log(self, name: str, container: str, **query: Any) -> Any:
+    async def _open_log(self, name: str, container: str, namespace: str | None = None, **query: Any) -> Any:
         """The answer to a read of a container's log, its body not read yet; KubeError when there is none."""
         try:
             with anyio.fail_after(self.settings.api_timeout):
                 resp: Any = await self.core.read_namespaced_pod_log(
-                    name, self.namespace, container=container, _preload_content=False, **query
+                    name, namespace or self.namespace, container=container, _preload_content=False, **query
                 )
                 await _refuse_error(resp)  # not started, no previous container: a Status, not its log
                 return resp
@@ -197,14 +197,18 @@ class Kube:
             return ""
         return data.decode(errors="replace")[-limit:] if limit > 0 else ""
 
-    async def follow_pod_log(self, name: str, container: str, *, since_seconds: int | None) -> AsyncIterator[str]:
+    async def follow_pod_log(
+        self, name: str, container: str, *, since_seconds: int | None, namespace: str | None = None
+    ) -> AsyncIterator[str]:
         """A container's log as it is written, each line after its time (RFC 3339, to the nanosecond) and a
         space, from ``since_seconds`` ago (all of it: None), until the container ends or nothing comes for
-        :data:`FOLLOW_IDLE` seconds. A line longer than :data:`FOLLOW_LINE` comes in pieces.
+        :data:`FOLLOW_IDLE` seconds. A line longer than :data:`FOLLOW_LINE` comes in pieces. ``namespace``:
+        the pod's (default: the agent's).
         """
         timeout = aiohttp.ClientTimeout(sock_connect=self.settings.api_timeout, sock_read=FOLLOW_IDLE)
         since: dict[str, Any] = {} if since_seconds is None else {"since_seconds": since_seconds}
-        resp = await self._open_log(name, container, follow=True, timestamps=True, _request_timeout=timeout, **since)
+        query = {"follow": True, "timestamps": True, "_request_timeout": timeout, **since}
+        resp = await self._open_log(name, container, namespace, **query)
         try:
             carry = b""
             async for chunk in resp.content.iter_any():
