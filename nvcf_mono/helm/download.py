@@ -26,6 +26,7 @@ from nvcf_mono.egress_aiohttp import checked_session, url_refusal
 from nvcf_mono.helm.errors import HelmRenderError
 from nvcf_mono.helm.model import RegistryCredential, RendererOptions
 from nvcf_mono.helm.source import ChartSource
+from nvcf_mono.printable import one_line
 
 _CHUNK = 64 * 1024
 _MAX_REDIRECTS = 10
@@ -45,7 +46,7 @@ class Fetched:
     url: URL
 
     def status_text(self) -> str:
-        return f"HTTP {self.status} {self.reason}".rstrip()
+        return f"HTTP {self.status} {one_line(self.reason)[:100]}".rstrip()  # the reason is the server's
 
 
 class TooLarge(Exception):

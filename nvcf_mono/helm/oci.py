@@ -40,6 +40,8 @@ CHART_LAYERS = ("application/vnd.cncf.helm.chart.content.v1.tar+gzip", "applicat
 #: Registries refuse manifests larger than this (the distribution project's limit).
 MANIFEST_LIMIT = 4 * 1024 * 1024
 _TOKEN_LIMIT = 1024 * 1024
+#: A tag list is read a page at a time, each at most this large, and no more pages than this.
+_TAGS_LIMIT = 1024 * 1024
 _TAGS_PAGE = 1000
 _TAGS_PAGES = 20
 
@@ -143,7 +145,7 @@ class _Registry:
         for _ in range(_TAGS_PAGES):
             if page is None:
                 break
-            got = await self._get(page, limit=MANIFEST_LIMIT, what=f"repository {self._ref.repository}")
+            got = await self._get(page, limit=_TAGS_LIMIT, what=f"repository {self._ref.repository}")
             listed = _json(self._fetcher, got, "its list of tags").get("tags") or []
             tags += [t for t in listed if isinstance(t, str)] if isinstance(listed, list) else []
             page = self._next_page(got)
