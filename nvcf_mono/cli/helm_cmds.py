@@ -94,6 +94,11 @@ def register(sub: Any) -> None:
         help="fail on security-context rules (default: report them as warnings, 'not enforced yet')",
     )
     validate.add_argument(
+        "--validate-images",
+        action="store_true",
+        help="check that the chart's images exist in their registries (anonymously: public images only)",
+    )
+    validate.add_argument(
         "--renderer", choices=(AUTO, "binary", "sdk"), default=AUTO, help="how to render (default: auto)"
     )
     validate.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="deadline (default 60)")
@@ -217,6 +222,7 @@ class _Rendering:
 
 
 def _validate(args: argparse.Namespace, ctx: CliContext) -> int:
+    from nvcf_mono.helm.images import ImageChecker
     from nvcf_mono.reval.engine import RequestError, RevalRequest, Validator, ValidatorSettings
     from nvcf_mono.structure import unstructure
 
@@ -224,8 +230,13 @@ def _validate(args: argparse.Namespace, ctx: CliContext) -> int:
         raise CliError("--service-name and --service-port go together")
     if args.timeout <= 0:
         raise CliError("--timeout must be a positive number of seconds")
-    settings = ValidatorSettings(enforce_security_context=args.enforce_security_context, allow_local_charts=True)
-    rendering = _Rendering(args.renderer, RendererOptions(environ=ctx.environ, timeout=args.timeout))
+    settings = ValidatorSettings(
+        enforce_security_context=args.enforce_security_context,
+        allow_local_charts=True,
+        validate_images=args.validate_images,
+    )
+    options = RendererOptions(environ=ctx.environ, timeout=args.timeout)
+    rendering = _Rendering(args.renderer, options)
     request = RevalRequest(
         helm_chart=args.chart,
         helm_chart_service_name=args.service_name,
@@ -233,7 +244,7 @@ def _validate(args: argparse.Namespace, ctx: CliContext) -> int:
         configuration=_values(args.values, args.sets, ctx) or None,
     )
     try:
-        result = anyio.run(Validator(rendering, settings).validate, request)
+        result = anyio.run(Validator(rendering, settings, images=ImageChecker(options)).validate, request)
     except RequestError as err:
         raise CliError(str(err)) from err
     if args.json:

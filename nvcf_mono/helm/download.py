@@ -53,20 +53,21 @@ class TooLarge(Exception):
     """An answer's body is larger than its limit."""
 
 
-class ChartFetcher:
-    """One render's https client for a chart: ``doing`` ("download", "pull") and ``shown`` name it in messages.
+class Fetcher:
+    """An https client for what a tenant names (a chart, an image's registry): ``doing`` ("download", "pull",
+    "check") and ``subject`` ("chart oci://...", "image nvcr.io/...") name it in messages.
 
-    ``networks``: a tenant's chart, fetched only from public addresses and these networks (None: unchecked).
+    ``networks``: a tenant's, reached only at public addresses and in these networks (None: unchecked).
     """
 
-    def __init__(self, shown: str, doing: str, *, ca_file: Path | None, networks: Sequence[str] | None) -> None:
-        self.shown = shown
+    def __init__(self, subject: str, doing: str, *, ca_file: Path | None, networks: Sequence[str] | None) -> None:
+        self.subject = subject
         self.doing = doing
         self._context = _ssl_context(ca_file)
         self._allowed = parse(networks) if networks is not None else None
         self._session: aiohttp.ClientSession | None = None
 
-    async def __aenter__(self) -> ChartFetcher:
+    async def __aenter__(self) -> Fetcher:
         allowed = self._allowed
         self._session = checked_session(allowed) if allowed is not None else aiohttp.ClientSession(trust_env=False)
         return self
@@ -78,7 +79,7 @@ class ChartFetcher:
             await self._session.close()
 
     def fail(self, why: str) -> HelmRenderError:
-        return HelmRenderError(f"cannot {self.doing} chart {self.shown}: {why}")
+        return HelmRenderError(f"cannot {self.doing} {self.subject}: {why}")
 
     async def get(self, url: str | URL, *, limit: int, headers: Mapping[str, str] | None = None) -> Fetched:
         """GET ``url``, following redirects (each https and checked); ``headers`` go to ``url``'s origin only.
@@ -91,7 +92,7 @@ class ChartFetcher:
             if target.scheme != "https":
                 raise self.fail("redirected to a non-https URL" if hop else f"{target} is not an https URL")
             if self._allowed is not None and (why := url_refusal(target, self._allowed)) is not None:
-                raise HelmRenderError(refused(self.shown, why, doing=self.doing))
+                raise HelmRenderError(refused(self.subject, why, doing=self.doing))
             sent = dict(headers or {}) if target.origin() == origin else {}
             with self._errors():
                 async with self._session.get(target, headers=sent, ssl=self._context, allow_redirects=False) as got:
@@ -114,7 +115,7 @@ class ChartFetcher:
             ) from err
         except aiohttp.ClientConnectorError as err:
             if isinstance(err.os_error, EgressRefused):
-                raise HelmRenderError(refused(self.shown, str(err.os_error.strerror), doing=self.doing)) from err
+                raise HelmRenderError(refused(self.subject, str(err.os_error.strerror), doing=self.doing)) from err
             # asyncio's strerror is "Connect call failed (...)"; the errno says what happened.
             code = err.os_error.errno
             why = (os.strerror(code) if code else "") or err.os_error.strerror or str(err.os_error)
@@ -128,14 +129,15 @@ async def fetch_chart(source: ChartSource, credential: RegistryCredential | None
     from nvcf_mono.helm.oci import pull_chart
 
     doing = "pull" if source.kind == "oci" else "download"
-    fetcher = ChartFetcher(source.display, doing, ca_file=options.ca_file, networks=options.chart_networks)
+    subject = f"chart {source.display}"
+    fetcher = Fetcher(subject, doing, ca_file=options.ca_file, networks=options.chart_networks)
     async with fetcher:
         if source.kind == "oci":
             return await pull_chart(fetcher, source.ref, credential, max_size=options.max_chart_size)
         return await _download(fetcher, source.ref, credential, max_size=options.max_chart_size)
 
 
-async def _download(fetcher: ChartFetcher, url: str, credential: RegistryCredential | None, *, max_size: int) -> bytes:
+async def _download(fetcher: Fetcher, url: str, credential: RegistryCredential | None, *, max_size: int) -> bytes:
     headers = {"Authorization": basic_auth(credential)} if credential is not None else {}
     try:
         got = await fetcher.get(url, limit=max_size, headers=headers)
@@ -154,10 +156,10 @@ def basic_auth(credential: RegistryCredential) -> str:
     return "Basic " + base64.b64encode(pair).decode()
 
 
-def refused(shown: str, why: str, *, doing: str = "download") -> str:
+def refused(subject: str, why: str, *, doing: str) -> str:
     return (
-        f"cannot {doing} chart {shown}: {why}; charts are fetched from public addresses and from the networks "
-        "the operator lists in plugins.helm.chart_networks"
+        f"cannot {doing} {subject}: {why}; charts and image registries are reached at public addresses and in "
+        "the networks the operator lists in plugins.helm.chart_networks"
     )
 
 

@@ -1,5 +1,5 @@
 """Pulling a Helm chart from an OCI registry, as ``helm pull oci://...`` does, through the platform's own
-https client (:class:`~nvcf_mono.helm.download.ChartFetcher`): every address it connects to is checked as
+https client (:class:`~nvcf_mono.helm.download.Fetcher`): every address it connects to is checked as
 it dials (the registry, its token service, its blob storage), so a name that resolves elsewhere by the
 time the chart is fetched reaches nothing it should not.
 
@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 from yarl import URL
 
-from nvcf_mono.helm.download import ChartFetcher, Fetched, TooLarge, basic_auth
+from nvcf_mono.helm.download import Fetched, Fetcher, TooLarge, basic_auth
 from nvcf_mono.helm.errors import HelmRenderError
 from nvcf_mono.helm.model import RegistryCredential
 from nvcf_mono.helm.source import redact
@@ -33,6 +33,8 @@ from nvcf_mono.printable import one_line
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 _INDEXES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
+#: What a manifest is asked for as: an image's, or an index of them (a chart's is an image's).
+MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST, *_INDEXES)
 HELM_CONFIG = "application/vnd.cncf.helm.config.v1+json"
 #: The chart's layer; the second is what Helm's experimental OCI support wrote before Helm 3.7.
 CHART_LAYERS = ("application/vnd.cncf.helm.chart.content.v1.tar+gzip", "application/tar+gzip")
@@ -59,6 +61,10 @@ _CHART_FILE = re.compile(r"(?P<name>.+?)-(?P<version>\d[^/]*)\.tgz")
 _SEMVER = re.compile(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?")
 _CHALLENGE_PARAM = re.compile(r'([A-Za-z][A-Za-z0-9_-]*)=(?:"((?:[^"\\]|\\.)*)"|([^\s,"]+))')
 _NEXT = re.compile(r'<([^>]*)>\s*;\s*rel="?next"?')
+
+
+class Unauthorized(HelmRenderError):
+    """The registry's token service refused the credential (or asked for one)."""
 
 
 @attrs.frozen
@@ -114,10 +120,10 @@ def parse_reference(ref: str) -> OciReference:
     return OciReference(registry=registry, repository=path, tag=tag, digest=digest)
 
 
-async def pull_chart(fetcher: ChartFetcher, ref: str, credential: RegistryCredential | None, *, max_size: int) -> bytes:
+async def pull_chart(fetcher: Fetcher, ref: str, credential: RegistryCredential | None, *, max_size: int) -> bytes:
     """The chart archive ``ref`` names, read from its registry through ``fetcher``."""
     reference = parse_reference(ref)
-    registry = _Registry(fetcher, reference, credential)
+    registry = Registry(fetcher, reference, credential)
     wanted = reference.digest or reference.tag or await registry.newest_version()
     manifest = await registry.manifest(wanted)
     digest, size = _chart_layer(fetcher, manifest)
@@ -126,12 +132,12 @@ async def pull_chart(fetcher: ChartFetcher, ref: str, credential: RegistryCreden
     return await registry.blob(digest, size, max_size)
 
 
-class _Registry:
+class Registry:
     """The distribution API of one repository, with the registry's own way of asking for credentials
     (a bearer token from its token service, or basic authentication) answered once.
     """
 
-    def __init__(self, fetcher: ChartFetcher, reference: OciReference, credential: RegistryCredential | None) -> None:
+    def __init__(self, fetcher: Fetcher, reference: OciReference, credential: RegistryCredential | None) -> None:
         self._fetcher = fetcher
         self._ref = reference
         self._credential = credential
@@ -141,7 +147,7 @@ class _Registry:
 
     async def newest_version(self) -> str:
         tags: list[str] = []
-        page: URL | None = self._base.join(URL(f"tags/list?n={_TAGS_PAGE}"))
+        page: URL | None = self.url(f"tags/list?n={_TAGS_PAGE}")
         for _ in range(_TAGS_PAGES):
             if page is None:
                 break
@@ -155,11 +161,9 @@ class _Registry:
         return newest
 
     async def manifest(self, wanted: str) -> dict[str, Any]:
-        accept = ", ".join((OCI_MANIFEST, DOCKER_MANIFEST, *_INDEXES))
+        accept = ", ".join(MANIFEST_TYPES)
         what = f"{self._ref.repository}{'@' if ':' in wanted else ':'}{wanted}"
-        got = await self._get(
-            self._base.join(URL(f"manifests/{wanted}")), limit=MANIFEST_LIMIT, what=what, accept=accept
-        )
+        got = await self._get(self.url(f"manifests/{wanted}"), limit=MANIFEST_LIMIT, what=what, accept=accept)
         if self._ref.digest is not None and not _matches(got.body, self._ref.digest):
             raise self._fetcher.fail(f"the registry's manifest does not match the digest {self._ref.digest}")
         manifest = _json(self._fetcher, got, "its manifest")
@@ -169,7 +173,7 @@ class _Registry:
         return manifest
 
     async def blob(self, digest: str, size: int, max_size: int) -> bytes:
-        got = await self._get(self._base.join(URL(f"blobs/{digest}")), limit=max_size, what=f"the chart layer {digest}")
+        got = await self._get(self.url(f"blobs/{digest}"), limit=max_size, what=f"the chart layer {digest}")
         if len(got.body) != size or not _matches(got.body, digest):
             raise self._fetcher.fail(f"the chart layer the registry sent does not match its digest {digest}")
         return got.body
@@ -182,14 +186,25 @@ class _Registry:
         following = got.url.join(URL(match[1]))
         return following if following.origin() == self._base.origin() else None
 
-    async def _get(self, url: URL, *, limit: int, what: str, accept: str | None = None) -> Fetched:
+    def url(self, path: str) -> URL:
+        """The repository's ``path`` (``manifests/<tag>``, ``blobs/<digest>``, ``tags/list?n=...``)."""
+        return self._base.join(URL(path))
+
+    async def fetch(self, url: URL, *, limit: int, accept: str | None = None) -> Fetched:
+        """GET ``url``, answering the registry's request for credentials once; whatever the status.
+        :class:`Unauthorized` when its token service refuses the credential.
+        """
         headers = {"Accept": accept} if accept else {}
+        got = await self._fetcher.get(url, limit=limit, headers={**headers, **self._authorization})
+        if got.status == 401 and not self._challenged:
+            self._challenged = True
+            if await self._authorize(got):
+                got = await self._fetcher.get(url, limit=limit, headers={**headers, **self._authorization})
+        return got
+
+    async def _get(self, url: URL, *, limit: int, what: str, accept: str | None = None) -> Fetched:
         try:
-            got = await self._fetcher.get(url, limit=limit, headers={**headers, **self._authorization})
-            if got.status == 401 and not self._challenged:
-                self._challenged = True
-                if await self._authorize(got):
-                    got = await self._fetcher.get(url, limit=limit, headers={**headers, **self._authorization})
+            got = await self.fetch(url, limit=limit, accept=accept)
         except TooLarge:
             raise self._fetcher.fail(f"{what} is larger than {limit} bytes") from None
         if got.status == 200:
@@ -197,8 +212,8 @@ class _Registry:
         if got.status in (401, 403):
             raise self._fetcher.fail(f"{got.status_text()} for {what}: check the registry credentials")
         if got.status == 404:
-            raise self._fetcher.fail(f"{what} is not in the registry ({got.status_text()}{_says(got)})")
-        raise self._fetcher.fail(f"{got.status_text()} for {what}{_says(got)}")
+            raise self._fetcher.fail(f"{what} is not in the registry ({got.status_text()}{says(got)})")
+        raise self._fetcher.fail(f"{got.status_text()} for {what}{says(got)}")
 
     async def _authorize(self, challenge: Fetched) -> bool:
         """Answer a 401's challenge: True when there is something new to send."""
@@ -220,9 +235,13 @@ class _Registry:
             got = await self._fetcher.get(realm.with_query(query), limit=_TOKEN_LIMIT, headers=headers)
         except TooLarge:
             raise self._fetcher.fail("the registry's token service sent more than a token") from None
+        if got.status in (401, 403):
+            raise Unauthorized(
+                f"cannot {self._fetcher.doing} {self._fetcher.subject}: the registry's token service answered "
+                f"{got.status_text()}: check the registry credentials"
+            )
         if got.status != 200:
-            hint = ": check the registry credentials" if got.status in (401, 403) else _says(got)
-            raise self._fetcher.fail(f"the registry's token service answered {got.status_text()}{hint}")
+            raise self._fetcher.fail(f"the registry's token service answered {got.status_text()}{says(got)}")
         answer = _json(self._fetcher, got, "its token")
         token = answer.get("token") or answer.get("access_token")
         if not isinstance(token, str) or not token or any(c.isspace() for c in token):
@@ -240,7 +259,7 @@ def _challenge(header: str) -> tuple[str, dict[str, str]]:
     return scheme.lower(), params
 
 
-def _chart_layer(fetcher: ChartFetcher, manifest: dict[str, Any]) -> tuple[str, int]:
+def _chart_layer(fetcher: Fetcher, manifest: dict[str, Any]) -> tuple[str, int]:
     config = manifest.get("config")
     kind = config.get("mediaType") if isinstance(config, dict) else None
     if kind != HELM_CONFIG:
@@ -268,7 +287,7 @@ def _matches(data: bytes, digest: str) -> bool:
     return hashlib.new(algorithm, data).hexdigest() == expected
 
 
-def _json(fetcher: ChartFetcher, got: Fetched, what: str) -> dict[str, Any]:
+def _json(fetcher: Fetcher, got: Fetched, what: str) -> dict[str, Any]:
     try:
         value = json.loads(got.body)
     except (UnicodeDecodeError, ValueError):
@@ -278,7 +297,7 @@ def _json(fetcher: ChartFetcher, got: Fetched, what: str) -> dict[str, Any]:
     return value
 
 
-def _says(got: Fetched) -> str:
+def says(got: Fetched) -> str:
     """What a registry's error answer says (``{"errors": [{"message": ...}]}``), briefly, or nothing."""
     try:
         errors = json.loads(got.body).get("errors")

@@ -49,10 +49,10 @@ class HelmConfig:
     )
     chart_networks: tuple[str, ...] = setting(
         (),
-        doc="Non-public networks (CIDR) charts may be fetched from, e.g. [10.20.0.0/16] for a registry in the "
-        "cluster. A function's chart URL is a tenant's and the platform fetches it, so its host is reached only at "
-        "public addresses and in these networks (unspecified and multicast addresses never); names are checked as "
-        "they resolve, redirects too.",
+        doc="Non-public networks (CIDR) charts may be fetched from and images checked in, e.g. [10.20.0.0/16] for a "
+        "registry in the cluster. A function's chart URL (and its images) is a tenant's and the platform fetches it, "
+        "so its host is reached only at public addresses and in these networks (unspecified and multicast addresses "
+        "never); names are checked as they resolve, redirects too.",
         check=networks_problem,
     )
 
@@ -89,10 +89,10 @@ class Helm(BasePlugin[HelmConfig]):
             if config.renderer != AUTO:
                 raise PluginConfigError(f"plugins.helm.renderer: {err}") from err
             # Nothing uses Helm until a Helm function arrives: run, and let each render say what is missing.
-            self.renderer.configure(None, str(err))
+            self.renderer.configure(None, str(err), options=options)
             ctx.log.warning("Helm charts cannot be rendered on this node: %s", err)
         else:
-            self.renderer.configure(chosen)
+            self.renderer.configure(chosen, options=options)
             ctx.log.info("Helm charts are rendered by the %s renderer", chosen.name)
         task_status.started()
         await ctx.wait_stopping()

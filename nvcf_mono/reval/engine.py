@@ -8,7 +8,7 @@ Validation failures are results (``valid: false``), never exceptions.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -17,7 +17,7 @@ import attrs
 from nvcf_mono.contracts import pull_credentials
 from nvcf_mono.helm import HelmRenderError, RegistryCredential, RenderedChart, RenderRequest
 from nvcf_mono.reval.inputs import chart_url_errors, is_local_chart, kube_version_error
-from nvcf_mono.reval.objects import ExtraType, Obj, decode_errors, unsupported_types
+from nvcf_mono.reval.objects import ExtraType, Obj, decode_errors, pod_spec, unsupported_types
 from nvcf_mono.reval.rules import object_errors, target_service_errors
 from nvcf_mono.reval.sanitize import SanitizeSettings, sanitize
 from nvcf_mono.structure import WireModel, wire
@@ -30,6 +30,12 @@ NOT_ENFORCED = " (not enforced yet)"
 
 class ChartRendering(Protocol):
     async def render(self, request: RenderRequest) -> RenderedChart: ...
+
+
+class ImageChecking(Protocol):
+    async def check(self, images: Iterable[str], secrets: Sequence[Mapping[str, RegistryCredential]]) -> list[str]:
+        """What is wrong with ``images`` (none: every one exists in its registry)."""
+        ...
 
 
 @wire
@@ -107,6 +113,8 @@ class ValidatorSettings:
     allow_local_charts: bool = False
     #: Kinds allowed besides the built-in ones by every policy (MiniService extensions' kinds).
     extra_types: tuple[ExtraType, ...] = ()
+    #: Check that the chart's images exist (Default policy), unless the request's ``validateImages`` says.
+    validate_images: bool = False
 
 
 def check_request(req: RevalRequest, *, render: bool) -> list[ValidationPolicy]:
@@ -145,6 +153,32 @@ def credentials_for(auth_config: Any, chart: str) -> dict[str, RegistryCredentia
     return out
 
 
+def image_secrets(auth_config: Any) -> list[dict[str, RegistryCredential]]:
+    """Each secret of ``{k8sSecrets: [{auths: {host: {auth}}}]}`` as host -> credential, in order."""
+    out: list[dict[str, RegistryCredential]] = []
+    secrets = auth_config.get("k8sSecrets") if isinstance(auth_config, Mapping) else None
+    for secret in secrets if isinstance(secrets, list) else []:
+        found = {}
+        for host, entry in pull_credentials.auths_in({"k8sSecrets": [secret]}, None).items():
+            pair = pull_credentials.basic(entry)
+            if pair is not None:
+                found[host] = RegistryCredential(username=pair[0], password=pair[1])
+        out.append(found)
+    return out
+
+
+def images_of(objects: Iterable[Obj]) -> set[str]:
+    """The images of every workload's containers and init containers."""
+    found: set[str] = set()
+    for obj in objects:
+        spec = pod_spec(obj) or {}
+        for container in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
+            image = container.get("image") if isinstance(container, Mapping) else None
+            if isinstance(image, str):
+                found.add(image)
+    return found
+
+
 def _path(chart: str) -> str:
     return urlsplit(chart).path if chart.startswith("file://") else chart
 
@@ -152,10 +186,23 @@ def _path(chart: str) -> str:
 class Validator:
     """Renders and validates charts with a renderer and settings."""
 
-    def __init__(self, renderer: ChartRendering, settings: ValidatorSettings, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        renderer: ChartRendering,
+        settings: ValidatorSettings,
+        rng: random.Random | None = None,
+        *,
+        images: ImageChecking | None = None,
+    ) -> None:
         self._renderer = renderer
         self._settings = settings
         self._rng = rng or random.Random()
+        self._images = images
+
+    @property
+    def validates_images(self) -> bool:
+        """Whether a request that does not say checks the chart's images."""
+        return self._settings.validate_images
 
     async def validate(self, req: RevalRequest) -> RevalResult:
         return await self._run(req, render=False)
@@ -202,9 +249,18 @@ class Validator:
             if req.helm_chart_service_name and req.helm_chart_service_port
             else None
         )
+        applied = policies[:1] if render or not policies else policies
+        image_errors: list[str] = []
+        wanted = self._settings.validate_images if req.validate_images is None else req.validate_images
+        if wanted and any(p.name != UNRESTRICTED for p in applied or [ValidationPolicy(name=DEFAULT)]):
+            if self._images is None:
+                image_errors = ["the chart's images cannot be checked here"]
+            else:
+                secrets = image_secrets(req.image_registry_auth_config)
+                image_errors = await self._images.check(images_of(objects), secrets)
         if render or not policies:
             policy = policies[0] if policies else ValidationPolicy(name=DEFAULT)
-            valid, errs, warnings, out = self._policy(objects, policy, target)
+            valid, errs, warnings, out = self._policy(objects, policy, target, image_errors)
             return RevalResult(
                 valid=valid,
                 validation_errors=tuple(errs),
@@ -215,7 +271,7 @@ class Validator:
         results = []
         warnings_all: list[str] = []
         for policy in policies:
-            valid, errs, warnings, _ = self._policy(objects, policy, target)
+            valid, errs, warnings, _ = self._policy(objects, policy, target, image_errors)
             results.append(PolicyResult(id=policy.id or "", valid=valid, validation_errors=tuple(errs)))
             warnings_all += [w for w in warnings if w not in warnings_all]
         return RevalResult(
@@ -226,9 +282,13 @@ class Validator:
         )
 
     def _policy(
-        self, objects: Sequence[Obj], policy: ValidationPolicy, target: tuple[str | None, int | None] | None
+        self,
+        objects: Sequence[Obj],
+        policy: ValidationPolicy,
+        target: tuple[str | None, int | None] | None,
+        image_errors: Sequence[str],
     ) -> tuple[bool, list[str], list[str], list[Obj]]:
-        """(valid, errors, warnings, output objects) of one policy."""
+        """(valid, errors, warnings, output objects) of one policy; ``image_errors`` count for Default only."""
         extras = [
             ExtraType(group=e.group, version=e.version, kind=e.kind, resource=e.resource)
             for e in policy.allowed_extra_kubernetes_types
@@ -243,6 +303,7 @@ class Validator:
         if target is not None and not extras:  # a policy's extra kinds may serve the target (ReVal's rule)
             name, port = target
             hard += target_service_errors(list(objects), str(name), int(port or 0))
+        hard += image_errors
         warnings: list[str] = []
         if self._settings.enforce_security_context:
             hard += security

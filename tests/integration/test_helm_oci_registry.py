@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 
 from nvcf_mono.helm import HelmRenderError, RegistryCredential, RendererOptions, RenderRequest, render_chart
+from nvcf_mono.helm.images import NO_CREDENTIAL, ImageChecker
 from nvcf_mono.testing.container_images import registry_server
 from nvcf_mono.testing.running import platform
 from nvcf_mono.tls import development_certificate
@@ -104,6 +105,13 @@ async def test_a_chart_in_a_real_registry_is_pulled_with_its_credentials(
             result = await render_chart(request, renderer="sdk", options=tenant)
             assert (result.chart_name, result.chart_version) == ("inference-test", version)
             assert any(obj["kind"] == "Deployment" for obj in result.objects)
+        # The image check (validateImages) asks the same registry for a manifest: basic authentication here.
+        checker = ImageChecker(tenant)
+        pushed, absent = f"{host}/acme/charts/inference-test:1.2.0", f"{host}/acme/charts/inference-test:9.9.9"
+        assert await checker.check([pushed], [credentials]) == []
+        assert await checker.check([pushed], []) == [NO_CREDENTIAL + pushed]
+        (missing,) = await checker.check([absent], [credentials])
+        assert missing.startswith(f"cannot check image {absent}: it is not in its registry (HTTP 404 Not Found")
         wrong = {host: RegistryCredential("alice", "looking-glass")}
         with pytest.raises(HelmRenderError, match=r"HTTP 401 Unauthorized for .*: check the registry credentials"):
             chart = f"oci://{host}/acme/charts/inference-test-1.2.0.tgz"

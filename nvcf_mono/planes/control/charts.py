@@ -13,7 +13,7 @@ from nvcf_mono.contracts import pull_credentials
 from nvcf_mono.helm import HelmRenderError, RenderedChart, RenderRequest
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.planes.control.config import ChartChecks
-from nvcf_mono.planes.control.registry import chart_credentials_for
+from nvcf_mono.planes.control.registry import all_pull_credentials, chart_credentials_for
 from nvcf_mono.planes.control.store import ControlStore
 from nvcf_mono.reval.engine import RevalRequest, RevalResult, Validator, ValidatorSettings
 from nvcf_mono.reval.objects import ExtraType
@@ -32,6 +32,7 @@ def validator_settings(checks: ChartChecks, extra_types: Sequence[ExtraType] = (
         enforce_security_context=checks.enforce_security_context,
         allow_local_charts=checks.allow_local_charts,
         extra_types=tuple(extra_types),
+        validate_images=checks.validate_images,
         sanitize=SanitizeSettings(
             preserve_labels=checks.preserve_labels, preserve_annotations=checks.preserve_annotations
         ),
@@ -41,6 +42,12 @@ def validator_settings(checks: ChartChecks, extra_types: Sequence[ExtraType] = (
 def helm_auth(store: ControlStore, keyring: Keyring, nca_id: str, chart: str) -> dict[str, Any] | None:
     """The account's HELM credential for the chart's host as ``{k8sSecrets: [{auths: {host: {auth}}}]}``."""
     value = chart_credentials_for(store, keyring, nca_id, chart)
+    return pull_credentials.decode(value) if value is not None else None
+
+
+def image_auth(store: ControlStore, keyring: Keyring, nca_id: str) -> dict[str, Any] | None:
+    """The account's CONTAINER credentials, for a chart's images, in the same form."""
+    value = all_pull_credentials(store, keyring, nca_id)
     return pull_credentials.decode(value) if value is not None else None
 
 
@@ -62,10 +69,13 @@ async def check_chart(
     service_name: str | None,
     service_port: int | None,
     configuration: Mapping[str, Any] | None,
-    auth: Mapping[str, Any] | None,
+    account: tuple[ControlStore, Keyring, str],
     what: str,
 ) -> RevalResult:
-    """Validate; raises the 400 when the chart is invalid."""
+    """Validate with the ``account``'s (store, keyring, id) credentials; raises the 400 when the chart is invalid."""
+    store, keyring, nca_id = account
+    auth = helm_auth(store, keyring, nca_id, chart)
+    images = image_auth(store, keyring, nca_id) if validator.validates_images else None
     result = await validator.validate(
         RevalRequest(
             helm_chart=chart,
@@ -73,6 +83,7 @@ async def check_chart(
             helm_chart_service_port=service_port,
             configuration=dict(configuration) if configuration else None,
             helm_registry_auth_config=dict(auth) if auth else None,
+            image_registry_auth_config=dict(images) if images else None,
         )
     )
     if not result.valid:

@@ -154,6 +154,12 @@ class ChartChecks:
     allow_local_charts: bool = setting(
         False, doc="Development: helmChart may be a file:// URL or a path on this node (a directory or .tgz)."
     )
+    validate_images: bool = setting(
+        False,
+        doc="Check that a chart's images exist in their registries (with the account's CONTAINER registry "
+        "credentials) when it is created and deployed, and in /v1/validate and /v1/render unless the request's "
+        "validateImages says otherwise. false, as NVCF's ReVal is deployed.",
+    )
     preserve_labels: tuple[str, ...] = setting(
         ("apps.kubernetes.io/pod-index",), doc="Label keys the sanitizer keeps on rendered objects."
     )

@@ -18,13 +18,14 @@ from nvcf_mono.bus.api import Bus
 from nvcf_mono.bus.mirror import Signal
 from nvcf_mono.config.model import Settings
 from nvcf_mono.contracts import env
+from nvcf_mono.helm.service import ChartRenderer
 from nvcf_mono.http.problem import ProblemError
 from nvcf_mono.late import Late
 from nvcf_mono.planes.control.config import ControlConfig
 from nvcf_mono.planes.control.store import ControlStore
 from nvcf_mono.planes.control.traffic import TrafficHistory
 from nvcf_mono.plugin import Endpoints
-from nvcf_mono.reval.engine import ChartRendering, Validator
+from nvcf_mono.reval.engine import Validator
 from nvcf_mono.reval.objects import ExtraType
 
 T = TypeVar("T")
@@ -40,7 +41,7 @@ class ControlParts:
     keys: ApiKeyStore | None
     endpoints: Endpoints
     #: Renders Helm charts (the ``helm`` plugin's); None where that plugin is not enabled.
-    charts: ChartRendering | None = None
+    charts: ChartRenderer | None = None
     #: Kinds charts may contain besides the built-in ones (MiniService extensions).
     chart_types: tuple[ExtraType, ...] = ()
     #: Mints delegation tokens (the ``auth_delegation`` plugin's); None where that plugin is not enabled.
@@ -86,7 +87,7 @@ class Control:
         return _enabled(self.parts.get().delegation, "delegation tokens", "auth_delegation")
 
     @property
-    def charts(self) -> ChartRendering | None:
+    def charts(self) -> ChartRenderer | None:
         return self.parts.get().charts
 
     @property
@@ -98,9 +99,9 @@ class Control:
         """The Helm chart validator with this plane's settings (``plugins.control.helm``)."""
         from nvcf_mono.planes.control.charts import NoRenderer, validator_settings
 
-        return Validator(
-            self.charts or NoRenderer(), validator_settings(self.config.helm, self.parts.get().chart_types)
-        )
+        charts = self.charts
+        settings = validator_settings(self.config.helm, self.parts.get().chart_types)
+        return Validator(charts or NoRenderer(), settings, images=charts)
 
     @property
     def region(self) -> str:

@@ -50,3 +50,16 @@ def test_words_values_and_enforcement(tmp_path: Path) -> None:
     ]
     usage = validate(str(chart), "--service-name", "x")
     assert usage.returncode == 2 and "--service-name and --service-port go together" in usage.stderr
+
+
+def test_images_are_checked_when_asked(tmp_path: Path) -> None:
+    # Nothing listens on port 1: the check reaches for the registry (the operator's own command: no network
+    # rule) and says why it could not; without the flag no image is asked for.
+    chart = write_chart(tmp_path, values={**VALUES, "image": "127.0.0.1:1/acme/inference:1.0"})
+    assert validate(str(chart)).returncode == 0
+    checked = validate(str(chart), "--validate-images", "--json")
+    assert checked.returncode == 1, checked.stderr
+    (error,) = json.loads(checked.stdout)["validationErrors"]
+    assert (
+        error == "cannot check image 127.0.0.1:1/acme/inference:1.0: cannot connect to 127.0.0.1:1: Connection refused"
+    )

@@ -24,7 +24,7 @@ from nvcf_mono.models.deployment import (
 from nvcf_mono.models.function import FunctionResponse, FunctionStatus, FunctionVersion
 from nvcf_mono.models.placement import SpecPlacement
 from nvcf_mono.planes.control.catalog import check_autoscaling, check_spec
-from nvcf_mono.planes.control.charts import check_chart, helm_auth
+from nvcf_mono.planes.control.charts import check_chart
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.reconcile.plan import mark_rollover
 from nvcf_mono.planes.control.service import (
@@ -296,7 +296,7 @@ async def check_values(ctl: Control, fv: FunctionVersion, specs: tuple[GpuSpec, 
             service_name=fv.helm_chart_service_name,
             service_port=fv.inference_port,
             configuration=spec.configuration,
-            auth=helm_auth(ctl.store, ctl.keyring, fv.nca_id, fv.helm_chart),
+            account=(ctl.store, ctl.keyring, fv.nca_id),
             what=f"helmChart {fv.helm_chart!r} with the configuration of {spec.gpu} {spec.instance_type}",
         )
 

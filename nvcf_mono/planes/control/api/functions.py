@@ -20,7 +20,7 @@ from nvcf_mono.models.function import (
     UpdateFunctionRequest,
 )
 from nvcf_mono.planes.control.access import relation
-from nvcf_mono.planes.control.charts import check_chart, helm_auth
+from nvcf_mono.planes.control.charts import check_chart
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.service import (
     find_version,
@@ -57,7 +57,7 @@ async def new_version(ctl: Control, call: Call[CreateFunctionRequest], function_
             service_name=req.helm_chart_service_name,
             service_port=req.inference_port,
             configuration=None,
-            auth=helm_auth(store, ctl.keyring, call.account, req.helm_chart),
+            account=(store, ctl.keyring, call.account),
             what=f"helmChart {req.helm_chart!r}",
         )
     secrets = check_secrets(req.secrets)

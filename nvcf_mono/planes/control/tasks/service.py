@@ -37,7 +37,7 @@ from nvcf_mono.models.task import (
 )
 from nvcf_mono.planes.control.account_limits import one_more
 from nvcf_mono.planes.control.catalog import HELM_CAPABILITY, check_placement
-from nvcf_mono.planes.control.charts import check_chart, helm_auth
+from nvcf_mono.planes.control.charts import check_chart
 from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.service import open_secrets, seal_secrets
 from nvcf_mono.planes.control.tasks.lifecycle import first_event, transition
@@ -220,7 +220,7 @@ async def create_task(ctl: Control, principal: Principal, account: str, req: Cre
             service_name=None,
             service_port=None,
             configuration=spec.configuration,
-            auth=helm_auth(ctl.store, ctl.keyring, account, req.helm_chart),
+            account=(ctl.store, ctl.keyring, account),
             what=f"helmChart {req.helm_chart!r}",
         )
     durations = check_durations(req, spec.backend)
