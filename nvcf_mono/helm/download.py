@@ -25,7 +25,7 @@ from nvcf_mono.contracts.egress import EgressRefused, parse
 from nvcf_mono.egress_aiohttp import checked_session, url_refusal
 from nvcf_mono.helm.errors import HelmRenderError
 from nvcf_mono.helm.model import RegistryCredential, RendererOptions
-from nvcf_mono.helm.source import ChartSource
+from nvcf_mono.helm.source import ChartSource, redact
 from nvcf_mono.printable import one_line
 
 _CHUNK = 64 * 1024
@@ -90,7 +90,8 @@ class Fetcher:
         origin = target.origin()
         for hop in range(_MAX_REDIRECTS + 1):
             if target.scheme != "https":
-                raise self.fail("redirected to a non-https URL" if hop else f"{target} is not an https URL")
+                shown = redact(str(target))
+                raise self.fail("redirected to a non-https URL" if hop else f"{shown} is not an https URL")
             if self._allowed is not None and (why := url_refusal(target, self._allowed)) is not None:
                 raise HelmRenderError(refused(self.subject, why, doing=self.doing))
             sent = dict(headers or {}) if target.origin() == origin else {}
