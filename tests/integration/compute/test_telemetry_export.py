@@ -104,20 +104,25 @@ async def otlp_receiver() -> AsyncIterator[tuple[str, Received]]:
         await runner.cleanup()
 
 
+async def telemetry_endpoint(admin: Any, url: str, *types: str, name: str = "collector") -> str:
+    """Register ``url`` as the account's OTLP/HTTP endpoint for ``types``, with the tenant's token; its id."""
+    made = await admin.post(
+        "/v2/nvcf/telemetries",
+        {
+            "endpoint": url,
+            "protocol": "HTTP",
+            "provider": "OTEL_COLLECTOR",
+            "types": list(types),
+            "secret": {"name": name, "value": TOKEN},
+        },
+    )
+    assert made.status == 200, made.body
+    return str(made.json["telemetry"]["telemetryId"])
+
+
 async def test_an_instance_sends_its_traces_metrics_and_log_to_the_functions_endpoint(tmp_path: Path) -> None:
     async with otlp_receiver() as (url, got), compute_platform(tmp_path, **LOOPBACK) as p:
-        made = await p.admin.post(
-            "/v2/nvcf/telemetries",
-            {
-                "endpoint": url,
-                "protocol": "HTTP",
-                "provider": "OTEL_COLLECTOR",
-                "types": ["TRACES", "METRICS", "LOGS"],
-                "secret": {"name": "collector", "value": TOKEN},
-            },
-        )
-        assert made.status == 200, made.body
-        tid = made.json["telemetry"]["telemetryId"]
+        tid = await telemetry_endpoint(p.admin, url, "TRACES", "METRICS", "LOGS")
         chosen = {"tracesTelemetryId": tid, "metricsTelemetryId": tid, "logsTelemetryId": tid}
         fid, vid, d = await create(
             p.admin,
@@ -194,18 +199,7 @@ async def test_an_instance_sends_its_traces_metrics_and_log_to_the_functions_end
 
 async def test_a_tasks_worker_log_and_its_programs_sdk_go_to_the_tasks_endpoint(tmp_path: Path) -> None:
     async with otlp_receiver() as (url, got), task_platform(tmp_path, **LOOPBACK) as (p, _):
-        made = await p.admin.post(
-            "/v2/nvcf/telemetries",
-            {
-                "endpoint": url,
-                "protocol": "HTTP",
-                "provider": "OTEL_COLLECTOR",
-                "types": ["LOGS", "TRACES"],
-                "secret": {"name": "collector", "value": TOKEN},
-            },
-        )
-        assert made.status == 200, made.body
-        tid = made.json["telemetry"]["telemetryId"]
+        tid = await telemetry_endpoint(p.admin, url, "LOGS", "TRACES")
         chosen = {"logsTelemetryId": tid, "tracesTelemetryId": tid}
         task_id = await launch(p.admin, task_body("observed", "--steps 100 --otel-result", telemetries=chosen))
         assert (await get_task(p.admin, task_id))["telemetries"] == chosen
@@ -261,17 +255,8 @@ async def test_an_endpoint_that_never_answers_costs_the_function_nothing(tmp_pat
     await site.start()
     try:
         async with compute_platform(tmp_path, **LOOPBACK) as p:
-            made = await p.admin.post(
-                "/v2/nvcf/telemetries",
-                {
-                    "endpoint": f"http://127.0.0.1:{runner.addresses[0][1]}",
-                    "protocol": "HTTP",
-                    "provider": "OTEL_COLLECTOR",
-                    "types": ["TRACES", "METRICS", "LOGS"],
-                    "secret": {"name": "black-hole", "value": TOKEN},
-                },
-            )
-            tid = made.json["telemetry"]["telemetryId"]
+            hole = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            tid = await telemetry_endpoint(p.admin, hole, "TRACES", "METRICS", "LOGS", name="black-hole")
             chosen = {"tracesTelemetryId": tid, "metricsTelemetryId": tid, "logsTelemetryId": tid}
             fid, _, d = await create(p.admin, function(telemetries=chosen))
             await deploy(p.admin, d, spec())

@@ -23,7 +23,7 @@ import pytest
 from nvcf_mono.testing.platform import wait_for, wait_status
 from tests.function_charts import INFERENCE, SERVICE, SIDECAR, VALUES, WORKLOAD_CONFIG, write_chart
 from tests.integration.compute.conftest import compute_platform, create, deploy, instances, running, spec
-from tests.integration.compute.test_telemetry_export import LOOPBACK, TOKEN, otlp_receiver
+from tests.integration.compute.test_telemetry_export import LOOPBACK, TOKEN, otlp_receiver, telemetry_endpoint
 from tests.integration.kubernetes.conftest import (
     Cluster,
     emulated_cluster,
@@ -324,18 +324,7 @@ async def test_the_charts_containers_write_to_the_functions_logs_endpoint(tmp_pa
     """
     chart = write_chart(tmp_path / "chart", templates={"i.yaml": INFERENCE, "s.yaml": SERVICE, "m.yaml": SIDECAR})
     async with otlp_receiver() as (url, got), helm_platform(tmp_path, **LOOPBACK) as (kc, p):
-        made = await p.admin.post(
-            "/v2/nvcf/telemetries",
-            {
-                "endpoint": url,
-                "protocol": "HTTP",
-                "provider": "OTEL_COLLECTOR",
-                "types": ["LOGS"],
-                "secret": {"name": "collector", "value": TOKEN},
-            },
-        )
-        assert made.status == 200, made.body
-        chosen = {"logsTelemetryId": made.json["telemetry"]["telemetryId"]}
+        chosen = {"logsTelemetryId": await telemetry_endpoint(p.admin, url, "LOGS")}
         ns, worker, d = await start_sample(kc, p, chart, telemetries=chosen)
         kc.write_log(worker, "utils", "the worker's own line")
         kc.write_log("inference-abc12", "server", "model loaded")
@@ -399,17 +388,7 @@ async def test_the_next_agent_sends_a_helm_instances_output_from_then_on(tmp_pat
             return bodies() == list(want)
 
         async with compute_platform(tmp_path, clusters, **settings) as p:
-            made = await p.admin.post(
-                "/v2/nvcf/telemetries",
-                {
-                    "endpoint": url,
-                    "protocol": "HTTP",
-                    "provider": "OTEL_COLLECTOR",
-                    "types": ["LOGS"],
-                    "secret": {"name": "collector", "value": TOKEN},
-                },
-            )
-            chosen = {"logsTelemetryId": made.json["telemetry"]["telemetryId"]}
+            chosen = {"logsTelemetryId": await telemetry_endpoint(p.admin, url, "LOGS")}
             await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
             _, _, d = await create(p.admin, {**helm_function(chart), "telemetries": chosen})
             await deploy(p.admin, d, spec("H100"))

@@ -18,7 +18,7 @@ import pytest
 
 from nvcf_mono.testing.platform import wait_for, wait_status
 from tests.integration.compute.conftest import compute_platform, create, deploy, function, instances, running, spec
-from tests.integration.compute.test_telemetry_export import LOOPBACK, TOKEN, otlp_receiver
+from tests.integration.compute.test_telemetry_export import LOOPBACK, TOKEN, otlp_receiver, telemetry_endpoint
 from tests.integration.kubernetes.conftest import (
     emulated_cluster,
     ended,
@@ -386,18 +386,7 @@ async def test_the_function_containers_log_goes_to_its_logs_endpoint_once_across
         await gpu_nodes(kc)
         async with compute_platform(tmp_path, [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig)], **LOOPBACK) as p:
             await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
-            made = await p.admin.post(
-                "/v2/nvcf/telemetries",
-                {
-                    "endpoint": url,
-                    "protocol": "HTTP",
-                    "provider": "OTEL_COLLECTOR",
-                    "types": ["LOGS"],
-                    "secret": {"name": "collector", "value": TOKEN},
-                },
-            )
-            assert made.status == 200, made.body
-            chosen = {"logsTelemetryId": made.json["telemetry"]["telemetryId"]}
+            chosen = {"logsTelemetryId": await telemetry_endpoint(p.admin, url, "LOGS")}
             fid, _, d = await create(p.admin, function("on-k8s", containerImage=IMAGE, telemetries=chosen))
             await deploy(p.admin, d, spec("H100"))
             name = (await one_pod(kc))["metadata"]["name"]
