@@ -149,7 +149,7 @@ def _as_json(result: RenderedChart) -> dict[str, Any]:
     }
 
 
-def _credentials(args: argparse.Namespace, ctx: CliContext) -> dict[str, RegistryCredential]:
+def _credentials(args: argparse.Namespace, ctx: CliContext) -> dict[str, tuple[RegistryCredential, ...]]:
     if args.username is None and args.password_file is None:
         return {}
     if args.username is None or args.password_file is None:
@@ -165,7 +165,7 @@ def _credentials(args: argparse.Namespace, ctx: CliContext) -> dict[str, Registr
         password = raw.decode().strip()
     except UnicodeDecodeError:
         raise CliError(f"--password-file {args.password_file}: not UTF-8 text") from None
-    return {host: RegistryCredential(args.username, password)}
+    return {host: (RegistryCredential(args.username, password),)}
 
 
 def _values(files: list[str], sets: list[str], ctx: CliContext) -> dict[str, Any]:

@@ -94,7 +94,7 @@ class BinaryRenderer:
     async def _local_chart(self, source: ChartSource, request: RenderRequest, work: Path) -> str:
         """A local path of the chart: as given, or fetched (https, OCI) into ``work``."""
         if source.kind in ("https", "oci"):
-            data = await fetch_chart(source, source.credential(request.credentials), self.options)
+            data = await fetch_chart(source, source.credentials(request.credentials), self.options)
             archive = anyio.Path(work / "chart.tgz")
             await archive.write_bytes(data)
             return str(archive)

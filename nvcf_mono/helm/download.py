@@ -53,6 +53,13 @@ class TooLarge(Exception):
     """An answer's body is larger than its limit."""
 
 
+class Unauthorized(HelmRenderError):
+    """The server (or its token service) refused the credential, or asked for one."""
+
+    def __init__(self, error: HelmRenderError) -> None:
+        super().__init__(str(error))
+
+
 class Fetcher:
     """An https client for what a tenant names (a chart, an image's registry): ``doing`` ("download", "pull",
     "check") and ``subject`` ("chart oci://...", "image nvcr.io/...") name it in messages.
@@ -125,17 +132,36 @@ class Fetcher:
             raise self.fail(str(err) or type(err).__name__) from err
 
 
-async def fetch_chart(source: ChartSource, credential: RegistryCredential | None, options: RendererOptions) -> bytes:
-    """The archive of a remote chart (https or oci); the caller bounds the time (the render's deadline)."""
+async def fetch_chart(
+    source: ChartSource, credentials: Sequence[RegistryCredential], options: RendererOptions
+) -> bytes:
+    """The archive of a remote chart (https or oci); the caller bounds the time (the render's deadline).
+
+    As ReVal does: each credential in turn and then none, the first that works wins; a refused credential
+    (401, 403) moves on, other failures are collected. None working: the distinct failures, or that no
+    credential was valid.
+    """
     from nvcf_mono.helm.oci import pull_chart
 
     doing = "pull" if source.kind == "oci" else "download"
-    subject = f"chart {source.display}"
-    fetcher = Fetcher(subject, doing, ca_file=options.ca_file, networks=options.chart_networks)
-    async with fetcher:
-        if source.kind == "oci":
-            return await pull_chart(fetcher, source.ref, credential, max_size=options.max_chart_size)
-        return await _download(fetcher, source.ref, credential, max_size=options.max_chart_size)
+    failures: list[str] = []
+    for credential in [*credentials, None]:
+        fetcher = Fetcher(f"chart {source.display}", doing, ca_file=options.ca_file, networks=options.chart_networks)
+        try:
+            async with fetcher:
+                if source.kind == "oci":
+                    return await pull_chart(fetcher, source.ref, credential, max_size=options.max_chart_size)
+                return await _download(fetcher, source.ref, credential, max_size=options.max_chart_size)
+        except Unauthorized:
+            continue
+        except HelmRenderError as err:
+            if str(err) not in failures:
+                failures.append(str(err))
+    if failures:
+        raise HelmRenderError("; ".join(failures))
+    raise HelmRenderError(
+        f'no credential was valid to pull chart "{source.display}", manually verify credentials are valid'
+    )
 
 
 async def _download(fetcher: Fetcher, url: str, credential: RegistryCredential | None, *, max_size: int) -> bytes:
@@ -144,9 +170,10 @@ async def _download(fetcher: Fetcher, url: str, credential: RegistryCredential |
         got = await fetcher.get(url, limit=max_size, headers=headers)
     except TooLarge:
         raise fetcher.fail(f"it is larger than {max_size} bytes") from None
+    if got.status in (401, 403):
+        raise Unauthorized(fetcher.fail(f"{got.status_text()}: check the registry credentials"))
     if got.status != 200:
-        hint = ": check the registry credentials" if got.status in (401, 403) else ""
-        raise fetcher.fail(f"{got.status_text()}{hint}")
+        raise fetcher.fail(got.status_text())
     if not got.body:
         raise fetcher.fail("the response is empty")
     return got.body

@@ -17,10 +17,10 @@ from collections.abc import Iterable, Mapping, Sequence
 import anyio
 import attrs
 
-from nvcf_mono.helm.download import Fetcher, TooLarge
+from nvcf_mono.helm.download import Fetcher, TooLarge, Unauthorized
 from nvcf_mono.helm.errors import HelmRenderError
 from nvcf_mono.helm.model import RegistryCredential, RendererOptions
-from nvcf_mono.helm.oci import MANIFEST_LIMIT, MANIFEST_TYPES, OciReference, Registry, Unauthorized, says
+from nvcf_mono.helm.oci import MANIFEST_LIMIT, MANIFEST_TYPES, OciReference, Registry, says
 
 DOCKER_HUB = "docker.io"
 #: Where Docker Hub's registry API answers.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +25,29 @@ class RegistryCredential:
     password: str = attrs.field(repr=False)
 
 
+def _attempts(
+    given: Mapping[str, RegistryCredential | Sequence[RegistryCredential]],
+) -> dict[str, tuple[RegistryCredential, ...]]:
+    return {host: (c,) if isinstance(c, RegistryCredential) else tuple(c) for host, c in given.items()}
+
+
 @attrs.frozen(kw_only=True)
 class RenderRequest:
     """One chart to render.
 
     ``chart`` is a chart directory, a ``.tgz`` archive, an ``oci://host/path/name[:tag]`` reference or an
     ``https://`` URL of a ``.tgz``. ``credentials`` maps a host (``host`` or ``host:port``, as in the
-    reference) to the credential used to fetch the chart from it.
+    reference) to the credentials to fetch the chart from it with, tried in order and then none (one
+    credential alone is one to try).
     """
 
     chart: str
     values: Mapping[str, Any] = attrs.field(factory=dict)
     release: str = "release"
     namespace: str = "default"
-    credentials: Mapping[str, RegistryCredential] = attrs.field(factory=dict, repr=False)
+    credentials: Mapping[str, tuple[RegistryCredential, ...]] = attrs.field(
+        factory=dict, repr=False, converter=_attempts
+    )
 
     def check(self) -> None:
         """Raise :class:`HelmRenderError` for a release name or namespace Kubernetes would refuse."""

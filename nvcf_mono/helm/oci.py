@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 from yarl import URL
 
-from nvcf_mono.helm.download import Fetched, Fetcher, TooLarge, basic_auth
+from nvcf_mono.helm.download import Fetched, Fetcher, TooLarge, Unauthorized, basic_auth
 from nvcf_mono.helm.errors import HelmRenderError
 from nvcf_mono.helm.model import RegistryCredential
 from nvcf_mono.helm.source import redact
@@ -61,10 +61,6 @@ _CHART_FILE = re.compile(r"(?P<name>.+?)-(?P<version>\d[^/]*)\.tgz")
 _SEMVER = re.compile(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?")
 _CHALLENGE_PARAM = re.compile(r'([A-Za-z][A-Za-z0-9_-]*)=(?:"((?:[^"\\]|\\.)*)"|([^\s,"]+))')
 _NEXT = re.compile(r'<([^>]*)>\s*;\s*rel="?next"?')
-
-
-class Unauthorized(HelmRenderError):
-    """The registry's token service refused the credential (or asked for one)."""
 
 
 @attrs.frozen
@@ -210,7 +206,7 @@ class Registry:
         if got.status == 200:
             return got
         if got.status in (401, 403):
-            raise self._fetcher.fail(f"{got.status_text()} for {what}: check the registry credentials")
+            raise Unauthorized(self._fetcher.fail(f"{got.status_text()} for {what}: check the registry credentials"))
         if got.status == 404:
             raise self._fetcher.fail(f"{what} is not in the registry ({got.status_text()}{says(got)})")
         raise self._fetcher.fail(f"{got.status_text()} for {what}{says(got)}")
@@ -236,10 +232,8 @@ class Registry:
         except TooLarge:
             raise self._fetcher.fail("the registry's token service sent more than a token") from None
         if got.status in (401, 403):
-            raise Unauthorized(
-                f"cannot {self._fetcher.doing} {self._fetcher.subject}: the registry's token service answered "
-                f"{got.status_text()}: check the registry credentials"
-            )
+            why = f"the registry's token service answered {got.status_text()}: check the registry credentials"
+            raise Unauthorized(self._fetcher.fail(why))
         if got.status != 200:
             raise self._fetcher.fail(f"the registry's token service answered {got.status_text()}{says(got)}")
         answer = _json(self._fetcher, got, "its token")

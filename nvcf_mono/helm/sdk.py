@@ -57,7 +57,7 @@ class SdkRenderer:
         values = _plain(request.values)
         with deadline(source, self.options.timeout):
             if source.kind in ("https", "oci"):
-                data = await fetch_chart(source, source.credential(request.credentials), self.options)
+                data = await fetch_chart(source, source.credentials(request.credentials), self.options)
                 return await _in_thread(partial(_render, partial(_load_bytes, data), source, values, request))
             return await _in_thread(partial(_render, partial(_load_path, source.path), source, values, request))
 

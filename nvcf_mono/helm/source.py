@@ -35,9 +35,9 @@ class ChartSource:
         """The reference without any password in it, for messages."""
         return redact(self.ref)
 
-    def credential(self, credentials: Mapping[str, RegistryCredential]) -> RegistryCredential | None:
-        """The credential configured for this chart's host, if any."""
-        return None if self.host is None else credentials.get(self.host)
+    def credentials(self, credentials: Mapping[str, tuple[RegistryCredential, ...]]) -> tuple[RegistryCredential, ...]:
+        """The credentials configured for this chart's host, in order."""
+        return () if self.host is None else credentials.get(self.host, ())
 
 
 def redact(ref: str) -> str:

@@ -8,6 +8,7 @@ Validation failures are results (``valid: false``), never exceptions.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -73,6 +74,8 @@ class RevalRequest(WireModel):
     k8s_version: str | None = None
     api_versions: tuple[str, ...] | None = None
     helm_registry_auth_config: Any = None
+    #: A legacy NGC key, tried (as user ``$oauthtoken``) on NGC chart hosts and nvcr.io images first.
+    api_key: str | None = attrs.field(default=None, repr=False)
     image_registry_auth_config: Any = None
     validation_policy: ValidationPolicy | None = None
     validation_policies: tuple[ValidationPolicy, ...] | None = None
@@ -140,17 +143,29 @@ def check_request(req: RevalRequest, *, render: bool) -> list[ValidationPolicy]:
     return policies
 
 
-def credentials_for(auth_config: Any, chart: str) -> dict[str, RegistryCredential]:
-    """The chart host's credentials from ``{k8sSecrets: [{auths: {host: {auth}}}]}``."""
+#: Hosts a legacy NGC ``apiKey`` is tried on (as user ``$oauthtoken``): charts, and images.
+_NGC_CHARTS = re.compile(r"(?:.+\.)?ngc\.nvidia\.com")
+_NGC_IMAGES = re.compile(r"(?:.+\.)?nvcr\.io")
+LEGACY_USER = "$oauthtoken"
+
+
+def credentials_for(
+    auth_config: Any, chart: str, api_key: str | None = None
+) -> dict[str, tuple[RegistryCredential, ...]]:
+    """The chart host's credentials in ReVal's order: the legacy ``apiKey`` (an NGC host), then each secret
+    of ``{k8sSecrets: [{auths: {host: {auth}}}]}`` that names the host.
+    """
     host = urlsplit(chart).netloc.lower() if "://" in chart else ""
-    if not host or not isinstance(auth_config, Mapping):
+    if not host:
         return {}
-    out: dict[str, RegistryCredential] = {}
-    for entry in pull_credentials.auths_in(auth_config, host).values():
-        found = pull_credentials.basic(entry)
-        if found is not None:
-            out[host] = RegistryCredential(username=found[0], password=found[1])
-    return out
+    found: list[RegistryCredential] = []
+    if api_key and _NGC_CHARTS.fullmatch(host.split(":", 1)[0]):
+        found.append(RegistryCredential(username=LEGACY_USER, password=api_key))
+    for secret in image_secrets(auth_config):
+        for name, credential in secret.items():
+            if name.lower().removeprefix("https://").rstrip("/") == host and credential not in found:
+                found.append(credential)
+    return {host: tuple(found)} if found else {}
 
 
 def image_secrets(auth_config: Any) -> list[dict[str, RegistryCredential]]:
@@ -231,7 +246,7 @@ class Validator:
                     values=dict(req.configuration or {}),
                     release=RELEASE,
                     namespace=namespace,
-                    credentials=credentials_for(req.helm_registry_auth_config, chart),
+                    credentials=credentials_for(req.helm_registry_auth_config, chart, req.api_key),
                 )
             )
         except HelmRenderError as err:
@@ -256,8 +271,13 @@ class Validator:
             if self._images is None:
                 image_errors = ["the chart's images cannot be checked here"]
             else:
+                images = images_of(objects)
                 secrets = image_secrets(req.image_registry_auth_config)
-                image_errors = await self._images.check(images_of(objects), secrets)
+                if req.api_key:
+                    legacy = RegistryCredential(username=LEGACY_USER, password=req.api_key)
+                    ngc = {i.split("/", 1)[0].lower() for i in images if "/" in i}
+                    secrets.insert(0, {h: legacy for h in ngc if _NGC_IMAGES.fullmatch(h.split(":", 1)[0])})
+                image_errors = await self._images.check(images, secrets)
         if render or not policies:
             policy = policies[0] if policies else ValidationPolicy(name=DEFAULT)
             valid, errs, warnings, out = self._policy(objects, policy, target, image_errors)

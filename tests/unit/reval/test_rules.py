@@ -240,7 +240,15 @@ def test_chart_credentials_come_from_the_auth_config_of_the_charts_host() -> Non
 
     config = {"k8sSecrets": [{"auths": {"https://charts.example.com/": auth("robot:pw"), "other.io": auth("x:y")}}]}
     (found,) = credentials_for(config, "oci://charts.example.com/acme/charts/c-1.0.0.tgz").items()
-    assert found[0] == "charts.example.com" and (found[1].username, found[1].password) == ("robot", "pw")
+    assert found[0] == "charts.example.com" and [(c.username, c.password) for c in found[1]] == [("robot", "pw")]
+    # ReVal's order: a legacy NGC key on an NGC host, then each secret naming the host.
+    ngc = "https://helm.ngc.nvidia.com/acme/charts/c-1.0.0.tgz"
+    two = {
+        "k8sSecrets": [{"auths": {"helm.ngc.nvidia.com": auth("a:1")}}, {"auths": {"helm.ngc.nvidia.com": auth("b:2")}}]
+    }
+    (tried,) = credentials_for(two, ngc, "nvapi-KEY").values()
+    assert [(c.username, c.password) for c in tried] == [("$oauthtoken", "nvapi-KEY"), ("a", "1"), ("b", "2")]
+    assert credentials_for(None, "oci://charts.example.com/c", "nvapi-KEY") == {}  # not an NGC host
     assert credentials_for(config, "https://nothing.example.com/c.tgz") == {}
     assert (
         credentials_for(
