@@ -2,7 +2,9 @@
 OpenTelemetry exporters that send a tenant's telemetry (imported only where OpenTelemetry is).
 
 Every connection is checked, redirects included: the name is resolved here and only an allowed address
-is dialled (TLS still verifies the name). Proxy variables are ignored, so no proxy connects for us.
+is dialled (TLS still verifies the name). Proxy variables are ignored, so no proxy connects for us
+unless the operator names one: then each request goes through it, after the checks
+:func:`~nvcf_mono.contracts.egress.proxied_refusal` can make before the proxy resolves the name itself.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Sequence
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -18,7 +21,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
 from urllib3.util.connection import create_connection
 
-from nvcf_mono.contracts.egress import EgressRefused, Network, connectable
+from nvcf_mono.contracts.egress import EgressRefused, Network, connectable, proxied_refusal
 
 
 class _Checked(HTTPConnection):
@@ -52,7 +55,9 @@ class _CheckedTLS(_Checked, HTTPSConnection):
 
 
 class _Adapter(HTTPAdapter):
-    def __init__(self, allowed: tuple[Network, ...]) -> None:
+    def __init__(self, allowed: tuple[Network, ...], proxy: str | None = None) -> None:
+        self._allowed = allowed
+        self._proxy = proxy
         attrs = {"allowed": allowed}
         self._pools = {
             "http": type(
@@ -70,12 +75,24 @@ class _Adapter(HTTPAdapter):
         super().init_poolmanager(*args, **kwargs)
         self.poolmanager.pool_classes_by_scheme = self._pools
 
+    def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:
+        if self._proxy is not None:
+            # The proxy dials the destination, not our connection classes: check what can be checked here.
+            host = urlsplit(request.url or "").hostname or ""
+            why = proxied_refusal(host, self._allowed)
+            if why is not None:
+                raise requests.ConnectionError(f"refused: {why}", request=request)
+            kwargs["proxies"] = {"http": self._proxy, "https": self._proxy}
+        return super().send(request, *args, **kwargs)
 
-def checked_session(allowed: Sequence[Network]) -> requests.Session:
-    """A session whose connections go only to public addresses and to ``allowed``."""
+
+def checked_session(allowed: Sequence[Network], proxy: str | None = None) -> requests.Session:
+    """A session whose connections go only to public addresses and to ``allowed``; through ``proxy`` (the
+    operator's) when given.
+    """
     session = requests.Session()
     session.trust_env = False  # no proxy from the environment: it would connect where we do not check
-    adapter = _Adapter(tuple(allowed))
+    adapter = _Adapter(tuple(allowed), proxy)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     return session

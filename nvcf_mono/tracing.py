@@ -50,12 +50,14 @@ class OtlpTarget:
     """An OTLP/HTTP receiver of one signal: its whole URL, and the headers that authenticate to it.
 
     ``networks``: a tenant's endpoint, reached only at public addresses and in these networks
-    (:mod:`nvcf_mono.contracts.egress`); None for the operator's own collector.
+    (:mod:`nvcf_mono.contracts.egress`); None for the operator's own collector. ``proxy``: the operator's
+    HTTP proxy a tenant's endpoint is reached through (None: directly).
     """
 
     url: str
     headers: Mapping[str, str] = attrs.field(factory=dict)
     networks: tuple[str, ...] | None = None
+    proxy: str | None = None
 
     def session(self) -> Any:
         """The ``requests`` session an exporter to this receiver uses (None: the exporter's own)."""
@@ -64,7 +66,7 @@ class OtlpTarget:
         from nvcf_mono.contracts.egress import parse
         from nvcf_mono.egress_requests import checked_session
 
-        return checked_session(parse(self.networks))
+        return checked_session(parse(self.networks), self.proxy)
 
     @classmethod
     def at(cls, endpoint: str, signal: str) -> OtlpTarget:

@@ -111,16 +111,39 @@ async def host_refusal(host: str, allowed: Sequence[Network]) -> str | None:
     none of its addresses is allowed (whoever connects dials only the allowed ones, checking again), and
     one that does not resolve is None (whoever connects finds that out).
     """
-    try:
-        ipaddress.ip_address(host.split("%", 1)[0])
+    if _is_address(host):
         return refusal(host, allowed)
-    except ValueError:
-        pass
     try:
         infos = await anyio.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except OSError:
         return None
-    kept, refused = screen(dict.fromkeys(str(info[4][0]) for info in infos), allowed)
+    return _name_refusal(host, [str(info[4][0]) for info in infos], allowed)
+
+
+def proxied_refusal(host: str, allowed: Sequence[Network]) -> str | None:
+    """:func:`host_refusal` for a request an operator's proxy makes (blocking resolution): the proxy
+    resolves the name again and its own rules decide; a name that resolves here only to refused
+    addresses is refused, one that does not resolve here (common behind a proxy) is the proxy's.
+    """
+    if _is_address(host):
+        return refusal(host, allowed)
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return None
+    return _name_refusal(host, [str(info[4][0]) for info in infos], allowed)
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
+def _name_refusal(host: str, addresses: list[str], allowed: Sequence[Network]) -> str | None:
+    kept, refused = screen(dict.fromkeys(addresses), allowed)
     if refused and not kept:
         return f"{host} resolves to addresses the platform does not connect to for a tenant ({'; '.join(refused)})"
     return None

@@ -49,6 +49,7 @@ NVCF_FQDN_GRPC_TLS = "NVCF_FQDN_GRPC_TLS"
 NVCF_FQDN_GRPC_CA = "NVCF_FQDN_GRPC_CA"
 NVCF_TRACES_ENDPOINT = "NVCF_TRACES_ENDPOINT"
 NVCF_TELEMETRY_EXPORTS = "NVCF_TELEMETRY_EXPORTS"
+NVCF_TELEMETRY_PROXY = "NVCF_TELEMETRY_PROXY"
 NCA_ID = "NCA_ID"
 FUNCTION_ID = "FUNCTION_ID"
 FUNCTION_NAME = "FUNCTION_NAME"
@@ -147,6 +148,14 @@ CONTRACT: tuple[Var, ...] = (
         "A function's or task's telemetries: JSON {traces|metrics|logs: {url, headers, networks}}, the OTLP/HTTP "
         "receivers the worker sends its spans, the instance's request metrics and its log to, and the agent the "
         "workload's output (unset: none); each is reached only at public addresses and in its networks (CIDR).",
+    ),
+    Var(
+        NVCF_TELEMETRY_PROXY,
+        AGENT,
+        WORKER,
+        "-",
+        "The cluster operator's HTTP proxy (plugins.compute.telemetry_proxy) the worker reaches the workload's "
+        "telemetry receivers through (unset: directly).",
     ),
     Var(
         NVCF_FQDN_GRPC_FILE,

@@ -36,17 +36,35 @@ def exports_problem(raw: str) -> str | None:
     return None
 
 
-def targets(raw: str | None) -> dict[str, OtlpTarget]:
+def targets(raw: str | None, proxy: str | None = None) -> dict[str, OtlpTarget]:
     """Each signal's receiver (``raw`` checked by :func:`exports_problem` when the worker read it).
 
     A tenant's endpoint: reached only at public addresses and in the networks the control plane listed
-    (none listed: public addresses only).
+    (none listed: public addresses only); through ``proxy``, the cluster operator's, when one is set.
     """
     if not raw:
         return {}
     return {
         signal: OtlpTarget(
-            url=value["url"], headers=dict(value.get("headers", {})), networks=tuple(value.get("networks", ()))
+            url=value["url"],
+            headers=dict(value.get("headers", {})),
+            networks=tuple(value.get("networks", ())),
+            proxy=proxy,
         )
         for signal, value in json.loads(raw).items()
     }
+
+
+def proxy_problem(value: object) -> str | None:
+    """Why ``value`` is not an HTTP proxy's URL (``http://host:port``, ``https://...``), or None."""
+    from urllib.parse import urlsplit
+
+    text = str(value)
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises for a port out of range
+    except ValueError as err:
+        return f"{text!r} is not a URL: {err}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{text!r} is not an HTTP proxy's URL: give http://host:port (or https://)"
+    return None

@@ -8,7 +8,7 @@ from typing import Any, Literal, TypeVar
 import attrs
 
 from nvcf_mono.contracts import env
-from nvcf_mono.contracts.telemetry import exports_problem
+from nvcf_mono.contracts.telemetry import exports_problem, proxy_problem
 from nvcf_mono.errors import NvcfMonoError
 from nvcf_mono.structure import (
     KEY,
@@ -120,6 +120,8 @@ class WorkerConfig:
     traces_endpoint: str | None = contract(env.NVCF_TRACES_ENDPOINT, None)
     #: The function's own telemetry receivers (``worker/telemetry.py``).
     telemetry_exports: str | None = contract(env.NVCF_TELEMETRY_EXPORTS, None, optional(exports_problem))
+    #: The operator's proxy to those receivers.
+    telemetry_proxy: str | None = contract(env.NVCF_TELEMETRY_PROXY, None, optional(proxy_problem))
     # Not from the environment:
     frame_size: int = 256 * 1024
     #: How often a running request's progress file is looked at.

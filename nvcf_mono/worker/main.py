@@ -41,6 +41,8 @@ class SidecarConfig(endpoint.Dial, Protocol):
     def secrets_refresh(self) -> float: ...
     @property
     def telemetry_exports(self) -> str | None: ...
+    @property
+    def telemetry_proxy(self) -> str | None: ...
 
 
 class Sidecar(Protocol):
@@ -86,7 +88,7 @@ def observe(worker: Sidecar) -> InstanceTelemetry | None:
             traced.append(tracing.OtlpTarget.at(config.traces_endpoint, "traces"))
     elif isinstance(config, TaskConfig):
         resource[trace.TASK_ID] = config.task_id
-    exports = targets(config.telemetry_exports)
+    exports = targets(config.telemetry_exports, config.telemetry_proxy)
     if "traces" in exports and isinstance(worker, Worker):  # a task's worker serves no invocations to trace
         traced.append(exports["traces"])
     metrics = exports.get("metrics") if isinstance(worker, Worker) else None

@@ -23,7 +23,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.contracts import env
-from nvcf_mono.contracts.telemetry import exports_problem
+from nvcf_mono.contracts.telemetry import exports_problem, proxy_problem
 from nvcf_mono.grpc.uploads import upload
 from nvcf_mono.models.common import now_iso
 from nvcf_mono.proto.gen.nvcf.worker.v1 import (
@@ -70,6 +70,8 @@ class TaskConfig:
     grpc_address_file: str | None = contract(env.NVCF_FQDN_GRPC_FILE, None)
     #: The task's own telemetry receivers (``worker/telemetry.py``): its worker sends its log there.
     telemetry_exports: str | None = contract(env.NVCF_TELEMETRY_EXPORTS, None, optional(exports_problem))
+    #: The operator's proxy to those receivers.
+    telemetry_proxy: str | None = contract(env.NVCF_TELEMETRY_PROXY, None, optional(proxy_problem))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> TaskConfig:

@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from nvcf_mono.planes.compute.log_shipping import LogShipper
 from nvcf_mono.testing.platform import wait_for
 from nvcf_mono.tracing import OtlpTarget
+from tests.http_proxy import http_proxy
 
 
 @asynccontextmanager
@@ -130,3 +131,55 @@ async def test_the_agents_log_shipping_connects_only_to_allowed_addresses(
         assert got == ["/v1/logs"] and elsewhere == [] and "HTTP 307" in warning
     else:
         assert got == [] and "127.0.0.1 is a loopback address" in warning
+
+
+async def test_through_the_operators_proxy_what_can_be_checked_here_is_checked_first() -> None:
+    async with receiver() as (port, got), http_proxy() as proxy:
+        url = f"http://127.0.0.1:{port}/v1/traces"
+        listed = OtlpTarget(url, networks=("127.0.0.0/8",), proxy=proxy.url)
+        assert await anyio.to_thread.run_sync(export_span, listed) is SpanExportResult.SUCCESS
+        assert got == ["/v1/traces"] and proxy.seen == [("POST", f"127.0.0.1:{port}")]
+        # An address, or a name that resolves here only to refused addresses: never handed to the proxy.
+        for host in ("127.0.0.1", "localhost"):
+            refused = OtlpTarget(f"http://{host}:{port}/v1/traces", networks=(), proxy=proxy.url)
+            assert await anyio.to_thread.run_sync(export_span, refused) is SpanExportResult.FAILURE
+        assert len(proxy.seen) == 1 and got == ["/v1/traces"]
+
+        # A name that does not resolve here (as behind many proxies) is the proxy's to resolve and judge.
+        def post(target: OtlpTarget) -> int:
+            with target.session() as session:
+                return session.post(target.url, data=b"x", timeout=5).status_code
+
+        unknown = OtlpTarget("http://collector.nvcf-test.invalid/v1/traces", networks=(), proxy=proxy.url)
+        assert await anyio.to_thread.run_sync(post, unknown) == 502
+        assert proxy.seen[-1] == ("POST", "collector.nvcf-test.invalid:80")
+
+
+async def test_the_agents_log_shipping_goes_through_the_operators_proxy(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = tmp_path / "inference.log"
+    log.write_text("the function's first line\n")
+    async with receiver() as (port, got), http_proxy() as proxy, anyio.create_task_group() as tg:
+        shipper = LogShipper(logging.getLogger("test.shipping"), proxy.url)
+        await tg.start(shipper.run)
+        target = OtlpTarget(f"http://localhost:{port}/v1/logs", networks=("127.0.0.0/8",))
+        shipper.watch("inst-1", log, target, {"service.name": "echo"}, from_end=False)
+        shipper.forget("inst-1")
+
+        async def delivered() -> bool:
+            return bool(got)
+
+        await wait_for(delivered, timeout=10, what="the lines")
+        assert got == ["/v1/logs"] and proxy.seen == [("POST", f"localhost:{port}")]
+        # Not listed: refused here, the proxy never asked.
+        refused = OtlpTarget(f"http://localhost:{port}/v1/logs", networks=())
+        shipper.watch("inst-2", log, refused, {"service.name": "echo"}, from_end=False)
+        shipper.forget("inst-2")
+
+        async def warned() -> str | None:
+            return next((r.getMessage() for r in caplog.records if "could not be sent" in r.getMessage()), None)
+
+        warning = await wait_for(warned, timeout=10, what="the refusal")
+        assert "127.0.0.1" in warning and "loopback" in warning and len(proxy.seen) == 1
+        tg.cancel_scope.cancel()

@@ -8,6 +8,7 @@ from typing import Literal
 
 import attrs
 
+from nvcf_mono.contracts.telemetry import proxy_problem
 from nvcf_mono.structure import ByteSize, Seconds, at_least, in_range, matches, optional, positive, setting
 
 _NAME = matches(r"[A-Za-z0-9][A-Za-z0-9_-]*", "letters, digits, '-' or '_'")
@@ -366,6 +367,15 @@ class ComputeConfig:
     )
     health: HealthSettings = setting(factory=HealthSettings, doc="Instance health timeouts.")
     local: LocalSettings = setting(factory=LocalSettings, doc="The local backend.")
+    telemetry_proxy: str | None = setting(
+        None,
+        doc="An HTTP proxy (http://host:port) this node's agents and the workers they start reach a function's "
+        "or task's telemetry endpoints through, where the network has no direct way out. An address in the "
+        "endpoint's URL, or what its name resolves to here, is still checked against "
+        "plugins.control.telemetry_networks; the proxy resolves the name itself and its own rules apply. "
+        "Unset: endpoints are reached directly (environment proxy variables are never used for them).",
+        check=optional(proxy_problem),
+    )
 
     def __checks__(self) -> Iterator[tuple[str, str]]:
         # Items that failed their own checks are reported already (and are not settings objects).

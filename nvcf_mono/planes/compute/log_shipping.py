@@ -13,7 +13,9 @@ slow endpoint holds back the stream, not the agent's memory. A Helm function's i
 pods: each line carries its pod and container (an :data:`Origin`), sent as resource attributes.
 
 The endpoint is a tenant's: posts connect only to the addresses :mod:`nvcf_mono.contracts.egress`
-allows (checked after the name resolves) and follow no redirect.
+allows (checked after the name resolves) and follow no redirect. Through the operator's proxy
+(``plugins.compute.telemetry_proxy``) the proxy dials: the address in the URL, or what the name resolves
+to here, is checked first (:func:`~nvcf_mono.contracts.egress.host_refusal`).
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ import aiohttp
 import anyio
 import attrs
 from anyio.abc import TaskGroup, TaskStatus
+from yarl import URL
 
 from nvcf_mono import tracing
 from nvcf_mono.contracts import env, trace
-from nvcf_mono.contracts.egress import EgressRefused, parse
+from nvcf_mono.contracts.egress import EgressRefused, host_refusal, parse
 from nvcf_mono.contracts.telemetry import exports_problem, targets
 from nvcf_mono.egress_aiohttp import checked_session, url_refusal
 
@@ -209,8 +212,9 @@ def encode(lines: list[Line], resource: Mapping[str, str]) -> bytes:
 class LogShipper:
     """One task per watched instance, in the task group :meth:`run` holds."""
 
-    def __init__(self, log: logging.Logger) -> None:
+    def __init__(self, log: logging.Logger, proxy: str | None = None) -> None:
         self._log = log
+        self._proxy = proxy
         self._tg: TaskGroup | None = None
         self._watched: dict[str, _Watched] = {}
         #: One client per set of allowed networks (in practice one: the control plane's setting).
@@ -234,7 +238,9 @@ class LogShipper:
     def _client(self, networks: tuple[str, ...]) -> aiohttp.ClientSession:
         client = self._clients.get(networks)
         if client is None:
-            client = self._clients[networks] = checked_session(parse(networks))
+            # Through a proxy the proxy resolves and dials: a plain client, and the check before each post.
+            fresh = aiohttp.ClientSession(trust_env=False) if self._proxy else checked_session(parse(networks))
+            client = self._clients[networks] = fresh
         return client
 
     def watch(
@@ -306,13 +312,21 @@ class LogShipper:
         headers = {**w.target.headers, "Content-Type": "application/x-protobuf"}
         networks = w.target.networks or ()
         try:
-            literal = url_refusal(w.target.url, parse(networks))
-            if literal is not None:
-                raise EgressRefused(literal)  # aiohttp does not ask the resolver for an address
+            allowed = parse(networks)
+            if self._proxy:
+                why = await host_refusal(URL(w.target.url).host or "", allowed)
+            else:
+                why = url_refusal(w.target.url, allowed)  # aiohttp does not ask the resolver for an address
+            if why is not None:
+                raise EgressRefused(why)
             with anyio.fail_after(POST_TIMEOUT):
                 # The answer's body is never read: a tenant's endpoint could send any amount.
                 async with self._client(networks).post(
-                    w.target.url, data=encode(lines, w.resource), headers=headers, allow_redirects=False
+                    w.target.url,
+                    data=encode(lines, w.resource),
+                    headers=headers,
+                    allow_redirects=False,
+                    proxy=self._proxy,
                 ) as resp:
                     problem: Any = None if resp.status < 300 else f"HTTP {resp.status}"
         except (aiohttp.ClientError, TimeoutError, OSError) as err:

@@ -20,6 +20,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from nvcf_mono.testing.platform import wait_for, wait_status
+from tests.http_proxy import http_proxy
 
 from .conftest import CLUSTER_A, all_gone, compute_platform, create, deploy, environ_of, function, pids, running, spec
 from .test_tasks_local import finished, get_task, launch, task_body, task_platform
@@ -272,3 +273,28 @@ async def test_an_endpoint_that_never_answers_costs_the_function_nothing(tmp_pat
             await all_gone(found, timeout=30)
     finally:
         await runner.cleanup()
+
+
+async def test_through_the_operators_proxy_the_worker_and_the_agent_reach_the_endpoint(tmp_path: Path) -> None:
+    async with otlp_receiver() as (url, got), http_proxy() as proxy:
+        settings = {**LOOPBACK, "plugins.compute.telemetry_proxy": proxy.url}
+        async with compute_platform(tmp_path, **settings) as p:
+            tid = await telemetry_endpoint(p.admin, url, "TRACES", "LOGS")
+            fid, _, d = await create(p.admin, function(telemetries={"tracesTelemetryId": tid, "logsTelemetryId": tid}))
+            await deploy(p.admin, d, spec())
+            await wait_status(p.admin, d, "ACTIVE")
+            assert (await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "hi"})).status == 200
+            (view,) = await running(p.bus, CLUSTER_A)
+            procs = {proc.role: proc.pid for proc in view.instance.processes}
+            assert environ_of(procs["worker"])["NVCF_TELEMETRY_PROXY"] == proxy.url
+            assert "NVCF_TELEMETRY_PROXY" not in environ_of(procs["inference"])
+
+            async def both_came() -> bool:
+                spans = any(s["name"] == "serve" for s in got.spans)  # the worker's exporter
+                shipped = any(r["resource"].get("service.name") == "echo" for r in got.records)  # the agent's
+                return spans and shipped
+
+            await wait_for(both_came, timeout=30, what="the worker's spans and the agent's shipped output")
+            receiver = url.split("//", 1)[1].split("/", 1)[0]
+            assert {target for _, target in proxy.seen} == {receiver}
+            assert (await p.admin.delete(d)).status == 200

@@ -179,3 +179,14 @@ def test_a_launch_without_an_image_is_refused_clearly() -> None:
         manifests.instance_pod(
             attrs.evolve(spec, message=msg), SETTINGS, cluster_group="g", owner=None, pull_secrets=[], ready_timeout=1
         )
+
+
+def test_the_operators_telemetry_proxy_reaches_the_worker_only() -> None:
+    spec = launch(False)
+    kwargs: dict[str, Any] = {"cluster_group": "g", "owner": None, "pull_secrets": [], "ready_timeout": 60}
+    pod = manifests.instance_pod(spec, SETTINGS, telemetry_proxy="http://proxy.corp:3128", **kwargs)
+    env_of = {c["name"]: {e["name"]: e.get("value") for e in c["env"]} for c in pod["spec"]["containers"]}
+    assert env_of["utils"][env.NVCF_TELEMETRY_PROXY] == "http://proxy.corp:3128"
+    assert env.NVCF_TELEMETRY_PROXY not in env_of["inference"]
+    plain = manifests.instance_pod(spec, SETTINGS, **kwargs)
+    assert all(e["name"] != env.NVCF_TELEMETRY_PROXY for c in plain["spec"]["containers"] for e in c["env"])

@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
 from nvcf_mono.contracts import env, states
@@ -104,6 +105,7 @@ WHERE = Where(
     devices=(2, 3),
     ready_timeout=7260,
     health_interval=1,
+    telemetry_proxy="http://proxy.corp:3128",
 )
 
 
@@ -124,6 +126,7 @@ def test_the_worker_gets_every_variable_the_contract_has_the_agent_set() -> None
     assert worker[env.HEALTH_PORT] == "4322" and worker[env.INSTANCE_ID] == worker[env.NVCF_INSTANCE_ID] == "0-sr-r"
     assert worker[env.SECRETS_FILE] == "/state/instances/0-sr-r/secrets.json"
     assert worker[env.BASE_ASSET_DIR] == "/state/instances/0-sr-r/assets" and worker["PATH"] == "/bin"
+    assert env.NVCF_TELEMETRY_PROXY not in worker_environment({}, CONTRACT, attrs.evolve(WHERE, telemetry_proxy=None))
     # A health check on its own port cannot follow the instance's port.
     other = worker_environment({}, {**CONTRACT, env.INFERENCE_HEALTH_PORT: "9001"}, WHERE)
     assert other[env.INFERENCE_HEALTH_PORT] == "9001"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nvcf_mono.contracts.telemetry import exports_problem, targets
+from nvcf_mono.contracts.telemetry import exports_problem, proxy_problem, targets
 from nvcf_mono.tracing import OtlpTarget
 
 GOOD = {
@@ -43,3 +43,18 @@ def test_each_signal_gets_its_receiver_and_credentials() -> None:
         "logs": OtlpTarget("https://otel.example.com/v1/logs", {}, ("10.0.0.0/8",)),
     }
     assert targets(None) == {} and targets("") == {}
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("http://proxy.corp:3128", None),
+        ("https://user:pw@proxy.corp", None),
+        ("socks5://proxy:1080", "is not an HTTP proxy's URL"),
+        ("proxy.corp:3128", "is not an HTTP proxy's URL"),
+        ("http://proxy:99999", "is not a URL"),
+    ],
+)
+def test_a_telemetry_proxy_is_an_http_proxys_url(value: str, problem: str | None) -> None:
+    found = proxy_problem(value)
+    assert found is None if problem is None else (found is not None and problem in found), found

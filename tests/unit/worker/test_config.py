@@ -61,6 +61,7 @@ READS: dict[str, tuple[str, str, Any]] = {
     env.NVCF_FQDN_GRPC_FILE: ("/inst/grpc-address", "grpc_address_file", "/inst/grpc-address"),
     env.NVCF_TRACES_ENDPOINT: ("http://collector:4318", "traces_endpoint", "http://collector:4318"),
     env.NVCF_TELEMETRY_EXPORTS: (TELEMETRY, "telemetry_exports", TELEMETRY),
+    env.NVCF_TELEMETRY_PROXY: ("http://proxy.corp:3128", "telemetry_proxy", "http://proxy.corp:3128"),
 }
 
 

@@ -120,6 +120,7 @@ class ContainersBackend(LocalBackend):
         log: logging.Logger,
         endpoint: WorkerEndpoint | None = None,
         state_dir: Path | None = None,
+        telemetry_proxy: str | None = None,
     ) -> None:
         # The worker is the platform's own code: it runs as the platform's user; the function is in its container.
         super().__init__(
@@ -130,6 +131,7 @@ class ContainersBackend(LocalBackend):
             log=log,
             endpoint=endpoint,
             state_dir=state_dir,
+            telemetry_proxy=telemetry_proxy,
         )
         self._settings = dict(settings)  # cluster id -> settings
         self._environ = dict(environ)
@@ -243,6 +245,7 @@ class ContainersBackend(LocalBackend):
             ready_timeout=self._health.start_timeout + 60,
             health_interval=min(self._health.probe_interval, 1.0),
             secrets_refresh=self._local.secrets_refresh,
+            telemetry_proxy=self._telemetry_proxy,
         )
         settings = self._settings[spec.cluster_id]
         gpus = gpu_devices(settings.gpus, devices)
@@ -592,4 +595,5 @@ class ContainersProvider:
             log=ctx.log,
             endpoint=ctx.endpoint,
             state_dir=ctx.state_dir,
+            telemetry_proxy=ctx.config.telemetry_proxy,
         )

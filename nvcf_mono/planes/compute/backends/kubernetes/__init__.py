@@ -197,7 +197,7 @@ class KubernetesBackend:
             tg = anyio.create_task_group()
             await tg.__aenter__()
             try:
-                shipper = LogShipper(self._log)
+                shipper = LogShipper(self._log, self._config.telemetry_proxy)
                 await tg.start(shipper.run)
                 self._shipper = shipper
                 for site in self._sites.values():
@@ -409,6 +409,7 @@ class KubernetesBackend:
                 owner=owner,
                 pull_secrets=pulls,
                 ready_timeout=self._config.health.start_timeout + 60,
+                telemetry_proxy=self._config.telemetry_proxy,
             )
             if nvlink.nvlink_enabled(site.attributes):
                 pod = await self._nvlink(site, spec, pod, inst)
@@ -529,7 +530,11 @@ class KubernetesBackend:
             inst.secrets_json = secrets_json or "{}"
             pulls = await self._helm_pull_secrets(site, spec, local)
             worker = miniservice.utils_pod(
-                spec, local, pull_secrets=pulls, ready_timeout=self._config.health.start_timeout + 60
+                spec,
+                local,
+                pull_secrets=pulls,
+                ready_timeout=self._config.health.start_timeout + 60,
+                telemetry_proxy=self._config.telemetry_proxy,
             )
             await kube.create_or_apply(worker, PODS, miniservice.FIELD_MANAGER)
             for obj in miniservice.apply_order(objects):

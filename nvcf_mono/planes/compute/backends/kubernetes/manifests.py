@@ -200,7 +200,9 @@ def _workload_env(spec: LaunchSpec) -> list[Manifest]:
     return out
 
 
-def _worker_env(spec: LaunchSpec, settings: KubernetesSettings, ready_timeout: float) -> list[Manifest]:
+def _worker_env(
+    spec: LaunchSpec, settings: KubernetesSettings, ready_timeout: float, telemetry_proxy: str | None
+) -> list[Manifest]:
     """The utils container's env: the whole contract (the token by reference), pointed at the pod's paths."""
     contract = spec.message.launch_specification.environment
     values = {k: v for k, v in contract.items() if k not in _SENSITIVE}
@@ -223,6 +225,8 @@ def _worker_env(spec: LaunchSpec, settings: KubernetesSettings, ready_timeout: f
     )
     if is_task(spec.message):
         values.update(_task_paths())
+    if telemetry_proxy:
+        values[env.NVCF_TELEMETRY_PROXY] = telemetry_proxy
     out = _env_list(dict(sorted(values.items())))
     out.append(
         {
@@ -322,6 +326,7 @@ def instance_pod(
     pull_secrets: Sequence[str],
     ready_timeout: float,
     worker_only: bool = False,
+    telemetry_proxy: str | None = None,
 ) -> Manifest:
     """The Pod of a container function (``inference`` + ``utils``) or task (``task`` + ``utils``); with
     ``worker_only``, a Helm instance's ``utils`` pod (the chart runs the workload).
@@ -333,7 +338,8 @@ def instance_pod(
     if not image:
         raise ValueError("the launch specification names no container image")
     task = is_task(msg)
-    main, utils = _workload_container(spec, image), _utils_container(spec, settings, ready_timeout)
+    main = _workload_container(spec, image)
+    utils = _utils_container(spec, settings, ready_timeout, telemetry_proxy)
     volumes: list[Manifest] = [
         {"name": "inference-data", "emptyDir": {}},
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
@@ -410,7 +416,9 @@ def _workload_container(spec: LaunchSpec, image: str) -> Manifest:
     return main
 
 
-def _utils_container(spec: LaunchSpec, settings: KubernetesSettings, ready_timeout: float) -> Manifest:
+def _utils_container(
+    spec: LaunchSpec, settings: KubernetesSettings, ready_timeout: float, telemetry_proxy: str | None
+) -> Manifest:
     """The worker (``utils``): this project's image running ``nvcf-mono worker``."""
     task = is_task(spec.message)
     return {
@@ -418,7 +426,7 @@ def _utils_container(spec: LaunchSpec, settings: KubernetesSettings, ready_timeo
         "image": settings.worker_image,
         "imagePullPolicy": settings.worker_pull_policy,
         "command": ["nvcf-mono", "worker"],
-        "env": _worker_env(spec, settings, ready_timeout),
+        "env": _worker_env(spec, settings, ready_timeout, telemetry_proxy),
         "ports": [{"name": "health", "containerPort": WORKER_HEALTH_PORT, "protocol": "TCP"}],
         "securityContext": dict(_DROP_ALL),
         "volumeMounts": [

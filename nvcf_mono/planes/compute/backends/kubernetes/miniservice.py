@@ -192,7 +192,12 @@ def rendered_hash(objects: Sequence[Manifest]) -> str:
 
 
 def utils_pod(
-    spec: LaunchSpec, settings: KubernetesSettings, *, pull_secrets: Sequence[str], ready_timeout: float
+    spec: LaunchSpec,
+    settings: KubernetesSettings,
+    *,
+    pull_secrets: Sequence[str],
+    ready_timeout: float,
+    telemetry_proxy: str | None = None,
 ) -> Manifest:
     """The worker's own pod: it reaches the chart's Service ``<name>.<namespace>.svc.cluster.local:<port>``."""
     ns = namespace_of(spec)
@@ -206,6 +211,7 @@ def utils_pod(
         pull_secrets=pull_secrets,
         ready_timeout=ready_timeout,
         worker_only=True,
+        telemetry_proxy=telemetry_proxy,
     )
     utils = pod["spec"]["containers"][0]
     extra = {

@@ -133,8 +133,10 @@ class LocalBackend:
         log: logging.Logger,
         endpoint: WorkerEndpoint | None = None,
         state_dir: Path | None = None,
+        telemetry_proxy: str | None = None,
     ) -> None:
         self._endpoint = endpoint or WorkerEndpoint()
+        self._telemetry_proxy = telemetry_proxy
         self._catalog = dict(catalog)
         self._base = host_environment(environ)
         self._path = environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -161,7 +163,7 @@ class LocalBackend:
         # The instances' output to their logs endpoints: a task group held from here to __aexit__.
         self._shipping = anyio.create_task_group()
         await self._shipping.__aenter__()
-        self._shipper = LogShipper(self._log)
+        self._shipper = LogShipper(self._log, self._telemetry_proxy)
         await self._shipping.start(self._shipper.run)
         return self
 
@@ -239,6 +241,7 @@ class LocalBackend:
             ready_timeout=self._health.start_timeout + 60,
             health_interval=min(self._health.probe_interval, 1.0),
             secrets_refresh=self._local.secrets_refresh,
+            telemetry_proxy=self._telemetry_proxy,
         )
         inst.argv = {INFERENCE: command.argv, WORKER: tuple(self._worker_argv)}
         inst.cwd = {INFERENCE: command.cwd, WORKER: spec.directory}
@@ -728,4 +731,5 @@ class LocalProvider:
             log=ctx.log,
             endpoint=ctx.endpoint,
             state_dir=ctx.state_dir,
+            telemetry_proxy=ctx.config.telemetry_proxy,
         )

@@ -40,6 +40,8 @@ class Where:
     ready_timeout: float
     health_interval: float
     secrets_refresh: float = 10.0
+    #: The operator's proxy to the workload's telemetry endpoints.
+    telemetry_proxy: str | None = None
 
     @property
     def secrets_file(self) -> Path:
@@ -75,6 +77,8 @@ def worker_environment(base: Mapping[str, str], contract: Mapping[str, str], whe
             env.NVCF_FQDN_GRPC_FILE: str(where.directory / ADDRESS_FILE),
         }
     )
+    if where.telemetry_proxy:
+        out[env.NVCF_TELEMETRY_PROXY] = where.telemetry_proxy
     return out
 
 
