@@ -160,14 +160,20 @@ async def test_a_crashing_image_is_a_restart_loop(tmp_path: Path, podman: str) -
         dep = await deployment(p.admin, d)
         last = dep["deploymentSpecifications"][0]["placement"]["lastFailure"]
         assert "container-restart-loop" in last and "exited with code 3" in last, last
+
         # Its log is the container's output, each run after a banner, kept after the container is gone.
-        logs = await p.admin.get(f"/v2/nvcf/instances/{failed.instance.instance_id}/logs")
-        assert logs.status == 200, logs.body
-        text = next(log["text"] for log in logs.json["logs"] if log["name"] == "inference")
-        runs = text.split("nvcf-mono: starting the inference server")[1:]
-        # The loop goes on while the log is read: its last run may have its banner and no output yet.
-        finished = runs if "giving up" in runs[-1] else runs[:-1]
-        assert len(finished) >= 3 and all("giving up" in run for run in finished), text
+        async def three_runs() -> tuple[str, list[str]] | None:
+            logs = await p.admin.get(f"/v2/nvcf/instances/{failed.instance.instance_id}/logs")
+            assert logs.status == 200, logs.body
+            text = next(log["text"] for log in logs.json["logs"] if log["name"] == "inference")
+            runs = text.split("nvcf-mono: starting the inference server")[1:]
+            # The loop goes on while the log is read: its last run may have its banner and no output yet
+            # (and the restart count can be ahead of the output copied so far).
+            finished = runs if runs and "giving up" in runs[-1] else runs[:-1]
+            return (text, finished) if len(finished) >= 3 else None
+
+        text, finished = await wait_for(three_runs, timeout=20, what="three finished runs in the log")
+        assert all("giving up" in run for run in finished), text
         assert text.count("giving up") == len(finished), text  # each line once
 
 
