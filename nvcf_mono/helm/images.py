@@ -9,7 +9,6 @@ Registries are a tenant's to name, so they are reached like a chart's host: thro
 
 from __future__ import annotations
 
-import re
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,7 +19,17 @@ import attrs
 from nvcf_mono.helm.download import Fetcher, TooLarge, Unauthorized
 from nvcf_mono.helm.errors import HelmRenderError
 from nvcf_mono.helm.model import RegistryCredential, RendererOptions
-from nvcf_mono.helm.oci import MANIFEST_LIMIT, MANIFEST_TYPES, OciReference, Registry, says
+from nvcf_mono.helm.oci import (
+    MANIFEST_LIMIT,
+    MANIFEST_TYPES,
+    REGISTRY,
+    REPOSITORY,
+    TAG,
+    OciReference,
+    Registry,
+    is_digest,
+    says,
+)
 
 DOCKER_HUB = "docker.io"
 #: Where Docker Hub's registry API answers.
@@ -30,12 +39,6 @@ CONCURRENCY = 5
 CACHE_SECONDS = 7 * 24 * 3600
 CACHE_SIZE = 10_000
 NO_CREDENTIAL = "no credential was valid to pull images, manually verify credentials are valid: "
-
-_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
-_REPOSITORY = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
-_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
-_DIGEST = re.compile(r"[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-fA-F0-9]{32,}")
-_REGISTRY = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*|\[[0-9a-fA-F:.]+\])(?::\d+)?")
 
 
 @attrs.frozen
@@ -64,13 +67,13 @@ def parse_image(ref: str) -> ImageRef:
     rest, digest = ref, None
     if "@" in ref:
         rest, digest = ref.rsplit("@", 1)
-    if digest is not None and _DIGEST.fullmatch(digest) is None:
-        raise bad(f"{digest!r} is not a digest")
+    if digest is not None and not is_digest(digest):
+        raise bad(f"{digest!r} is not a digest (sha256 or sha512)")
     first, sep, remainder = rest.partition("/")
     if sep and ("." in first or ":" in first or first == "localhost"):
-        if _REGISTRY.fullmatch(first) is None:
-            raise bad(f"{first!r} is not a registry's host name or address")
         registry, path = first.lower(), remainder
+        if REGISTRY.fullmatch(registry) is None:
+            raise bad(f"{first!r} is not a registry's host name or address")
     else:
         registry, path = DOCKER_HUB, rest
     if registry in _DOCKER_HUB_NAMES:
@@ -79,12 +82,12 @@ def parse_image(ref: str) -> ImageRef:
     tag = None
     if ":" in last:
         last, tag = last.rsplit(":", 1)
-        if _TAG.fullmatch(tag) is None:
+        if TAG.fullmatch(tag) is None:
             raise bad(f"{tag!r} is not a tag")
     path = f"{head}/{last}" if head else last
     if registry == DOCKER_HUB and "/" not in path:
         path = f"library/{path}"
-    if _REPOSITORY.fullmatch(path) is None:
+    if REPOSITORY.fullmatch(path) is None:
         raise bad("the repository name must be lowercase letters and digits, with . _ - inside a part")
     return ImageRef(registry=registry, repository=path, tag=tag or (None if digest else "latest"), digest=digest)
 

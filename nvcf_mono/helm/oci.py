@@ -49,9 +49,10 @@ _TAGS_PAGES = 20
 
 _FORMS = "oci://<registry>/<repository>:<version> or oci://<registry>/<org>/charts/<name>-<version>.tgz"
 _COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
-_REPOSITORY = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
-_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
-_REGISTRY = re.compile(
+#: The distribution spec's grammar (images and charts alike): a repository, a tag, a registry (lower case).
+REPOSITORY = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
+TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+REGISTRY = re.compile(
     r"(?:[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*|\[[0-9a-f:.]+\])(?::\d{1,5})?"
 )
 _DIGEST = re.compile(r"(?P<algorithm>sha256|sha512):(?P<hex>[a-f0-9]+)")
@@ -88,12 +89,12 @@ def parse_reference(ref: str) -> OciReference:
     registry = netloc.rsplit("@", 1)[-1].lower()
     if not registry:
         raise bad("it names no registry")
-    if _REGISTRY.fullmatch(registry) is None:
+    if REGISTRY.fullmatch(registry) is None:
         raise bad(f"{registry!r} is not a registry's host name or address, with an optional port")
     digest = None
     if "@" in path:
         path, digest = path.rsplit("@", 1)
-        if not _is_digest(digest):
+        if not is_digest(digest):
             raise bad(f"{digest!r} is not a sha256 or sha512 digest")
     head, _, last = path.rpartition("/")
     tag = None
@@ -105,13 +106,13 @@ def parse_reference(ref: str) -> OciReference:
         path = f"{head}/{name}" if head else name
     if not path:
         raise bad("it names no repository")
-    if _REPOSITORY.fullmatch(path) is None:
+    if REPOSITORY.fullmatch(path) is None:
         raise bad(
             f"{path!r} is not a repository name (lowercase letters, digits and . _ - between them, / between parts)"
         )
     if tag is not None:
         tag = tag.replace("+", "_")  # OCI tags cannot hold '+': Helm writes a version's build part with '_'
-        if _TAG.fullmatch(tag) is None:
+        if TAG.fullmatch(tag) is None:
             raise bad(f"{tag!r} is not a tag (letters, digits and . _ -, at most 128)")
     return OciReference(registry=registry, repository=path, tag=tag, digest=digest)
 
@@ -263,7 +264,7 @@ def _chart_layer(fetcher: Fetcher, manifest: dict[str, Any]) -> tuple[str, int]:
     for layer in layers if isinstance(layers, list) else []:
         if isinstance(layer, dict) and layer.get("mediaType") in CHART_LAYERS:
             digest, size = layer.get("digest"), layer.get("size")
-            if not isinstance(digest, str) or not _is_digest(digest):
+            if not isinstance(digest, str) or not is_digest(digest):
                 raise fetcher.fail("its chart layer has no valid digest")
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise fetcher.fail("its chart layer has no valid size")
@@ -271,7 +272,8 @@ def _chart_layer(fetcher: Fetcher, manifest: dict[str, Any]) -> tuple[str, int]:
     raise fetcher.fail(f"its manifest has no chart layer ({CHART_LAYERS[0]})")
 
 
-def _is_digest(text: str) -> bool:
+def is_digest(text: str) -> bool:
+    """A sha256 or sha512 digest (``sha256:<64 hex>``)."""
     match = _DIGEST.fullmatch(text)
     return match is not None and len(match["hex"]) == _HEX_LENGTH[match["algorithm"]]
 
