@@ -155,7 +155,7 @@ def credentials_for(
     """The chart host's credentials in ReVal's order: the legacy ``apiKey`` (an NGC host), then each secret
     of ``{k8sSecrets: [{auths: {host: {auth}}}]}`` that names the host.
     """
-    host = urlsplit(chart).netloc.lower() if "://" in chart else ""
+    host = urlsplit(chart).netloc.rsplit("@", 1)[-1].lower() if "://" in chart else ""  # as ChartSource.host
     if not host:
         return {}
     found: list[RegistryCredential] = []
