@@ -151,6 +151,7 @@ async def test_through_the_operators_proxy_what_can_be_checked_here_is_checked_f
                 return session.post(target.url, data=b"x", timeout=5).status_code
 
         unknown = OtlpTarget("http://collector.nvcf-test.invalid/v1/traces", networks=(), proxy=proxy.url)
+        proxy.refuse = True  # it answers 502 without looking the name up: only this side resolves it
         assert await anyio.to_thread.run_sync(post, unknown) == 502
         assert proxy.seen[-1] == ("POST", "collector.nvcf-test.invalid:80")
 
