@@ -209,15 +209,27 @@ class ResultStore:
                     pass
 
     async def _forget_record(self, request_id: str) -> None:
-        try:
-            await self.records.delete(request_id)
-        except (NotFound, BusError) as err:
-            self._log.debug("could not forget request %s: %s", request_id, err)
+        # A record left behind would keep the next poll waiting out its window for a result already
+        # fetched: a store that answers late is asked again (a delete that landed unanswered: NotFound).
+        backoff = Backoff(0.2, 1.0)
+        for attempt in range(3):
+            try:
+                await self.records.delete(request_id)
+                return
+            except NotFound:
+                return
+            except BusError as err:
+                if attempt == 2:
+                    self._log.warning("could not forget request %s: %s", request_id, err)
+                    return
+                await anyio.sleep(backoff.next())
 
     async def wait(self, request_id: str, timeout: float) -> bool:
-        """Wait up to ``timeout`` for the result to exist."""
+        """Wait up to ``timeout`` for the result to exist; True also once the request is no longer known
+        (another poll fetched its result meanwhile: this one answers 404 at once, not at the window's end).
+        """
 
         async def present() -> bool:
-            return await self.results.get(request_id) is not None
+            return await self.results.get(request_id) is not None or await self.records.get(request_id) is None
 
         return await self.waits.wait(request_id, timeout, present)

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import anyio
 
 from nvcf_mono.bus.api import BucketSpec
+from nvcf_mono.contracts import buckets
+from nvcf_mono.models.account import DEFAULT_ACCOUNT
 from nvcf_mono.planes.invocation.result_waits import ResultWaits
 from nvcf_mono.testing.nats_server import NatsServer
+from nvcf_mono.testing.running import platform
 from tests.conftest import connect
 
 log = logging.getLogger("tests.waits")
@@ -73,3 +78,35 @@ async def test_a_result_written_before_the_wait_or_while_unsubscribed_is_found(
 async def _put_later(kv: object, key: str, delay: float) -> None:
     await anyio.sleep(delay)
     await kv.put(key, b"y")  # type: ignore[attr-defined]
+
+
+async def test_a_poll_for_a_request_forgotten_meanwhile_answers_404_without_waiting_out_its_window(
+    tmp_path: Path,
+) -> None:
+    """Another poll fetched the result (and forgot the request) after this one found the request known:
+    it answers 404 within a recheck, not 202 at the end of its window.
+    """
+    async with platform(tmp_path) as p:
+        records = p.bus.kv(buckets.REQUESTS.name)
+        request_id = str(uuid.uuid4())
+        record = buckets.RequestRecord(
+            request_id=request_id,
+            function_id=str(uuid.uuid4()),
+            function_version_id=str(uuid.uuid4()),
+            nca_id=DEFAULT_ACCOUNT,
+            region="us-west-1",
+            state="running",
+            created_at="2026-12-07T00:00:00Z",
+        )
+        await records.put(request_id, buckets.REQUEST.encode(record))
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+
+            async def forget_soon() -> None:
+                await anyio.sleep(0.5)
+                await records.delete(request_id)
+
+            tg.start_soon(forget_soon)
+            reply = await p.key.get(f"/v2/nvcf/pexec/status/{request_id}", headers={"NVCF-POLL-SECONDS": "25"})
+        assert reply.status == 404, reply.body
+        assert time.monotonic() - started < 15, "the poll waited out its window"
