@@ -11,15 +11,27 @@ import json
 from typing import Any
 
 DOCKER_HUB = "docker.io"
+#: Docker Hub by the names an image reference may give it.
+DOCKER_HUB_NAMES = frozenset({DOCKER_HUB, "index.docker.io", "registry-1.docker.io"})
+#: NGC's user name for an API key (nvcr.io, and NVCF's legacy ``apiKey``).
+NGC_USER = "$oauthtoken"
 
 
 def image_registry(image: str) -> str:
     """The registry host of an image reference (``nvcr.io/org/x:1`` -> ``nvcr.io``; ``ubuntu`` -> ``docker.io``)."""
-    first, sep, _ = image.strip().partition("/")
+    return split_image(image)[0]
+
+
+def split_image(image: str) -> tuple[str, str]:
+    """An image reference's registry host (lower case, Docker Hub by any of its names as ``docker.io``) and
+    the rest of it: the first part names a registry when it has a ``.`` or a ``:`` or is ``localhost``.
+    """
+    text = image.strip()
+    first, sep, rest = text.partition("/")
     if sep and ("." in first or ":" in first or first == "localhost"):
         host = first.lower()
-        return DOCKER_HUB if host in ("index.docker.io", "registry-1.docker.io") else host
-    return DOCKER_HUB
+        return (DOCKER_HUB if host in DOCKER_HUB_NAMES else host), rest
+    return DOCKER_HUB, text
 
 
 def encode(host: str, user: str, password: str) -> str:

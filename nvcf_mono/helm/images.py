@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import anyio
 import attrs
 
+from nvcf_mono.contracts.pull_credentials import DOCKER_HUB, DOCKER_HUB_NAMES, split_image
 from nvcf_mono.helm.download import Fetcher, TooLarge, Unauthorized
 from nvcf_mono.helm.errors import HelmRenderError
 from nvcf_mono.helm.model import RegistryCredential, RendererOptions
@@ -31,10 +32,8 @@ from nvcf_mono.helm.oci import (
     says,
 )
 
-DOCKER_HUB = "docker.io"
 #: Where Docker Hub's registry API answers.
 _DOCKER_HUB_API = "registry-1.docker.io"
-_DOCKER_HUB_NAMES = frozenset({DOCKER_HUB, "index.docker.io", _DOCKER_HUB_API})
 CONCURRENCY = 5
 CACHE_SECONDS = 7 * 24 * 3600
 CACHE_SIZE = 10_000
@@ -69,15 +68,9 @@ def parse_image(ref: str) -> ImageRef:
         rest, digest = ref.rsplit("@", 1)
     if digest is not None and not is_digest(digest):
         raise bad(f"{digest!r} is not a digest (sha256 or sha512)")
-    first, sep, remainder = rest.partition("/")
-    if sep and ("." in first or ":" in first or first == "localhost"):
-        registry, path = first.lower(), remainder
-        if REGISTRY.fullmatch(registry) is None:
-            raise bad(f"{first!r} is not a registry's host name or address")
-    else:
-        registry, path = DOCKER_HUB, rest
-    if registry in _DOCKER_HUB_NAMES:
-        registry = DOCKER_HUB
+    registry, path = split_image(rest)
+    if REGISTRY.fullmatch(registry) is None:
+        raise bad(f"{registry!r} is not a registry's host name or address")
     head, _, last = path.rpartition("/")
     tag = None
     if ":" in last:
@@ -94,7 +87,7 @@ def parse_image(ref: str) -> ImageRef:
 
 def credentials_for(secrets: Iterable[Mapping[str, RegistryCredential]], registry: str) -> list[RegistryCredential]:
     """The credentials the secrets hold for ``registry``, in order (Docker Hub under any of its names)."""
-    names = _DOCKER_HUB_NAMES if registry == DOCKER_HUB else {registry}
+    names = DOCKER_HUB_NAMES if registry == DOCKER_HUB else {registry}
     found: list[RegistryCredential] = []
     for secret in secrets:
         for host, credential in secret.items():

@@ -146,7 +146,6 @@ def check_request(req: RevalRequest, *, render: bool) -> list[ValidationPolicy]:
 #: Hosts a legacy NGC ``apiKey`` is tried on (as user ``$oauthtoken``): charts, and images.
 _NGC_CHARTS = re.compile(r"(?:.+\.)?ngc\.nvidia\.com")
 _NGC_IMAGES = re.compile(r"(?:.+\.)?nvcr\.io")
-LEGACY_USER = "$oauthtoken"
 
 
 def credentials_for(
@@ -160,24 +159,24 @@ def credentials_for(
         return {}
     found: list[RegistryCredential] = []
     if api_key and _NGC_CHARTS.fullmatch(host.split(":", 1)[0]):
-        found.append(RegistryCredential(username=LEGACY_USER, password=api_key))
-    for secret in image_secrets(auth_config):
-        for name, credential in secret.items():
-            if name.lower().removeprefix("https://").rstrip("/") == host and credential not in found:
-                found.append(credential)
+        found.append(RegistryCredential(username=pull_credentials.NGC_USER, password=api_key))
+    for secret in secrets_of(auth_config, host):
+        found += [credential for credential in secret.values() if credential not in found]
     return {host: tuple(found)} if found else {}
 
 
-def image_secrets(auth_config: Any) -> list[dict[str, RegistryCredential]]:
-    """Each secret of ``{k8sSecrets: [{auths: {host: {auth}}}]}`` as host -> credential, in order."""
+def secrets_of(auth_config: Any, host: str | None = None) -> list[dict[str, RegistryCredential]]:
+    """Each secret of ``{k8sSecrets: [{auths: {host: {auth}}}]}`` as host -> credential, in order (only
+    ``host``'s entries when given, matched as :func:`~nvcf_mono.contracts.pull_credentials.auths_in` does).
+    """
     out: list[dict[str, RegistryCredential]] = []
     secrets = auth_config.get("k8sSecrets") if isinstance(auth_config, Mapping) else None
     for secret in secrets if isinstance(secrets, list) else []:
         found = {}
-        for host, entry in pull_credentials.auths_in({"k8sSecrets": [secret]}, None).items():
+        for name, entry in pull_credentials.auths_in({"k8sSecrets": [secret]}, host).items():
             pair = pull_credentials.basic(entry)
             if pair is not None:
-                found[host] = RegistryCredential(username=pair[0], password=pair[1])
+                found[name] = RegistryCredential(username=pair[0], password=pair[1])
         out.append(found)
     return out
 
@@ -272,10 +271,10 @@ class Validator:
                 image_errors = ["the chart's images cannot be checked here"]
             else:
                 images = images_of(objects)
-                secrets = image_secrets(req.image_registry_auth_config)
+                secrets = secrets_of(req.image_registry_auth_config)
                 if req.api_key:
-                    legacy = RegistryCredential(username=LEGACY_USER, password=req.api_key)
-                    ngc = {i.split("/", 1)[0].lower() for i in images if "/" in i}
+                    legacy = RegistryCredential(username=pull_credentials.NGC_USER, password=req.api_key)
+                    ngc = {pull_credentials.image_registry(i) for i in images}
                     secrets.insert(0, {h: legacy for h in ngc if _NGC_IMAGES.fullmatch(h.split(":", 1)[0])})
                 image_errors = await self._images.check(images, secrets)
         if render or not policies:

@@ -12,8 +12,8 @@ from nvcf_mono.models.secret import ArtifactType, RecognizedRegistry, StoredRegi
 from nvcf_mono.planes.control.store import ControlStore
 
 NGC_HOSTNAME = "nvcr.io"
-NGC_USER = "$oauthtoken"
-DOCKER_HUB = "docker.io"
+NGC_USER = pull_credentials.NGC_USER
+DOCKER_HUB = pull_credentials.DOCKER_HUB
 #: Docker Hub's other names; image references without a registry mean Docker Hub too.
 _DOCKER_HUB_ALIASES = frozenset({"index.docker.io", "registry-1.docker.io", "registry.hub.docker.com"})
 
