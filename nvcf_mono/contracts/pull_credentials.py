@@ -80,3 +80,16 @@ def basic(entry: Any) -> tuple[str, str] | None:
     except (binascii.Error, UnicodeDecodeError, ValueError, AttributeError):
         return None
     return (user, password) if user and password else None
+
+
+def logins_for(value: str, host: str) -> list[tuple[str, str]]:
+    """Every ``(user, password)`` a contract value holds for registry ``host`` (Docker Hub by any of its
+    names), in order; none for an empty or unreadable value.
+    """
+    names = DOCKER_HUB_NAMES if host == DOCKER_HUB else {host}
+    found: list[tuple[str, str]] = []
+    for name, entry in auths_for(value, None).items():
+        login = basic(entry)
+        if login and login not in found and name.lower().removeprefix("https://").split("/", 1)[0] in names:
+            found.append(login)
+    return found

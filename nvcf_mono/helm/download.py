@@ -11,8 +11,8 @@ from __future__ import annotations
 import base64
 import os
 import ssl
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from types import TracebackType
 
@@ -33,6 +33,8 @@ _MAX_REDIRECTS = 10
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 #: What is read of an answer that is not a 200, for the message.
 _ERROR_BODY = 16 * 1024
+#: aiohttp's own default for a request (the session's), unless a caller gives another.
+_SESSION_TIMEOUT = aiohttp.ClientTimeout(total=300, sock_connect=30)
 
 
 @attrs.frozen
@@ -64,12 +66,22 @@ class Fetcher:
     """An https client for what a tenant names (a chart, an image's registry): ``doing`` ("download", "pull",
     "check") and ``subject`` ("chart oci://...", "image nvcr.io/...") name it in messages.
 
-    ``networks``: a tenant's, reached only at public addresses and in these networks (None: unchecked).
+    ``networks``: a tenant's, reached only at public addresses and in these networks (None: unchecked);
+    ``networks_setting`` names the setting that lists them, in refusals.
     """
 
-    def __init__(self, subject: str, doing: str, *, ca_file: Path | None, networks: Sequence[str] | None) -> None:
+    def __init__(
+        self,
+        subject: str,
+        doing: str,
+        *,
+        ca_file: Path | None,
+        networks: Sequence[str] | None,
+        networks_setting: str = "plugins.helm.chart_networks",
+    ) -> None:
         self.subject = subject
         self.doing = doing
+        self.networks_setting = networks_setting
         self._context = _ssl_context(ca_file)
         self._allowed = parse(networks) if networks is not None else None
         self._session: aiohttp.ClientSession | None = None
@@ -92,6 +104,18 @@ class Fetcher:
         """GET ``url``, following redirects (each https and checked); ``headers`` go to ``url``'s origin only.
         A 200's body is read whole (``limit`` bytes at most, else :class:`TooLarge`); other answers' only in part.
         """
+        async with self.open(url, headers=headers) as got:
+            size = limit if got.status == 200 else _ERROR_BODY
+            body = await _body(got, size, whole=got.status == 200)
+            return Fetched(got.status, got.reason or "", got.headers, body, got.url)
+
+    @asynccontextmanager
+    async def open(
+        self, url: str | URL, *, headers: Mapping[str, str] | None = None, timeout: aiohttp.ClientTimeout | None = None
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """The answer to GET ``url`` after its redirects, its body unread (for a stream); as :meth:`get`.
+        ``timeout``: aiohttp's, for a body too long for the session's five minutes.
+        """
         assert self._session is not None, "use the fetcher as an async context manager"
         target = URL(url)
         origin = target.origin()
@@ -100,17 +124,24 @@ class Fetcher:
                 shown = redact(str(target))
                 raise self.fail("redirected to a non-https URL" if hop else f"{shown} is not an https URL")
             if self._allowed is not None and (why := url_refusal(target, self._allowed)) is not None:
-                raise HelmRenderError(refused(self.subject, why, doing=self.doing))
+                raise HelmRenderError(self.refused(why))
             sent = dict(headers or {}) if target.origin() == origin else {}
             with self._errors():
-                async with self._session.get(target, headers=sent, ssl=self._context, allow_redirects=False) as got:
+                async with self._session.get(
+                    target, headers=sent, ssl=self._context, allow_redirects=False, timeout=timeout or _SESSION_TIMEOUT
+                ) as got:
                     if got.status in _REDIRECTS and "Location" in got.headers:
                         target = got.url.join(URL(got.headers["Location"]))
                         continue
-                    size = limit if got.status == 200 else _ERROR_BODY
-                    body = await _body(got, size, whole=got.status == 200)
-                    return Fetched(got.status, got.reason or "", got.headers, body, got.url)
+                    yield got
+                    return
         raise self.fail(f"more than {_MAX_REDIRECTS} redirects")
+
+    def refused(self, why: str) -> str:
+        return (
+            f"cannot {self.doing} {self.subject}: {why}; charts and image registries are reached at public "
+            f"addresses and in the networks the operator lists in {self.networks_setting}"
+        )
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
@@ -123,7 +154,7 @@ class Fetcher:
             ) from err
         except aiohttp.ClientConnectorError as err:
             if isinstance(err.os_error, EgressRefused):
-                raise HelmRenderError(refused(self.subject, str(err.os_error.strerror), doing=self.doing)) from err
+                raise HelmRenderError(self.refused(str(err.os_error.strerror))) from err
             # asyncio's strerror is "Connect call failed (...)"; the errno says what happened.
             code = err.os_error.errno
             why = (os.strerror(code) if code else "") or err.os_error.strerror or str(err.os_error)
@@ -182,13 +213,6 @@ async def _download(fetcher: Fetcher, url: str, credential: RegistryCredential |
 def basic_auth(credential: RegistryCredential) -> str:
     pair = f"{credential.username}:{credential.password}".encode()
     return "Basic " + base64.b64encode(pair).decode()
-
-
-def refused(subject: str, why: str, *, doing: str) -> str:
-    return (
-        f"cannot {doing} {subject}: {why}; charts and image registries are reached at public addresses and in "
-        "the networks the operator lists in plugins.helm.chart_networks"
-    )
 
 
 def _ssl_context(ca_file: Path | None) -> ssl.SSLContext:

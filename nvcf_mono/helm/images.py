@@ -33,7 +33,7 @@ from nvcf_mono.helm.oci import (
 )
 
 #: Where Docker Hub's registry API answers.
-_DOCKER_HUB_API = "registry-1.docker.io"
+DOCKER_HUB_API = "registry-1.docker.io"
 CONCURRENCY = 5
 CACHE_SECONDS = 7 * 24 * 3600
 CACHE_SIZE = 10_000
@@ -142,7 +142,7 @@ class ImageChecker:
         key = str(ref)
         if self._known.get(key, 0.0) > time.monotonic():
             return None
-        api = _DOCKER_HUB_API if ref.registry == DOCKER_HUB else ref.registry
+        api = DOCKER_HUB_API if ref.registry == DOCKER_HUB else ref.registry
         target = OciReference(registry=api, repository=ref.repository, tag=ref.tag, digest=ref.digest)
         missing: str | None = None
         options = self._options
@@ -164,9 +164,9 @@ class ImageChecker:
                     self._remember(key)
                 return None
             if got.status == 404:
-                missing = f"cannot check image {key}: it is not in its registry ({got.status_text()}{says(got)})"
+                missing = f"cannot check image {key}: it is not in its registry ({got.status_text()}{says(got.body)})"
             elif got.status not in (401, 403):
-                return f"cannot check image {key}: {got.status_text()}{says(got)}"
+                return f"cannot check image {key}: {got.status_text()}{says(got.body)}"
         return missing or NO_CREDENTIAL
 
     def _remember(self, key: str) -> None:

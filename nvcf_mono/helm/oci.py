@@ -32,9 +32,9 @@ from nvcf_mono.printable import one_line
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
-_INDEXES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
+INDEXES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
 #: What a manifest is asked for as: an image's, or an index of them (a chart's is an image's).
-MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST, *_INDEXES)
+MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST, *INDEXES)
 HELM_CONFIG = "application/vnd.cncf.helm.config.v1+json"
 #: The chart's layer; the second is what Helm's experimental OCI support wrote before Helm 3.7.
 CHART_LAYERS = ("application/vnd.cncf.helm.chart.content.v1.tar+gzip", "application/tar+gzip")
@@ -158,20 +158,38 @@ class Registry:
         return newest
 
     async def manifest(self, wanted: str) -> dict[str, Any]:
-        accept = ", ".join(MANIFEST_TYPES)
-        what = f"{self._ref.repository}{'@' if ':' in wanted else ':'}{wanted}"
-        got = await self._get(self.url(f"manifests/{wanted}"), limit=MANIFEST_LIMIT, what=what, accept=accept)
-        if self._ref.digest is not None and not _matches(got.body, self._ref.digest):
-            raise self._fetcher.fail(f"the registry's manifest does not match the digest {self._ref.digest}")
+        """The manifest at ``wanted`` (a tag or a digest), an image's, not an index of them."""
+        manifest, kind = await self.document(wanted)
+        if kind in INDEXES:
+            raise self._fetcher.fail(f"{self.name(wanted)} is an image index, not a Helm chart")
+        return manifest
+
+    async def document(self, wanted: str) -> tuple[dict[str, Any], str]:
+        """What ``wanted`` (a tag or a digest) names, a manifest or an index, and its media type; a digest
+        is checked against what the registry sends.
+        """
+        what = self.name(wanted)
+        got = await self._get(
+            self.url(f"manifests/{wanted}"), limit=MANIFEST_LIMIT, what=what, accept=", ".join(MANIFEST_TYPES)
+        )
+        if is_digest(wanted) and not matches(got.body, wanted):
+            raise self._fetcher.fail(f"the registry's manifest does not match the digest {wanted}")
         manifest = _json(self._fetcher, got, "its manifest")
         kind = manifest.get("mediaType") or got.headers.get("Content-Type", "").split(";", 1)[0].strip()
-        if kind in _INDEXES:
-            raise self._fetcher.fail(f"{what} is an image index, not a Helm chart")
-        return manifest
+        return manifest, str(kind)
+
+    def name(self, wanted: str) -> str:
+        """``<repository>:<tag>`` or ``<repository>@<digest>``, for messages."""
+        return f"{self._ref.repository}{'@' if ':' in wanted else ':'}{wanted}"
+
+    @property
+    def authorization(self) -> dict[str, str]:
+        """The headers that answer the registry's request for credentials, once it has asked (else none)."""
+        return dict(self._authorization)
 
     async def blob(self, digest: str, size: int, max_size: int) -> bytes:
         got = await self._get(self.url(f"blobs/{digest}"), limit=max_size, what=f"the chart layer {digest}")
-        if len(got.body) != size or not _matches(got.body, digest):
+        if len(got.body) != size or not matches(got.body, digest):
             raise self._fetcher.fail(f"the chart layer the registry sent does not match its digest {digest}")
         return got.body
 
@@ -209,8 +227,8 @@ class Registry:
         if got.status in (401, 403):
             raise Unauthorized(self._fetcher.fail(f"{got.status_text()} for {what}: check the registry credentials"))
         if got.status == 404:
-            raise self._fetcher.fail(f"{what} is not in the registry ({got.status_text()}{says(got)})")
-        raise self._fetcher.fail(f"{got.status_text()} for {what}{says(got)}")
+            raise self._fetcher.fail(f"{what} is not in the registry ({got.status_text()}{says(got.body)})")
+        raise self._fetcher.fail(f"{got.status_text()} for {what}{says(got.body)}")
 
     async def _authorize(self, challenge: Fetched) -> bool:
         """Answer a 401's challenge: True when there is something new to send."""
@@ -236,7 +254,7 @@ class Registry:
             why = f"the registry's token service answered {got.status_text()}: check the registry credentials"
             raise Unauthorized(self._fetcher.fail(why))
         if got.status != 200:
-            raise self._fetcher.fail(f"the registry's token service answered {got.status_text()}{says(got)}")
+            raise self._fetcher.fail(f"the registry's token service answered {got.status_text()}{says(got.body)}")
         answer = _json(self._fetcher, got, "its token")
         token = answer.get("token") or answer.get("access_token")
         if not isinstance(token, str) or not token or any(c.isspace() for c in token):
@@ -278,7 +296,8 @@ def is_digest(text: str) -> bool:
     return match is not None and len(match["hex"]) == _HEX_LENGTH[match["algorithm"]]
 
 
-def _matches(data: bytes, digest: str) -> bool:
+def matches(data: bytes, digest: str) -> bool:
+    """Whether ``data`` has ``digest`` (``<algorithm>:<hex>``)."""
     algorithm, _, expected = digest.partition(":")
     return hashlib.new(algorithm, data).hexdigest() == expected
 
@@ -293,10 +312,10 @@ def _json(fetcher: Fetcher, got: Fetched, what: str) -> dict[str, Any]:
     return value
 
 
-def says(got: Fetched) -> str:
+def says(body: bytes) -> str:
     """What a registry's error answer says (``{"errors": [{"message": ...}]}``), briefly, or nothing."""
     try:
-        errors = json.loads(got.body).get("errors")
+        errors = json.loads(body).get("errors")
         message = errors[0]["message"]
     except (AttributeError, IndexError, KeyError, TypeError, ValueError):
         return ""

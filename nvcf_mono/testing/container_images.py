@@ -236,26 +236,30 @@ def registry_server(workdir: Path, *, tls: tuple[Path, Path] | None = None) -> I
 
 
 @contextmanager
-def private_registry(podman: str, workdir: Path) -> Iterator[str]:
-    """:func:`registry_server` over HTTP holding ``nvcf-test/private:1`` (the echo image); yields its
-    ``host:port``. Podman reaches it where ``CONTAINERS_REGISTRIES_CONF`` names ``workdir/registries.conf``
-    (it marks the registry insecure), and keeps no local copy of the image.
+def private_registry(podman: str, workdir: Path, *, tls: tuple[Path, Path] | None = None) -> Iterator[str]:
+    """:func:`registry_server` holding the echo image as ``nvcf-test/private:1`` (OCI's manifest) and
+    ``nvcf-test/private:2`` (Docker's); yields its ``host:port``. Without ``tls`` it speaks HTTP, and
+    Podman reaches it where ``CONTAINERS_REGISTRIES_CONF`` names ``workdir/registries.conf`` (it marks
+    the registry insecure). The engine keeps no local copy of either.
     """
-    with registry_server(workdir) as host:
+    with registry_server(workdir, tls=tls) as host:
         port = host.rsplit(":", 1)[1]
         conf = workdir / "registries.conf"
         conf.write_text(
             "".join(f'[[registry]]\nlocation = "{h}:{port}"\ninsecure = true\n' for h in ("127.0.0.1", "localhost"))
         )
-        image = f"{host}/nvcf-test/private:1"
-        for args in (
-            ["push", "--tls-verify=false", "--creds", "alice:wonderland", ECHO_IMAGE, f"docker://{image}"],
-            ["rmi", "-f", image],
-        ):
-            subprocess.run([podman, *args], capture_output=True, check=False)
+        push = ["push", "--tls-verify=false", "--creds", "alice:wonderland"]
+        for tag, kind in (("1", "oci"), ("2", "v2s2")):
+            image = f"{host}/nvcf-test/private:{tag}"
+            subprocess.run(
+                [podman, *push, "--format", kind, ECHO_IMAGE, f"docker://{image}"], capture_output=True, check=True
+            )
+            subprocess.run([podman, "rmi", "-f", image], capture_output=True, check=False)
         try:
             yield host
         finally:
             for h in ("127.0.0.1", "localhost"):
-                image = f"{h}:{port}/nvcf-test/private:1"
-                subprocess.run([podman, "rmi", "-f", image], capture_output=True, check=False)
+                for tag in ("1", "2"):
+                    subprocess.run(
+                        [podman, "rmi", "-f", f"{h}:{port}/nvcf-test/private:{tag}"], capture_output=True, check=False
+                    )

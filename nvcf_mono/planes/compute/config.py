@@ -8,6 +8,7 @@ from typing import Literal
 
 import attrs
 
+from nvcf_mono.contracts.egress import networks_problem
 from nvcf_mono.contracts.telemetry import proxy_problem
 from nvcf_mono.structure import ByteSize, Seconds, at_least, in_range, matches, optional, positive, setting
 
@@ -151,6 +152,29 @@ class ContainerSettings:
     )
     pull_timeout: Seconds = setting(
         600.0, doc="A pull that has not finished this long is image-pull-issues.", check=positive
+    )
+    image_pulls: Literal["platform", "engine"] = setting(
+        "platform",
+        doc="Who reads a function's image from its registry. platform: this process, over https, reaching the "
+        "registry (its token service and blob storage too) only at public addresses and in registry_networks, "
+        "checking every blob's digest, then loads it into the engine; a tenant's image name cannot make the host "
+        "connect anywhere else. engine: the engine pulls it itself, with its own registries.conf (mirrors, "
+        "plain-http registries) and no address checks: for hosts whose tenants are trusted.",
+    )
+    registry_networks: tuple[str, ...] = setting(
+        (),
+        doc="Non-public networks (CIDR) where image_pulls: platform reaches registries, e.g. [10.20.0.0/16] for a "
+        "registry on the operator's network; names are checked as they resolve, redirects too.",
+        check=networks_problem,
+    )
+    registry_ca_file: Path | None = setting(
+        None, doc="A CA bundle trusted, besides the system's, for registries (image_pulls: platform)."
+    )
+    max_image_size: ByteSize = setting(
+        100 * 1024**3,
+        doc="Largest image (its layers, compressed, and its config) image_pulls: platform reads; the pull writes "
+        "it to the instance's directory before the engine loads it.",
+        check=at_least(1024**2),
     )
     network: str | None = setting(None, doc="The network instance containers join. Default: the engine's.")
     shm_size: ByteSize = setting(

@@ -6,8 +6,11 @@ The images are built offline (``images.py``); the backend starts ``podman system
 from __future__ import annotations
 
 import base64
+import hashlib
 import socket
+import ssl
 import subprocess
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +22,7 @@ import pytest
 from nvcf_mono.testing.container_images import ECHO_IMAGE, ECHO_USER_IMAGE, private_registry
 from nvcf_mono.testing.platform import deployment, wait_for, wait_status
 from nvcf_mono.testing.running import LLM_FUNCTION
+from nvcf_mono.tls import development_certificate
 from tests.integration.compute.conftest import (
     Platform,
     cluster,
@@ -62,11 +66,14 @@ def image_function(name: str, url: str = "/cgi-bin/echo", **more: Any) -> dict[s
 
 
 @asynccontextmanager
-async def container_platform(tmp_path: Path, cluster_id: str, podman: str, **settings: str) -> AsyncIterator[Platform]:
-    """The platform with one cluster on the containers backend; whatever of the cluster a failed test left
-    running (a host that ends on an error leaves its instances for the next agent) is removed at the end.
+async def container_platform(
+    tmp_path: Path, cluster_id: str, podman: str, containers: dict[str, Any] | None = None, **settings: str
+) -> AsyncIterator[Platform]:
+    """The platform with one cluster on the containers backend (``containers``: its backend settings);
+    whatever of the cluster a failed test left running (a host that ends on an error leaves its instances
+    for the next agent) is removed at the end.
     """
-    chosen = [cluster("pods", cluster_id, count=4, backend="containers")]
+    chosen = [cluster("pods", cluster_id, count=4, backend="containers", containers=containers or {})]
     try:
         async with compute_platform(tmp_path, clusters=chosen, **settings) as p:
             yield p
@@ -311,27 +318,100 @@ async def test_the_next_agent_takes_the_running_container_over(tmp_path: Path, p
         remove_leftovers(podman, cluster_id)
 
 
-async def test_a_private_image_is_pulled_with_the_accounts_credentials_and_refused_without(
+async def _store_logins(p: Platform, logins: list[tuple[str, str]]) -> None:
+    """The account's registry credentials: (registry host, password) for user alice."""
+    for hostname, password in logins:
+        secret = base64.b64encode(f"alice:{password}".encode()).decode()
+        stored = await p.admin.post(
+            "/v2/nvcf/registry-credentials",
+            {
+                "registryHostname": hostname,
+                "secret": {"name": f"login-{password}", "value": secret},
+                "artifactTypes": ["CONTAINER"],
+            },
+        )
+        assert stored.status == 200, stored.body
+
+
+def _manifest_digest(host: str, repository: str, tag: str, ca: Path) -> str:
+    """The digest of a manifest in the test registry (as ``docker push`` prints it)."""
+    request = urllib.request.Request(
+        f"https://{host}/v2/{repository}/manifests/{tag}",
+        headers={
+            "Accept": "application/vnd.docker.distribution.manifest.v2+json",
+            "Authorization": "Basic " + base64.b64encode(b"alice:wonderland").decode(),
+        },
+    )
+    with urllib.request.urlopen(request, context=ssl.create_default_context(cafile=str(ca)), timeout=10) as got:
+        return "sha256:" + hashlib.sha256(got.read()).hexdigest()
+
+
+def _has_image(podman: str, name: str) -> bool:
+    return subprocess.run([podman, "image", "exists", name], capture_output=True, check=False).returncode == 0
+
+
+async def test_the_platform_pulls_a_private_image_with_the_accounts_credentials_and_the_engine_loads_it(
+    tmp_path: Path, podman: str
+) -> None:
+    cluster_id = str(uuid.uuid4())
+    tls = development_certificate(tmp_path / "tls", ["localhost", "127.0.0.1"])
+    assert tls.ca is not None
+    containers = {"registry_ca_file": str(tls.ca), "registry_networks": ["127.0.0.1/32", "::1/128"]}
+    with private_registry(podman, tmp_path / "registry", tls=(tls.cert, tls.key)) as host:
+        port = host.rsplit(":", 1)[1]
+        async with container_platform(tmp_path, cluster_id, podman, containers) as p:
+            # The same registry by two names: the account's login for one is right, for the other wrong.
+            await _store_logins(p, [(host, "wonderland"), (f"localhost:{port}", "not-the-password")])
+
+            # Tag 1 has OCI's manifest; tag 2, Docker's, is asked for by its digest.
+            digest = _manifest_digest(host, "nvcf-test/private", "2", tls.ca)
+            for name, image in (
+                ("oci", f"{host}/nvcf-test/private:1"),
+                ("docker", f"{host}/nvcf-test/private@{digest}"),
+            ):
+                fid, _, d = await create(p.admin, image_function(f"private-{name}", containerImage=image))
+                await deploy(p.admin, d, spec())
+                await wait_status(p.admin, d, "ACTIVE", timeout=90)
+                reply = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"pulled": name})
+                assert reply.status == 200 and reply.json["echo"] == {"pulled": name}, reply.body
+            assert _has_image(podman, f"{host}/nvcf-test/private:1")
+            assert _has_image(podman, f"{host}/nvcf-test/private:{digest.replace(':', '-')}")
+
+            _, _, wrong = await create(
+                p.admin, image_function("refused", containerImage=f"localhost:{port}/nvcf-test/private:1")
+            )
+            await deploy(p.admin, wrong, spec())
+            dep = await wait_status(p.admin, wrong, "ERROR", timeout=90)
+            error = dep["healthInfo"][0]["error"]
+            assert "image-pull-issues" in error and "no credential was valid" in error, error
+            assert f"localhost:{port}/nvcf-test/private:1" in error, error
+            assert not _has_image(podman, f"localhost:{port}/nvcf-test/private:1")
+
+
+async def test_an_image_on_an_address_the_operator_did_not_list_is_not_pulled(tmp_path: Path, podman: str) -> None:
+    cluster_id = str(uuid.uuid4())
+    # A registry on the host's loopback, over plain HTTP: a tenant naming it must not reach it.
+    with private_registry(podman, tmp_path / "registry") as host:
+        served = (tmp_path / "registry" / "registry.log").read_text()
+        async with container_platform(tmp_path, cluster_id, podman) as p:
+            _, _, d = await create(p.admin, image_function("probe", containerImage=f"{host}/nvcf-test/private:1"))
+            await deploy(p.admin, d, spec())
+            dep = await wait_status(p.admin, d, "ERROR", timeout=90)
+            error = dep["healthInfo"][0]["error"]
+            assert "image-pull-issues" in error and "127.0.0.1 is a loopback address" in error, error
+            assert "containers.registry_networks" in error, error
+        assert (tmp_path / "registry" / "registry.log").read_text() == served  # not one request more
+
+
+async def test_with_engine_pulls_the_engine_pulls_with_the_accounts_credentials(
     tmp_path: Path, podman: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cluster_id = str(uuid.uuid4())
     monkeypatch.setenv("CONTAINERS_REGISTRIES_CONF", str(tmp_path / "registry" / "registries.conf"))
     with private_registry(podman, tmp_path / "registry") as host:
         port = host.rsplit(":", 1)[1]
-        async with container_platform(tmp_path, cluster_id, podman) as p:
-            # The same registry by two names: the account's login for one is right, for the other wrong.
-            for hostname, password in ((host, "wonderland"), (f"localhost:{port}", "not-the-password")):
-                secret = base64.b64encode(f"alice:{password}".encode()).decode()
-                stored = await p.admin.post(
-                    "/v2/nvcf/registry-credentials",
-                    {
-                        "registryHostname": hostname,
-                        "secret": {"name": f"login-{password}", "value": secret},
-                        "artifactTypes": ["CONTAINER"],
-                    },
-                )
-                assert stored.status == 200, stored.body
-
+        async with container_platform(tmp_path, cluster_id, podman, {"image_pulls": "engine"}) as p:
+            await _store_logins(p, [(host, "wonderland"), (f"localhost:{port}", "not-the-password")])
             fid, _, d = await create(p.admin, image_function("private", containerImage=f"{host}/nvcf-test/private:1"))
             await deploy(p.admin, d, spec())
             await wait_status(p.admin, d, "ACTIVE", timeout=90)

@@ -28,9 +28,12 @@ import attrs
 
 from nvcf_mono.contracts import env, pull_credentials, states
 from nvcf_mono.contracts.agent import AgentInstance, AgentLog, AgentProcess
+from nvcf_mono.helm.images import ImageRef
+from nvcf_mono.helm.model import RegistryCredential
 from nvcf_mono.models.common import now_iso
 from nvcf_mono.planes.compute import workload
 from nvcf_mono.planes.compute.backends import BackendContext, LaunchSpec, WorkerEndpoint
+from nvcf_mono.planes.compute.backends.containers import image_pull
 from nvcf_mono.planes.compute.backends.containers.engine import (
     ContainerState,
     Engine,
@@ -137,6 +140,8 @@ class ContainersBackend(LocalBackend):
         self._environ = dict(environ)
         self._engines: dict[str, Engine] = {}
         self._stack = AsyncExitStack()
+        #: An image's pull under way (the name it will have): later starts of it wait for it.
+        self._pulling: dict[str, anyio.Lock] = {}
 
     def _announce(self) -> None:
         for cid, engine in self._engines.items():
@@ -191,35 +196,93 @@ class ContainersBackend(LocalBackend):
         await self._pull(spec, _container(inst))
 
     async def _pull(self, spec: LaunchSpec, inst: ContainerInstance) -> None:
-        """The image, pulled with the account's credentials for its registry unless present (pull_policy)."""
-        launch = spec.message.launch_specification
+        """The image, pulled with the account's credentials for its registry unless present (pull_policy);
+        ``inst.image`` is what the engine calls it then.
+        """
         image = workload.image_of(spec.message).strip()
         if not image:
             raise LaunchError(states.CREATE_CONTAINER_ERROR, "the deployment names no container image")
-        inst.image = image
         settings = self._settings[spec.cluster_id]
         engine = self._engine(inst)
+        names = [image]
+        if settings.image_pulls == "platform":
+            try:
+                ref = image_pull.parse(image)
+            except image_pull.ImagePullError as err:
+                raise LaunchError(states.IMAGE_PULL_ISSUES, str(err)) from err
+            names.append(image_pull.local_name(ref))
+        inst.image = image
+        # One pull of an image at a time: instances starting together wait for the first's, then find it.
+        lock = self._pulling.setdefault(names[-1], anyio.Lock())
+        waited = lock.locked()
         try:
-            present = settings.pull_policy != "Always" and await engine.has_image(image)
-            if present:
-                return
-            if settings.pull_policy == "Never":
-                raise LaunchError(
-                    states.IMAGE_PULL_ISSUES, f"image {image!r} is not on this host and pull_policy is Never"
-                )
-            host = pull_credentials.image_registry(image)
-            raw = launch.environment.get(env.CONTAINER_REGISTRIES_CREDENTIALS, "")
-            entries = pull_credentials.auths_for(raw, host) if raw else {}
-            found = next(filter(None, map(pull_credentials.basic, entries.values())), None)
-            auth = {"username": found[0], "password": found[1], "serveraddress": host} if found else None
-            self._log.info("instance %s: pulling %s%s", inst.instance_id, image, " with credentials" if auth else "")
-            await engine.pull(image, auth, settings.pull_timeout)
+            async with lock:
+                if settings.pull_policy != "Always" or waited:
+                    for name in names:
+                        if await engine.has_image(name):
+                            inst.image = name
+                            return
+                if settings.pull_policy == "Never":
+                    raise LaunchError(
+                        states.IMAGE_PULL_ISSUES, f"image {image!r} is not on this host and pull_policy is Never"
+                    )
+                raw = spec.message.launch_specification.environment.get(env.CONTAINER_REGISTRIES_CREDENTIALS, "")
+                logins = pull_credentials.logins_for(raw, pull_credentials.image_registry(image))
+                with anyio.fail_after(settings.pull_timeout):
+                    if settings.image_pulls == "platform":
+                        inst.image = names[-1]
+                        await self._pull_here(spec, inst, ref, logins, settings)
+                    else:
+                        await self._engine_pull(engine, inst, image, logins, settings)
         except TimeoutError as err:
             raise LaunchError(
                 states.IMAGE_PULL_ISSUES, f"pulling image {image!r} took longer than {settings.pull_timeout:g}s"
             ) from err
         except EngineError as err:
             raise LaunchError(states.IMAGE_PULL_ISSUES, f"cannot pull image {image!r}: {err.message}") from err
+        except image_pull.ImagePullError as err:
+            raise LaunchError(states.IMAGE_PULL_ISSUES, str(err)) from err
+        finally:
+            if not lock.statistics().tasks_waiting and not lock.locked():
+                self._pulling.pop(names[-1], None)
+
+    async def _pull_here(
+        self,
+        spec: LaunchSpec,
+        inst: ContainerInstance,
+        ref: ImageRef,
+        logins: Sequence[tuple[str, str]],
+        settings: ContainerSettings,
+    ) -> None:
+        """Read the image through the platform's checked client into the instance's directory, then load it."""
+        options = image_pull.PullOptions(
+            ca_file=settings.registry_ca_file,
+            networks=settings.registry_networks,
+            networks_setting=f"the cluster's containers.registry_networks (cluster {spec.cluster_id})",
+            max_size=settings.max_image_size,
+        )
+        credentials = [RegistryCredential(username=user, password=password) for user, password in logins]
+        self._log.info("instance %s: pulling %s%s", inst.instance_id, ref, " with credentials" if logins else "")
+        archive = spec.directory / ".image.tar"
+        try:
+            await image_pull.pull_archive(ref, credentials, options, archive)
+            await self._engine(inst).load(archive, settings.pull_timeout)
+        finally:
+            archive.unlink(missing_ok=True)
+
+    async def _engine_pull(
+        self,
+        engine: Engine,
+        inst: ContainerInstance,
+        image: str,
+        logins: Sequence[tuple[str, str]],
+        settings: ContainerSettings,
+    ) -> None:
+        """The engine pulls the image itself (image_pulls: engine), with the first login for its registry."""
+        host = pull_credentials.image_registry(image)
+        auth = {"username": logins[0][0], "password": logins[0][1], "serveraddress": host} if logins else None
+        self._log.info("instance %s: pulling %s%s", inst.instance_id, image, " with credentials" if auth else "")
+        await engine.pull(image, auth, settings.pull_timeout)
 
     def _prepare(self, spec: LaunchSpec, inst: LocalInstance) -> None:
         """The worker's command and environment, and the container's create body (raises LaunchError)."""

@@ -1,6 +1,6 @@
 """A container engine's API: Docker's, which Podman serves too (``podman system service``), through aiodocker.
 
-Only what the backend needs: pull (with the account's credentials), create, start, inspect, signal,
+Only what the backend needs: pull (with the account's credentials) or load an image, create, start, inspect, signal,
 stop, remove, logs, and list by label. Every call has a deadline; errors come out as
 :class:`EngineError` with the engine's own message.
 """
@@ -63,6 +63,18 @@ class ContainerState:
         return self.running or (self.status == "exited" and since)
 
 
+async def _progress(stream: AsyncIterator[Any]) -> None:
+    """Read a pull's or a load's progress to its end; an error it reports is EngineError."""
+    try:
+        async for item in stream:
+            if isinstance(item, dict) and item.get("error"):
+                raise EngineError(500, str(item.get("error")))
+    except aiodocker.DockerError as err:
+        raise EngineError(err.status, err.message) from err
+    except (aiohttp.ClientError, OSError) as err:
+        raise EngineError(0, f"the engine does not answer: {err or type(err).__name__}") from err
+
+
 def _timestamp(value: object) -> str:
     # Both engines write Go's zero time for a container that never started or never ended.
     text = str(value or "")
@@ -95,14 +107,12 @@ class Engine:
     async def pull(self, image: str, auth: Mapping[str, str] | None, timeout: float) -> None:
         """Pull ``image`` (raises EngineError; TimeoutError after ``timeout``)."""
         with anyio.fail_after(timeout):
-            try:
-                async for item in self.docker.images.pull(image, auth=dict(auth) if auth else None, stream=True):
-                    if isinstance(item, dict) and item.get("error"):
-                        raise EngineError(500, str(item.get("error")))
-            except aiodocker.DockerError as err:
-                raise EngineError(err.status, err.message) from err
-            except (aiohttp.ClientError, OSError) as err:
-                raise EngineError(0, f"the engine does not answer: {err or type(err).__name__}") from err
+            await _progress(self.docker.images.pull(image, auth=dict(auth) if auth else None, stream=True))
+
+    async def load(self, archive: Path, timeout: float) -> None:
+        """Load the images of a ``docker save`` archive (raises EngineError; TimeoutError after ``timeout``)."""
+        with anyio.fail_after(timeout), archive.open("rb") as data:
+            await _progress(self.docker.images.import_image(data, stream=True))
 
     # ---- containers ----------------------------------------------------------------------------
 

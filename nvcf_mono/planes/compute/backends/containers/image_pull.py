@@ -1,0 +1,265 @@
+"""Pulling a function's image for the container engine through the platform's own https client.
+
+An image reference is a tenant's: if the engine pulled it, the engine would connect wherever the name
+pointed (a loopback port, the cloud's metadata address, a host on the operator's network) and its
+errors would tell the tenant what it found there. So the platform reads the image from its registry
+itself, through :class:`~nvcf_mono.helm.download.Fetcher` (every address checked as it is dialled: the
+registry, its token service, the blob storage it redirects to; https only; credentials only to the
+registry), checks every blob against its digest, and hands the engine a ``docker save`` archive to
+load (``POST /images/load``, which Docker and Podman both take, compressed layers included).
+
+An image pinned by digest is named ``<registry>/<repository>:sha256-<hex>`` on the host (an archive
+can carry tags, not digests), so ``IfNotPresent`` finds it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import tarfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+import anyio
+import attrs
+
+from nvcf_mono.contracts.pull_credentials import DOCKER_HUB
+from nvcf_mono.helm.download import Fetcher, TooLarge, Unauthorized
+from nvcf_mono.helm.errors import HelmRenderError
+from nvcf_mono.helm.images import DOCKER_HUB_API, ImageRef, parse_image
+from nvcf_mono.helm.model import RegistryCredential
+from nvcf_mono.helm.oci import (
+    DOCKER_MANIFEST,
+    INDEXES,
+    OCI_MANIFEST,
+    OciReference,
+    Registry,
+    is_digest,
+    matches,
+    says,
+)
+from nvcf_mono.printable import one_line
+
+IMAGE_CONFIGS = ("application/vnd.oci.image.config.v1+json", "application/vnd.docker.container.image.v1+json")
+#: Layers the engines unpack: plain, gzip or zstd tar (OCI's names, then Docker's).
+LAYERS = (
+    "application/vnd.oci.image.layer.v1.tar",
+    "application/vnd.oci.image.layer.v1.tar+gzip",
+    "application/vnd.oci.image.layer.v1.tar+zstd",
+    "application/vnd.docker.image.rootfs.diff.tar",
+    "application/vnd.docker.image.rootfs.diff.tar.gzip",
+)
+_CONFIG_LIMIT = 16 * 1024 * 1024
+_CHUNK = 1024 * 1024
+#: A layer may take as long as it takes (the caller's deadline bounds the pull), but not stall.
+_STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=120)
+#: Python's names for machines, as image indexes name them.
+_ARCHITECTURES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+class ImagePullError(Exception):
+    """The image could not be pulled: the message says why, naming the image."""
+
+
+def host_architecture() -> str:
+    machine = platform.machine().lower()
+    return _ARCHITECTURES.get(machine, machine)
+
+
+@attrs.frozen
+class PullOptions:
+    """Where the archive is written, what may be reached, and how large an image may be."""
+
+    ca_file: Path | None
+    networks: Sequence[str]
+    networks_setting: str
+    max_size: int
+    architecture: str = attrs.field(factory=host_architecture)
+
+
+def local_name(ref: ImageRef) -> str:
+    """The name the image has on the host once loaded: the reference, or for a digest the tag
+    ``<algorithm>-<hex>`` (tags hold at most 128 characters).
+    """
+    if ref.digest is None:
+        return f"{ref.registry}/{ref.repository}:{ref.tag}"
+    return f"{ref.registry}/{ref.repository}:{ref.digest.replace(':', '-')[:128]}"
+
+
+def parse(image: str) -> ImageRef:
+    """``image`` with Docker's defaults; :class:`ImagePullError` says what is wrong with it."""
+    try:
+        return parse_image(image)
+    except ValueError as err:
+        raise ImagePullError(str(err)) from err
+
+
+async def pull_archive(
+    ref: ImageRef, credentials: Sequence[RegistryCredential], options: PullOptions, archive: Path
+) -> None:
+    """Write ``ref``'s image for this host's architecture to ``archive`` (a ``docker save`` tar).
+
+    Each credential for the registry in turn, then none: a refused one moves on; any other failure
+    ends the pull, so a layer is not read again for nothing.
+    """
+    api = DOCKER_HUB_API if ref.registry == DOCKER_HUB else ref.registry
+    target = OciReference(registry=api, repository=ref.repository, tag=ref.tag, digest=ref.digest)
+    for credential in [*credentials, None]:
+        fetcher = Fetcher(
+            f"image {ref}",
+            "pull",
+            ca_file=options.ca_file,
+            networks=options.networks,
+            networks_setting=options.networks_setting,
+        )
+        try:
+            async with fetcher:
+                await _pull(fetcher, Registry(fetcher, target, credential), ref, options, archive)
+                return
+        except Unauthorized:
+            continue
+        except HelmRenderError as err:
+            raise ImagePullError(str(err)) from err
+    raise ImagePullError(f'no credential was valid to pull image "{ref}", manually verify credentials are valid')
+
+
+async def _pull(fetcher: Fetcher, registry: Registry, ref: ImageRef, options: PullOptions, archive: Path) -> None:
+    wanted = ref.digest or ref.tag or "latest"
+    manifest, kind = await registry.document(wanted)
+    if kind in INDEXES:
+        manifest, kind = await registry.document(_for_architecture(fetcher, manifest, options.architecture))
+    if kind not in (OCI_MANIFEST, DOCKER_MANIFEST) or manifest.get("schemaVersion") != 2:
+        shown = one_line(kind)[:100] or "none"
+        raise fetcher.fail(f"its manifest is not an image's (media type {shown}; schema 1 is not supported)")
+    config = _descriptor(fetcher, manifest.get("config"), "its config")
+    if config[2] not in IMAGE_CONFIGS:
+        raise fetcher.fail(f"it is not a container image (its config's media type is {one_line(config[2])[:100]})")
+    layers = manifest.get("layers")
+    if not isinstance(layers, list) or not layers:
+        raise fetcher.fail("its manifest lists no layers")
+    described = [_descriptor(fetcher, layer, "a layer") for layer in layers]
+    for _, _, media_type in described:
+        if media_type not in LAYERS:
+            raise fetcher.fail(f"it has a layer of a kind the engine does not load ({one_line(media_type)[:100]})")
+    total = config[1] + sum(size for _, size, _ in described)
+    if total > options.max_size:
+        raise fetcher.fail(f"it is {total} bytes, more than the {options.max_size} the operator allows")
+
+    got = await _config(fetcher, registry, config[0])
+    with archive.open("wb") as out:
+        writer = _Archive(out)
+        config_name = f"{config[0].partition(':')[2]}.json"
+        writer.member(config_name, got)
+        names = [await _layer(fetcher, registry, writer, digest, size) for digest, size, _ in described]
+        entry = {"Config": config_name, "RepoTags": [local_name(ref)], "Layers": names}
+        writer.member("manifest.json", json.dumps([entry]).encode())
+        writer.end()
+
+
+def _for_architecture(fetcher: Fetcher, index: dict[str, Any], architecture: str) -> str:
+    """The digest of the index's image for linux on ``architecture``."""
+    entries = index.get("manifests")
+    offered: list[str] = []
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("platform"), dict):
+            continue
+        where = entry["platform"]
+        os_name, arch = str(where.get("os", "")), str(where.get("architecture", ""))
+        if arch == "unknown":
+            continue  # attestations (build provenance), not images
+        offered.append(f"{os_name}/{arch}")
+        digest = entry.get("digest")
+        if os_name == "linux" and arch == architecture and isinstance(digest, str) and is_digest(digest):
+            return digest
+    shown = ", ".join(sorted(set(map(one_line, offered)))[:20]) or "none"
+    raise fetcher.fail(f"it has no image for linux/{architecture} (its index offers: {shown[:400]})")
+
+
+def _descriptor(fetcher: Fetcher, value: object, what: str) -> tuple[str, int, str]:
+    """A descriptor's digest, size and media type."""
+    if not isinstance(value, dict):
+        raise fetcher.fail(f"its manifest has no valid descriptor for {what}")
+    digest, size, media_type = value.get("digest"), value.get("size"), value.get("mediaType")
+    if not isinstance(digest, str) or not is_digest(digest):
+        raise fetcher.fail(f"{what} has no valid digest")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise fetcher.fail(f"{what} has no valid size")
+    return digest, size, media_type if isinstance(media_type, str) else ""
+
+
+async def _config(fetcher: Fetcher, registry: Registry, digest: str) -> bytes:
+    try:
+        got = await registry.fetch(registry.url(f"blobs/{digest}"), limit=_CONFIG_LIMIT)
+    except TooLarge:
+        raise fetcher.fail(f"its config is larger than {_CONFIG_LIMIT} bytes") from None
+    _check_status(fetcher, got.status, got.status_text(), f"its config {digest}", says(got.body))
+    if not matches(got.body, digest):
+        raise fetcher.fail(f"the config the registry sent does not match its digest {digest}")
+    return got.body
+
+
+async def _layer(fetcher: Fetcher, registry: Registry, writer: _Archive, digest: str, size: int) -> str:
+    """Stream one layer into the archive, checking its size and digest as it comes; its name there."""
+    name = f"{digest.partition(':')[2]}.tar"
+    hasher = hashlib.new(digest.partition(":")[0])
+    url = registry.url(f"blobs/{digest}")
+    async with fetcher.open(url, headers=registry.authorization, timeout=_STREAM_TIMEOUT) as got:
+        if got.status != 200:
+            body = await got.content.read(16 * 1024)
+            text = f"HTTP {got.status} {one_line(got.reason or '')[:100]}".rstrip()
+            _check_status(fetcher, got.status, text, f"the layer {digest}", says(body))
+        await anyio.to_thread.run_sync(writer.header, name, size)
+        written = 0
+        pending = bytearray()
+        async for chunk in got.content.iter_chunked(_CHUNK):
+            written += len(chunk)
+            if written > size:
+                raise fetcher.fail(f"the registry sent more than the {size} bytes of the layer {digest}")
+            pending += chunk
+            if len(pending) >= _CHUNK:
+                await anyio.to_thread.run_sync(writer.write, bytes(pending), hasher)
+                pending.clear()
+        await anyio.to_thread.run_sync(writer.write, bytes(pending), hasher)
+    if written != size or f"{digest.partition(':')[0]}:{hasher.hexdigest()}" != digest:
+        raise fetcher.fail(f"the layer the registry sent does not match its digest {digest}")
+    writer.pad(size)
+    return name
+
+
+def _check_status(fetcher: Fetcher, status: int, text: str, what: str, said: str) -> None:
+    if status == 200:
+        return
+    if status in (401, 403):
+        raise Unauthorized(fetcher.fail(f"{text} for {what}: check the registry credentials"))
+    raise fetcher.fail(f"{text} for {what}{said}")
+
+
+class _Archive:
+    """A tar written as it streams: each member's header (PAX, for layers past 8 GiB), its bytes, padding."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self._out = out
+
+    def member(self, name: str, data: bytes) -> None:
+        self.header(name, len(data))
+        self._out.write(data)
+        self.pad(len(data))
+
+    def header(self, name: str, size: int) -> None:
+        info = tarfile.TarInfo(name)
+        info.size = size
+        info.mode = 0o644
+        self._out.write(info.tobuf(format=tarfile.PAX_FORMAT))
+
+    def write(self, data: bytes, hasher: Any) -> None:
+        hasher.update(data)
+        self._out.write(data)
+
+    def pad(self, size: int) -> None:
+        self._out.write(b"\0" * (-size % tarfile.BLOCKSIZE))
+
+    def end(self) -> None:
+        self._out.write(b"\0" * (2 * tarfile.BLOCKSIZE))

@@ -1,0 +1,284 @@
+"""The containers backend's own image pull (``image_pull``) against a registry that can misbehave: the test
+registry of the chart tests (https, a token service, blobs redirected to storage on another origin),
+holding images instead of charts. ``tests/integration/containers`` pulls from a real registry into a
+real engine.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvcf_mono.helm.model import RegistryCredential
+from nvcf_mono.planes.compute.backends.containers import image_pull
+from nvcf_mono.planes.compute.backends.containers.image_pull import ImagePullError, PullOptions, local_name, parse
+from tests.unit.helm.https_server import issue_tls
+from tests.unit.helm.oci_registry import PASSWORD, USER, Registry, digest_of, running
+
+pytestmark = pytest.mark.anyio
+
+IMAGE_CONFIG = "application/vnd.oci.image.config.v1+json"
+GZIP_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
+INDEX = "application/vnd.oci.image.index.v1+json"
+
+
+def _layer(name: str, text: str) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = len(text)
+        tar.addfile(info, io.BytesIO(text.encode()))
+    return gzip.compress(raw.getvalue(), mtime=0)
+
+
+def image(
+    *, layers: tuple[bytes, ...] | None = None, config_type: str = IMAGE_CONFIG, layer_type: str = GZIP_LAYER
+) -> tuple[bytes, dict[str, bytes]]:
+    """An image's manifest and its blobs by digest (two small layers unless given)."""
+    chosen = layers if layers is not None else (_layer("a.txt", "first"), _layer("b.txt", "second"))
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Cmd": ["/serve"]}}).encode()
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": config_type, "digest": digest_of(config), "size": len(config)},
+        "layers": [{"mediaType": layer_type, "digest": digest_of(x), "size": len(x)} for x in chosen],
+    }
+    return json.dumps(manifest).encode(), {digest_of(config): config, **{digest_of(x): x for x in chosen}}
+
+
+def index(entries: list[tuple[str, str, bytes]]) -> bytes:
+    """An image index of (os, architecture, manifest) entries."""
+    return json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": INDEX,
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "digest": digest_of(m),
+                    "size": len(m),
+                    "platform": {"os": os_name, "architecture": arch},
+                }
+                for os_name, arch, m in entries
+            ],
+        }
+    ).encode()
+
+
+def options(ca_file: Path, networks: tuple[str, ...] = ("127.0.0.1/32",), **changes: Any) -> PullOptions:
+    values: dict[str, Any] = {
+        "ca_file": ca_file,
+        "networks": networks,
+        "networks_setting": "containers.registry_networks",
+        "max_size": 1024**3,
+        "architecture": "amd64",
+    }
+    return PullOptions(**{**values, **changes})
+
+
+def read_archive(path: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The archive's manifest.json entry and its members."""
+    with tarfile.open(path) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    [entry] = json.loads(members["manifest.json"])
+    return entry, members
+
+
+def _host(registry: Registry) -> str:
+    return registry.base.removeprefix("https://")
+
+
+def _login() -> list[RegistryCredential]:
+    return [RegistryCredential(username=USER, password=PASSWORD)]
+
+
+async def test_an_image_is_written_as_an_archive_the_engine_loads(tmp_path: Path) -> None:
+    ca_file, context = issue_tls(tmp_path / "tls")
+    manifest, blobs = image()
+    registry = Registry()
+    registry.push_manifest("acme/echo", "1.0", manifest, blobs)
+    async with running(registry, context):
+        ref = parse(f"{_host(registry)}/acme/echo:1.0")
+        archive = tmp_path / "image.tar"
+        await image_pull.pull_archive(ref, _login(), options(ca_file), archive)
+
+    entry, members = read_archive(archive)
+    assert entry["RepoTags"] == [f"{_host(registry)}/acme/echo:1.0"] == [local_name(ref)]
+    config = json.loads(manifest)["config"]["digest"]
+    assert members[entry["Config"]] == blobs[config]
+    layers = [x["digest"] for x in json.loads(manifest)["layers"]]
+    assert [members[name] for name in entry["Layers"]] == [blobs[d] for d in layers]
+    # The token went to the registry only; the storage it redirects blobs to got none.
+    assert registry.storage_requests and all(auth is None for _, auth in registry.storage_requests)
+
+
+async def test_an_index_gives_the_hosts_architecture_or_says_what_it_offers(tmp_path: Path) -> None:
+    ca_file, context = issue_tls(tmp_path / "tls")
+    amd, amd_blobs = image(layers=(_layer("arch", "amd64"),))
+    arm, arm_blobs = image(layers=(_layer("arch", "arm64"),))
+    registry = Registry()
+    for manifest, blobs in ((amd, amd_blobs), (arm, arm_blobs)):
+        registry.push_manifest("acme/multi", digest_of(manifest), manifest, blobs)
+    registry.push_manifest("acme/multi", "2", index([("linux", "arm64", arm), ("linux", "amd64", amd)]), {})
+    async with running(registry, context):
+        ref = parse(f"{_host(registry)}/acme/multi:2")
+        await image_pull.pull_archive(ref, _login(), options(ca_file), tmp_path / "a.tar")
+        entry, members = read_archive(tmp_path / "a.tar")
+        assert [members[name] for name in entry["Layers"]] == [_layer("arch", "amd64")]
+
+        with pytest.raises(
+            ImagePullError, match=r"no image for linux/s390x \(its index offers: linux/amd64, linux/arm64\)"
+        ):
+            await image_pull.pull_archive(ref, _login(), options(ca_file, architecture="s390x"), tmp_path / "b.tar")
+
+
+async def test_a_digest_pins_the_image_and_names_it_on_the_host(tmp_path: Path) -> None:
+    ca_file, context = issue_tls(tmp_path / "tls")
+    manifest, blobs = image()
+    registry = Registry()
+    pinned = registry.push_manifest("acme/echo", "1.0", manifest, blobs)
+    other, other_blobs = image(layers=(_layer("c.txt", "other"),))
+    registry.push_manifest("acme/echo", "1.1", other, other_blobs)
+    async with running(registry, context):
+        ref = parse(f"{_host(registry)}/acme/echo@{pinned}")
+        await image_pull.pull_archive(ref, _login(), options(ca_file), tmp_path / "a.tar")
+        entry, _ = read_archive(tmp_path / "a.tar")
+        assert entry["RepoTags"] == [f"{_host(registry)}/acme/echo:{pinned.replace(':', '-')}"]
+
+        # The registry sends another manifest for that digest: refused, nothing of it used.
+        registry.manifests[pinned] = other
+        with pytest.raises(ImagePullError, match="does not match the digest"):
+            await image_pull.pull_archive(ref, _login(), options(ca_file), tmp_path / "b.tar")
+
+
+async def test_a_blob_that_does_not_match_its_digest_is_refused(tmp_path: Path) -> None:
+    ca_file, context = issue_tls(tmp_path / "tls")
+    manifest, blobs = image()
+    registry = Registry(corrupt_blobs=True)
+    registry.push_manifest("acme/echo", "1.0", manifest, blobs)
+    async with running(registry, context):
+        ref = parse(f"{_host(registry)}/acme/echo:1.0")
+        with pytest.raises(ImagePullError, match="does not match its digest"):
+            await image_pull.pull_archive(ref, _login(), options(ca_file), tmp_path / "a.tar")
+
+
+async def test_a_layer_longer_than_its_size_is_cut_off(tmp_path: Path) -> None:
+    ca_file, context = issue_tls(tmp_path / "tls")
+    layer = os.urandom(5000)  # a body the registry sends whole, past the size the manifest gives
+    manifest, blobs = image(layers=(layer,))
+    described = json.loads(manifest)
+    described["layers"][0]["size"] = 100  # the registry then sends far more than the manifest says
+    manifest = json.dumps(described).encode()
+    registry = Registry()
+    registry.push_manifest("acme/echo", "1.0", manifest, blobs)
+    async with running(registry, context):
+        ref = parse(f"{_host(registry)}/acme/echo:1.0")
+        with pytest.raises(ImagePullError, match="more than the 100 bytes"):
+            await image_pull.pull_archive(ref, _login(), options(ca_file), tmp_path / "a.tar")
+
+
+async def test_an_image_larger_than_allowed_is_refused_before_its_layers_are_read(tmp_path: Path) -> None:
+    ca_file, context = issue_tls(tmp_path / "tls")
+    manifest, blobs = image()
+    registry = Registry()
+    registry.push_manifest("acme/echo", "1.0", manifest, blobs)
+    async with running(registry, context):
+        ref = parse(f"{_host(registry)}/acme/echo:1.0")
+        with pytest.raises(ImagePullError, match="more than the 100 the operator allows"):
+            await image_pull.pull_archive(ref, _login(), options(ca_file, max_size=100), tmp_path / "a.tar")
+    assert not registry.storage_requests
+
+
+async def test_a_registry_on_an_address_not_listed_is_never_contacted(tmp_path: Path) -> None:
+    ca_file, context = issue_tls(tmp_path / "tls")
+    manifest, blobs = image()
+    registry = Registry()
+    registry.push_manifest("acme/echo", "1.0", manifest, blobs)
+    async with running(registry, context):
+        for name in (_host(registry), f"localhost:{_host(registry).rsplit(':', 1)[1]}"):
+            with pytest.raises(ImagePullError) as caught:
+                await image_pull.pull_archive(
+                    parse(f"{name}/acme/echo:1.0"), _login(), options(ca_file, ()), tmp_path / "a.tar"
+                )
+            assert "loopback address" in str(caught.value), caught.value
+            assert "containers.registry_networks" in str(caught.value), caught.value
+    assert registry.requests == [] and registry.storage_requests == []
+
+
+async def test_blob_storage_on_an_address_not_listed_is_not_followed(tmp_path: Path) -> None:
+    ca_file, context = issue_tls(tmp_path / "tls")
+    manifest, blobs = image()
+    registry = Registry()
+    registry.push_manifest("acme/echo", "1.0", manifest, blobs)
+    async with running(registry, context):
+        # The registry is allowed by name at its own port only if its storage is too: point storage elsewhere.
+        registry.storage = "https://169.254.169.254"
+        ref = parse(f"{_host(registry)}/acme/echo:1.0")
+        with pytest.raises(ImagePullError, match=r"169\.254\.169\.254 is a link-local address"):
+            await image_pull.pull_archive(ref, _login(), options(ca_file), tmp_path / "a.tar")
+
+
+async def test_credentials_are_tried_in_turn_then_none(tmp_path: Path) -> None:
+    ca_file, context = issue_tls(tmp_path / "tls")
+    manifest, blobs = image()
+    registry = Registry()
+    registry.push_manifest("acme/public", "1", manifest, blobs)
+    registry.push_manifest("acme/private", "1", manifest, blobs)
+    registry.public.add("acme/public")
+    wrong = [RegistryCredential(username=USER, password="not-it")]
+    async with running(registry, context):
+        host = _host(registry)
+        # A wrong login is refused by the token service; anonymous then reads a public repository.
+        await image_pull.pull_archive(parse(f"{host}/acme/public:1"), wrong, options(ca_file), tmp_path / "a.tar")
+        await image_pull.pull_archive(
+            parse(f"{host}/acme/private:1"), [*wrong, *_login()], options(ca_file), tmp_path / "b.tar"
+        )
+        with pytest.raises(
+            ImagePullError, match=r'no credential was valid to pull image "127\.0\.0\.1:\d+/acme/private:1"'
+        ):
+            await image_pull.pull_archive(parse(f"{host}/acme/private:1"), wrong, options(ca_file), tmp_path / "c.tar")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"config_type": "application/vnd.cncf.helm.config.v1+json"}, "it is not a container image"),
+        ({"layer_type": "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip"}, "a layer of a kind the engine"),
+        ({"layers": ()}, "lists no layers"),
+    ],
+)
+async def test_what_is_not_an_image_the_engine_loads_is_refused(
+    tmp_path: Path, changes: dict[str, Any], message: str
+) -> None:
+    ca_file, context = issue_tls(tmp_path / "tls")
+    manifest, blobs = image(**changes)
+    registry = Registry()
+    registry.push_manifest("acme/odd", "1", manifest, blobs)
+    schema1 = json.dumps({"schemaVersion": 1, "mediaType": "application/vnd.docker.distribution.manifest.v1+json"})
+    registry.push_manifest("acme/old", "1", schema1.encode(), {})
+    async with running(registry, context):
+        with pytest.raises(ImagePullError, match=message):
+            await image_pull.pull_archive(
+                parse(f"{_host(registry)}/acme/odd:1"), _login(), options(ca_file), tmp_path / "a.tar"
+            )
+        with pytest.raises(ImagePullError, match="schema 1 is not supported"):
+            await image_pull.pull_archive(
+                parse(f"{_host(registry)}/acme/old:1"), _login(), options(ca_file), tmp_path / "a.tar"
+            )
+    assert not registry.storage_requests
+
+
+def test_image_names_on_the_host() -> None:
+    assert local_name(parse("busybox")) == "docker.io/library/busybox:latest"
+    assert local_name(parse("nvcr.io/org/team/app:1.2")) == "nvcr.io/org/team/app:1.2"
+    digest = "sha256:" + "ab" * 32
+    assert local_name(parse(f"nvcr.io/org/app:1.2@{digest}")) == f"nvcr.io/org/app:sha256-{'ab' * 32}"
+    with pytest.raises(ImagePullError, match="invalid image reference"):
+        parse("Upper/Case:1")
