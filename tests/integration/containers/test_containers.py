@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
+from nvcf_mono.auth import scopes
 from nvcf_mono.testing.container_images import ECHO_IMAGE, ECHO_USER_IMAGE, private_registry
-from nvcf_mono.testing.platform import deployment, wait_for, wait_status
-from nvcf_mono.testing.running import LLM_FUNCTION
+from nvcf_mono.testing.platform import Api, deployment, wait_for, wait_status
+from nvcf_mono.testing.running import LLM_FUNCTION, other_account_key
 from nvcf_mono.tls import development_certificate
 from tests.integration.compute.conftest import (
     Platform,
@@ -318,11 +319,11 @@ async def test_the_next_agent_takes_the_running_container_over(tmp_path: Path, p
         remove_leftovers(podman, cluster_id)
 
 
-async def _store_logins(p: Platform, logins: list[tuple[str, str]]) -> None:
+async def _store_logins(api: Api, logins: list[tuple[str, str]]) -> None:
     """The account's registry credentials: (registry host, password) for user alice."""
     for hostname, password in logins:
         secret = base64.b64encode(f"alice:{password}".encode()).decode()
-        stored = await p.admin.post(
+        stored = await api.post(
             "/v2/nvcf/registry-credentials",
             {
                 "registryHostname": hostname,
@@ -361,7 +362,7 @@ async def test_the_platform_pulls_a_private_image_with_the_accounts_credentials_
         port = host.rsplit(":", 1)[1]
         async with container_platform(tmp_path, cluster_id, podman, containers) as p:
             # The same registry by two names: the account's login for one is right, for the other wrong.
-            await _store_logins(p, [(host, "wonderland"), (f"localhost:{port}", "not-the-password")])
+            await _store_logins(p.admin, [(host, "wonderland"), (f"localhost:{port}", "not-the-password")])
 
             # Tag 1 has OCI's manifest; tag 2, Docker's, is asked for by its digest.
             digest = _manifest_digest(host, "nvcf-test/private", "2", tls.ca)
@@ -387,6 +388,21 @@ async def test_the_platform_pulls_a_private_image_with_the_accounts_credentials_
             assert f"localhost:{port}/nvcf-test/private:1" in error, error
             assert not _has_image(podman, f"localhost:{port}/nvcf-test/private:1")
 
+            # Another account naming the image now on the host starts it only once its own login reads it.
+            neighbour = p.api(await other_account_key(p, "neighbour", scopes.ACCOUNT_ADMIN_SCOPES))
+            private = image_function("borrowed", containerImage=f"{host}/nvcf-test/private:1")
+            _, _, borrowed = await create(neighbour, private)
+            await deploy(neighbour, borrowed, spec())
+            dep = await wait_status(neighbour, borrowed, "ERROR", timeout=90)
+            error = dep["healthInfo"][0]["error"]
+            assert "image-pull-issues" in error and "no credential was valid" in error, error
+            await _store_logins(neighbour, [(host, "wonderland")])
+            fid, _, shown = await create(neighbour, {**private, "name": "shown"})
+            await deploy(neighbour, shown, spec())
+            await wait_status(neighbour, shown, "ACTIVE", timeout=90)
+            reply = await neighbour.post(f"/v2/nvcf/pexec/functions/{fid}", {"shown": True})
+            assert reply.status == 200 and reply.json["echo"] == {"shown": True}, reply.body
+
 
 async def test_an_image_on_an_address_the_operator_did_not_list_is_not_pulled(tmp_path: Path, podman: str) -> None:
     cluster_id = str(uuid.uuid4())
@@ -411,7 +427,7 @@ async def test_with_engine_pulls_the_engine_pulls_with_the_accounts_credentials(
     with private_registry(podman, tmp_path / "registry") as host:
         port = host.rsplit(":", 1)[1]
         async with container_platform(tmp_path, cluster_id, podman, {"image_pulls": "engine"}) as p:
-            await _store_logins(p, [(host, "wonderland"), (f"localhost:{port}", "not-the-password")])
+            await _store_logins(p.admin, [(host, "wonderland"), (f"localhost:{port}", "not-the-password")])
             fid, _, d = await create(p.admin, image_function("private", containerImage=f"{host}/nvcf-test/private:1"))
             await deploy(p.admin, d, spec())
             await wait_status(p.admin, d, "ACTIVE", timeout=90)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import logging
 import os
 import tarfile
 from pathlib import Path
@@ -17,7 +18,8 @@ from typing import Any
 import pytest
 
 from nvcf_mono.helm.model import RegistryCredential
-from nvcf_mono.planes.compute.backends.containers import image_pull
+from nvcf_mono.planes.compute.backends.containers import image_access, image_pull
+from nvcf_mono.planes.compute.backends.containers.image_access import ImageAccess
 from nvcf_mono.planes.compute.backends.containers.image_pull import ImagePullError, PullOptions, local_name, parse
 from tests.unit.helm.https_server import issue_tls
 from tests.unit.helm.oci_registry import PASSWORD, USER, Registry, digest_of, running
@@ -282,3 +284,36 @@ def test_image_names_on_the_host() -> None:
     assert local_name(parse(f"nvcr.io/org/app:1.2@{digest}")) == f"nvcr.io/org/app:sha256-{'ab' * 32}"
     with pytest.raises(ImagePullError, match="invalid image reference"):
         parse("Upper/Case:1")
+
+
+def test_who_may_start_an_image_is_kept_across_restarts_and_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = logging.getLogger("test")
+    path = tmp_path / "state" / "image-access.json"
+    access = ImageAccess(path, log)
+    assert access.allows("reg/operator:1", "a")  # not the platform's pull: the operator's, anyone's
+    access.pulled("reg/private:1", "a")
+    access.pulled("reg/public:1", None)
+    assert access.allows("reg/private:1", "a") and not access.allows("reg/private:1", "b")
+    assert access.allows("reg/public:1", "b")
+    access.shown("reg/private:1", "b")
+
+    again = ImageAccess(path, log)  # a restarted agent
+    assert again.allows("reg/private:1", "b") and not again.allows("reg/private:1", "c")
+    again.pulled("reg/private:1", "c")  # read again (perhaps another image under the tag): c's alone
+    assert not again.allows("reg/private:1", "a") and again.allows("reg/private:1", "c")
+
+    monkeypatch.setattr(image_access, "LIMIT", 3)
+    for n in range(5):
+        again.pulled(f"reg/many:{n}", "a")
+    kept = json.loads(path.read_bytes())
+    assert list(kept) == ["reg/many:2", "reg/many:3", "reg/many:4"]
+
+
+def test_an_unreadable_record_is_said_and_starts_empty(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "image-access.json"
+    path.write_text("{not json")
+    with caplog.at_level(logging.WARNING):
+        access = ImageAccess(path, logging.getLogger("test"))
+    assert "cannot read" in caplog.text and access.allows("reg/x:1", "a")

@@ -14,7 +14,9 @@ the instance's inference process.
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import signal
 import tempfile
 import time
@@ -42,6 +44,7 @@ from nvcf_mono.planes.compute.backends.containers.engine import (
     gpu_devices,
     open_engine,
 )
+from nvcf_mono.planes.compute.backends.containers.image_access import ImageAccess
 from nvcf_mono.planes.compute.backends.containers.spec import (
     ASSETS,
     MOUNTS,
@@ -142,6 +145,7 @@ class ContainersBackend(LocalBackend):
         self._stack = AsyncExitStack()
         #: An image's pull under way (the name it will have): later starts of it wait for it.
         self._pulling: dict[str, anyio.Lock] = {}
+        self._access = ImageAccess(state_dir / "image-access.json" if state_dir is not None else None, log)
 
     def _announce(self) -> None:
         for cid, engine in self._engines.items():
@@ -204,36 +208,41 @@ class ContainersBackend(LocalBackend):
             raise LaunchError(states.CREATE_CONTAINER_ERROR, "the deployment names no container image")
         settings = self._settings[spec.cluster_id]
         engine = self._engine(inst)
+        # The name it has once pulled (records of who may start it are under this one), then as given.
         names = [image]
         if settings.image_pulls == "platform":
             try:
                 ref = image_pull.parse(image)
             except image_pull.ImagePullError as err:
                 raise LaunchError(states.IMAGE_PULL_ISSUES, str(err)) from err
-            names.append(image_pull.local_name(ref))
-        inst.image = image
+            names = list(dict.fromkeys([image_pull.local_name(ref), image]))
+        key = names[0]
+        account = spec.message.nca_id
         # One pull of an image at a time: instances starting together wait for the first's, then find it.
-        lock = self._pulling.setdefault(names[-1], anyio.Lock())
+        lock = self._pulling.setdefault(key, anyio.Lock())
         waited = lock.locked()
         try:
             async with lock:
-                if settings.pull_policy != "Always" or waited:
-                    for name in names:
-                        if await engine.has_image(name):
-                            inst.image = name
-                            return
-                if settings.pull_policy == "Never":
+                found = await self._present(engine, names) if settings.pull_policy != "Always" or waited else None
+                if found is None and settings.pull_policy == "Never":
                     raise LaunchError(
                         states.IMAGE_PULL_ISSUES, f"image {image!r} is not on this host and pull_policy is Never"
                     )
                 raw = spec.message.launch_specification.environment.get(env.CONTAINER_REGISTRIES_CREDENTIALS, "")
                 logins = pull_credentials.logins_for(raw, pull_credentials.image_registry(image))
                 with anyio.fail_after(settings.pull_timeout):
-                    if settings.image_pulls == "platform":
-                        inst.image = names[-1]
-                        await self._pull_here(spec, inst, ref, logins, settings)
-                    else:
-                        await self._engine_pull(engine, inst, image, logins, settings)
+                    if settings.image_pulls == "engine":
+                        if found is None:
+                            await self._engine_pull(engine, inst, image, logins, settings)
+                    elif found is None:
+                        found = key
+                        read_by = await self._pull_here(spec, inst, ref, logins, settings)
+                        self._access.pulled(key, account if read_by else None)
+                    elif not self._access.allows(key, account):
+                        # Pulled with another account's credentials: this one shows it can read the image.
+                        read_by = await image_pull.readable(ref, _credentials(logins), self._pull_options(spec))
+                        self._access.shown(key, account if read_by else None)
+                inst.image = found or image
         except TimeoutError as err:
             raise LaunchError(
                 states.IMAGE_PULL_ISSUES, f"pulling image {image!r} took longer than {settings.pull_timeout:g}s"
@@ -244,7 +253,24 @@ class ContainersBackend(LocalBackend):
             raise LaunchError(states.IMAGE_PULL_ISSUES, str(err)) from err
         finally:
             if not lock.statistics().tasks_waiting and not lock.locked():
-                self._pulling.pop(names[-1], None)
+                self._pulling.pop(key, None)
+
+    @staticmethod
+    async def _present(engine: Engine, names: Sequence[str]) -> str | None:
+        """The first of ``names`` the engine has."""
+        for name in names:
+            if await engine.has_image(name):
+                return name
+        return None
+
+    def _pull_options(self, spec: LaunchSpec) -> image_pull.PullOptions:
+        settings = self._settings[spec.cluster_id]
+        return image_pull.PullOptions(
+            ca_file=settings.registry_ca_file,
+            networks=settings.registry_networks,
+            networks_setting=f"the cluster's containers.registry_networks (cluster {spec.cluster_id})",
+            max_size=settings.max_image_size,
+        )
 
     async def _pull_here(
         self,
@@ -253,22 +279,22 @@ class ContainersBackend(LocalBackend):
         ref: ImageRef,
         logins: Sequence[tuple[str, str]],
         settings: ContainerSettings,
-    ) -> None:
-        """Read the image through the platform's checked client into the instance's directory, then load it."""
-        options = image_pull.PullOptions(
-            ca_file=settings.registry_ca_file,
-            networks=settings.registry_networks,
-            networks_setting=f"the cluster's containers.registry_networks (cluster {spec.cluster_id})",
-            max_size=settings.max_image_size,
-        )
-        credentials = [RegistryCredential(username=user, password=password) for user, password in logins]
+    ) -> RegistryCredential | None:
+        """Read the image through the platform's checked client into the instance's directory, then load
+        it; the credential that read it (None: anonymously).
+        """
         self._log.info("instance %s: pulling %s%s", inst.instance_id, ref, " with credentials" if logins else "")
-        archive = spec.directory / ".image.tar"
+        # A name of its own, made exclusively: nothing planted in the directory is written through.
+        fd, scratch = tempfile.mkstemp(dir=spec.directory, prefix=".image-", suffix=".tar")
+        os.close(fd)
+        archive = Path(scratch)
         try:
-            await image_pull.pull_archive(ref, credentials, options, archive)
+            read_by = await image_pull.pull_archive(ref, _credentials(logins), self._pull_options(spec), archive)
             await self._engine(inst).load(archive, settings.pull_timeout)
         finally:
-            archive.unlink(missing_ok=True)
+            with anyio.CancelScope(shield=True):  # gigabytes, perhaps: off the event loop, even when cancelled
+                await anyio.to_thread.run_sync(functools.partial(archive.unlink, missing_ok=True))
+        return read_by
 
     async def _engine_pull(
         self,
@@ -627,6 +653,10 @@ def _append_log(log: Path, text: str, mark: Mark | None) -> None:
         out.write(text.encode())
     if mark is not None:
         write_private(_mark_file(log), " ".join(map(str, mark)).encode())
+
+
+def _credentials(logins: Sequence[tuple[str, str]]) -> list[RegistryCredential]:
+    return [RegistryCredential(username=user, password=password) for user, password in logins]
 
 
 def _container(inst: LocalInstance) -> ContainerInstance:

@@ -18,7 +18,7 @@ import hashlib
 import json
 import platform
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -99,11 +99,38 @@ def parse(image: str) -> ImageRef:
 
 async def pull_archive(
     ref: ImageRef, credentials: Sequence[RegistryCredential], options: PullOptions, archive: Path
-) -> None:
-    """Write ``ref``'s image for this host's architecture to ``archive`` (a ``docker save`` tar).
+) -> RegistryCredential | None:
+    """Write ``ref``'s image for this host's architecture to ``archive`` (a ``docker save`` tar); the
+    credential that read it (None: anonymously).
+    """
 
-    Each credential for the registry in turn, then none: a refused one moves on; any other failure
-    ends the pull, so a layer is not read again for nothing.
+    async def pull(fetcher: Fetcher, registry: Registry) -> None:
+        await _pull(fetcher, registry, ref, options, archive)
+
+    return await _with_credentials(ref, credentials, options, pull)
+
+
+async def readable(
+    ref: ImageRef, credentials: Sequence[RegistryCredential], options: PullOptions
+) -> RegistryCredential | None:
+    """Whether ``credentials`` (or none) can read ``ref``'s manifest: the credential that can (None:
+    anyone can); :class:`ImagePullError` when none can.
+    """
+
+    async def read(fetcher: Fetcher, registry: Registry) -> None:
+        await registry.document(ref.digest or ref.tag or "latest")
+
+    return await _with_credentials(ref, credentials, options, read)
+
+
+async def _with_credentials(
+    ref: ImageRef,
+    credentials: Sequence[RegistryCredential],
+    options: PullOptions,
+    action: Callable[[Fetcher, Registry], Awaitable[None]],
+) -> RegistryCredential | None:
+    """Run ``action`` with each credential for the registry in turn, then none, until one is not refused;
+    the one it ran with. Any failure other than a refusal ends it, so a layer is not read again for nothing.
     """
     api = DOCKER_HUB_API if ref.registry == DOCKER_HUB else ref.registry
     target = OciReference(registry=api, repository=ref.repository, tag=ref.tag, digest=ref.digest)
@@ -117,8 +144,8 @@ async def pull_archive(
         )
         try:
             async with fetcher:
-                await _pull(fetcher, Registry(fetcher, target, credential), ref, options, archive)
-                return
+                await action(fetcher, Registry(fetcher, target, credential))
+                return credential
         except Unauthorized:
             continue
         except HelmRenderError as err:
