@@ -7,7 +7,7 @@ import shutil
 
 import anyio
 
-from bench import bus, cold_start, container_cold_start, invoke, llm, models, versions
+from bench import bus, cold_start, container_cold_start, image_pull, invoke, llm, models, versions
 
 
 def main() -> None:
@@ -25,6 +25,8 @@ def main() -> None:
     if shutil.which("podman"):
         print("-- cold start on the containers backend (podman)")
         anyio.run(container_cold_start.run, args.quick, backend="asyncio")
+        print("-- image pulls on the containers backend: the platform's against the engine's")
+        anyio.run(image_pull.run, args.quick, backend="asyncio")
     else:
         print("-- cold start on the containers backend: skipped, podman is not installed")
     print("-- reading and writing the data models")

@@ -121,6 +121,29 @@ async def test_an_image_is_written_as_an_archive_the_engine_loads(tmp_path: Path
     assert registry.storage_requests and all(auth is None for _, auth in registry.storage_requests)
 
 
+async def test_many_layers_arrive_together_and_a_repeated_one_is_written_once(tmp_path: Path) -> None:
+    ca_file, context = issue_tls(tmp_path / "tls")
+    empty = _layer("empty", "")
+    layers = (empty, *(os.urandom(300_000 + n) for n in range(6)), empty)
+    manifest, blobs = image(layers=layers)
+    registry = Registry()
+    registry.push_manifest("acme/big", "1", manifest, blobs)
+    async with running(registry, context):
+        archive = tmp_path / "image.tar"
+        await image_pull.pull_archive(parse(f"{_host(registry)}/acme/big:1"), _login(), options(ca_file), archive)
+    entry, members = read_archive(archive)
+    assert [members[name] for name in entry["Layers"]] == list(layers)
+    assert len(members) == 2 + 7  # the config, manifest.json, each distinct layer once
+    assert sum(1 for path, _ in registry.storage_requests if digest_of(empty) in path) == 1
+
+    described = json.loads(manifest)
+    described["layers"][-1]["size"] += 1
+    registry.push_manifest("acme/big", "odd", json.dumps(described).encode(), blobs)
+    async with running(registry, context):
+        with pytest.raises(ImagePullError, match="gives one layer two sizes"):
+            await image_pull.pull_archive(parse(f"{_host(registry)}/acme/big:odd"), _login(), options(ca_file), archive)
+
+
 async def test_an_index_gives_the_hosts_architecture_or_says_what_it_offers(tmp_path: Path) -> None:
     ca_file, context = issue_tls(tmp_path / "tls")
     amd, amd_blobs = image(layers=(_layer("arch", "amd64"),))

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import tarfile
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import aiohttp
 import anyio
@@ -54,6 +55,8 @@ LAYERS = (
 )
 _CONFIG_LIMIT = 16 * 1024 * 1024
 _CHUNK = 1024 * 1024
+#: Layers read at once (the engines' own default for a pull is 3).
+CONCURRENT_LAYERS = 3
 #: A layer may take as long as it takes (the caller's deadline bounds the pull), but not stall.
 _STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=120)
 #: Python's names for machines, as image indexes name them.
@@ -176,14 +179,45 @@ async def _pull(fetcher: Fetcher, registry: Registry, ref: ImageRef, options: Pu
         raise fetcher.fail(f"it is {total} bytes, more than the {options.max_size} the operator allows")
 
     got = await _config(fetcher, registry, config[0])
-    with archive.open("wb") as out:
-        writer = _Archive(out)
-        config_name = f"{config[0].partition(':')[2]}.json"
-        writer.member(config_name, got)
-        names = [await _layer(fetcher, registry, writer, digest, size) for digest, size, _ in described]
-        entry = {"Config": config_name, "RepoTags": [local_name(ref)], "Layers": names}
-        writer.member("manifest.json", json.dumps([entry]).encode())
-        writer.end()
+    config_name = f"{config[0].partition(':')[2]}.json"
+    layer_names = [f"{digest.partition(':')[2]}.tar" for digest, _, _ in described]
+    entry = {"Config": config_name, "RepoTags": [local_name(ref)], "Layers": layer_names}
+    listing = json.dumps([entry]).encode()
+    # Each distinct layer once (old images repeat the empty one), each written where the layout puts it.
+    distinct = {digest: size for digest, size, _ in described}
+    if any(distinct[digest] != size for digest, size, _ in described):
+        raise fetcher.fail("its manifest gives one layer two sizes")
+    layout = _Layout(
+        [(config_name, len(got)), ("manifest.json", len(listing))]
+        + [(f"{digest.partition(':')[2]}.tar", size) for digest, size in distinct.items()]
+    )
+    try:
+        fd = await anyio.to_thread.run_sync(layout.create, archive, {config_name: got, "manifest.json": listing})
+    except OSError as err:
+        raise fetcher.fail(f"cannot write it to {archive.parent}: {err.strerror}") from err
+    failed: list[HelmRenderError] = []
+    try:
+        limiter = anyio.CapacityLimiter(CONCURRENT_LAYERS)
+
+        async def one(digest: str, size: int) -> None:
+            try:
+                async with limiter:
+                    offset = layout.offset(f"{digest.partition(':')[2]}.tar")
+                    await _layer(fetcher, registry, (fd, offset), digest, size)
+            except HelmRenderError as err:  # the first failure ends the others, and is the pull's
+                failed.append(err)
+                tg.cancel_scope.cancel()
+            except OSError as err:
+                failed.append(fetcher.fail(f"cannot write it to {archive.parent}: {err.strerror}"))
+                tg.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            for digest, size in distinct.items():
+                tg.start_soon(one, digest, size)
+    finally:
+        os.close(fd)
+    if failed:
+        raise failed[0]
 
 
 def _for_architecture(fetcher: Fetcher, index: dict[str, Any], architecture: str) -> str:
@@ -228,9 +262,11 @@ async def _config(fetcher: Fetcher, registry: Registry, digest: str) -> bytes:
     return got.body
 
 
-async def _layer(fetcher: Fetcher, registry: Registry, writer: _Archive, digest: str, size: int) -> str:
-    """Stream one layer into the archive, checking its size and digest as it comes; its name there."""
-    name = f"{digest.partition(':')[2]}.tar"
+async def _layer(fetcher: Fetcher, registry: Registry, where: tuple[int, int], digest: str, size: int) -> None:
+    """Stream one layer into the archive (``where``: its file descriptor, the layer's offset), checking its
+    size and digest as it comes.
+    """
+    fd, offset = where
     hasher = hashlib.new(digest.partition(":")[0])
     url = registry.url(f"blobs/{digest}")
     async with fetcher.open(url, headers=registry.authorization, timeout=_STREAM_TIMEOUT) as got:
@@ -238,22 +274,31 @@ async def _layer(fetcher: Fetcher, registry: Registry, writer: _Archive, digest:
             body = await got.content.read(16 * 1024)
             text = f"HTTP {got.status} {one_line(got.reason or '')[:100]}".rstrip()
             _check_status(fetcher, got.status, text, f"the layer {digest}", says(body))
-        await anyio.to_thread.run_sync(writer.header, name, size)
         written = 0
         pending = bytearray()
         async for chunk in got.content.iter_chunked(_CHUNK):
-            written += len(chunk)
-            if written > size:
+            if written + len(pending) + len(chunk) > size:
                 raise fetcher.fail(f"the registry sent more than the {size} bytes of the layer {digest}")
             pending += chunk
             if len(pending) >= _CHUNK:
-                await anyio.to_thread.run_sync(writer.write, bytes(pending), hasher)
+                written += await anyio.to_thread.run_sync(_write, fd, offset + written, bytes(pending), hasher)
                 pending.clear()
-        await anyio.to_thread.run_sync(writer.write, bytes(pending), hasher)
+        written += await anyio.to_thread.run_sync(_write, fd, offset + written, bytes(pending), hasher)
     if written != size or f"{digest.partition(':')[0]}:{hasher.hexdigest()}" != digest:
         raise fetcher.fail(f"the layer the registry sent does not match its digest {digest}")
-    writer.pad(size)
-    return name
+
+
+def _write(fd: int, offset: int, data: bytes, hasher: Any) -> int:
+    hasher.update(data)
+    _pwrite_all(fd, data, offset)
+    return len(data)
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        done = os.pwrite(fd, view, offset)
+        view, offset = view[done:], offset + done
 
 
 def _check_status(fetcher: Fetcher, status: int, text: str, what: str, said: str) -> None:
@@ -264,29 +309,41 @@ def _check_status(fetcher: Fetcher, status: int, text: str, what: str, said: str
     raise fetcher.fail(f"{text} for {what}{said}")
 
 
-class _Archive:
-    """A tar written as it streams: each member's header (PAX, for layers past 8 GiB), its bytes, padding."""
+class _Layout:
+    """A tar's members at offsets known before their bytes are (each header PAX, for layers past 8 GiB), so
+    layers can be written as they arrive, several at once; padding and the end are the file's zeros.
+    """
 
-    def __init__(self, out: IO[bytes]) -> None:
-        self._out = out
+    def __init__(self, members: Sequence[tuple[str, int]]) -> None:
+        self._headers: dict[str, tuple[int, bytes]] = {}
+        self._offsets: dict[str, int] = {}
+        at = 0
+        for name, size in members:
+            info = tarfile.TarInfo(name)
+            info.size = size
+            info.mode = 0o644
+            header = info.tobuf(format=tarfile.PAX_FORMAT)
+            self._headers[name] = (at, header)
+            at += len(header)
+            self._offsets[name] = at
+            at += size + (-size % tarfile.BLOCKSIZE)
+        self.size = at + 2 * tarfile.BLOCKSIZE
 
-    def member(self, name: str, data: bytes) -> None:
-        self.header(name, len(data))
-        self._out.write(data)
-        self.pad(len(data))
+    def offset(self, name: str) -> int:
+        return self._offsets[name]
 
-    def header(self, name: str, size: int) -> None:
-        info = tarfile.TarInfo(name)
-        info.size = size
-        info.mode = 0o644
-        self._out.write(info.tobuf(format=tarfile.PAX_FORMAT))
-
-    def write(self, data: bytes, hasher: Any) -> None:
-        hasher.update(data)
-        self._out.write(data)
-
-    def pad(self, size: int) -> None:
-        self._out.write(b"\0" * (-size % tarfile.BLOCKSIZE))
-
-    def end(self) -> None:
-        self._out.write(b"\0" * (2 * tarfile.BLOCKSIZE))
+    def create(self, path: Path, contents: dict[str, bytes]) -> int:
+        """Open ``path`` (never through a link), size it (zeros), write every header and the members already
+        in hand; its file descriptor, for the rest.
+        """
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, self.size)
+            for at, header in self._headers.values():
+                _pwrite_all(fd, header, at)
+            for name, data in contents.items():
+                _pwrite_all(fd, data, self._offsets[name])
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
