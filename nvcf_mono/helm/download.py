@@ -67,7 +67,8 @@ class Fetcher:
     "check") and ``subject`` ("chart oci://...", "image nvcr.io/...") name it in messages.
 
     ``networks``: a tenant's, reached only at public addresses and in these networks (None: unchecked);
-    ``networks_setting`` names the setting that lists them, in refusals.
+    ``networks_setting`` names the setting that lists them, in refusals; ``plain_http_hint`` ends the
+    message for a server that does not speak TLS (what the operator can do about it).
     """
 
     def __init__(
@@ -78,10 +79,12 @@ class Fetcher:
         ca_file: Path | None,
         networks: Sequence[str] | None,
         networks_setting: str = "plugins.helm.chart_networks",
+        plain_http_hint: str = "",
     ) -> None:
         self.subject = subject
         self.doing = doing
         self.networks_setting = networks_setting
+        self.plain_http_hint = plain_http_hint
         self._context = _ssl_context(ca_file)
         self._allowed = parse(networks) if networks is not None else None
         self._session: aiohttp.ClientSession | None = None
@@ -155,6 +158,12 @@ class Fetcher:
         except aiohttp.ClientConnectorError as err:
             if isinstance(err.os_error, EgressRefused):
                 raise HelmRenderError(self.refused(str(err.os_error.strerror))) from err
+            if isinstance(err.os_error, ssl.SSLError):  # its errno is OpenSSL's, not the system's
+                reason = (err.os_error.reason or str(err.os_error)).lower().replace("_", " ")
+                raise self.fail(
+                    f"no TLS session with {err.host}:{err.port} ({one_line(reason)[:100]}); it is reached over "
+                    f"https only{self.plain_http_hint}"
+                ) from err
             # asyncio's strerror is "Connect call failed (...)"; the errno says what happened.
             code = err.os_error.errno
             why = (os.strerror(code) if code else "") or err.os_error.strerror or str(err.os_error)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from nvcf_mono.helm.model import RegistryCredential
 from nvcf_mono.planes.compute.backends.containers import image_access, image_pull
@@ -340,3 +341,20 @@ def test_an_unreadable_record_is_said_and_starts_empty(tmp_path: Path, caplog: p
     with caplog.at_level(logging.WARNING):
         access = ImageAccess(path, logging.getLogger("test"))
     assert "cannot read" in caplog.text and access.allows("reg/x:1", "a")
+
+
+async def test_a_registry_that_does_not_speak_tls_is_named_so(tmp_path: Path) -> None:
+    ca_file, _ = issue_tls(tmp_path / "tls")
+    runner = web.AppRunner(web.Application())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        with pytest.raises(ImagePullError) as caught:
+            await image_pull.pull_archive(parse(f"127.0.0.1:{port}/acme/echo:1"), [], options(ca_file), tmp_path / "a")
+    finally:
+        await runner.cleanup()
+    # Not the OpenSSL error number read as the system's ("Operation not permitted").
+    assert f"no TLS session with 127.0.0.1:{port} (wrong version number)" in str(caught.value), caught.value
+    assert "image_pulls: engine" in str(caught.value), caught.value

@@ -59,6 +59,7 @@ _CHUNK = 1024 * 1024
 CONCURRENT_LAYERS = 3
 #: A layer may take as long as it takes (the caller's deadline bounds the pull), but not stall.
 _STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=120)
+_PLAIN_HTTP = " (image_pulls: engine lets the engine pull from a plain-http registry it is configured for)"
 #: Python's names for machines, as image indexes name them.
 _ARCHITECTURES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
@@ -144,6 +145,7 @@ async def _with_credentials(
             ca_file=options.ca_file,
             networks=options.networks,
             networks_setting=options.networks_setting,
+            plain_http_hint=_PLAIN_HTTP,
         )
         try:
             async with fetcher:
