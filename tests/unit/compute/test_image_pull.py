@@ -105,8 +105,7 @@ def _login() -> list[RegistryCredential]:
 async def test_an_image_is_written_as_an_archive_the_engine_loads(tmp_path: Path) -> None:
     ca_file, context = issue_tls(tmp_path / "tls")
     manifest, blobs = image()
-    registry = Registry()
-    registry.push_manifest("acme/echo", "1.0", manifest, blobs)
+    registry = holding(manifest, blobs)
     async with running(registry, context):
         ref = parse(f"{_host(registry)}/acme/echo:1.0")
         archive = tmp_path / "image.tar"
@@ -184,49 +183,43 @@ async def test_a_digest_pins_the_image_and_names_it_on_the_host(tmp_path: Path) 
             await image_pull.pull_archive(ref, _login(), options(ca_file), tmp_path / "b.tar")
 
 
-async def test_a_blob_that_does_not_match_its_digest_is_refused(tmp_path: Path) -> None:
-    ca_file, context = issue_tls(tmp_path / "tls")
-    manifest, blobs = image()
-    registry = Registry(corrupt_blobs=True)
+def holding(manifest: bytes, blobs: dict[str, bytes], **behaviour: Any) -> Registry:
+    """A test registry holding one image as ``acme/echo:1.0``."""
+    registry = Registry(**behaviour)
     registry.push_manifest("acme/echo", "1.0", manifest, blobs)
+    return registry
+
+
+async def refused(tmp_path: Path, registry: Registry, message: str, **changes: Any) -> None:
+    """Pulling ``acme/echo:1.0`` from ``registry`` fails, saying ``message``."""
+    ca_file, context = issue_tls(tmp_path / "tls")
     async with running(registry, context):
         ref = parse(f"{_host(registry)}/acme/echo:1.0")
-        with pytest.raises(ImagePullError, match="does not match its digest"):
-            await image_pull.pull_archive(ref, _login(), options(ca_file), tmp_path / "a.tar")
+        with pytest.raises(ImagePullError, match=message):
+            await image_pull.pull_archive(ref, _login(), options(ca_file, **changes), tmp_path / "a.tar")
+
+
+async def test_a_blob_that_does_not_match_its_digest_is_refused(tmp_path: Path) -> None:
+    await refused(tmp_path, holding(*image(), corrupt_blobs=True), "does not match its digest")
 
 
 async def test_a_layer_longer_than_its_size_is_cut_off(tmp_path: Path) -> None:
-    ca_file, context = issue_tls(tmp_path / "tls")
     layer = os.urandom(5000)  # a body the registry sends whole, past the size the manifest gives
     manifest, blobs = image(layers=(layer,))
     described = json.loads(manifest)
-    described["layers"][0]["size"] = 100  # the registry then sends far more than the manifest says
-    manifest = json.dumps(described).encode()
-    registry = Registry()
-    registry.push_manifest("acme/echo", "1.0", manifest, blobs)
-    async with running(registry, context):
-        ref = parse(f"{_host(registry)}/acme/echo:1.0")
-        with pytest.raises(ImagePullError, match="more than the 100 bytes"):
-            await image_pull.pull_archive(ref, _login(), options(ca_file), tmp_path / "a.tar")
+    described["layers"][0]["size"] = 100
+    await refused(tmp_path, holding(json.dumps(described).encode(), blobs), "more than the 100 bytes")
 
 
 async def test_an_image_larger_than_allowed_is_refused_before_its_layers_are_read(tmp_path: Path) -> None:
-    ca_file, context = issue_tls(tmp_path / "tls")
-    manifest, blobs = image()
-    registry = Registry()
-    registry.push_manifest("acme/echo", "1.0", manifest, blobs)
-    async with running(registry, context):
-        ref = parse(f"{_host(registry)}/acme/echo:1.0")
-        with pytest.raises(ImagePullError, match="more than the 100 the operator allows"):
-            await image_pull.pull_archive(ref, _login(), options(ca_file, max_size=100), tmp_path / "a.tar")
+    registry = holding(*image())
+    await refused(tmp_path, registry, "more than the 100 the operator allows", max_size=100)
     assert not registry.storage_requests
 
 
 async def test_a_registry_on_an_address_not_listed_is_never_contacted(tmp_path: Path) -> None:
     ca_file, context = issue_tls(tmp_path / "tls")
-    manifest, blobs = image()
-    registry = Registry()
-    registry.push_manifest("acme/echo", "1.0", manifest, blobs)
+    registry = holding(*image())
     async with running(registry, context):
         for name in (_host(registry), f"localhost:{_host(registry).rsplit(':', 1)[1]}"):
             with pytest.raises(ImagePullError) as caught:
@@ -240,9 +233,7 @@ async def test_a_registry_on_an_address_not_listed_is_never_contacted(tmp_path: 
 
 async def test_blob_storage_on_an_address_not_listed_is_not_followed(tmp_path: Path) -> None:
     ca_file, context = issue_tls(tmp_path / "tls")
-    manifest, blobs = image()
-    registry = Registry()
-    registry.push_manifest("acme/echo", "1.0", manifest, blobs)
+    registry = holding(*image())
     async with running(registry, context):
         # The registry is allowed by name at its own port only if its storage is too: point storage elsewhere.
         registry.storage = "https://169.254.169.254"
