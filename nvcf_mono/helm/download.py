@@ -62,6 +62,10 @@ class Unauthorized(HelmRenderError):
         super().__init__(str(error))
 
 
+class NotFound(HelmRenderError):
+    """The registry has no such manifest, or shows none to this credential (some hide what it may not read)."""
+
+
 class Fetcher:
     """An https client for what a tenant names (a chart, an image's registry): ``doing`` ("download", "pull",
     "check") and ``subject`` ("chart oci://...", "image nvcr.io/...") name it in messages.

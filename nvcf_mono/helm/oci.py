@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 from yarl import URL
 
-from nvcf_mono.helm.download import Fetched, Fetcher, TooLarge, Unauthorized, basic_auth
+from nvcf_mono.helm.download import Fetched, Fetcher, NotFound, TooLarge, Unauthorized, basic_auth
 from nvcf_mono.helm.errors import HelmRenderError
 from nvcf_mono.helm.model import RegistryCredential
 from nvcf_mono.helm.source import redact
@@ -227,7 +227,9 @@ class Registry:
         if got.status in (401, 403):
             raise Unauthorized(self._fetcher.fail(f"{got.status_text()} for {what}: check the registry credentials"))
         if got.status == 404:
-            raise self._fetcher.fail(f"{what} is not in the registry ({got.status_text()}{says(got.body)})")
+            raise NotFound(
+                str(self._fetcher.fail(f"{what} is not in the registry ({got.status_text()}{says(got.body)})"))
+            )
         raise self._fetcher.fail(f"{got.status_text()} for {what}{says(got.body)}")
 
     async def _authorize(self, challenge: Fetched) -> bool:

@@ -23,7 +23,15 @@ from nvcf_mono.planes.compute.backends.containers import image_access, image_pul
 from nvcf_mono.planes.compute.backends.containers.image_access import ImageAccess
 from nvcf_mono.planes.compute.backends.containers.image_pull import ImagePullError, PullOptions, local_name, parse
 from tests.unit.helm.https_server import issue_tls
-from tests.unit.helm.oci_registry import PASSWORD, USER, Registry, digest_of, running
+from tests.unit.helm.oci_registry import (
+    PASSWORD,
+    USER,
+    VIEWER,
+    VIEWER_PASSWORD,
+    Registry,
+    digest_of,
+    running,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -261,6 +269,18 @@ async def test_credentials_are_tried_in_turn_then_none(tmp_path: Path) -> None:
             ImagePullError, match=r'no credential was valid to pull image "127\.0\.0\.1:\d+/acme/private:1"'
         ):
             await image_pull.pull_archive(parse(f"{host}/acme/private:1"), wrong, options(ca_file), tmp_path / "c.tar")
+
+
+async def test_a_registry_hiding_what_a_login_cannot_read_moves_on_to_the_next(tmp_path: Path) -> None:
+    ca_file, context = issue_tls(tmp_path / "tls")
+    registry = holding(*image(), hide_private=True)
+    viewer = RegistryCredential(username=VIEWER, password=VIEWER_PASSWORD)
+    async with running(registry, context):
+        ref = parse(f"{_host(registry)}/acme/echo:1.0")
+        # The viewer's token is told the repository does not exist; the robot's reads it.
+        assert await image_pull.readable(ref, [viewer, *_login()], options(ca_file)) == _login()[0]
+        with pytest.raises(ImagePullError, match=r"acme/echo:1\.0 is not in the registry \(HTTP 404"):
+            await image_pull.readable(ref, [viewer], options(ca_file))
 
 
 @pytest.mark.parametrize(

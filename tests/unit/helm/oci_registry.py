@@ -25,6 +25,9 @@ from tests.unit.helm.https_server import serving
 USER, PASSWORD = "robot", "registry-pass"
 TOKEN = "t0ken-for-robot"
 ANONYMOUS = "anonymous-t0ken"
+#: A second user, who sees only public repositories (as anyone does).
+VIEWER, VIEWER_PASSWORD = "viewer", "viewer-pass"
+VIEWER_TOKEN = "t0ken-for-viewer"
 HELM_CONFIG = "application/vnd.cncf.helm.config.v1+json"
 CHART_LAYER = "application/vnd.cncf.helm.chart.content.v1.tar+gzip"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -56,6 +59,8 @@ class Registry:
     manifests: dict[str, bytes] = attrs.Factory(dict)
     blobs: dict[str, bytes] = attrs.Factory(dict)
     corrupt_blobs: bool = False
+    #: Answer 404, not 401, to a token that may not read a repository (as registries that hide private ones).
+    hide_private: bool = False
     realm: str | None = None  # the token service's URL; default: this server's /token
     tags_page: int = 2
     requests: list[tuple[str, str | None]] = attrs.Factory(list)
@@ -80,34 +85,42 @@ def _error(status: int, code: str, message: str, **headers: str) -> web.Response
     return web.Response(status=status, text=body, content_type="application/json", headers=headers)
 
 
-def _registry_app(registry: Registry) -> web.Application:
-    def authorized(request: web.Request, repository: str) -> web.Response | None:
-        given = request.headers.get("Authorization")
-        registry.requests.append((request.path_qs, given))
-        if registry.auth == "none":
+def _authorized(registry: Registry, request: web.Request, repository: str) -> web.Response | None:
+    """None when the request may read ``repository``; else the registry's refusal."""
+    given = request.headers.get("Authorization")
+    registry.requests.append((request.path_qs, given))
+    if registry.auth == "none":
+        return None
+    if registry.auth == "basic":
+        if given == "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode():
             return None
-        if registry.auth == "basic":
-            if given == "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode():
-                return None
-            return _error(401, "UNAUTHORIZED", "authentication required", **{"WWW-Authenticate": 'Basic realm="test"'})
-        if given == f"Bearer {TOKEN}" or (given == f"Bearer {ANONYMOUS}" and repository in registry.public):
-            return None
-        realm = registry.realm or f"{registry.base}/token"
-        challenge = f'Bearer realm="{realm}",service="test-registry",scope="repository:{repository}:pull"'
-        return _error(401, "UNAUTHORIZED", "authentication required", **{"WWW-Authenticate": challenge})
+        return _error(401, "UNAUTHORIZED", "authentication required", **{"WWW-Authenticate": 'Basic realm="test"'})
+    if given == f"Bearer {TOKEN}" or (
+        given in (f"Bearer {ANONYMOUS}", f"Bearer {VIEWER_TOKEN}") and repository in registry.public
+    ):
+        return None
+    if registry.hide_private and given in (f"Bearer {ANONYMOUS}", f"Bearer {VIEWER_TOKEN}"):
+        return _error(404, "NAME_UNKNOWN", "repository name not known to registry")
+    realm = registry.realm or f"{registry.base}/token"
+    challenge = f'Bearer realm="{realm}",service="test-registry",scope="repository:{repository}:pull"'
+    return _error(401, "UNAUTHORIZED", "authentication required", **{"WWW-Authenticate": challenge})
 
+
+def _registry_app(registry: Registry) -> web.Application:
     async def token(request: web.Request) -> web.Response:
         registry.requests.append((request.path_qs, request.headers.get("Authorization")))
         given = request.headers.get("Authorization")
         if given is None:
             return web.json_response({"token": ANONYMOUS})
+        if given == "Basic " + base64.b64encode(f"{VIEWER}:{VIEWER_PASSWORD}".encode()).decode():
+            return web.json_response({"token": VIEWER_TOKEN})
         if given != "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode():
             return web.Response(status=401, reason="Unauthorized")
         return web.json_response({"access_token": TOKEN, "expires_in": 300})
 
     async def manifest(request: web.Request) -> web.Response:
         repository, wanted = request.match_info["repository"], request.match_info["reference"]
-        if (refused := authorized(request, repository)) is not None:
+        if (refused := _authorized(registry, request, repository)) is not None:
             return refused
         digest = wanted if wanted.startswith("sha256:") else registry.tags.get(repository, {}).get(wanted, "")
         body = registry.manifests.get(digest)
@@ -121,7 +134,7 @@ def _registry_app(registry: Registry) -> web.Application:
 
     async def blob(request: web.Request) -> web.Response:
         repository, digest = request.match_info["repository"], request.match_info["digest"]
-        if (refused := authorized(request, repository)) is not None:
+        if (refused := _authorized(registry, request, repository)) is not None:
             return refused
         if digest not in registry.blobs:
             return _error(404, "BLOB_UNKNOWN", "blob unknown to registry")
@@ -129,7 +142,7 @@ def _registry_app(registry: Registry) -> web.Application:
 
     async def tag_list(request: web.Request) -> web.Response:
         repository = request.match_info["repository"]
-        if (refused := authorized(request, repository)) is not None:
+        if (refused := _authorized(registry, request, repository)) is not None:
             return refused
         if repository not in registry.tags:
             return _error(404, "NAME_UNKNOWN", "repository name not known to registry")

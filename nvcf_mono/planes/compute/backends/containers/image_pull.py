@@ -28,7 +28,7 @@ import anyio
 import attrs
 
 from nvcf_mono.contracts.pull_credentials import DOCKER_HUB
-from nvcf_mono.helm.download import Fetcher, TooLarge, Unauthorized
+from nvcf_mono.helm.download import Fetcher, NotFound, TooLarge, Unauthorized
 from nvcf_mono.helm.errors import HelmRenderError
 from nvcf_mono.helm.images import DOCKER_HUB_API, ImageRef, parse_image
 from nvcf_mono.helm.model import RegistryCredential
@@ -134,10 +134,12 @@ async def _with_credentials(
     action: Callable[[Fetcher, Registry], Awaitable[None]],
 ) -> RegistryCredential | None:
     """Run ``action`` with each credential for the registry in turn, then none, until one is not refused;
-    the one it ran with. Any failure other than a refusal ends it, so a layer is not read again for nothing.
+    the one it ran with. A manifest not found moves on too (registries may hide what a credential cannot
+    read); any other failure ends it, so a layer is not read again for nothing.
     """
     api = DOCKER_HUB_API if ref.registry == DOCKER_HUB else ref.registry
     target = OciReference(registry=api, repository=ref.repository, tag=ref.tag, digest=ref.digest)
+    missing: NotFound | None = None
     for credential in [*credentials, None]:
         fetcher = Fetcher(
             f"image {ref}",
@@ -153,8 +155,13 @@ async def _with_credentials(
                 return credential
         except Unauthorized:
             continue
+        except NotFound as err:
+            missing = missing or err
+            continue
         except HelmRenderError as err:
             raise ImagePullError(str(err)) from err
+    if missing is not None:
+        raise ImagePullError(str(missing)) from missing
     raise ImagePullError(f'no credential was valid to pull image "{ref}", manually verify credentials are valid')
 
 
