@@ -120,11 +120,23 @@ class Page:
             self.text_of("#function-count", r"^(\d+|-)$")  # "-": a credential that may not list functions
 
     def fill(self, fields: dict[str, str]) -> None:
-        """Type each value into the field its selector names, over what it held."""
+        """Type each value into the field its selector names, over what it held; again into the new field
+        when the page redraws it meanwhile (a status change redraws a version's forms).
+        """
+        from selenium.common.exceptions import StaleElementReferenceException
+
         for css, value in fields.items():
-            field = self.find(css)
-            field.clear()
-            field.send_keys(value)
+
+            def typed(d: Any, css: str = css, value: str = value) -> bool:
+                try:
+                    field = d.find_element(self.by.CSS_SELECTOR, css)
+                    field.clear()
+                    field.send_keys(value)
+                    return bool(field.get_attribute("value") == value)
+                except StaleElementReferenceException:
+                    return False
+
+            self.wait.until(typed, message=f"{css} never held {value!r}")
 
     def accept_confirmation(self) -> None:
         from selenium.webdriver.support import expected_conditions
