@@ -369,3 +369,8 @@ async def test_a_registry_that_does_not_speak_tls_is_named_so(tmp_path: Path) ->
     # Not the OpenSSL error number read as the system's ("Operation not permitted").
     assert f"no TLS session with 127.0.0.1:{port} (wrong version number)" in str(caught.value), caught.value
     assert "image_pulls: engine" in str(caught.value), caught.value
+
+
+async def test_a_ca_bundle_that_cannot_be_read_is_a_pull_error(tmp_path: Path) -> None:
+    with pytest.raises(ImagePullError, match="cannot use the CA bundle"):
+        await image_pull.pull_archive(parse("registry.example/a:1"), [], options(tmp_path / "none.pem"), tmp_path / "a")

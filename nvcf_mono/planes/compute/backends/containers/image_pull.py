@@ -141,15 +141,15 @@ async def _with_credentials(
     target = OciReference(registry=api, repository=ref.repository, tag=ref.tag, digest=ref.digest)
     missing: NotFound | None = None
     for credential in [*credentials, None]:
-        fetcher = Fetcher(
-            f"image {ref}",
-            "pull",
-            ca_file=options.ca_file,
-            networks=options.networks,
-            networks_setting=options.networks_setting,
-            plain_http_hint=_PLAIN_HTTP,
-        )
         try:
+            fetcher = Fetcher(  # a CA bundle that cannot be read says so here
+                f"image {ref}",
+                "pull",
+                ca_file=options.ca_file,
+                networks=options.networks,
+                networks_setting=options.networks_setting,
+                plain_http_hint=_PLAIN_HTTP,
+            )
             async with fetcher:
                 await action(fetcher, Registry(fetcher, target, credential))
                 return credential
