@@ -289,6 +289,7 @@ async def test_a_registry_hiding_what_a_login_cannot_read_moves_on_to_the_next(t
         ({"config_type": "application/vnd.cncf.helm.config.v1+json"}, "it is not a container image"),
         ({"layer_type": "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip"}, "a layer of a kind the engine"),
         ({"layers": ()}, "lists no layers"),
+        ({"layers": (b"layer",) * 501}, "it has 501 layers, more than the 500 an engine stacks"),
     ],
 )
 async def test_what_is_not_an_image_the_engine_loads_is_refused(

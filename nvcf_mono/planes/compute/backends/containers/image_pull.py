@@ -57,6 +57,8 @@ _CONFIG_LIMIT = 16 * 1024 * 1024
 _CHUNK = 1024 * 1024
 #: Layers read at once (the engines' own default for a pull is 3).
 CONCURRENT_LAYERS = 3
+#: More layers than overlay storage stacks (Docker stops at 125, Podman's overlay near 500).
+MAX_LAYERS = 500
 #: A layer may take as long as it takes (the caller's deadline bounds the pull), but not stall.
 _STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=120)
 _PLAIN_HTTP = " (image_pulls: engine lets the engine pull from a plain-http registry it is configured for)"
@@ -179,6 +181,8 @@ async def _pull(fetcher: Fetcher, registry: Registry, ref: ImageRef, options: Pu
     layers = manifest.get("layers")
     if not isinstance(layers, list) or not layers:
         raise fetcher.fail("its manifest lists no layers")
+    if len(layers) > MAX_LAYERS:
+        raise fetcher.fail(f"it has {len(layers)} layers, more than the {MAX_LAYERS} an engine stacks")
     described = [_descriptor(fetcher, layer, "a layer") for layer in layers]
     for _, _, media_type in described:
         if media_type not in LAYERS:
@@ -205,24 +209,24 @@ async def _pull(fetcher: Fetcher, registry: Registry, ref: ImageRef, options: Pu
     except OSError as err:
         raise fetcher.fail(f"cannot write it to {archive.parent}: {err.strerror}") from err
     failed: list[HelmRenderError] = []
+    waiting = iter(distinct.items())  # shared by the readers: each layer is taken by one
+
+    async def reader() -> None:
+        try:
+            for digest, size in waiting:
+                offset = layout.offset(f"{digest.partition(':')[2]}.tar")
+                await _layer(fetcher, registry, (fd, offset), digest, size)
+        except HelmRenderError as err:  # the first failure ends the others, and is the pull's
+            failed.append(err)
+            tg.cancel_scope.cancel()
+        except OSError as err:
+            failed.append(fetcher.fail(f"cannot write it to {archive.parent}: {err.strerror}"))
+            tg.cancel_scope.cancel()
+
     try:
-        limiter = anyio.CapacityLimiter(CONCURRENT_LAYERS)
-
-        async def one(digest: str, size: int) -> None:
-            try:
-                async with limiter:
-                    offset = layout.offset(f"{digest.partition(':')[2]}.tar")
-                    await _layer(fetcher, registry, (fd, offset), digest, size)
-            except HelmRenderError as err:  # the first failure ends the others, and is the pull's
-                failed.append(err)
-                tg.cancel_scope.cancel()
-            except OSError as err:
-                failed.append(fetcher.fail(f"cannot write it to {archive.parent}: {err.strerror}"))
-                tg.cancel_scope.cancel()
-
         async with anyio.create_task_group() as tg:
-            for digest, size in distinct.items():
-                tg.start_soon(one, digest, size)
+            for _ in range(min(CONCURRENT_LAYERS, len(distinct))):
+                tg.start_soon(reader)
     finally:
         os.close(fd)
     if failed:
