@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from nvcf_mono.auth import scopes
@@ -347,6 +348,19 @@ def _manifest_digest(host: str, repository: str, tag: str, ca: Path) -> str:
         return "sha256:" + hashlib.sha256(got.read()).hexdigest()
 
 
+async def _settled(log: Path) -> str:
+    """The log once it has not grown for a second (the registry logs a request after answering it)."""
+    text, still = await anyio.Path(log).read_text(), 0
+    for _ in range(100):
+        await anyio.sleep(0.2)
+        now = await anyio.Path(log).read_text()
+        still = still + 1 if now == text else 0
+        text = now
+        if still >= 5:
+            break
+    return text
+
+
 def _has_image(podman: str, name: str) -> bool:
     return subprocess.run([podman, "image", "exists", name], capture_output=True, check=False).returncode == 0
 
@@ -408,7 +422,7 @@ async def test_an_image_on_an_address_the_operator_did_not_list_is_not_pulled(tm
     cluster_id = str(uuid.uuid4())
     # A registry on the host's loopback, over plain HTTP: a tenant naming it must not reach it.
     with private_registry(podman, tmp_path / "registry") as host:
-        served = (tmp_path / "registry" / "registry.log").read_text()
+        served = await _settled(tmp_path / "registry" / "registry.log")  # the push's requests, all logged
         async with container_platform(tmp_path, cluster_id, podman) as p:
             _, _, d = await create(p.admin, image_function("probe", containerImage=f"{host}/nvcf-test/private:1"))
             await deploy(p.admin, d, spec())
