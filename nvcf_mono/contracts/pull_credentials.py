@@ -82,14 +82,21 @@ def basic(entry: Any) -> tuple[str, str] | None:
     return (user, password) if user and password else None
 
 
-def logins_for(value: str, host: str) -> list[tuple[str, str]]:
-    """Every ``(user, password)`` a contract value holds for registry ``host`` (Docker Hub by any of its
-    names), in order; none for an empty or unreadable value.
+def registry_host(key: str) -> str:
+    """The registry an ``auths`` key names (``https://index.docker.io/v1/`` -> ``docker.io``): lower case,
+    without scheme or path, Docker Hub by any of its names as ``docker.io``.
     """
-    names = DOCKER_HUB_NAMES if host == DOCKER_HUB else {host}
+    host = key.strip().lower().removeprefix("https://").removeprefix("http://").split("/", 1)[0]
+    return DOCKER_HUB if host in DOCKER_HUB_NAMES else host
+
+
+def logins_for(value: str, host: str) -> list[tuple[str, str]]:
+    """Every ``(user, password)`` a contract value holds for registry ``host`` (as :func:`image_registry`
+    gives it), in order; none for an empty or unreadable value.
+    """
     found: list[tuple[str, str]] = []
     for name, entry in auths_for(value, None).items():
         login = basic(entry)
-        if login and login not in found and name.lower().removeprefix("https://").split("/", 1)[0] in names:
+        if login and login not in found and registry_host(name) == host:
             found.append(login)
     return found

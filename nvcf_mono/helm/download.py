@@ -48,7 +48,7 @@ class Fetched:
     url: URL
 
     def status_text(self) -> str:
-        return f"HTTP {self.status} {one_line(self.reason)[:100]}".rstrip()  # the reason is the server's
+        return status_text(self.status, self.reason)
 
 
 class TooLarge(Exception):
@@ -221,6 +221,11 @@ async def _download(fetcher: Fetcher, url: str, credential: RegistryCredential |
     if not got.body:
         raise fetcher.fail("the response is empty")
     return got.body
+
+
+def status_text(status: int, reason: str | None) -> str:
+    """``HTTP 404 Not Found``: the reason is the server's, so on one line and short."""
+    return f"HTTP {status} {one_line(reason or '')[:100]}".rstrip()
 
 
 def basic_auth(credential: RegistryCredential) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import anyio
 import attrs
 
-from nvcf_mono.contracts.pull_credentials import DOCKER_HUB, DOCKER_HUB_NAMES, split_image
+from nvcf_mono.contracts.pull_credentials import DOCKER_HUB, registry_host, split_image
 from nvcf_mono.helm.download import Fetcher, TooLarge, Unauthorized
 from nvcf_mono.helm.errors import HelmRenderError
 from nvcf_mono.helm.model import RegistryCredential, RendererOptions
@@ -48,6 +48,11 @@ class ImageRef:
     repository: str
     tag: str | None
     digest: str | None
+
+    @property
+    def wanted(self) -> str:
+        """What its registry is asked for: the digest, else the tag."""
+        return self.digest or self.tag or "latest"
 
     def __str__(self) -> str:
         tag = f":{self.tag}" if self.tag else ""
@@ -87,12 +92,10 @@ def parse_image(ref: str) -> ImageRef:
 
 def credentials_for(secrets: Iterable[Mapping[str, RegistryCredential]], registry: str) -> list[RegistryCredential]:
     """The credentials the secrets hold for ``registry``, in order (Docker Hub under any of its names)."""
-    names = DOCKER_HUB_NAMES if registry == DOCKER_HUB else {registry}
     found: list[RegistryCredential] = []
     for secret in secrets:
         for host, credential in secret.items():
-            name = host.lower().removeprefix("https://").removeprefix("http://").split("/", 1)[0]
-            if name in names and credential not in found:
+            if registry_host(host) == registry and credential not in found:
                 found.append(credential)
     return found
 
@@ -151,7 +154,7 @@ class ImageChecker:
             try:
                 async with fetcher:
                     registry = Registry(fetcher, target, credential)
-                    url = registry.url(f"manifests/{ref.digest or ref.tag}")
+                    url = registry.url(f"manifests/{ref.wanted}")
                     got = await registry.fetch(url, limit=MANIFEST_LIMIT, accept=", ".join(MANIFEST_TYPES))
             except Unauthorized:
                 continue

@@ -15,7 +15,7 @@ NGC_HOSTNAME = "nvcr.io"
 NGC_USER = pull_credentials.NGC_USER
 DOCKER_HUB = pull_credentials.DOCKER_HUB
 #: Docker Hub's other names; image references without a registry mean Docker Hub too.
-_DOCKER_HUB_ALIASES = frozenset({"index.docker.io", "registry-1.docker.io", "registry.hub.docker.com"})
+_DOCKER_HUB_ALIASES = (pull_credentials.DOCKER_HUB_NAMES - {DOCKER_HUB}) | {"registry.hub.docker.com"}
 
 #: What NVCF recognises by host name; ``*.`` matches any subdomain.
 RECOGNIZED = (

@@ -28,7 +28,7 @@ import anyio
 import attrs
 
 from nvcf_mono.contracts.pull_credentials import DOCKER_HUB
-from nvcf_mono.helm.download import Fetcher, NotFound, TooLarge, Unauthorized
+from nvcf_mono.helm.download import Fetcher, NotFound, TooLarge, Unauthorized, status_text
 from nvcf_mono.helm.errors import HelmRenderError
 from nvcf_mono.helm.images import DOCKER_HUB_API, ImageRef, parse_image
 from nvcf_mono.helm.model import RegistryCredential
@@ -124,7 +124,7 @@ async def readable(
     """
 
     async def read(fetcher: Fetcher, registry: Registry) -> None:
-        await registry.document(ref.digest or ref.tag or "latest")
+        await registry.document(ref.wanted)
 
     return await _with_credentials(ref, credentials, options, read)
 
@@ -168,8 +168,7 @@ async def _with_credentials(
 
 
 async def _pull(fetcher: Fetcher, registry: Registry, ref: ImageRef, options: PullOptions, archive: Path) -> None:
-    wanted = ref.digest or ref.tag or "latest"
-    manifest, kind = await registry.document(wanted)
+    manifest, kind = await registry.document(ref.wanted)
     if kind in INDEXES:
         manifest, kind = await registry.document(_for_architecture(fetcher, manifest, options.architecture))
     if kind not in (OCI_MANIFEST, DOCKER_MANIFEST) or manifest.get("schemaVersion") != 2:
@@ -285,7 +284,7 @@ async def _layer(fetcher: Fetcher, registry: Registry, where: tuple[int, int], d
     async with fetcher.open(url, headers=registry.authorization, timeout=_STREAM_TIMEOUT) as got:
         if got.status != 200:
             body = await got.content.read(16 * 1024)
-            text = f"HTTP {got.status} {one_line(got.reason or '')[:100]}".rstrip()
+            text = status_text(got.status, got.reason)
             _check_status(fetcher, got.status, text, f"the layer {digest}", says(body))
         written = 0
         pending = bytearray()
