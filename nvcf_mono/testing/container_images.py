@@ -105,17 +105,26 @@ def build_echo_image(podman: str) -> str:
     """``ECHO_IMAGE``: busybox httpd on port 9000 serving the CGI scripts above, and ``ECHO_USER_IMAGE``, the
     same as uid 1000 (both built again each session).
     """
+    _import_echo(podman, {ECHO_IMAGE: [], ECHO_USER_IMAGE: ["--change", "USER 1000:1000"]})
+    return ECHO_IMAGE
+
+
+def _import_echo(podman: str, names: dict[str, list[str]], files: dict[str, str] | None = None) -> None:
+    """The echo image, with ``files`` (path under ``/www``: text) too, as each of ``names`` (name: its own
+    ``podman import`` options); one layer, made now.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "root"
         _rootfs(root)
+        for path, text in (files or {}).items():
+            (root / "www" / path).write_text(text)
         archive = Path(tmp) / "root.tar"
         with tarfile.open(archive, "w") as tar:
             tar.add(root, arcname=".")
-        for name, user in ((ECHO_IMAGE, []), (ECHO_USER_IMAGE, ["--change", "USER 1000:1000"])):
+        for name, options in names.items():
             changes = ["--change", f"CMD {json.dumps(['/bin/sh', '-c', SERVE])}"]
-            changes += ["--change", "ENV IMAGE_ENV=from-the-image", *user]
+            changes += ["--change", "ENV IMAGE_ENV=from-the-image", *options]
             subprocess.run([podman, "import", *changes, str(archive), name], check=True, capture_output=True)
-    return ECHO_IMAGE
 
 
 #: The example model server (``nvcf_mono.examples.llm``) on port 8000, as its own image.
@@ -235,12 +244,19 @@ def registry_server(workdir: Path, *, tls: tuple[Path, Path] | None = None) -> I
         proc.wait(10)
 
 
+#: What ``private_registry`` holds: tag -> (manifest format, the file its top layer adds under /www, or
+#: None for the image the others are made from).
+PRIVATE_TAGS = {"1": ("oci", None), "2": ("v2s2", None), "3": ("oci", "added"), "4": ("oci", "other")}
+
+
 @contextmanager
 def private_registry(podman: str, workdir: Path, *, tls: tuple[Path, Path] | None = None) -> Iterator[str]:
-    """:func:`registry_server` holding the echo image as ``nvcf-test/private:1`` (OCI's manifest) and
-    ``nvcf-test/private:2`` (Docker's); yields its ``host:port``. Without ``tls`` it speaks HTTP, and
-    Podman reaches it where ``CONTAINERS_REGISTRIES_CONF`` names ``workdir/registries.conf`` (it marks
-    the registry insecure). The engine keeps no local copy of either.
+    """:func:`registry_server` holding an echo image no engine here has a layer of, made now (its one layer
+    adds ``/www/private``), as ``nvcf-test/private:1`` (OCI's manifest) and ``nvcf-test/private:2``
+    (Docker's), and that image with a layer more as ``:3`` (adding ``/www/added``) and ``:4``
+    (``/www/other``), which share its layer; yields its ``host:port``. Without ``tls`` it speaks HTTP,
+    and Podman reaches it where ``CONTAINERS_REGISTRIES_CONF`` names ``workdir/registries.conf`` (it
+    marks the registry insecure). The engine keeps no local copy of any.
     """
     with registry_server(workdir, tls=tls) as host:
         port = host.rsplit(":", 1)[1]
@@ -248,18 +264,31 @@ def private_registry(podman: str, workdir: Path, *, tls: tuple[Path, Path] | Non
         conf.write_text(
             "".join(f'[[registry]]\nlocation = "{h}:{port}"\ninsecure = true\n' for h in ("127.0.0.1", "localhost"))
         )
-        push = ["push", "--tls-verify=false", "--creds", "alice:wonderland"]
-        for tag, kind in (("1", "oci"), ("2", "v2s2")):
-            image = f"{host}/nvcf-test/private:{tag}"
-            subprocess.run(
-                [podman, *push, "--format", kind, ECHO_IMAGE, f"docker://{image}"], capture_output=True, check=True
-            )
-            subprocess.run([podman, "rmi", "-f", image], capture_output=True, check=False)
+        source = f"localhost/nvcf-test/private-source:{port}"
+        made = [source]
+        try:
+            _import_echo(podman, {source: []}, {"private": f"made {time.time_ns()}\n"})
+            for tag, (kind, added) in PRIVATE_TAGS.items():
+                local = source
+                if added is not None:
+                    local = f"{source}-{tag}"
+                    context = workdir / f"build-{tag}"
+                    context.mkdir()
+                    (context / added).write_text(f"added by tag {tag}\n")
+                    (context / "Containerfile").write_text(f"FROM {source}\nCOPY {added} /www/{added}\n")
+                    subprocess.run([podman, "build", "-q", "-t", local, str(context)], capture_output=True, check=True)
+                    made.append(local)
+                push = ["push", "--tls-verify=false", "--creds", "alice:wonderland", "--format", kind]
+                target = f"docker://{host}/nvcf-test/private:{tag}"
+                subprocess.run([podman, *push, local, target], capture_output=True, check=True)
+        finally:
+            subprocess.run([podman, "rmi", "-f", *made], capture_output=True, check=False)
         try:
             yield host
         finally:
-            for h in ("127.0.0.1", "localhost"):
-                for tag in ("1", "2"):
-                    subprocess.run(
-                        [podman, "rmi", "-f", f"{h}:{port}/nvcf-test/private:{tag}"], capture_output=True, check=False
-                    )
+            # Whatever the tests brought onto the host from it, under any tag (a digest's too).
+            listed = [podman, "images", "--format", "{{.Repository}}:{{.Tag}}"]
+            names = subprocess.run(listed, capture_output=True, text=True, check=False).stdout.split()
+            pulled = [n for n in names if n.startswith((f"127.0.0.1:{port}/", f"localhost:{port}/"))]
+            if pulled:
+                subprocess.run([podman, "rmi", "-f", *pulled], capture_output=True, check=False)

@@ -157,9 +157,10 @@ class ContainerSettings:
         "platform",
         doc="Who reads a function's image from its registry. platform: this process, over https, reaching the "
         "registry (its token service and blob storage too) only at public addresses and in registry_networks, "
-        "checking every blob's digest, then loads it into the engine; a tenant's image name cannot make the host "
-        "connect anywhere else. engine: the engine pulls it itself, with its own registries.conf (mirrors, "
-        "plain-http registries) and no address checks: for hosts whose tenants are trusted.",
+        "checking every blob's digest, then loads it into the engine (on Podman without the layers the host has "
+        "in images the account may start); a tenant's image name cannot make the host connect anywhere else. "
+        "engine: the engine pulls it itself, with its own registries.conf (mirrors, plain-http registries) and "
+        "no address checks: for hosts whose tenants are trusted.",
     )
     registry_networks: tuple[str, ...] = setting(
         (),
@@ -173,7 +174,7 @@ class ContainerSettings:
     max_image_size: ByteSize = setting(
         100 * 1024**3,
         doc="Largest image (its layers, compressed, and its config) image_pulls: platform reads; the pull writes "
-        "it to the instance's directory before the engine loads it.",
+        "what it reads to the instance's directory before the engine loads it.",
         check=at_least(1024**2),
     )
     network: str | None = setting(None, doc="The network instance containers join. Default: the engine's.")

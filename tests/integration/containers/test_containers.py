@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
+import logging
+import os
 import socket
 import ssl
 import subprocess
@@ -21,6 +24,10 @@ import anyio
 import pytest
 
 from nvcf_mono.auth import scopes
+from nvcf_mono.helm.model import RegistryCredential
+from nvcf_mono.planes.compute.backends.containers import image_pull
+from nvcf_mono.planes.compute.backends.containers.engine import open_engine
+from nvcf_mono.planes.compute.config import ContainerSettings
 from nvcf_mono.testing.container_images import ECHO_IMAGE, ECHO_USER_IMAGE, private_registry
 from nvcf_mono.testing.platform import Api, deployment, wait_for, wait_status
 from nvcf_mono.testing.running import LLM_FUNCTION, other_account_key
@@ -69,13 +76,18 @@ def image_function(name: str, url: str = "/cgi-bin/echo", **more: Any) -> dict[s
 
 @asynccontextmanager
 async def container_platform(
-    tmp_path: Path, cluster_id: str, podman: str, containers: dict[str, Any] | None = None, **settings: str
+    tmp_path: Path,
+    cluster_id: str,
+    podman: str,
+    containers: dict[str, Any] | None = None,
+    gpus: int = 4,
+    **settings: str,
 ) -> AsyncIterator[Platform]:
-    """The platform with one cluster on the containers backend (``containers``: its backend settings);
+    """The platform with one cluster of ``gpus`` on the containers backend (``containers``: its backend settings);
     whatever of the cluster a failed test left running (a host that ends on an error leaves its instances
     for the next agent) is removed at the end.
     """
-    chosen = [cluster("pods", cluster_id, count=4, backend="containers", containers=containers or {})]
+    chosen = [cluster("pods", cluster_id, count=gpus, backend="containers", containers=containers or {})]
     try:
         async with compute_platform(tmp_path, clusters=chosen, **settings) as p:
             yield p
@@ -335,17 +347,39 @@ async def _store_logins(api: Api, logins: list[tuple[str, str]]) -> None:
         assert stored.status == 200, stored.body
 
 
-def _manifest_digest(host: str, repository: str, tag: str, ca: Path) -> str:
-    """The digest of a manifest in the test registry (as ``docker push`` prints it)."""
+def _registry_get(host: str, path: str, ca: Path) -> bytes:
+    """``/v2/nvcf-test/private/<path>`` from the test registry, as alice (manifests in either format)."""
+    kinds = ("application/vnd.docker.distribution.manifest.v2+json", "application/vnd.oci.image.manifest.v1+json")
     request = urllib.request.Request(
-        f"https://{host}/v2/{repository}/manifests/{tag}",
+        f"https://{host}/v2/nvcf-test/private/{path}",
         headers={
-            "Accept": "application/vnd.docker.distribution.manifest.v2+json",
+            "Accept": ", ".join(kinds),
             "Authorization": "Basic " + base64.b64encode(b"alice:wonderland").decode(),
         },
     )
     with urllib.request.urlopen(request, context=ssl.create_default_context(cafile=str(ca)), timeout=10) as got:
-        return "sha256:" + hashlib.sha256(got.read()).hexdigest()
+        return bytes(got.read())
+
+
+def _manifest_digest(host: str, tag: str, ca: Path) -> str:
+    """The digest of a manifest in the test registry (as ``docker push`` prints it)."""
+    return "sha256:" + hashlib.sha256(_registry_get(host, f"manifests/{tag}", ca)).hexdigest()
+
+
+def _layers(host: str, tag: str, ca: Path) -> list[str]:
+    """The digests of a tag's layers, as the registry stores them."""
+    return [layer["digest"] for layer in json.loads(_registry_get(host, f"manifests/{tag}", ca))["layers"]]
+
+
+def _diff_ids(host: str, tag: str, ca: Path) -> list[str]:
+    """A tag's layers' diff IDs, as its config gives them."""
+    config = json.loads(_registry_get(host, f"manifests/{tag}", ca))["config"]["digest"]
+    return list(json.loads(_registry_get(host, f"blobs/{config}", ca))["rootfs"]["diff_ids"])
+
+
+def _reads(log: str, digest: str) -> int:
+    """How often the registry sent the blob ``digest`` (its access log's lines)."""
+    return log.count(f'"GET /v2/nvcf-test/private/blobs/{digest} HTTP/1.1" 200')
 
 
 async def _settled(log: Path) -> str:
@@ -374,12 +408,13 @@ async def test_the_platform_pulls_a_private_image_with_the_accounts_credentials_
     containers = {"registry_ca_file": str(tls.ca), "registry_networks": ["127.0.0.1/32", "::1/128"]}
     with private_registry(podman, tmp_path / "registry", tls=(tls.cert, tls.key)) as host:
         port = host.rsplit(":", 1)[1]
-        async with container_platform(tmp_path, cluster_id, podman, containers) as p:
+        log = tmp_path / "registry" / "registry.log"
+        async with container_platform(tmp_path, cluster_id, podman, containers, gpus=8) as p:
             # The same registry by two names: the account's login for one is right, for the other wrong.
             await _store_logins(p.admin, [(host, "wonderland"), (f"localhost:{port}", "not-the-password")])
 
             # Tag 1 has OCI's manifest; tag 2, Docker's, is asked for by its digest.
-            digest = _manifest_digest(host, "nvcf-test/private", "2", tls.ca)
+            digest = _manifest_digest(host, "2", tls.ca)
             for name, image in (
                 ("oci", f"{host}/nvcf-test/private:1"),
                 ("docker", f"{host}/nvcf-test/private@{digest}"),
@@ -391,6 +426,16 @@ async def test_the_platform_pulls_a_private_image_with_the_accounts_credentials_
                 assert reply.status == 200 and reply.json["echo"] == {"pulled": name}, reply.body
             assert _has_image(podman, f"{host}/nvcf-test/private:1")
             assert _has_image(podman, f"{host}/nvcf-test/private:{digest.replace(':', '-')}")
+            # The layer was read once: the second image's is the first's, on the host and the account's own.
+            [base] = _layers(host, "1", tls.ca)
+            served = await _settled(log)
+            assert sum(_reads(served, layer) for layer in {base, *_layers(host, "2", tls.ca)}) == 1
+
+            # A new version over the same base: only its own layer is read.
+            assert _layers(host, "3", tls.ca)[0] == base
+            await serves_its_layers(p.admin, p.key, f"{host}/nvcf-test/private:3", ("added", "added by tag 3"))
+            served = await _settled(log)
+            assert (_reads(served, base), _reads(served, _layers(host, "3", tls.ca)[1])) == (1, 1)
 
             _, _, wrong = await create(
                 p.admin, image_function("refused", containerImage=f"localhost:{port}/nvcf-test/private:1")
@@ -411,11 +456,62 @@ async def test_the_platform_pulls_a_private_image_with_the_accounts_credentials_
             error = dep["healthInfo"][0]["error"]
             assert "image-pull-issues" in error and "no credential was valid" in error, error
             await _store_logins(neighbour, [(host, "wonderland")])
+            # Nor does its pull of another image take a layer from the first account's private ones.
+            await serves_its_layers(neighbour, neighbour, f"{host}/nvcf-test/private:4", ("other", "added by tag 4"))
+            assert _reads(await _settled(log), base) == 2
             fid, _, shown = await create(neighbour, {**private, "name": "shown"})
             await deploy(neighbour, shown, spec())
             await wait_status(neighbour, shown, "ACTIVE", timeout=90)
             reply = await neighbour.post(f"/v2/nvcf/pexec/functions/{fid}", {"shown": True})
             assert reply.status == 200 and reply.json["echo"] == {"shown": True}, reply.body
+
+
+async def serves_its_layers(admin: Api, caller: Api, image: str, added: tuple[str, str]) -> None:
+    """A function of ``image`` deploys and answers (its base layer), and reads the file its top layer adds
+    (``added``: its name under /www, and its text).
+    """
+    env = [{"key": "PROBE_PATH", "value": f"/www/{added[0]}"}]
+    fid, _, d = await create(
+        admin, image_function(f"layers-{uuid.uuid4().hex[:8]}", containerImage=image, containerEnvironment=env)
+    )
+    await deploy(admin, d, spec())
+    await wait_status(admin, d, "ACTIVE", timeout=90)
+    reply = await caller.post(f"/v2/nvcf/pexec/functions/{fid}", {"layers": True})
+    assert reply.status == 200 and reply.json["probe"] == added[1], reply.body
+
+
+async def test_an_archive_without_a_layer_the_engine_lacks_is_pulled_again_whole(
+    tmp_path: Path, podman: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # As when a layer is removed from the host between the listing of its images and the load.
+    tls = development_certificate(tmp_path / "tls", ["localhost", "127.0.0.1"])
+    assert tls.ca is not None
+    options = image_pull.PullOptions(
+        ca_file=tls.ca, networks=("127.0.0.1/32",), networks_setting="registry_networks", max_size=1024**3
+    )
+    with private_registry(podman, tmp_path / "registry", tls=(tls.cert, tls.key)) as host:
+        claimed = set(_diff_ids(host, "3", tls.ca))  # none of which the engine has
+        ref = image_pull.parse(f"{host}/nvcf-test/private:3")
+        login = [RegistryCredential(username="alice", password="wonderland")]
+        async with open_engine(ContainerSettings(), os.environ, tmp_path / "api.sock") as engine:
+            with caplog.at_level(logging.INFO):
+                pulled = await image_pull.pull_and_load(
+                    engine,
+                    ref,
+                    login,
+                    options,
+                    archive=tmp_path / "image.tar",
+                    on_host=claimed,
+                    timeout=120,
+                    log=(logging.getLogger("test"), "this pull"),
+                )
+        assert pulled.reused_layers == 0 and pulled.read_by == login[0]
+        assert _has_image(podman, image_pull.local_name(ref))
+        said = caplog.text
+        assert "this pull: 2 of its layers are on this host already" in said, said
+        assert "this pull: the engine did not load it with the layers it has" in said, said
+        served = await _settled(tmp_path / "registry" / "registry.log")
+        assert [_reads(served, layer) for layer in _layers(host, "3", tls.ca)] == [1, 1]
 
 
 async def test_an_image_on_an_address_the_operator_did_not_list_is_not_pulled(tmp_path: Path, podman: str) -> None:

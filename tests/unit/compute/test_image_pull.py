@@ -49,12 +49,28 @@ def _layer(name: str, text: str) -> bytes:
     return gzip.compress(raw.getvalue(), mtime=0)
 
 
+def diff_id(layer: bytes) -> str:
+    """The layer's digest uncompressed (gzip's, or as it is)."""
+    try:
+        return digest_of(gzip.decompress(layer))
+    except gzip.BadGzipFile:
+        return digest_of(layer)
+
+
 def image(
-    *, layers: tuple[bytes, ...] | None = None, config_type: str = IMAGE_CONFIG, layer_type: str = GZIP_LAYER
+    *,
+    layers: tuple[bytes, ...] | None = None,
+    config_type: str = IMAGE_CONFIG,
+    layer_type: str = GZIP_LAYER,
+    diff_ids: list[str] | None = None,
 ) -> tuple[bytes, dict[str, bytes]]:
-    """An image's manifest and its blobs by digest (two small layers unless given)."""
+    """An image's manifest and its blobs by digest (two small layers unless given; the config gives
+    their diff IDs unless ``diff_ids`` does).
+    """
     chosen = layers if layers is not None else (_layer("a.txt", "first"), _layer("b.txt", "second"))
-    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Cmd": ["/serve"]}}).encode()
+    rootfs = {"type": "layers", "diff_ids": [diff_id(x) for x in chosen] if diff_ids is None else diff_ids}
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Cmd": ["/serve"]}, "rootfs": rootfs})
+    config = config.encode()
     manifest = {
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
@@ -150,6 +166,58 @@ async def test_many_layers_arrive_together_and_a_repeated_one_is_written_once(tm
     async with running(registry, context):
         with pytest.raises(ImagePullError, match="gives one layer two sizes"):
             await image_pull.pull_archive(parse(f"{_host(registry)}/acme/big:odd"), _login(), options(ca_file), archive)
+
+
+async def test_layers_on_the_host_are_left_out_of_an_oci_layout_and_not_read(tmp_path: Path) -> None:
+    ca_file, context = issue_tls(tmp_path / "tls")
+    base, middle, top = _layer("base", "a base"), _layer("middle", "changed"), _layer("top", "the same again")
+    manifest, blobs = image(layers=(base, middle, top))
+    registry = Registry()
+    registry.push_manifest("acme/app", "2", manifest, blobs)
+    # The same layers, but a config whose diff IDs do not say which layer is which.
+    odd, odd_blobs = image(layers=(base, middle, top), diff_ids=[diff_id(base)])
+    registry.push_manifest("acme/app", "odd", odd, odd_blobs)
+    on_host = {diff_id(base), diff_id(top), digest_of(b"another layer")}
+    async with running(registry, context):
+        ref = parse(f"{_host(registry)}/acme/app:2")
+        archive = tmp_path / "image.tar"
+        pulled = await image_pull.pull_archive(ref, _login(), options(ca_file), archive, on_host)
+        assert (pulled.reused_layers, pulled.reused_bytes) == (2, len(base) + len(top))
+        read = [path for path, _ in registry.storage_requests]
+        assert [path for path in read if digest_of(middle) in path] and not [
+            path for path in read if digest_of(base) in path or digest_of(top) in path
+        ]
+
+        with tarfile.open(archive) as tar:
+            assert {"blobs", "blobs/sha256"} <= {m.name for m in tar.getmembers() if m.isdir()}
+            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+        assert "manifest.json" not in members and json.loads(members["oci-layout"]) == {"imageLayoutVersion": "1.0.0"}
+        [entry] = json.loads(members["index.json"])["manifests"]
+        assert entry["annotations"]["org.opencontainers.image.ref.name"] == local_name(ref)
+        written = members[f"blobs/sha256/{entry['digest'].partition(':')[2]}"]
+        assert digest_of(written) == entry["digest"] and len(written) == entry["size"]
+        described = json.loads(written)
+        config = json.loads(manifest)["config"]["digest"]
+        assert described["config"]["digest"] == config and members[f"blobs/sha256/{config.partition(':')[2]}"]
+        assert described["layers"] == [
+            {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": diff_id(base), "size": 0},
+            json.loads(manifest)["layers"][1],
+            {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": diff_id(top), "size": 0},
+        ]
+        layer_files = {name for name in members if name.startswith("blobs/")} - {
+            f"blobs/sha256/{d.partition(':')[2]}" for d in (entry["digest"], config)
+        }
+        assert layer_files == {f"blobs/sha256/{digest_of(middle).partition(':')[2]}"}
+        assert members[layer_files.pop()] == middle
+
+        # Without diff IDs to go by, every layer is read, into docker save's layout.
+        registry.storage_requests.clear()
+        pulled = await image_pull.pull_archive(
+            parse(f"{_host(registry)}/acme/app:odd"), _login(), options(ca_file), archive, on_host
+        )
+        assert pulled.reused_layers == 0 and len(registry.storage_requests) == 3 + 1  # the layers, the config
+        entry, members = read_archive(archive)
+        assert [members[name] for name in entry["Layers"]] == [base, middle, top]
 
 
 async def test_an_index_gives_the_hosts_architecture_or_says_what_it_offers(tmp_path: Path) -> None:

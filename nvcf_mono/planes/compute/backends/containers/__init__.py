@@ -284,17 +284,44 @@ class ContainersBackend(LocalBackend):
         it; the credential that read it (None: anonymously).
         """
         self._log.info("instance %s: pulling %s%s", inst.instance_id, ref, " with credentials" if logins else "")
+        engine = self._engine(inst)
         # A name of its own, made exclusively: nothing planted in the directory is written through.
         fd, scratch = tempfile.mkstemp(dir=spec.directory, prefix=".image-", suffix=".tar")
         os.close(fd)
         archive = Path(scratch)
         try:
-            read_by = await image_pull.pull_archive(ref, _credentials(logins), self._pull_options(spec), archive)
-            await self._engine(inst).load(archive, settings.pull_timeout)
+            on_host = await self._layers_on_host(engine, spec.message.nca_id)
+            pulled = await image_pull.pull_and_load(
+                engine,
+                ref,
+                _credentials(logins),
+                self._pull_options(spec),
+                archive=archive,
+                on_host=on_host,
+                timeout=settings.pull_timeout,
+                log=(self._log, f"instance {inst.instance_id}"),
+            )
+            return pulled.read_by
         finally:
             with anyio.CancelScope(shield=True):  # gigabytes, perhaps: off the event loop, even when cancelled
                 await anyio.to_thread.run_sync(functools.partial(archive.unlink, missing_ok=True))
-        return read_by
+
+    async def _layers_on_host(self, engine: Engine, account: str) -> frozenset[str]:
+        """The layers a pull for ``account`` need not read: those of the images it may start already. Podman
+        loads an archive without them; Docker's load is not known to, and reads every layer.
+        """
+        if engine.kind != "podman":
+            return frozenset()
+
+        def allowed(names: Sequence[str]) -> bool:
+            # By the names pulls record (Docker's short names are not), so a private image is never missed.
+            return any(self._access.allows(_canonical(name), account) for name in names)
+
+        try:
+            return frozenset(await engine.layers_of(allowed))
+        except EngineError as err:
+            self._log.warning("cannot list the images on this host (%s): the pull reads every layer", err.message)
+            return frozenset()
 
     async def _engine_pull(
         self,
@@ -657,6 +684,14 @@ def _append_log(log: Path, text: str, mark: Mark | None) -> None:
 
 def _credentials(logins: Sequence[tuple[str, str]]) -> list[RegistryCredential]:
     return [RegistryCredential(username=user, password=password) for user, password in logins]
+
+
+def _canonical(name: str) -> str:
+    """The name a pull records for the image the engine calls ``name``."""
+    try:
+        return image_pull.local_name(image_pull.parse(name))
+    except image_pull.ImagePullError:
+        return name
 
 
 def _container(inst: LocalInstance) -> ContainerInstance:

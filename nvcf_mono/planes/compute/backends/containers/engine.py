@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +24,8 @@ import attrs
 from nvcf_mono.planes.compute.config import ContainerSettings
 
 Kind = Literal["podman", "docker"]
+#: Images looked at for the layers a pull may reuse (on a host with more, the rest are not).
+IMAGES_READ = 1_000
 
 
 class EngineError(Exception):
@@ -103,6 +105,25 @@ class Engine:
         except (aiohttp.ClientError, OSError, TimeoutError) as err:
             raise EngineError(0, f"the engine does not answer: {err or type(err).__name__}") from err
         return True
+
+    async def layers_of(self, wanted: Callable[[Sequence[str]], bool]) -> set[str]:
+        """The layers (diff IDs) of the tagged images whose names ``wanted`` takes, of the first
+        :data:`IMAGES_READ` the engine lists.
+        """
+        images = await self._call(self.docker.images.list())
+        found: set[str] = set()
+        for image in images[:IMAGES_READ]:
+            names = [str(tag) for tag in image.get("RepoTags") or () if tag and tag != "<none>:<none>"]
+            if not names or not wanted(names):
+                continue
+            try:
+                data = await self._call(self.docker.images.inspect(str(image.get("Id"))))
+            except EngineError as err:
+                if err.status == 404:  # removed since it was listed
+                    continue
+                raise
+            found.update(str(layer) for layer in (data.get("RootFS") or {}).get("Layers") or ())
+        return found
 
     async def pull(self, image: str, auth: Mapping[str, str] | None, timeout: float) -> None:
         """Pull ``image`` (raises EngineError; TimeoutError after ``timeout``)."""

@@ -8,6 +8,11 @@ registry, its token service, the blob storage it redirects to; https only; crede
 registry), checks every blob against its digest, and hands the engine a ``docker save`` archive to
 load (``POST /images/load``, which Docker and Podman both take, compressed layers included).
 
+Layers the host already has are not read again (a new version of a function usually changes its top
+layers only, over gigabytes of the same base): given their diff IDs, the archive is an OCI layout
+instead, whose manifest names each such layer by its diff ID with no blob; Podman finds it in its
+store and reads nothing for it.
+
 An image pinned by digest is named ``<registry>/<repository>:sha256-<hex>`` on the host (an archive
 can carry tags, not digests), so ``IfNotPresent`` finds it again.
 """
@@ -16,10 +21,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import tarfile
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Container, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +48,16 @@ from nvcf_mono.helm.oci import (
     matches,
     says,
 )
+from nvcf_mono.planes.compute.backends.containers.engine import Engine, EngineError
 from nvcf_mono.printable import one_line
 
+#: An uncompressed layer, as OCI names it (a layer left out of an archive is named this way).
+OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
+#: Docker's names for layers, as OCI's.
+_AS_OCI = {
+    "application/vnd.docker.image.rootfs.diff.tar": OCI_LAYER,
+    "application/vnd.docker.image.rootfs.diff.tar.gzip": "application/vnd.oci.image.layer.v1.tar+gzip",
+}
 IMAGE_CONFIGS = ("application/vnd.oci.image.config.v1+json", "application/vnd.docker.container.image.v1+json")
 #: Layers the engines unpack: plain, gzip or zstd tar (OCI's names, then Docker's).
 LAYERS = (
@@ -86,6 +100,16 @@ class PullOptions:
     architecture: str = attrs.field(factory=host_architecture)
 
 
+@attrs.frozen
+class Pulled:
+    """What a pull read: with which credential (None: anonymously), and what it found on the host."""
+
+    read_by: RegistryCredential | None
+    #: Layers left out of the archive (the engine has them), and the bytes the registry would have sent.
+    reused_layers: int = 0
+    reused_bytes: int = 0
+
+
 def local_name(ref: ImageRef) -> str:
     """The name the image has on the host once loaded: the reference, or for a digest the tag
     ``<algorithm>-<hex>`` (tags hold at most 128 characters).
@@ -104,16 +128,58 @@ def parse(image: str) -> ImageRef:
 
 
 async def pull_archive(
-    ref: ImageRef, credentials: Sequence[RegistryCredential], options: PullOptions, archive: Path
-) -> RegistryCredential | None:
-    """Write ``ref``'s image for this host's architecture to ``archive`` (a ``docker save`` tar); the
-    credential that read it (None: anonymously).
+    ref: ImageRef,
+    credentials: Sequence[RegistryCredential],
+    options: PullOptions,
+    archive: Path,
+    on_host: Container[str] = frozenset(),
+) -> Pulled:
+    """Write ``ref``'s image for this host's architecture to ``archive`` for the engine to load: a ``docker
+    save`` tar, or, when some of its layers' diff IDs are ``on_host``, an OCI layout without them.
     """
+    reused: list[tuple[int, int]] = []  # (layers, bytes) of the last try
 
     async def pull(fetcher: Fetcher, registry: Registry) -> None:
-        await _pull(fetcher, registry, ref, options, archive)
+        reused[:] = [await _pull(fetcher, registry, ref, options, archive, on_host=on_host)]
 
-    return await _with_credentials(ref, credentials, options, pull)
+    read_by = await _with_credentials(ref, credentials, options, pull)
+    layers, size = reused[0]
+    return Pulled(read_by, layers, size)
+
+
+async def pull_and_load(
+    engine: Engine,
+    ref: ImageRef,
+    credentials: Sequence[RegistryCredential],
+    options: PullOptions,
+    *,
+    archive: Path,
+    on_host: Container[str],
+    timeout: float,
+    log: tuple[logging.Logger, str],
+) -> Pulled:
+    """:func:`pull_archive`, then ``engine`` loads it (within ``timeout``). An archive that leaves layers out
+    for the engine to find may fail to load (a layer removed since it was listed): then every layer is
+    read and loaded. ``log``: where to say so, and whose pull it is.
+    """
+    logger, who = log
+    pulled = await pull_archive(ref, credentials, options, archive, on_host)
+    if not pulled.reused_layers:
+        await engine.load(archive, timeout)
+        return pulled
+    logger.info(
+        "%s: %d of its layers are on this host already (%d bytes not read)",
+        who,
+        pulled.reused_layers,
+        pulled.reused_bytes,
+    )
+    try:
+        await engine.load(archive, timeout)
+    except EngineError as err:
+        logger.warning("%s: the engine did not load it with the layers it has (%s); reading them all", who, err.message)
+        pulled = await pull_archive(ref, credentials, options, archive)
+        await engine.load(archive, timeout)
+    return pulled
 
 
 async def readable(
@@ -167,7 +233,10 @@ async def _with_credentials(
     raise ImagePullError(f'no credential was valid to pull image "{ref}", manually verify credentials are valid')
 
 
-async def _pull(fetcher: Fetcher, registry: Registry, ref: ImageRef, options: PullOptions, archive: Path) -> None:
+async def _pull(
+    fetcher: Fetcher, registry: Registry, ref: ImageRef, options: PullOptions, archive: Path, *, on_host: Container[str]
+) -> tuple[int, int]:
+    """The image into ``archive``; how many layers were left out (``on_host``) and their size."""
     manifest, kind = await registry.document(ref.wanted)
     if kind in INDEXES:
         manifest, kind = await registry.document(_for_architecture(fetcher, manifest, options.architecture))
@@ -189,32 +258,37 @@ async def _pull(fetcher: Fetcher, registry: Registry, ref: ImageRef, options: Pu
     total = config[1] + sum(size for _, size, _ in described)
     if total > options.max_size:
         raise fetcher.fail(f"it is {total} bytes, more than the {options.max_size} the operator allows")
+    sizes = {digest: size for digest, size, _ in described}
+    if any(sizes[digest] != size for digest, size, _ in described):
+        raise fetcher.fail("its manifest gives one layer two sizes")
 
     got = await _config(fetcher, registry, config[0])
-    config_name = f"{config[0].partition(':')[2]}.json"
-    layer_names = [f"{digest.partition(':')[2]}.tar" for digest, _, _ in described]
-    entry = {"Config": config_name, "RepoTags": [local_name(ref)], "Layers": layer_names}
-    listing = json.dumps([entry]).encode()
-    # Each distinct layer once (old images repeat the empty one), each written where the layout puts it.
-    distinct = {digest: size for digest, size, _ in described}
-    if any(distinct[digest] != size for digest, size, _ in described):
-        raise fetcher.fail("its manifest gives one layer two sizes")
-    layout = _Layout(
-        [(config_name, len(got)), ("manifest.json", len(listing))]
-        + [(f"{digest.partition(':')[2]}.tar", size) for digest, size in distinct.items()]
-    )
+    # Each layer with the diff ID it is known by on the host, or None: its blob is read.
+    reused = [
+        (layer, d if d is not None and d in on_host else None)
+        for layer, d in zip(described, _diff_ids(got, len(described)), strict=True)
+    ]
+    kept = [layer for layer, diff_id in reused if diff_id is None]
+    if len(kept) == len(described):
+        files, blobs = _docker_save(ref, config[0], got, described)
+    else:
+        files, blobs = _oci_layout(ref, (config[0], got), reused)
+    # Each blob once (old images repeat the empty layer; a blob may be the config too), where the layout puts it.
+    wanted = {blobs[digest]: (digest, size) for digest, size, _ in kept if blobs[digest] not in files}
+    members = [(name, None if data is None else len(data)) for name, data in files.items()]
+    layout = _Layout(members + [(name, size) for name, (_, size) in wanted.items()])
+    written = {name: data for name, data in files.items() if data is not None}
     try:
-        fd = await anyio.to_thread.run_sync(layout.create, archive, {config_name: got, "manifest.json": listing})
+        fd = await anyio.to_thread.run_sync(layout.create, archive, written)
     except OSError as err:
         raise fetcher.fail(f"cannot write it to {archive.parent}: {err.strerror}") from err
     failed: list[HelmRenderError] = []
-    waiting = iter(distinct.items())  # shared by the readers: each layer is taken by one
+    waiting = iter(wanted.items())  # shared by the readers: each blob is taken by one
 
     async def reader() -> None:
         try:
-            for digest, size in waiting:
-                offset = layout.offset(f"{digest.partition(':')[2]}.tar")
-                await _layer(fetcher, registry, (fd, offset), digest, size)
+            for name, (digest, size) in waiting:
+                await _layer(fetcher, registry, (fd, layout.offset(name)), digest, size)
         except HelmRenderError as err:  # the first failure ends the others, and is the pull's
             failed.append(err)
             tg.cancel_scope.cancel()
@@ -224,12 +298,75 @@ async def _pull(fetcher: Fetcher, registry: Registry, ref: ImageRef, options: Pu
 
     try:
         async with anyio.create_task_group() as tg:
-            for _ in range(min(CONCURRENT_LAYERS, len(distinct))):
+            for _ in range(min(CONCURRENT_LAYERS, len(wanted))):
                 tg.start_soon(reader)
     finally:
         os.close(fd)
     if failed:
         raise failed[0]
+    left_out = sizes.keys() - {digest for digest, _, _ in kept}
+    return len(left_out), sum(sizes[digest] for digest in left_out)
+
+
+def _diff_ids(config: bytes, count: int) -> list[str | None]:
+    """Each layer's diff ID (the digest of its tar, uncompressed) as the config gives it; None for every
+    layer when it gives no list of ``count`` digests (nothing is left out then).
+    """
+    try:
+        data = json.loads(config)
+    except ValueError:
+        data = None
+    rootfs = data.get("rootfs") if isinstance(data, dict) else None
+    found = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
+    if isinstance(found, list) and len(found) == count and all(isinstance(d, str) and is_digest(d) for d in found):
+        return list(found)
+    return [None] * count
+
+
+#: A layout's files: name -> bytes written at once (None: a directory); and where each blob goes, by digest.
+_Files = tuple[dict[str, bytes | None], dict[str, str]]
+
+
+def _docker_save(ref: ImageRef, config: str, config_data: bytes, layers: Sequence[tuple[str, int, str]]) -> _Files:
+    """``docker save``'s layout: ``manifest.json`` naming the config and the layers, each in a file of its own."""
+    config_name = f"{config.partition(':')[2]}.json"
+    blobs = {digest: f"{digest.partition(':')[2]}.tar" for digest, _, _ in layers}
+    entry = {"Config": config_name, "RepoTags": [local_name(ref)], "Layers": [blobs[d] for d, _, _ in layers]}
+    return {config_name: config_data, "manifest.json": json.dumps([entry]).encode()}, blobs
+
+
+def _oci_layout(
+    ref: ImageRef, config_blob: tuple[str, bytes], layers: Sequence[tuple[tuple[str, int, str], str | None]]
+) -> _Files:
+    """An OCI image layout; ``layers``: each layer's descriptor, and the diff ID of the layer on the host it
+    is (None: none). Those are named by their diff ID, uncompressed, with no blob: Podman reuses the layer
+    of that diff ID in its store (the size is not known here, and not read).
+    """
+    config, config_data = config_blob
+    descriptors = []
+    for (digest, size, media_type), diff_id in layers:
+        if diff_id is not None:
+            descriptors.append({"mediaType": OCI_LAYER, "digest": diff_id, "size": 0})
+        else:
+            descriptors.append({"mediaType": _AS_OCI.get(media_type, media_type), "digest": digest, "size": size})
+    image = {"mediaType": IMAGE_CONFIGS[0], "digest": config, "size": len(config_data)}
+    body = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": image, "layers": descriptors}
+    manifest = json.dumps(body).encode()
+    digest = f"sha256:{hashlib.sha256(manifest).hexdigest()}"
+    named = {"org.opencontainers.image.ref.name": local_name(ref)}  # Podman takes a whole name here
+    entry = {"mediaType": OCI_MANIFEST, "digest": digest, "size": len(manifest), "annotations": named}
+    blobs = {d: _blob(d) for (d, _, _), _ in layers}
+    files: dict[str, bytes | None] = {"oci-layout": b'{"imageLayoutVersion":"1.0.0"}', "blobs/": None}
+    for algorithm in sorted({d.partition(":")[0] for d in [config, digest, *blobs]}):
+        files[f"blobs/{algorithm}/"] = None
+    files |= {"index.json": json.dumps({"schemaVersion": 2, "manifests": [entry]}).encode()}
+    files |= {_blob(digest): manifest, _blob(config): config_data}
+    return files, blobs
+
+
+def _blob(digest: str) -> str:
+    algorithm, _, hexadecimal = digest.partition(":")
+    return f"blobs/{algorithm}/{hexadecimal}"
 
 
 def _for_architecture(fetcher: Fetcher, index: dict[str, Any], architecture: str) -> str:
@@ -326,14 +463,17 @@ class _Layout:
     layers can be written as they arrive, several at once; padding and the end are the file's zeros.
     """
 
-    def __init__(self, members: Sequence[tuple[str, int]]) -> None:
+    def __init__(self, members: Sequence[tuple[str, int | None]]) -> None:
+        """``members``: each name and size (None: a directory)."""
         self._headers: dict[str, tuple[int, bytes]] = {}
         self._offsets: dict[str, int] = {}
         at = 0
-        for name, size in members:
+        for name, length in members:
             info = tarfile.TarInfo(name)
-            info.size = size
+            size = info.size = length or 0
             info.mode = 0o644
+            if length is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
             header = info.tobuf(format=tarfile.PAX_FORMAT)
             self._headers[name] = (at, header)
             at += len(header)
