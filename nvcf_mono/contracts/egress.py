@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import re
 import socket
 from collections.abc import Iterable, Sequence
 
 import anyio
+from yarl import URL
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -39,6 +41,31 @@ def networks_problem(values: Iterable[object]) -> str | None:
         except ValueError as err:
             return f"{value!r} is not a network in CIDR notation (e.g. 10.0.0.0/8): {err}"
     return None
+
+
+#: A host name or address in brackets, and a port perhaps, as image names give a registry.
+_SERVER = re.compile(r"([a-z0-9]([a-z0-9.-]*[a-z0-9])?|\[[0-9a-f:.]+\])(:[0-9]+)?")
+
+
+def servers_problem(values: Iterable[object]) -> str | None:
+    """Why ``values`` is not a list of servers as image names give them (``host`` or ``host:port``), or None."""
+    for value in values:
+        text = str(value)
+        try:
+            url = URL(f"http://{text}/")
+            fits = _SERVER.fullmatch(text.lower()) is not None and server_of(url) == text.lower() and url.path == "/"
+        except ValueError:
+            fits = False
+        if not fits:
+            return f"{value!r} is not a server as an image names it (host or host:port, e.g. registry.lab:5000)"
+    return None
+
+
+def server_of(url: URL) -> str:
+    """``host[:port]`` of ``url`` as it names them (an IPv6 address in brackets), lower case."""
+    host = (url.raw_host or "").lower()
+    host = f"[{host}]" if ":" in host else host
+    return host if url.explicit_port is None else f"{host}:{url.explicit_port}"
 
 
 def parse(values: Iterable[str]) -> tuple[Network, ...]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import os
 import ssl
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -21,7 +21,7 @@ import attrs
 from multidict import CIMultiDictProxy
 from yarl import URL
 
-from nvcf_mono.contracts.egress import EgressRefused, parse
+from nvcf_mono.contracts.egress import EgressRefused, parse, server_of
 from nvcf_mono.egress_aiohttp import checked_session, url_refusal
 from nvcf_mono.helm.errors import HelmRenderError
 from nvcf_mono.helm.model import RegistryCredential, RendererOptions
@@ -71,8 +71,9 @@ class Fetcher:
     "check") and ``subject`` ("chart oci://...", "image nvcr.io/...") name it in messages.
 
     ``networks``: a tenant's, reached only at public addresses and in these networks (None: unchecked);
-    ``networks_setting`` names the setting that lists them, in refusals; ``plain_http_hint`` ends the
-    message for a server that does not speak TLS (what the operator can do about it).
+    ``networks_setting`` names the setting that lists them, in refusals; ``plain_http`` lists the servers
+    (``host[:port]``, as URLs name them) reached over plain http instead, the operator's; and
+    ``plain_http_hint`` ends the message for a server that does not speak TLS (what the operator can do).
     """
 
     def __init__(
@@ -83,12 +84,14 @@ class Fetcher:
         ca_file: Path | None,
         networks: Sequence[str] | None,
         networks_setting: str = "plugins.helm.chart_networks",
+        plain_http: Collection[str] = (),
         plain_http_hint: str = "",
     ) -> None:
         self.subject = subject
         self.doing = doing
         self.networks_setting = networks_setting
         self.plain_http_hint = plain_http_hint
+        self._plain_http = frozenset(server.lower() for server in plain_http)
         self._context = _ssl_context(ca_file)
         self._allowed = parse(networks) if networks is not None else None
         self._session: aiohttp.ClientSession | None = None
@@ -127,7 +130,7 @@ class Fetcher:
         target = URL(url)
         origin = target.origin()
         for hop in range(_MAX_REDIRECTS + 1):
-            if target.scheme != "https":
+            if target.scheme != "https" and (target.scheme, self.scheme(server_of(target))) != ("http", "http"):
                 shown = redact(str(target))
                 raise self.fail("redirected to a non-https URL" if hop else f"{shown} is not an https URL")
             if self._allowed is not None and (why := url_refusal(target, self._allowed)) is not None:
@@ -143,6 +146,10 @@ class Fetcher:
                     yield got
                     return
         raise self.fail(f"more than {_MAX_REDIRECTS} redirects")
+
+    def scheme(self, server: str) -> str:
+        """How ``server`` (``host[:port]``) is reached: https, or http where the operator listed it."""
+        return "http" if server.lower() in self._plain_http else "https"
 
     def refused(self, why: str) -> str:
         return (

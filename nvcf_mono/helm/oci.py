@@ -138,7 +138,8 @@ class Registry:
         self._fetcher = fetcher
         self._ref = reference
         self._credential = credential
-        self._base = URL.build(scheme="https", authority=reference.registry, path=f"/v2/{reference.repository}/")
+        scheme = fetcher.scheme(reference.registry)  # https, unless the operator listed it as plain http
+        self._base = URL.build(scheme=scheme, authority=reference.registry, path=f"/v2/{reference.repository}/")
         self._authorization: dict[str, str] = {}
         self._challenged = False
 

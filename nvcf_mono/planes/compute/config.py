@@ -8,7 +8,7 @@ from typing import Literal
 
 import attrs
 
-from nvcf_mono.contracts.egress import networks_problem
+from nvcf_mono.contracts.egress import networks_problem, servers_problem
 from nvcf_mono.contracts.telemetry import proxy_problem
 from nvcf_mono.structure import ByteSize, Seconds, at_least, in_range, matches, optional, positive, setting
 
@@ -167,6 +167,13 @@ class ContainerSettings:
         doc="Non-public networks (CIDR) where image_pulls: platform reaches registries, e.g. [10.20.0.0/16] for a "
         "registry on the operator's network; names are checked as they resolve, redirects too.",
         check=networks_problem,
+    )
+    plain_http_registries: tuple[str, ...] = setting(
+        (),
+        doc="Registries (host or host:port, as image names give them) image_pulls: platform reads over plain http, "
+        "e.g. [registry.lab:5000] for one on the operator's network without TLS; their addresses must still be "
+        "public or in registry_networks, and the account's credentials go to them unencrypted.",
+        check=servers_problem,
     )
     registry_ca_file: Path | None = setting(
         None, doc="A CA bundle trusted, besides the system's, for registries (image_pulls: platform)."

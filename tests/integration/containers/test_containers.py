@@ -516,10 +516,11 @@ async def test_an_archive_without_a_layer_the_engine_lacks_is_pulled_again_whole
 
 async def test_an_image_on_an_address_the_operator_did_not_list_is_not_pulled(tmp_path: Path, podman: str) -> None:
     cluster_id = str(uuid.uuid4())
-    # A registry on the host's loopback, over plain HTTP: a tenant naming it must not reach it.
+    # A registry on the host's loopback, over plain HTTP: a tenant naming it must not reach it (listing it as
+    # plain http does not allow its address).
     with private_registry(podman, tmp_path / "registry") as host:
         served = await _settled(tmp_path / "registry" / "registry.log")  # the push's requests, all logged
-        async with container_platform(tmp_path, cluster_id, podman) as p:
+        async with container_platform(tmp_path, cluster_id, podman, {"plain_http_registries": [host]}) as p:
             _, _, d = await create(p.admin, image_function("probe", containerImage=f"{host}/nvcf-test/private:1"))
             await deploy(p.admin, d, spec())
             dep = await wait_status(p.admin, d, "ERROR", timeout=90)
@@ -527,6 +528,21 @@ async def test_an_image_on_an_address_the_operator_did_not_list_is_not_pulled(tm
             assert "image-pull-issues" in error and "127.0.0.1 is a loopback address" in error, error
             assert "containers.registry_networks" in error, error
         assert (tmp_path / "registry" / "registry.log").read_text() == served  # not one request more
+
+
+async def test_a_registry_the_operator_lists_as_plain_http_is_read_over_http(tmp_path: Path, podman: str) -> None:
+    cluster_id = str(uuid.uuid4())
+    with private_registry(podman, tmp_path / "registry") as host:
+        containers = {"plain_http_registries": [host], "registry_networks": ["127.0.0.1/32"]}
+        async with container_platform(tmp_path, cluster_id, podman, containers) as p:
+            await _store_logins(p.admin, [(host, "wonderland")])
+            fid, _, d = await create(p.admin, image_function("plain", containerImage=f"{host}/nvcf-test/private:1"))
+            await deploy(p.admin, d, spec())
+            await wait_status(p.admin, d, "ACTIVE", timeout=90)
+            reply = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"plain": "http"})
+            assert reply.status == 200 and reply.json["echo"] == {"plain": "http"}, reply.body
+        served = (tmp_path / "registry" / "registry.log").read_text()
+        assert '"GET /v2/nvcf-test/private/manifests/1 HTTP/1.1" 200' in served
 
 
 async def test_with_engine_pulls_the_engine_pulls_with_the_accounts_credentials(

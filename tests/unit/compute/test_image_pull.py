@@ -119,7 +119,7 @@ def read_archive(path: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
 
 
 def _host(registry: Registry) -> str:
-    return registry.base.removeprefix("https://")
+    return registry.base.partition("://")[2]
 
 
 def _login() -> list[RegistryCredential]:
@@ -437,7 +437,27 @@ async def test_a_registry_that_does_not_speak_tls_is_named_so(tmp_path: Path) ->
         await runner.cleanup()
     # Not the OpenSSL error number read as the system's ("Operation not permitted").
     assert f"no TLS session with 127.0.0.1:{port} (wrong version number)" in str(caught.value), caught.value
-    assert "image_pulls: engine" in str(caught.value), caught.value
+    assert "containers.plain_http_registries lists it" in str(caught.value), caught.value
+
+
+async def test_a_registry_the_operator_lists_is_read_over_plain_http_and_no_other(tmp_path: Path) -> None:
+    ca_file, _ = issue_tls(tmp_path / "tls")
+    manifest, blobs = image()
+    registry = holding(manifest, blobs)
+    async with running(registry, None):  # plain http, the registry and the blob storage it redirects to
+        host, storage = _host(registry), registry.storage.partition("://")[2]
+        ref = parse(f"{host}/acme/echo:1.0")
+        archive = tmp_path / "image.tar"
+        with pytest.raises(ImagePullError, match=r"https only \(unless the cluster's containers.plain_http_reg"):
+            await image_pull.pull_archive(ref, _login(), options(ca_file), archive)
+        with pytest.raises(ImagePullError, match="redirected to a non-https URL"):
+            await image_pull.pull_archive(ref, _login(), options(ca_file, plain_http=(host,)), archive)
+        # Listed, and at an address the operator allows: read as over https, every blob checked.
+        await image_pull.pull_archive(ref, _login(), options(ca_file, plain_http=(host.upper(), storage)), archive)
+        entry, members = read_archive(archive)
+        assert entry["RepoTags"] == [local_name(ref)] and len(members) == 2 + 2
+        with pytest.raises(ImagePullError, match=r"containers\.registry_networks"):
+            await image_pull.pull_archive(ref, _login(), options(ca_file, (), plain_http=(host, storage)), archive)
 
 
 async def test_a_ca_bundle_that_cannot_be_read_is_a_pull_error(tmp_path: Path) -> None:

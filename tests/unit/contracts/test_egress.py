@@ -5,8 +5,17 @@ from __future__ import annotations
 import re
 
 import pytest
+from yarl import URL
 
-from nvcf_mono.contracts.egress import EgressRefused, connectable, networks_problem, parse, refusal
+from nvcf_mono.contracts.egress import (
+    EgressRefused,
+    connectable,
+    networks_problem,
+    parse,
+    refusal,
+    server_of,
+    servers_problem,
+)
 
 
 @pytest.mark.parametrize(
@@ -55,6 +64,15 @@ def test_networks_are_checked() -> None:
     problem = networks_problem(["10.0.0.0/8", "10.0.0.0/33"])
     assert problem is not None and problem.startswith("'10.0.0.0/33' is not a network in CIDR notation")
     assert networks_problem(["intranet"]) is not None
+
+
+def test_servers_are_named_as_images_name_registries() -> None:
+    assert servers_problem(["registry.lab:5000", "REG", "10.0.0.5", "[fd00::5]:5000"]) is None
+    for wrong in ("http://registry.lab", "registry.lab/v2", "alice@registry.lab", "registry.lab:http", "a b", ""):
+        problem = servers_problem(["registry.lab", wrong])
+        assert problem is not None and problem.startswith(f"{wrong!r} is not a server as an image names it"), wrong
+    assert server_of(URL("http://Registry.Lab:5000/v2/")) == "registry.lab:5000"
+    assert server_of(URL("http://[fd00::5]/v2/")) == "[fd00::5]"
 
 
 def test_a_name_is_connectable_only_at_its_allowed_addresses() -> None:

@@ -24,14 +24,14 @@ def issue_tls(directory: Path) -> tuple[Path, ssl.SSLContext]:
 
 
 @asynccontextmanager
-async def serving(app: web.Application, context: ssl.SSLContext) -> AsyncIterator[str]:
-    """Serve ``app`` over https on a free port of 127.0.0.1; yields the base URL."""
+async def serving(app: web.Application, context: ssl.SSLContext | None) -> AsyncIterator[str]:
+    """Serve ``app`` over https on a free port of 127.0.0.1 (plain http without ``context``); yields the base URL."""
     runner = web.AppRunner(app)
     await runner.setup()
     try:
         site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        yield f"https://127.0.0.1:{port}"
+        yield f"{'https' if context is not None else 'http'}://127.0.0.1:{port}"
     finally:
         await runner.cleanup()

@@ -178,7 +178,9 @@ def _storage_app(registry: Registry) -> web.Application:
 
 @asynccontextmanager
 async def running(registry: Registry, context: Any) -> AsyncIterator[Registry]:
-    """Serve ``registry`` (and its blob storage) over https on 127.0.0.1; its URLs set on it."""
+    """Serve ``registry`` (and its blob storage) over https on 127.0.0.1 (plain http without ``context``); its
+    URLs set on it.
+    """
     async with serving(_storage_app(registry), context) as storage, serving(_registry_app(registry), context) as base:
         registry.base, registry.storage = base, storage
         yield registry

@@ -267,6 +267,7 @@ class ContainersBackend(LocalBackend):
         settings = self._settings[spec.cluster_id]
         return image_pull.PullOptions(
             ca_file=settings.registry_ca_file,
+            plain_http=settings.plain_http_registries,
             networks=settings.registry_networks,
             networks_setting=f"the cluster's containers.registry_networks (cluster {spec.cluster_id})",
             max_size=settings.max_image_size,

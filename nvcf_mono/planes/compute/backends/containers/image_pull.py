@@ -75,7 +75,7 @@ CONCURRENT_LAYERS = 3
 MAX_LAYERS = 500
 #: A layer may take as long as it takes (the caller's deadline bounds the pull), but not stall.
 _STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=120)
-_PLAIN_HTTP = " (image_pulls: engine lets the engine pull from a plain-http registry it is configured for)"
+_PLAIN_HTTP = " (unless the cluster's containers.plain_http_registries lists it)"
 #: Python's names for machines, as image indexes name them.
 _ARCHITECTURES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
@@ -98,6 +98,8 @@ class PullOptions:
     networks_setting: str
     max_size: int
     architecture: str = attrs.field(factory=host_architecture)
+    #: Registries (``host[:port]``) read over plain http, the operator's.
+    plain_http: Sequence[str] = ()
 
 
 @attrs.frozen
@@ -216,6 +218,7 @@ async def _with_credentials(
                 ca_file=options.ca_file,
                 networks=options.networks,
                 networks_setting=options.networks_setting,
+                plain_http=options.plain_http,
                 plain_http_hint=_PLAIN_HTTP,
             )
             async with fetcher:
