@@ -244,6 +244,21 @@ def registry_server(workdir: Path, *, tls: tuple[Path, Path] | None = None) -> I
         proc.wait(10)
 
 
+def _again(command: list[str], tries: int = 3) -> None:
+    """Run ``command``, again after a failure (a ``podman build`` failed once in a whole test run, exit status
+    125, and not in 28 builds tried alone, idle or loaded); the last failure says what the command printed.
+    """
+    for attempt in range(tries):
+        done = subprocess.run(command, capture_output=True, check=False)
+        if done.returncode == 0:
+            return
+        if attempt + 1 < tries:
+            time.sleep(1)
+    raise AssertionError(
+        f"{' '.join(command)} failed ({done.returncode}): {done.stderr.decode(errors='replace')[-2000:]}"
+    )
+
+
 #: What ``private_registry`` holds: tag -> (manifest format, the file its top layer adds under /www, or
 #: None for the image the others are made from).
 PRIVATE_TAGS = {"1": ("oci", None), "2": ("v2s2", None), "3": ("oci", "added"), "4": ("oci", "other")}
@@ -276,11 +291,10 @@ def private_registry(podman: str, workdir: Path, *, tls: tuple[Path, Path] | Non
                     context.mkdir()
                     (context / added).write_text(f"added by tag {tag}\n")
                     (context / "Containerfile").write_text(f"FROM {source}\nCOPY {added} /www/{added}\n")
-                    subprocess.run([podman, "build", "-q", "-t", local, str(context)], capture_output=True, check=True)
+                    _again([podman, "build", "-q", "-t", local, str(context)])
                     made.append(local)
                 push = ["push", "--tls-verify=false", "--creds", "alice:wonderland", "--format", kind]
-                target = f"docker://{host}/nvcf-test/private:{tag}"
-                subprocess.run([podman, *push, local, target], capture_output=True, check=True)
+                _again([podman, *push, local, f"docker://{host}/nvcf-test/private:{tag}"])
         finally:
             subprocess.run([podman, "rmi", "-f", *made], capture_output=True, check=False)
         try:

@@ -91,6 +91,8 @@ class Engine:
         self.kind: Kind = kind
         self.version = version
         self._timeout = api_timeout
+        #: Image id -> its layers: an id is its config's digest, so its layers never change.
+        self._layers: dict[str, tuple[str, ...]] = {}
 
     # ---- images --------------------------------------------------------------------------------
 
@@ -110,19 +112,26 @@ class Engine:
         """The layers (diff IDs) of the tagged images whose names ``wanted`` takes, of the first
         :data:`IMAGES_READ` the engine lists.
         """
-        images = await self._call(self.docker.images.list())
+        images = (await self._call(self.docker.images.list()))[:IMAGES_READ]
         found: set[str] = set()
-        for image in images[:IMAGES_READ]:
+        for image in images:
             names = [str(tag) for tag in image.get("RepoTags") or () if tag and tag != "<none>:<none>"]
+            image_id = str(image.get("Id"))
             if not names or not wanted(names):
                 continue
-            try:
-                data = await self._call(self.docker.images.inspect(str(image.get("Id"))))
-            except EngineError as err:
-                if err.status == 404:  # removed since it was listed
-                    continue
-                raise
-            found.update(str(layer) for layer in (data.get("RootFS") or {}).get("Layers") or ())
+            layers = self._layers.get(image_id)
+            if layers is None:
+                try:
+                    data = await self._call(self.docker.images.inspect(image_id))
+                except EngineError as err:
+                    if err.status == 404:  # removed since it was listed
+                        continue
+                    raise
+                layers = tuple(str(layer) for layer in (data.get("RootFS") or {}).get("Layers") or ())
+                self._layers[image_id] = layers
+            found.update(layers)
+        listed = {str(image.get("Id")) for image in images}
+        self._layers = {k: v for k, v in self._layers.items() if k in listed}  # as many as images on the host
         return found
 
     async def pull(self, image: str, auth: Mapping[str, str] | None, timeout: float) -> None:
