@@ -26,6 +26,7 @@ from nvcf_mono.planes.compute.config import ContainerSettings
 Kind = Literal["podman", "docker"]
 #: Images looked at for the layers a pull may reuse (on a host with more, the rest are not).
 IMAGES_READ = 1_000
+_LIST_TRIES = 3
 
 
 class EngineError(Exception):
@@ -112,7 +113,16 @@ class Engine:
         """The layers (diff IDs) of the tagged images whose names ``wanted`` takes, of the first
         :data:`IMAGES_READ` the engine lists.
         """
-        images = (await self._call(self.docker.images.list()))[:IMAGES_READ]
+        for attempt in range(_LIST_TRIES):
+            try:
+                images = (await self._call(self.docker.images.list()))[:IMAGES_READ]
+                break
+            except EngineError as err:
+                # Podman 4.3 fails the whole list when an image it found is gone as it reads it (one being
+                # removed or replaced meanwhile): the next list does not have it.
+                if err.status < 500 or attempt + 1 == _LIST_TRIES:
+                    raise
+                await anyio.sleep(0.2)
         found: set[str] = set()
         for image in images:
             names = [str(tag) for tag in image.get("RepoTags") or () if tag and tag != "<none>:<none>"]
