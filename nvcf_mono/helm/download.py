@@ -183,6 +183,18 @@ class Fetcher:
             raise self.fail(str(err) or type(err).__name__) from err
 
 
+def chart_fetcher(options: RendererOptions, subject: str, doing: str) -> Fetcher:
+    """A :class:`Fetcher` for a chart or the images it names, as the Helm settings say."""
+    return Fetcher(
+        subject,
+        doing,
+        ca_file=options.ca_file,
+        networks=options.chart_networks,
+        plain_http=options.plain_http,
+        plain_http_hint=" (unless plugins.helm.plain_http_registries lists it)",
+    )
+
+
 async def fetch_chart(
     source: ChartSource, credentials: Sequence[RegistryCredential], options: RendererOptions
 ) -> bytes:
@@ -197,7 +209,7 @@ async def fetch_chart(
     doing = "pull" if source.kind == "oci" else "download"
     failures: list[str] = []
     for credential in [*credentials, None]:
-        fetcher = Fetcher(f"chart {source.display}", doing, ca_file=options.ca_file, networks=options.chart_networks)
+        fetcher = chart_fetcher(options, f"chart {source.display}", doing)
         try:
             async with fetcher:
                 if source.kind == "oci":

@@ -17,7 +17,7 @@ import anyio
 import attrs
 
 from nvcf_mono.contracts.pull_credentials import DOCKER_HUB, registry_host, split_image
-from nvcf_mono.helm.download import Fetcher, TooLarge, Unauthorized
+from nvcf_mono.helm.download import TooLarge, Unauthorized, chart_fetcher
 from nvcf_mono.helm.errors import HelmRenderError
 from nvcf_mono.helm.model import RegistryCredential, RendererOptions
 from nvcf_mono.helm.oci import (
@@ -150,7 +150,7 @@ class ImageChecker:
         missing: str | None = None
         options = self._options
         for credential in [None, *credentials_for(secrets, ref.registry)]:
-            fetcher = Fetcher(f"image {key}", "check", ca_file=options.ca_file, networks=options.chart_networks)
+            fetcher = chart_fetcher(options, f"image {key}", "check")
             try:
                 async with fetcher:
                     registry = Registry(fetcher, target, credential)

@@ -107,3 +107,5 @@ class RendererOptions:
     #: A tenant's chart: fetched only from public addresses and these networks (CIDR); None: unchecked
     #: (the operator's own renders, ``nvcf-mono helm``).
     chart_networks: tuple[str, ...] | None = None
+    #: OCI registries (``host[:port]``) charts are pulled from, and images checked in, over plain http.
+    plain_http: tuple[str, ...] = ()

@@ -12,7 +12,7 @@ from typing import ClassVar
 import attrs
 from anyio.abc import TaskStatus
 
-from nvcf_mono.contracts.egress import networks_problem
+from nvcf_mono.contracts.egress import networks_problem, servers_problem
 from nvcf_mono.helm import (
     AUTO,
     CHART_RENDERER,
@@ -55,6 +55,13 @@ class HelmConfig:
         "never); names are checked as they resolve, redirects too.",
         check=networks_problem,
     )
+    plain_http_registries: tuple[str, ...] = setting(
+        (),
+        doc="OCI registries (host or host:port) charts are pulled from, and their images checked in, over plain "
+        "http, e.g. [registry.lab:5000] for one on the operator's network without TLS; their addresses must still "
+        "be public or in chart_networks, and credentials go to them unencrypted.",
+        check=servers_problem,
+    )
 
 
 class Helm(BasePlugin[HelmConfig]):
@@ -81,6 +88,7 @@ class Helm(BasePlugin[HelmConfig]):
             max_chart_size=config.max_chart_size,
             ca_file=config.ca_file,
             chart_networks=config.chart_networks,
+            plain_http=config.plain_http_registries,
         )
         providers = [ext.value for ext in ctx.services.extensions(HELM_RENDERERS)]
         try:

@@ -271,3 +271,22 @@ async def test_a_tenants_chart_is_pulled_only_from_allowed_addresses(tmp_path: P
         registry.storage = registry.storage.replace("127.0.0.1", "127.0.0.2")
         with pytest.raises(HelmRenderError, match=r"127\.0\.0\.2 is a loopback address"):
             await _render(chart, listed, credentials=credentials)
+
+
+async def test_a_registry_the_operator_lists_is_pulled_from_over_plain_http(tmp_path: Path) -> None:
+    registry = Registry()
+    registry.push("acme/charts/demo", "1.2.3", _archive(tmp_path))
+    async with running(registry, None):  # plain http: the registry, its token service, its blob storage
+        host, storage = registry.base.partition("://")[2], registry.storage.partition("://")[2]
+        chart = f"oci://{host}/acme/charts/demo-1.2.3.tgz"
+        credentials = {host: RegistryCredential(USER, PASSWORD)}
+        allowed = ("127.0.0.1/32",)
+        with pytest.raises(HelmRenderError, match=r"https only \(unless plugins\.helm\.plain_http_registries lists"):
+            await _render(chart, RendererOptions(chart_networks=allowed), credentials=credentials)
+        # Listed, with its blob storage: pulled, digests checked as over https; the address is still checked.
+        listed = RendererOptions(chart_networks=allowed, plain_http=(host, storage))
+        assert await _render(chart, listed, credentials=credentials) == "1.2.3"
+        with pytest.raises(HelmRenderError, match=r"127\.0\.0\.1 is a loopback address"):
+            await _render(
+                chart, RendererOptions(chart_networks=(), plain_http=(host, storage)), credentials=credentials
+            )
