@@ -14,6 +14,7 @@ import yaml
 from nvcf_mono.cli.client import read_input
 from nvcf_mono.cli.commands import help_of
 from nvcf_mono.cli.context import CliContext, CliError
+from nvcf_mono.contracts.egress import servers_problem
 from nvcf_mono.helm import (
     AUTO,
     HelmRenderError,
@@ -66,9 +67,7 @@ def register(sub: Any) -> None:
         default=AUTO,
         help="binary: the helm executable; sdk: helm-python-sdk in process; auto (default): binary if found",
     )
-    render.add_argument("--helm-binary", type=Path, metavar="PATH", help="the helm executable (default: helm on PATH)")
-    render.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="deadline (default 60)")
-    render.add_argument("--ca-file", type=Path, metavar="FILE", help="CA bundle trusted for charts and registries")
+    _fetching_arguments(render)
     render.add_argument("--username", metavar="USER", help="registry or chart-host user (with --password-file)")
     render.add_argument("--password-file", metavar="FILE", help="file holding that user's password ('-': stdin)")
     render.add_argument("--json", action="store_true", help="one JSON document: chart, objects and skipped")
@@ -101,14 +100,44 @@ def register(sub: Any) -> None:
     validate.add_argument(
         "--renderer", choices=(AUTO, "binary", "sdk"), default=AUTO, help="how to render (default: auto)"
     )
-    validate.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="deadline (default 60)")
+    _fetching_arguments(validate)
     validate.add_argument("--json", action="store_true", help="the validator's answer as JSON")
     validate.set_defaults(func=_validate)
 
 
-def _render(args: argparse.Namespace, ctx: CliContext) -> int:
+def _fetching_arguments(parser: argparse.ArgumentParser) -> None:
+    """How both subcommands render: the helm executable, the deadline, what registries need."""
+    parser.add_argument("--helm-binary", type=Path, metavar="PATH", help="the helm executable (default: helm on PATH)")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="deadline (default 60)")
+    parser.add_argument("--ca-file", type=Path, metavar="FILE", help="CA bundle trusted for charts and registries")
+    parser.add_argument(
+        "--plain-http-registry",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        dest="plain_http",
+        help="an OCI registry reached over plain http instead of https (the chart's, and the images checked in it); "
+        "repeat for each server it sends you to, such as its blob storage (plugins.helm.plain_http_registries)",
+    )
+
+
+def _options(args: argparse.Namespace, ctx: CliContext) -> RendererOptions:
+    """The renderer's options from the flags both subcommands share."""
     if args.timeout <= 0:
         raise CliError("--timeout must be a positive number of seconds")
+    if (problem := servers_problem(args.plain_http)) is not None:
+        raise CliError(f"--plain-http-registry: {problem}")
+    return RendererOptions(
+        binary=args.helm_binary,
+        environ=ctx.environ,
+        timeout=args.timeout,
+        ca_file=args.ca_file,
+        plain_http=tuple(server.lower() for server in args.plain_http),
+    )
+
+
+def _render(args: argparse.Namespace, ctx: CliContext) -> int:
+    options = _options(args, ctx)
     values = _values(args.values, args.sets, ctx)
     request = RenderRequest(
         chart=args.chart,
@@ -117,7 +146,6 @@ def _render(args: argparse.Namespace, ctx: CliContext) -> int:
         namespace=args.namespace,
         credentials=_credentials(args, ctx),
     )
-    options = RendererOptions(binary=args.helm_binary, environ=ctx.environ, timeout=args.timeout, ca_file=args.ca_file)
     try:
         result = anyio.run(_run, request, args.renderer, options)
     except HelmRenderError as err:
@@ -228,14 +256,12 @@ def _validate(args: argparse.Namespace, ctx: CliContext) -> int:
 
     if (args.service_name is None) != (args.service_port is None):
         raise CliError("--service-name and --service-port go together")
-    if args.timeout <= 0:
-        raise CliError("--timeout must be a positive number of seconds")
+    options = _options(args, ctx)
     settings = ValidatorSettings(
         enforce_security_context=args.enforce_security_context,
         allow_local_charts=True,
         validate_images=args.validate_images,
     )
-    options = RendererOptions(environ=ctx.environ, timeout=args.timeout)
     rendering = _Rendering(args.renderer, options)
     request = RevalRequest(
         helm_chart=args.chart,

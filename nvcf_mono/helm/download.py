@@ -191,7 +191,7 @@ def chart_fetcher(options: RendererOptions, subject: str, doing: str) -> Fetcher
         ca_file=options.ca_file,
         networks=options.chart_networks,
         plain_http=options.plain_http,
-        plain_http_hint=" (unless plugins.helm.plain_http_registries lists it)",
+        plain_http_hint=" (unless plugins.helm.plain_http_registries or --plain-http-registry lists it)",
     )
 
 

@@ -6,11 +6,13 @@ import io
 import json
 from pathlib import Path
 
+import anyio
 import yaml
 
 from nvcf_mono.cli import main
 from nvcf_mono.cli.context import CliContext
 from tests.unit.helm.charts import BROKEN_TEMPLATES, package, write_chart
+from tests.unit.helm.oci_registry import PASSWORD, USER, Registry, running
 
 
 def _unused_host(*_: object) -> int:
@@ -101,3 +103,41 @@ def test_errors_are_one_clear_line_and_a_nonzero_exit(tmp_path: Path) -> None:
     assert (code, err) == (2, "nvcf-mono: --password-file -: there is no standard input to read\n")
     code, _, err = _cli(*oci, "--timeout", "5", stdin=b"s3cret\n")
     assert code == 1 and "standard input" not in err  # the password was read; the registry is not there
+
+
+async def test_a_plain_http_registry_is_named_on_the_command_line(tmp_path: Path) -> None:
+    """``--plain-http-registry`` does for the operator's own renders and validations what the helm plugin's
+    ``plain_http_registries`` does for the platform's; without it such a registry is refused, naming the flag.
+    """
+    registry = Registry(public={"acme/charts/demo"})
+    registry.push("acme/charts/demo", "1.2.3", package(write_chart(tmp_path / "src"), tmp_path / "dist").read_bytes())
+    password = tmp_path / "password"
+    password.write_text(PASSWORD + "\n")
+    async with running(registry, None):  # plain http: the registry, its token service, its blob storage
+        host, storage = registry.base.partition("://")[2], registry.storage.partition("://")[2]
+        chart = f"oci://{host}/acme/charts/demo-1.2.3.tgz"
+        login = ("--username", USER, "--password-file", str(password), "--renderer", "sdk")
+
+        async def cli(*argv: str) -> tuple[int, str, str]:
+            return await anyio.to_thread.run_sync(lambda: _cli(*argv))
+
+        code, out, err = await cli("helm", "render", chart, *login)
+        assert (code, out) == (1, ""), err
+        assert "reached over https only (unless plugins.helm.plain_http_registries or --plain-http-registry" in err
+        listed = ("--plain-http-registry", host, "--plain-http-registry", storage.upper())
+        code, out, err = await cli("helm", "render", chart, *login, *listed, "--json")
+        assert code == 0, err
+        assert json.loads(out)["chart"] == {"name": "demo", "version": "1.2.3"}
+        # validate: the images a chart names are checked in the registry the same way.
+        image = ("--set", f"image={host}/acme/charts/demo:1.2.3", "--validate-images", "--renderer", "sdk")
+        local = str(tmp_path / "src" / "demo")
+        code, out, err = await cli("helm", "validate", local, *image, "--json")
+        assert any("https only (unless" in e for e in json.loads(out)["validationErrors"]), out
+        registry.requests.clear()
+        code, out, err = await cli("helm", "validate", local, *image, *listed, "--json")
+        assert not [e for e in json.loads(out)["validationErrors"] if "image" in e], out
+        assert "/v2/acme/charts/demo/manifests/1.2.3" in [path for path, _ in registry.requests], registry.requests
+        code, out, err = await cli("helm", "render", chart, *login, "--plain-http-registry", "http://" + host)
+        assert (code, out) == (2, "")
+        assert err.startswith("nvcf-mono: --plain-http-registry: 'http://127.0.0.1:"), err
+        assert "is not a server as an image names it (host or host:port" in err

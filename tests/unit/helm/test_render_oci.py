@@ -281,7 +281,8 @@ async def test_a_registry_the_operator_lists_is_pulled_from_over_plain_http(tmp_
         chart = f"oci://{host}/acme/charts/demo-1.2.3.tgz"
         credentials = {host: RegistryCredential(USER, PASSWORD)}
         allowed = ("127.0.0.1/32",)
-        with pytest.raises(HelmRenderError, match=r"https only \(unless plugins\.helm\.plain_http_registries lists"):
+        unlisted = r"https only \(unless plugins\.helm\.plain_http_registries or --plain-http-registry lists"
+        with pytest.raises(HelmRenderError, match=unlisted):
             await _render(chart, RendererOptions(chart_networks=allowed), credentials=credentials)
         # Listed, with its blob storage: pulled, digests checked as over https; the address is still checked.
         listed = RendererOptions(chart_networks=allowed, plain_http=(host, storage))
