@@ -124,7 +124,7 @@ async def test_a_plain_http_registry_is_named_on_the_command_line(tmp_path: Path
         code, out, err = await cli("helm", "render", chart, *login)
         assert (code, out) == (1, ""), err
         assert "reached over https only (unless plugins.helm.plain_http_registries or --plain-http-registry" in err
-        listed = ("--plain-http-registry", host, "--plain-http-registry", storage.upper())
+        listed = ("--plain-http-registry", host, "--plain-http-registry", storage)
         code, out, err = await cli("helm", "render", chart, *login, *listed, "--json")
         assert code == 0, err
         assert json.loads(out)["chart"] == {"name": "demo", "version": "1.2.3"}
