@@ -132,7 +132,7 @@ def _options(args: argparse.Namespace, ctx: CliContext) -> RendererOptions:
         environ=ctx.environ,
         timeout=args.timeout,
         ca_file=args.ca_file,
-        plain_http=tuple(server.lower() for server in args.plain_http),
+        plain_http=tuple(args.plain_http),  # the fetcher compares them in lower case
     )
 
 

@@ -29,8 +29,7 @@ def split_image(image: str) -> tuple[str, str]:
     text = image.strip()
     first, sep, rest = text.partition("/")
     if sep and ("." in first or ":" in first or first == "localhost"):
-        host = first.lower()
-        return (DOCKER_HUB if host in DOCKER_HUB_NAMES else host), rest
+        return registry_host(first), rest
     return DOCKER_HUB, text
 
 
