@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any, final
 
 import anyio
+import anyio.lowlevel
 import attrs
 import nats
 import nats.errors
@@ -18,6 +19,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg as NatsMsg
 from nats.aio.subscription import Subscription as NatsSubscription
+from nats.aio.transport import TcpTransport
 
 from nvcf_mono.bus.api import (
     ERROR_HEADER,
@@ -431,12 +433,22 @@ class _ConnectionEvents:
     """nats-py's callbacks, passed on to the bus once it exists (before: connection errors, logged now and then)."""
 
     def __init__(self, servers: Sequence[str], log: logging.Logger) -> None:
+        self.client: NatsClient | None = None
         self.bus: NatsBus | None = None
         self._servers = servers
         self._log = log
         self._unreachable = Throttle(burst=1, interval=10.0)
 
     async def error(self, err: Exception) -> None:
+        client = self.client
+        if (
+            client is not None
+            and client.is_connecting
+            and (client._reading_task is None or client._reading_task.done())
+        ):
+            # A handshake failed (each failed reconnection attempt ends here): nats-py's next attempt
+            # would replace its socket without closing it.
+            _close_socket(client)
         if self.bus is not None:
             await self.bus.on_error(err)
         else:
@@ -516,10 +528,15 @@ async def open_nats_bus(
     events = _ConnectionEvents(servers, log)
     options = _connect_options(settings, servers, name, events, token=token, inbox_prefix=inbox_prefix)
 
+    nc = events.client = NatsClient()
     # nats-py keeps retrying a failed first connection internally; the deadline is ours.
     try:
-        with anyio.fail_after(settings.connect_retry_for):
-            nc = await nats.connect(**options)
+        try:
+            with anyio.fail_after(settings.connect_retry_for):
+                await nc.connect(**options)
+        except BaseException:
+            await _close(nc, settings.connect_timeout)
+            raise
     except TimeoutError as err:
         where = ", ".join(_redact(s) for s in servers)
         raise BusUnavailable(f"could not connect to NATS at {where} within {settings.connect_retry_for:g}s") from err
@@ -538,6 +555,32 @@ async def open_nats_bus(
                     await nc.drain()
             except (nats.errors.Error, OSError) as err:
                 log.debug("draining the NATS connection: %s", err)
-            finally:
-                if not nc.is_closed:
-                    await nc.close()
+        await _close(nc, settings.connect_timeout)
+
+
+async def _close(nc: NatsClient, timeout: float) -> None:
+    """Close ``nc`` however far its connect, drain or close got.
+
+    nats-py marks a client closed before its close awaits anything, so a close cut short (by a deadline,
+    or a connect cancelled mid-handshake, which nats-py does not clean up) would leave the socket and the
+    client's tasks to the garbage collector, perhaps after the event loop has gone.
+    """
+    with anyio.move_on_after(timeout, shield=True):
+        try:
+            await nc.close()
+        except (nats.errors.Error, OSError):
+            pass  # closing anyway, below
+    for task in (nc._reading_task, nc._ping_interval_task, nc._flusher_task, nc._reconnection_task):
+        if task is not None:
+            task.cancel()
+    _close_socket(nc)
+    with anyio.CancelScope(shield=True):
+        await anyio.lowlevel.checkpoint()  # the loop closes an aborted socket on its next turn
+
+
+def _close_socket(nc: NatsClient) -> None:
+    """Abort the connection nats-py holds for ``nc`` (if not closed already), dropping what is unsent."""
+    transport = nc._transport
+    # TCP (with or without TLS) is the only transport the bus uses: no websockets.
+    if isinstance(transport, TcpTransport) and transport._io_writer is not None:
+        transport._io_writer.transport.abort()
