@@ -6,7 +6,10 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
+import aiohttp
+import anyio
 import attrs
 import pytest
 
@@ -175,3 +178,46 @@ def test_helm_charts_are_refused_by_the_local_backend() -> None:
     refusal = backend.refuse(msg)
     assert refusal is not None and refusal.cause == states.CREATE_CONTAINER_ERROR and "Helm" in refusal.detail
     assert backend.refuse(evolve(msg, launch_specification=LaunchSpecification(gpu_name="H100"))) is None
+
+
+def _backend(tmp_path: Path) -> LocalBackend:
+    return LocalBackend(
+        catalog=CATALOG,
+        environ={},
+        health=HealthSettings(),
+        local=LocalSettings(),
+        log=logging.getLogger("t"),
+        state_dir=tmp_path,
+    )
+
+
+async def test_a_backend_closed_by_a_cancellation_closes_its_http_client(tmp_path: Path) -> None:
+    """The host cancels a plugin that does not stop in time: the backend closes as its task is
+    cancelled, and its HTTP client and its log shipping stop all the same."""
+    backend = _backend(tmp_path)
+    with anyio.CancelScope() as scope:
+        async with backend:
+            session = backend._http
+            scope.cancel()
+            await anyio.sleep(5)
+    assert session is not None and session.closed
+    assert backend._http is None
+
+
+async def test_a_backend_whose_start_is_cancelled_closes_its_http_client(tmp_path: Path) -> None:
+    """The host stops while the compute plugin is still starting: what the backend had opened is
+    closed, not left to the garbage collector (CI saw an unclosed client session so)."""
+    made: list[aiohttp.ClientSession] = []
+    real = aiohttp.ClientSession
+
+    def recorded(*args: Any, **kwargs: Any) -> aiohttp.ClientSession:
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    backend = _backend(tmp_path)
+    with pytest.MonkeyPatch.context() as patch, anyio.CancelScope() as scope:
+        patch.setattr(aiohttp, "ClientSession", recorded)
+        scope.cancel()
+        async with backend:
+            pytest.fail("a cancelled start went on")
+    assert len(made) == 1 and made[0].closed

@@ -25,7 +25,6 @@ from typing import Any, final
 
 import anyio
 import attrs
-from anyio.abc import TaskGroup
 
 from nvcf_mono.backoff import Backoff
 from nvcf_mono.contracts import env, pull_credentials, states
@@ -179,7 +178,6 @@ class KubernetesBackend:
         self._sites: dict[str, Site] = {}
         self._held: dict[str, KubeInstance] = {}
         self._stack: AsyncExitStack | None = None
-        self._tg: TaskGroup | None = None
         self._shipper: LogShipper | None = None
 
     async def __aenter__(self) -> KubernetesBackend:
@@ -193,36 +191,28 @@ class KubernetesBackend:
                 stack.push_async_callback(_close_client, api)
                 site = Site(cluster, cluster_id, Kube(api, cluster.kubernetes, self._log), self._log)
                 self._sites[cluster_id] = site
-            # The watches run until the backend is left (entered and left by the same task, no scope between).
-            tg = anyio.create_task_group()
-            await tg.__aenter__()
-            try:
-                shipper = LogShipper(self._log, self._config.telemetry_proxy)
-                await tg.start(shipper.run)
-                self._shipper = shipper
-                for site in self._sites.values():
-                    await tg.start(site.pods.run)
-                    if site.settings.secrets_refresh > 0:
-                        tg.start_soon(self._keep_secrets_current, site, name=f"kubernetes:{site.cluster.name}:secrets")
-            except BaseException:
-                tg.cancel_scope.cancel()
-                await tg.__aexit__(None, None, None)
-                raise
-            self._tg = tg
+            # The watches run until the backend is left (entered and left by the same task, no scope between);
+            # on the same stack as the clients, so that each is let go whatever fails or is cancelled.
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(tg.cancel_scope.cancel)
+            shipper = LogShipper(self._log, self._config.telemetry_proxy)
+            await tg.start(shipper.run)
+            self._shipper = shipper
+            for site in self._sites.values():
+                await tg.start(site.pods.run)
+                if site.settings.secrets_refresh > 0:
+                    tg.start_soon(self._keep_secrets_current, site, name=f"kubernetes:{site.cluster.name}:secrets")
             self._stack = stack.pop_all()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        tg, self._tg = self._tg, None
         self._shipper = None
-        if tg is not None:
-            tg.cancel_scope.cancel()
-            await tg.__aexit__(None, None, None)
         stack, self._stack = self._stack, None
-        if stack is not None:
-            with anyio.CancelScope(shield=True):
+        try:
+            if stack is not None:
                 await stack.aclose()
-        self._held.clear()
+        finally:
+            self._held.clear()
 
     @property
     def capabilities(self) -> tuple[str, ...]:

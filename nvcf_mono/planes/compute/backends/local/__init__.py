@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
 from functools import partial
 from pathlib import Path
 from typing import final
@@ -23,7 +24,6 @@ from typing import final
 import aiohttp
 import anyio
 import attrs
-from anyio.abc import TaskGroup
 
 from nvcf_mono.contracts import env, states
 from nvcf_mono.contracts.agent import AgentInstance, AgentLog, AgentProcess
@@ -154,17 +154,23 @@ class LocalBackend:
         self._http: aiohttp.ClientSession | None = None
         #: Instances started or taken over and not released yet.
         self._held: dict[str, LocalInstance] = {}
-        self._shipping: TaskGroup | None = None
         self._shipper: LogShipper | None = None
+        #: The HTTP client and the log shipping, held from __aenter__ to __aexit__.
+        self._resources: AsyncExitStack | None = None
 
     async def __aenter__(self) -> LocalBackend:
         self._announce()
-        self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
-        # The instances' output to their logs endpoints: a task group held from here to __aexit__.
-        self._shipping = anyio.create_task_group()
-        await self._shipping.__aenter__()
-        self._shipper = LogShipper(self._log, self._telemetry_proxy)
-        await self._shipping.start(self._shipper.run)
+        # One stack, so that each part is let go whatever fails or is cancelled, here or at __aexit__.
+        async with AsyncExitStack() as stack:
+            self._http = await stack.enter_async_context(
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
+            )
+            # The instances' output to their logs endpoints: a task group held from here to __aexit__.
+            shipping = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(shipping.cancel_scope.cancel)
+            self._shipper = LogShipper(self._log, self._telemetry_proxy)
+            await shipping.start(self._shipper.run)
+            self._resources = stack.pop_all()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -174,14 +180,12 @@ class LocalBackend:
                 proc.detach()
         self._held.clear()
         self._users.let_go()  # their running processes keep their users from others until the next agent
-        if self._shipping is not None:
-            self._shipping.cancel_scope.cancel()
-            await self._shipping.__aexit__(None, None, None)
-            self._shipping = self._shipper = None
-        if self._http is not None:
-            with anyio.move_on_after(2, shield=True):
-                await self._http.close()
-            self._http = None
+        resources, self._resources = self._resources, None
+        try:
+            if resources is not None:
+                await resources.aclose()
+        finally:
+            self._shipper = self._http = None
 
     def _announce(self) -> None:
         self._users.announce(self._state_dir)
