@@ -19,6 +19,7 @@ from nvcf_mono.bus.embedded import find_nats_server
 from nvcf_mono.host import Host
 from nvcf_mono.testing.host import config_for_test, running_host
 from tests.support.procs import live_processes
+from tests.support.sockets import LISTEN, tcp_sockets
 
 
 def _pids_on(store: Path) -> list[int]:
@@ -114,22 +115,8 @@ async def test_an_orphaned_server_on_the_store_is_reaped_not_duplicated(tmp_path
 
 
 def _listening_ports(pid: int) -> set[int]:
-    """TCP ports process ``pid`` listens on: its socket inodes in the LISTEN state of /proc/net/tcp*."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target.removeprefix("socket:[").removesuffix("]"))
-    ports = set()
-    for table in ("tcp", "tcp6"):
-        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
+    """TCP ports process ``pid`` listens on."""
+    return {sock.local_port for sock in tcp_sockets(pid) if sock.state == LISTEN}
 
 
 def _client_port(host: Host) -> int:

@@ -6,9 +6,7 @@ event loop has gone, and a long-running node would hold one for every failed att
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-from pathlib import Path
 
 import anyio
 import pytest
@@ -17,24 +15,12 @@ from nvcf_mono.bus.api import ConnectionState
 from nvcf_mono.bus.errors import BusUnavailable
 from nvcf_mono.testing.nats_server import NatsServer
 from tests.conftest import connect
+from tests.support.sockets import tcp_sockets
 
 
 def _sockets_to(port: int) -> int:
-    """How many of this process's open TCP sockets lead to ``port`` on 127.0.0.1 (any state)."""
-    inodes = set()
-    for fd in Path("/proc/self/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target.removeprefix("socket:[").removesuffix("]"))
-    count = 0
-    for line in Path("/proc/self/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if int(fields[2].rsplit(":", 1)[1], 16) == port and fields[9] in inodes:
-            count += 1
-    return count
+    """How many of this process's open TCP sockets lead to ``port`` (any state)."""
+    return sum(1 for sock in tcp_sockets() if sock.remote_port == port)
 
 
 async def test_failed_reconnection_attempts_leave_no_socket_open() -> None:
