@@ -1,5 +1,5 @@
-"""The bus leaves no socket open behind it: not after a failed connection attempt, not after a connect
-its deadline cut short. A socket nobody closes is closed by the garbage collector, perhaps after the
+"""The bus leaves no socket open behind it: not after a failed connection attempt, nor after a connect
+or a close that its deadline cut short. A socket nobody closes is closed by the garbage collector, perhaps after the
 event loop has gone, and a long-running node would hold one for every failed attempt until then.
 """
 
