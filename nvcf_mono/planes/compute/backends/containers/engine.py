@@ -21,6 +21,7 @@ import aiohttp
 import anyio
 import attrs
 
+from nvcf_mono.backoff import Backoff
 from nvcf_mono.planes.compute.config import ContainerSettings
 
 Kind = Literal["podman", "docker"]
@@ -113,6 +114,7 @@ class Engine:
         """The layers (diff IDs) of the tagged images whose names ``wanted`` takes, of the first
         :data:`IMAGES_READ` the engine lists.
         """
+        backoff = Backoff(0.2, 1.0)
         for attempt in range(_LIST_TRIES):
             try:
                 images = (await self._call(self.docker.images.list()))[:IMAGES_READ]
@@ -122,7 +124,7 @@ class Engine:
                 # removed or replaced meanwhile): the next list does not have it.
                 if err.status < 500 or attempt + 1 == _LIST_TRIES:
                     raise
-                await anyio.sleep(0.2)
+                await anyio.sleep(backoff.next())
         found: set[str] = set()
         for image in images:
             names = [str(tag) for tag in image.get("RepoTags") or () if tag and tag != "<none>:<none>"]
