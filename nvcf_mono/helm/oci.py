@@ -42,7 +42,8 @@ CHART_LAYERS = ("application/vnd.cncf.helm.chart.content.v1.tar+gzip", "applicat
 #: Registries refuse manifests larger than this (the distribution project's limit).
 MANIFEST_LIMIT = 4 * 1024 * 1024
 _TOKEN_LIMIT = 1024 * 1024
-#: A tag list is read a page at a time, each at most this large, and no more pages than this.
+#: A tag list is read a page at a time, each at most this large, and no more pages than this (a
+#: repository with more tags must be given a version).
 _TAGS_LIMIT = 1024 * 1024
 _TAGS_PAGE = 1000
 _TAGS_PAGES = 20
@@ -153,6 +154,11 @@ class Registry:
             listed = _json(self._fetcher, got, "its list of tags").get("tags") or []
             tags += [t for t in listed if isinstance(t, str)] if isinstance(listed, list) else []
             page = self._next_page(got)
+        if page is not None:  # the newest may be among the tags not read: never guess
+            raise self._fetcher.fail(
+                f"the tag list of {self._ref.repository} goes on past the {_TAGS_PAGES} pages read to find its newest"
+                f" version; name the version ({_FORMS})"
+            )
         newest = newest_version(tags)
         if newest is None:
             raise self._fetcher.fail(f"no tag of {self._ref.repository} is a version; name one ({_FORMS})")

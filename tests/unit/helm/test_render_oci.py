@@ -100,6 +100,22 @@ async def test_without_a_tag_the_newest_release_is_pulled(tmp_path: Path) -> Non
         assert {auth for path, auth in registry.requests if path.startswith("/v2/")} >= {f"Bearer {ANONYMOUS}"}
 
 
+async def test_a_tag_list_too_long_to_read_whole_asks_for_a_version(tmp_path: Path) -> None:
+    ca_file, context = issue_tls(tmp_path)
+    registry = Registry(public={"charts/demo"})
+    archive = _archive(tmp_path)
+    # 20 pages of two tags are read; the newest is on the 21st page, so no version is guessed.
+    for minor in range(41):
+        registry.push("charts/demo", f"1.{minor:02}.0", archive)
+    async with running(registry, context):
+        chart = f"oci://{_host(registry)}/charts/demo"
+        with pytest.raises(HelmRenderError, match=r"tag list of charts/demo goes on past the 20 pages .*; name the"):
+            await _render(chart, RendererOptions(ca_file=ca_file))
+        pages = {path for path, _ in registry.requests if path.startswith("/v2/charts/demo/tags/list")}
+        assert len(pages) == 20
+        assert await _render(f"{chart}:1.40.0", RendererOptions(ca_file=ca_file)) == "1.2.3"
+
+
 def test_the_newest_version_follows_semantic_versioning() -> None:
     assert newest_version(["1.0.0", "1.10.0", "1.9.0", "latest", "v1.10.1_build.5", "2.0.0-rc.1"]) == "v1.10.1_build.5"
     assert newest_version(["2.0.0-rc.1", "2.0.0-rc.10", "2.0.0-rc.2", "2.0.0-beta", "2.0.0-rc"]) == "2.0.0-rc.10"
