@@ -48,7 +48,9 @@ def terminate_consumer(cluster_id: str) -> ConsumerSpec:
     )
 
 
-def request_stream(region: str, function_version_id: str, *, max_msgs: int, max_msg_size: int) -> StreamSpec:
+def request_stream(
+    region: str, function_version_id: str, *, max_msgs: int, max_msg_size: int, duplicate_window: float
+) -> StreamSpec:
     """The durable request buffer of one function version (work queue; a full queue refuses: 429).
 
     No ``max_bytes``: JetStream reserves a stream's byte limit out of the server's whole store when
@@ -56,6 +58,10 @@ def request_stream(region: str, function_version_id: str, *, max_msgs: int, max_
     versions ever deployed (the 11th version of 1 GiB filled a 10 GiB store). Messages are bounded
     (``max_msg_size``: larger bodies go to the object store), the count by ``max_msgs``, and the
     invocation plane enforces each version's byte quota itself.
+
+    ``duplicate_window``: how long JetStream remembers a request id, so that a publish retried after an
+    unanswered first attempt is not stored twice. Only as long as such retries go on: the server keeps
+    every id of the window in memory, so its memory grows with the request rate times the window.
     """
     return StreamSpec(
         name=subjects.request_stream(region, function_version_id),
@@ -68,6 +74,7 @@ def request_stream(region: str, function_version_id: str, *, max_msgs: int, max_
         # One message per request id: a repeated publish is a duplicate, not a second request.
         max_msgs_per_subject=1,
         discard_new_per_subject=True,
+        duplicate_window=duplicate_window,
     )
 
 

@@ -88,7 +88,8 @@ class InvocationConfig:
     publish_patience: Seconds = setting(
         15.0,
         doc="How long storing a request may wait for the bus (a NATS node lost: its streams elect new leaders) "
-        "before the caller gets 503 with Retry-After; the request id keeps a retried store from counting twice.",
+        "before the caller gets 503 with Retry-After; the request id keeps a retried store from counting twice "
+        "(the queue remembers each id for twice this long).",
         check=positive,
     )
     ack_wait: Seconds = setting(

@@ -92,6 +92,8 @@ class Dispatcher:
                     function_version_id,
                     max_msgs=c.queue_max_messages,
                     max_msg_size=min(self.inline_limit + HEADER_ROOM, self._bus.max_payload),
+                    # Outlasts every retry of a publish (they stop after publish_patience).
+                    duplicate_window=2 * c.publish_patience,
                 )
             )
             await self._bus.stream(self.stream_name(function_version_id)).ensure_consumer(

@@ -32,7 +32,9 @@ def region_of(p: Platform) -> str:
 async def request_stream(p: Platform, version_id: str, *, consumer: bool = True) -> Stream:
     """The version's request stream and workers' durable, as the invocation plane ensures them."""
     region = region_of(p)
-    await p.bus.ensure_stream(streams.request_stream(region, version_id, max_msgs=10_000, max_msg_size=1024 * 1024))
+    await p.bus.ensure_stream(
+        streams.request_stream(region, version_id, max_msgs=10_000, max_msg_size=1024 * 1024, duplicate_window=30.0)
+    )
     stream = p.bus.stream(subjects.request_stream(region, version_id))
     if consumer:
         await stream.ensure_consumer(streams.request_consumer(region, version_id, ack_wait=30.0))
