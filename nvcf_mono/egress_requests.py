@@ -22,6 +22,7 @@ from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConn
 from urllib3.util.connection import create_connection
 
 from nvcf_mono.contracts.egress import EgressRefused, Network, connectable, proxied_refusal
+from nvcf_mono.tracing import Credentials
 
 
 class _Checked(HTTPConnection):
@@ -55,9 +56,12 @@ class _CheckedTLS(_Checked, HTTPSConnection):
 
 
 class _Adapter(HTTPAdapter):
-    def __init__(self, allowed: tuple[Network, ...], proxy: str | None = None) -> None:
+    def __init__(
+        self, allowed: tuple[Network, ...], proxy: str | None = None, credentials: Credentials | None = None
+    ) -> None:
         self._allowed = allowed
         self._proxy = proxy
+        self._credentials = credentials
         attrs = {"allowed": allowed}
         self._pools = {
             "http": type(
@@ -76,6 +80,9 @@ class _Adapter(HTTPAdapter):
         self.poolmanager.pool_classes_by_scheme = self._pools
 
     def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:
+        if self._credentials is not None:
+            # Last, over what the exporter was made with: a secret replaced since applies at once.
+            request.headers.update(self._credentials.current())
         if self._proxy is not None:
             # The proxy dials the destination, not our connection classes: check what can be checked here.
             host = urlsplit(request.url or "").hostname or ""
@@ -86,13 +93,15 @@ class _Adapter(HTTPAdapter):
         return super().send(request, *args, **kwargs)
 
 
-def checked_session(allowed: Sequence[Network], proxy: str | None = None) -> requests.Session:
+def checked_session(
+    allowed: Sequence[Network], proxy: str | None = None, *, credentials: Credentials | None = None
+) -> requests.Session:
     """A session whose connections go only to public addresses and to ``allowed``; through ``proxy`` (the
-    operator's) when given.
+    operator's) when given; sending the current ``credentials`` with every request.
     """
     session = requests.Session()
     session.trust_env = False  # no proxy from the environment: it would connect where we do not check
-    adapter = _Adapter(tuple(allowed), proxy)
+    adapter = _Adapter(tuple(allowed), proxy, credentials)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     return session

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
@@ -45,9 +45,34 @@ class TracingUnavailable(RuntimeError):
     """Tracing is configured but OpenTelemetry is not installed."""
 
 
+@final
+class Credentials:
+    """The headers that authenticate to a receiver, renewed in place while exporters send with them (a
+    telemetry endpoint's secret replaced while the instance runs). Replaced whole, never edited, so a
+    sender in another thread reads the old set or the new one.
+    """
+
+    __slots__ = ("_headers",)
+
+    def __init__(self, headers: Mapping[str, str]) -> None:
+        self._headers = dict(headers)
+
+    def current(self) -> dict[str, str]:
+        return dict(self._headers)
+
+    def renew(self, headers: Mapping[str, str]) -> bool:
+        """Send with ``headers`` from now on; whether they differ from the current ones."""
+        fresh = dict(headers)
+        if fresh == self._headers:
+            return False
+        self._headers = fresh
+        return True
+
+
 @attrs.frozen
 class OtlpTarget:
-    """An OTLP/HTTP receiver of one signal: its whole URL, and the headers that authenticate to it.
+    """An OTLP/HTTP receiver of one signal: its whole URL, and the headers that authenticate to it
+    (``credentials``: the current ones, renewed for a tenant's endpoint; ``headers``: those it had first).
 
     ``networks``: a tenant's endpoint, reached only at public addresses and in these networks
     (:mod:`nvcf_mono.contracts.egress`); None for the operator's own collector. ``proxy``: the operator's
@@ -58,15 +83,20 @@ class OtlpTarget:
     headers: Mapping[str, str] = attrs.field(factory=dict)
     networks: tuple[str, ...] | None = None
     proxy: str | None = None
+    credentials: Credentials = attrs.field(
+        default=attrs.Factory(lambda self: Credentials(self.headers), takes_self=True), eq=False, repr=False
+    )
 
     def session(self) -> Any:
-        """The ``requests`` session an exporter to this receiver uses (None: the exporter's own)."""
+        """The ``requests`` session an exporter to this receiver uses (None: the exporter's own); it sends
+        the current :attr:`credentials` with every request.
+        """
         if self.networks is None:
             return None
         from nvcf_mono.contracts.egress import parse
         from nvcf_mono.egress_requests import checked_session
 
-        return checked_session(parse(self.networks), self.proxy)
+        return checked_session(parse(self.networks), self.proxy, credentials=self.credentials)
 
     @classmethod
     def at(cls, endpoint: str, signal: str) -> OtlpTarget:

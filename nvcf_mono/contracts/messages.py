@@ -277,9 +277,13 @@ class SecretsFetch(WireModel):
 
 @wire
 class SecretsReply(WireModel):
-    """Name -> value (a string, or a JSON object as given)."""
+    """Name -> value (a string, or a JSON object as given); and ``NVCF_TELEMETRY_EXPORTS`` as it is now
+    (a telemetry's secret may have been replaced since the instance started; None: no endpoint, or a
+    control plane that does not say).
+    """
 
     secrets: dict[str, Any]
+    telemetry_exports: str | None = None
 
 
 # ---- task workers -> control plane (relayed by the invocation node that holds their gRPC call) ------

@@ -10,14 +10,13 @@ fails its health checks the worker tells the node it is not ready (no new work) 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import time
 import zipfile
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import IO, TYPE_CHECKING, Protocol, final
+from typing import IO, TYPE_CHECKING, final
 
 import anyio
 import attrs
@@ -47,8 +46,6 @@ from nvcf_mono.proto.gen.nvcf.worker.v1 import (
     LargeResponseChunk,
     LargeResponseStored,
     RequestFailed,
-    SecretsRequest,
-    SecretsResponse,
     WorkerHello,
     WorkerMessage,
     WorkerStatus,
@@ -947,25 +944,6 @@ def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
 async def _relay(frames: AsyncIterator[Frame], answer: Callable[[Frame], Awaitable[None]]) -> None:
     async for frame in frames:
         await answer(frame)
-
-
-class _Platform(endpoint.Dial, Protocol):
-    @property
-    def worker_token(self) -> str: ...
-
-
-async def fetch_secrets(config: _Platform) -> dict[str, object]:
-    """The instance's secrets from the platform (through the invocation plane)."""
-    async with endpoint.channel(config) as channel:
-        with anyio.fail_after(30):
-            async with channel.request(
-                f"{SERVICE}/FetchSecrets", Cardinality.UNARY_UNARY, SecretsRequest, SecretsResponse
-            ) as stream:
-                await stream.send_message(SecretsRequest(worker_token=config.worker_token), end=True)
-                reply = await stream.recv_message()
-    assert reply is not None
-    secrets: dict[str, object] = json.loads(reply.secrets_json or "{}")
-    return secrets
 
 
 @final

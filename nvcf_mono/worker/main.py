@@ -2,30 +2,25 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
 import anyio
-from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from nvcf_mono import tracing
-from nvcf_mono.backoff import Backoff
 from nvcf_mono.contracts import env, trace
 from nvcf_mono.contracts.telemetry import targets
-from nvcf_mono.state_dir import write_private
 from nvcf_mono.worker import endpoint
-from nvcf_mono.worker.agent import Worker, WorkerState, fetch_secrets
+from nvcf_mono.worker.agent import Worker, WorkerState
 from nvcf_mono.worker.config import WorkerConfig
 from nvcf_mono.worker.health import serve_health
+from nvcf_mono.worker.secrets import fetch_secrets, keep_secrets_current, renew_credentials, write_secrets
 from nvcf_mono.worker.task import TaskConfig, TaskWorker
 from nvcf_mono.worker.telemetry import InstanceTelemetry
 
 log = logging.getLogger("nvcf_mono.worker")
-SECRETS_MODE = 0o640
 
 
 class SidecarConfig(endpoint.Dial, Protocol):
@@ -61,9 +56,10 @@ async def run_worker(worker: Sidecar, *, secrets: bool) -> None:
     and sending the function's telemetry where it has endpoints).
     """
     config = worker.config
-    observed = observe(worker)
+    exports = targets(config.telemetry_exports, config.telemetry_proxy)
+    observed = observe(worker, exports)
     try:
-        await _serve(worker, config, secrets=secrets)
+        await _serve(worker, config, exports, secrets=secrets)
     finally:
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
             if observed is not None:
@@ -72,7 +68,7 @@ async def run_worker(worker: Sidecar, *, secrets: bool) -> None:
                 await anyio.to_thread.run_sync(tracing.shutdown)  # what is left goes out
 
 
-def observe(worker: Sidecar) -> InstanceTelemetry | None:
+def observe(worker: Sidecar, exports: Mapping[str, tracing.OtlpTarget]) -> InstanceTelemetry | None:
     """Tracing to the platform's collector and the workload's traces endpoint; a function instance's
     request metrics (recorded by its worker) and the worker's log to the workload's other endpoints.
 
@@ -88,7 +84,6 @@ def observe(worker: Sidecar) -> InstanceTelemetry | None:
             traced.append(tracing.OtlpTarget.at(config.traces_endpoint, "traces"))
     elif isinstance(config, TaskConfig):
         resource[trace.TASK_ID] = config.task_id
-    exports = targets(config.telemetry_exports, config.telemetry_proxy)
     if "traces" in exports and isinstance(worker, Worker):  # a task's worker serves no invocations to trace
         traced.append(exports["traces"])
     metrics = exports.get("metrics") if isinstance(worker, Worker) else None
@@ -112,58 +107,25 @@ def observe(worker: Sidecar) -> InstanceTelemetry | None:
     return observed
 
 
-async def _serve(worker: Sidecar, config: SidecarConfig, *, secrets: bool) -> None:
+async def _serve(
+    worker: Sidecar, config: SidecarConfig, exports: Mapping[str, tracing.OtlpTarget], *, secrets: bool
+) -> None:
     async with anyio.create_task_group() as tg:
         port = await tg.start(serve_health, worker.state, config.own_health_port)
         log.info("health endpoints on port %d", port)
-        if config.secrets_file:
-            path = Path(config.secrets_file)
-            written: dict[str, object] | None = None
-            if secrets:
-                written = await fetch_secrets(config)
-                write_secrets(path, written)
-            if config.secrets_refresh > 0:
-                # Also without secrets at launch: the account's or function's first ones arrive the same way.
-                tg.start_soon(keep_secrets_current, config, path, written)
+        path = Path(config.secrets_file) if config.secrets_file else None
+        written: dict[str, object] | None = None
+        if path is not None and secrets:
+            fetched = await fetch_secrets(config)
+            write_secrets(path, fetched.values)
+            written = fetched.values
+            renew_credentials(exports, fetched.telemetry_exports)
+        if config.secrets_refresh > 0 and (path is not None or exports):
+            # Also without secrets at launch: the account's or function's first ones arrive the same way;
+            # and a telemetry endpoint's replaced secret.
+            tg.start_soon(keep_secrets_current, config, config.secrets_refresh, path, written, exports)
         await worker.run()
         tg.cancel_scope.cancel()
-
-
-def write_secrets(path: Path, values: dict[str, object]) -> None:
-    """Replace the secrets file atomically (a reader sees the old file or the new one, never a part)."""
-    data = json.dumps(values).encode()
-    # Group-readable: on a root platform the server runs as another user of the instance's own group
-    # (the instance directory keeps everyone else out). A file already there keeps its mode: the
-    # containers backend opens it to whichever user the image runs as (0644, in a closed directory).
-    try:
-        mode = stat.S_IMODE(path.stat().st_mode) & 0o644
-    except FileNotFoundError:
-        mode = SECRETS_MODE
-    write_private(path, data, mode=mode)
-    log.info("wrote %d secrets to %s", len(values), path)
-
-
-async def keep_secrets_current(config: SidecarConfig, path: Path, written: dict[str, object] | None) -> None:
-    """Fetch the secrets every ``secrets_refresh`` seconds; rewrite the file when they changed (``written``
-    None: no file yet, made once there is a secret).
-
-    A failed fetch (the platform restarting, say) keeps the file as it is and is tried again sooner.
-    """
-    backoff = Backoff(initial=min(1.0, config.secrets_refresh), maximum=config.secrets_refresh)
-    delay = config.secrets_refresh
-    while True:
-        await anyio.sleep(delay)
-        try:
-            values = await fetch_secrets(config)
-        except (OSError, TimeoutError, GRPCError, StreamTerminatedError) as err:
-            delay = backoff.next()
-            log.warning("could not fetch updated secrets (trying again in %.0fs): %s", delay, err)
-            continue
-        backoff.reset()
-        delay = config.secrets_refresh
-        if values != written and (values or written is not None):
-            write_secrets(path, values)
-            written = values
 
 
 def build(environ: Mapping[str, str]) -> tuple[Sidecar, bool]:

@@ -110,7 +110,8 @@ class KubernetesSettings:
     secrets_refresh: Seconds = setting(
         30.0,
         doc="How often the agent fetches each instance's secrets again and updates its Secret when they changed "
-        "(the kubelet then replaces the mounted file, within its sync period); 0: never.",
+        "(the kubelet then replaces the mounted file, within its sync period); also how often the instance's "
+        "worker, and the agent sending its output, ask for its telemetry endpoints' secrets; 0: never.",
         check=at_least(0),
     )
     nvcf_backend: bool = setting(
@@ -290,7 +291,8 @@ class LocalSettings:
     secrets_refresh: Seconds = setting(
         10.0,
         doc="How often an instance's worker fetches the function's secrets again and rewrites its secrets file "
-        "(atomically) when they changed, so an update reaches running instances within this time (0: never).",
+        "(atomically) when they changed, so an update reaches running instances within this time; a telemetry "
+        "endpoint's new secret too, in the worker's exports and the agent's sending of its output (0: never).",
         check=at_least(0),
     )
     secrets_timeout: Seconds = setting(

@@ -38,6 +38,7 @@ from nvcf_mono.contracts import env, trace
 from nvcf_mono.contracts.egress import EgressRefused, host_refusal, parse
 from nvcf_mono.contracts.telemetry import exports_problem, targets
 from nvcf_mono.egress_aiohttp import checked_session, url_refusal
+from nvcf_mono.worker.secrets import Source, fetch_secrets, renew_credentials
 
 #: Bytes of a log read and sent per round; a line longer than this goes out in pieces.
 MAX_READ = 256 * 1024
@@ -157,12 +158,23 @@ class _StreamLines:
         self._queue.clear()
 
 
+@attrs.frozen
+class Renewal:
+    """How an instance's logs endpoint credentials are asked for again, and how often: a telemetry
+    endpoint's secret replaced while the instance runs is sent with from the next round on.
+    """
+
+    source: Source
+    every: float
+
+
 @attrs.define
 class _Watched:
     instance_id: str
     source: _Source
     target: tracing.OtlpTarget
     resource: dict[str, str]
+    renewal: Renewal | None = None
     done: anyio.Event = attrs.Factory(anyio.Event)
     warned_at: float = -WARN_EVERY
 
@@ -244,7 +256,14 @@ class LogShipper:
         return client
 
     def watch(
-        self, instance_id: str, path: Path, target: tracing.OtlpTarget, resource: Mapping[str, str], *, from_end: bool
+        self,
+        instance_id: str,
+        path: Path,
+        target: tracing.OtlpTarget,
+        resource: Mapping[str, str],
+        *,
+        from_end: bool,
+        renewal: Renewal | None = None,
     ) -> None:
         """Send ``path``'s new lines to ``target`` (``from_end``: only what is written from now on, for an
         instance taken over from an agent that may have sent the rest).
@@ -253,7 +272,7 @@ class LogShipper:
             offset = path.stat().st_size if from_end else 0
         except OSError:
             offset = 0
-        self._start(instance_id, _FileLines(path, offset), target, resource)
+        self._start(instance_id, _FileLines(path, offset), target, resource, renewal)
 
     def follow(
         self,
@@ -261,21 +280,30 @@ class LogShipper:
         produce: Callable[[Put], Awaitable[None]],
         target: tracing.OtlpTarget,
         resource: Mapping[str, str],
+        *,
+        renewal: Renewal | None = None,
     ) -> None:
         """Send the lines ``produce`` hands to the :data:`Put` it is given to ``target``, a round's worth at a
         time, until :meth:`forget`.
         """
-        self._start(instance_id, _StreamLines(produce), target, resource)
+        self._start(instance_id, _StreamLines(produce), target, resource, renewal)
 
     def _start(
-        self, instance_id: str, source: _Source, target: tracing.OtlpTarget, resource: Mapping[str, str]
+        self,
+        instance_id: str,
+        source: _Source,
+        target: tracing.OtlpTarget,
+        resource: Mapping[str, str],
+        renewal: Renewal | None,
     ) -> None:
         if self._tg is None or instance_id in self._watched:
             return
         if not tracing.installed():
             self._log.warning("instance %s: its output is not sent: OpenTelemetry is not installed", instance_id)
             return
-        watched = _Watched(instance_id=instance_id, source=source, target=target, resource=dict(resource))
+        watched = _Watched(
+            instance_id, source, target, dict(resource), renewal if renewal and renewal.every > 0 else None
+        )
         self._watched[instance_id] = watched
         self._tg.start_soon(self._ship, watched, name=f"log shipping {instance_id}")
 
@@ -289,6 +317,8 @@ class LogShipper:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(w.source.run)
+                if w.renewal is not None:
+                    tg.start_soon(self._renew, w, w.renewal)
                 while True:
                     with anyio.move_on_after(INTERVAL):
                         await w.done.wait()
@@ -308,8 +338,24 @@ class LogShipper:
             if self._watched.get(w.instance_id) is w:
                 del self._watched[w.instance_id]
 
+    async def _renew(self, w: _Watched, renewal: Renewal) -> None:
+        """Ask for the instance's telemetry credentials every ``renewal.every`` seconds; a failed ask keeps
+        the current ones until the next.
+        """
+        while True:
+            await anyio.sleep(renewal.every)
+            try:
+                fetched = await fetch_secrets(renewal.source)
+            except Exception as err:  # grpclib's errors, OSError, a timeout: all mean "not now"
+                self._log.debug("instance %s: cannot ask for its telemetry credentials: %s", w.instance_id, err)
+                continue
+            if renew_credentials({"logs": w.target}, fetched.telemetry_exports):
+                self._log.info(
+                    "instance %s: its logs endpoint's secret was replaced: sending with the new one", w.instance_id
+                )
+
     async def _post(self, w: _Watched, lines: list[Line]) -> None:
-        headers = {**w.target.headers, "Content-Type": "application/x-protobuf"}
+        headers = {**w.target.credentials.current(), "Content-Type": "application/x-protobuf"}
         networks = w.target.networks or ()
         try:
             allowed = parse(networks)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 from typing import Any, final
 
 from anyio.abc import TaskStatus
@@ -37,6 +38,7 @@ from nvcf_mono.planes.control.context import Control
 from nvcf_mono.planes.control.reconcile.ledger import FailurePolicy, apply_ack, apply_report
 from nvcf_mono.planes.control.service import open_secrets
 from nvcf_mono.planes.control.tasks import task_reports
+from nvcf_mono.planes.control.telemetry import exports_of, worker_exports
 from nvcf_mono.structure import evolve
 
 _PHASE_STATE = {
@@ -272,4 +274,16 @@ class Icms:
             sealed = await self._ctl.store.secrets.fetch(key)
             if sealed is not None:
                 values.update(open_secrets(self._ctl, key, sealed))
-        return SecretsReply(secrets=values)
+        return SecretsReply(secrets=values, telemetry_exports=self._telemetry_exports(claims))
+
+    def _telemetry_exports(self, claims: Mapping[str, Any]) -> str | None:
+        """The workload's ``NVCF_TELEMETRY_EXPORTS`` with the telemetry secrets as they are now."""
+        store = self._ctl.store
+        if claims.get("tid"):
+            task = store.tasks.get(str(claims["tid"]))
+            nca, chosen = (task.nca_id, task.telemetries) if task is not None else ("", None)
+        else:
+            fv = store.functions.get(buckets.version_key(str(claims["fid"]), str(claims["fvid"])))
+            nca, chosen = (fv.nca_id, fv.telemetries) if fv is not None else ("", None)
+        exports = exports_of(store, self._ctl.keyring, nca, chosen, self._ctl.config.telemetry_networks)
+        return worker_exports(exports) if exports else None

@@ -265,7 +265,9 @@ class WorkerService:
             raise GRPCError(status, err.message) from err
         except BusError as err:
             raise GRPCError(Status.UNAVAILABLE, f"the control plane did not answer: {err}") from err
-        await stream.send_message(SecretsResponse(secrets_json=json.dumps(reply.secrets)))
+        await stream.send_message(
+            SecretsResponse(secrets_json=json.dumps(reply.secrets), telemetry_exports_json=reply.telemetry_exports)
+        )
 
     async def _fetch_body(self, stream: Stream[BodyRequest, BodyChunk]) -> None:
         req = await stream.recv_message()

@@ -40,6 +40,10 @@ class Received:
     points: list[dict[str, Any]] = attrs.Factory(list)
     records: list[dict[str, Any]] = attrs.Factory(list)
     auth: set[str] = attrs.Factory(set)
+    #: The tokens it takes (a test rotating the secret adds the new one).
+    tokens: set[str] = attrs.Factory(lambda: {TOKEN})
+    #: The Authorization headers of each signal's exports.
+    auth_of: dict[str, set[str]] = attrs.Factory(dict)
 
 
 def _attributes(items: Any) -> dict[str, Any]:
@@ -76,25 +80,32 @@ async def otlp_receiver() -> AsyncIterator[tuple[str, Received]]:
                         attributes = _attributes(point.attributes)
                         got.points.append({"name": metric.name, "value": value, "resource": resource, **attributes})
 
-    def logs(body: bytes) -> None:
+    def logs(body: bytes, auth: str) -> None:
         for rl in ExportLogsServiceRequest.FromString(body).resource_logs:
             resource = _attributes(rl.resource.attributes)
             for scope in rl.scope_logs:
-                got.records.extend({"body": r.body.string_value, "resource": resource} for r in scope.log_records)
+                got.records.extend(
+                    {"body": r.body.string_value, "resource": resource, "auth": auth} for r in scope.log_records
+                )
 
-    def receiver(decode: Callable[[bytes], None]) -> Callable[[web.Request], Awaitable[web.Response]]:
+    def receiver(signal: str, decode: Callable[..., None]) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def export(request: web.Request) -> web.Response:
-            got.auth.add(request.headers.get("Authorization", ""))
-            if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+            auth = request.headers.get("Authorization", "")
+            got.auth.add(auth)
+            got.auth_of.setdefault(signal, set()).add(auth)
+            if auth not in {f"Bearer {token}" for token in got.tokens}:
                 return web.Response(status=401)
-            decode(await request.read())
+            if decode is logs:
+                logs(await request.read(), auth)
+            else:
+                decode(await request.read())
             return web.Response(content_type="application/x-protobuf")
 
         return export
 
     app = web.Application()
     for signal, decode in (("traces", traces), ("metrics", metrics), ("logs", logs)):
-        app.router.add_post(f"/collector/v1/{signal}", receiver(decode))
+        app.router.add_post(f"/collector/v1/{signal}", receiver(signal, decode))
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -196,6 +207,50 @@ async def test_an_instance_sends_its_traces_metrics_and_log_to_the_functions_end
         assert max(pt["value"] for pt in points if pt.get("http.response.status_code") == 200) == 1
         assert any(pt["name"] == "nvcf.worker.request.duration" for pt in got.points)
         assert got.auth == {f"Bearer {TOKEN}"}, "every export carried the tenant's token, and only it"
+
+
+async def test_a_replaced_secret_reaches_the_running_instances_exports(tmp_path: Path) -> None:
+    """PUT /v2/nvcf/secrets/telemetries/{id} while an instance runs: within the refresh interval its worker's
+    exports and the agent sending its output carry the new token, without a restart.
+    """
+    settings = {**LOOPBACK, "plugins.compute.local.secrets_refresh": "0.5"}
+    async with otlp_receiver() as (url, got), compute_platform(tmp_path, **settings) as p:
+        tid = await telemetry_endpoint(p.admin, url, "TRACES", "LOGS")
+        fid, _, d = await create(p.admin, function(telemetries={"tracesTelemetryId": tid, "logsTelemetryId": tid}))
+        await deploy(p.admin, d, spec())
+        await wait_status(p.admin, d, "ACTIVE")
+        assert (await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "before"})).status == 200
+        (view,) = await running(p.bus, CLUSTER_A)
+        pid = pids([view])
+        rotated = "tenant-OTLP-token-8"
+        got.tokens.add(rotated)
+        put = await p.admin.put(
+            f"/v2/nvcf/secrets/telemetries/{tid}", {"secret": {"name": "collector", "value": rotated}}
+        )
+        assert put.status == 204, put.body
+
+        async def sent_with(service: str) -> bool:
+            return any(
+                r["auth"] == f"Bearer {rotated}" and r["resource"].get("service.name") == service for r in got.records
+            )
+
+        # The worker's own log, and the server's output the agent sends (its lines of each call).
+        for i in range(40):
+            reply = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": f"after-{i}"})
+            assert reply.status == 200, reply.body
+            if await sent_with("nvcf-mono-worker") and await sent_with("echo"):
+                break
+            await anyio.sleep(0.5)
+        await wait_for(lambda: sent_with("nvcf-mono-worker"), timeout=10, what="the worker's log with the new token")
+        await wait_for(lambda: sent_with("echo"), timeout=10, what="the server's output with the new token")
+
+        async def traced() -> bool:
+            return f"Bearer {rotated}" in got.auth_of.get("traces", set())
+
+        await wait_for(traced, timeout=10, what="the worker's spans with the new token")
+        (again,) = await running(p.bus, CLUSTER_A)
+        assert pids([again]) == pid, "the same processes: nothing was restarted"
+        assert got.auth <= {f"Bearer {TOKEN}", f"Bearer {rotated}"}
 
 
 async def test_a_tasks_worker_log_and_its_programs_sdk_go_to_the_tasks_endpoint(tmp_path: Path) -> None:

@@ -231,7 +231,7 @@ async def test_functions_choose_endpoints_of_the_right_kind_and_keep_them(tmp_pa
         assert variables["OTEL_SERVICE_NAME"] == "echo"
         assert f"nvcf.function_id={fn['id']}" in variables["OTEL_RESOURCE_ATTRIBUTES"]
 
-        # A new secret reaches the instances started from then on.
+        # A new secret is what instances get from then on (at start, and running ones when they ask again).
         put = await p.admin.put(
             f"/v2/nvcf/secrets/telemetries/{traces}", {"secret": {"name": "traces-only", "value": "rotated-0004"}}
         )

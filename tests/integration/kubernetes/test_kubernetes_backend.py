@@ -358,7 +358,9 @@ async def test_function_secrets_are_mounted_from_the_instances_secret_and_kept_c
             assert mounts["secret-data"] == {"name": "secret-data", "mountPath": "/var/secrets", "readOnly": True}
             assert b"s3cr3t" not in json.dumps(pod).encode()
             worker_env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][-1]["env"]}
-            assert worker_env["SECRETS_REFRESH_INTERVAL"] == "0"  # the mount is read-only: the agent updates it
+            # The mount is read-only, the agent updates it: the worker has no file to write (it still asks
+            # every secrets_refresh, for its telemetry endpoints' secrets).
+            assert "SECRETS_FILE" not in worker_env and worker_env["FUNCTION_SECRETS_PRESENT"] == "false"
 
             # Rotated, and the account's first secret: the running instance's Secret follows (the kubelet
             # then swaps the mounted file), without a redeploy.

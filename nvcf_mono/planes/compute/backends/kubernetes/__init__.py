@@ -50,9 +50,10 @@ from nvcf_mono.planes.compute.backends.kubernetes.extensions import ExtensionFai
 from nvcf_mono.planes.compute.config import ClusterSettings, ComputeConfig, KubernetesSettings
 from nvcf_mono.planes.compute.gpus import Inventory, static_inventory
 from nvcf_mono.planes.compute.health import LaunchFailure, Observation
-from nvcf_mono.planes.compute.log_shipping import LogShipper, Put, logs_target, resource_of
+from nvcf_mono.planes.compute.log_shipping import LogShipper, Put, Renewal, logs_target, resource_of
 from nvcf_mono.planes.compute.log_stamps import Mark, StampedLines
 from nvcf_mono.reval.engine import RequestError, RevalRequest, Validator, ValidatorSettings
+from nvcf_mono.worker.secrets import ContractSource, fetch_secrets
 
 __all__ = ["KubernetesBackend", "KubernetesProvider"]
 
@@ -92,7 +93,7 @@ class KubeInstance:
     #: The pod's restarts, for the restart window.
     restarts: pod_health.RestartLog = attrs.field(factory=pod_health.RestartLog)
     #: Where its secrets come from, its Secret (namespace, name), and the secrets it holds (None: unknown).
-    secrets_source: _SecretsSource | None = None
+    secrets_source: ContractSource | None = None
     secret_ref: tuple[str, str] | None = None
     secrets_json: str | None = None
 
@@ -126,15 +127,6 @@ class HelmInstall:
     pending_since: float | None = None
     #: It was Running once: a failure now is Failed, before it InstallFailed.
     ran: bool = False
-
-
-@attrs.frozen(kw_only=True)
-class _SecretsSource:
-    grpc_address: str
-    worker_token: str
-    grpc_tls: bool = False
-    grpc_ca: str | None = None
-    grpc_address_file: str | None = None
 
 
 class Site:
@@ -348,7 +340,7 @@ class KubernetesBackend:
             task=manifests.is_task(spec.message),
             created_at=time.time(),
             seen=seen,
-            secrets_source=_secrets_source(spec),
+            secrets_source=ContractSource.of(spec.message.launch_specification.environment),
             secret_ref=(namespace, manifests.secret_name(spec.instance_id)),
         )
         self._held[inst.instance_id] = inst
@@ -435,16 +427,14 @@ class KubernetesBackend:
         contract = spec.message.launch_specification.environment
         if contract.get(env.FUNCTION_SECRETS_PRESENT, "false").lower() != "true":
             return None
-        from nvcf_mono.worker.agent import fetch_secrets
-
-        source = _secrets_source(spec)
+        source = ContractSource.of(contract)
         try:
-            values = await fetch_secrets(source)
+            fetched = await fetch_secrets(source)
         except Exception as err:  # grpclib's errors, OSError, a timeout: all mean "not now"
             raise _Refused(
                 states.FAILED, f"cannot fetch the instance's secrets from {source.grpc_address}: {err}"
             ) from err
-        return json.dumps(values, sort_keys=True)
+        return json.dumps(fetched.values, sort_keys=True)
 
     async def _keep_secrets_current(self, site: Site) -> None:
         """Every ``secrets_refresh``: each instance's secrets fetched again, its Secret updated when they changed
@@ -460,14 +450,12 @@ class KubernetesBackend:
                     tg.start_soon(self._refresh_secrets, site, inst, limiter)
 
     async def _refresh_secrets(self, site: Site, inst: KubeInstance, limiter: anyio.CapacityLimiter) -> None:
-        from nvcf_mono.worker.agent import fetch_secrets
-
         if inst.secrets_source is None or inst.secret_ref is None:
             return
         async with limiter:
             try:
                 with anyio.fail_after(site.settings.api_timeout):
-                    values = json.dumps(await fetch_secrets(inst.secrets_source), sort_keys=True)
+                    values = json.dumps((await fetch_secrets(inst.secrets_source)).values, sort_keys=True)
             except Exception as err:  # not now: the next round asks again
                 self._log.debug("instance %s: cannot fetch its secrets: %s", inst.instance_id, err)
                 return
@@ -745,7 +733,8 @@ class KubernetesBackend:
             await self._chart_lines(site, name, inst.helm.namespace, mark, put)
 
         produce = charts_pods if inst.helm is not None else one_container
-        self._shipper.follow(name, produce, target, resource_of(contract, name))
+        renewal = Renewal(ContractSource.of(contract), site.settings.secrets_refresh)
+        self._shipper.follow(name, produce, target, resource_of(contract, name), renewal=renewal)
 
     async def _chart_lines(self, site: Site, name: str, namespace: str, mark: Mark | None, put: Put) -> None:
         """Every container of the chart's pods in ``namespace`` (not the worker's own), followed as each pod
@@ -989,17 +978,6 @@ class _Refused(Exception):
     def __init__(self, cause: str, detail: str) -> None:
         super().__init__(detail)
         self.failure = LaunchFailure(cause=cause, detail=detail)
-
-
-def _secrets_source(spec: LaunchSpec) -> _SecretsSource:
-    """How the agent fetches an instance's secrets: as its worker would, with its token."""
-    contract = spec.message.launch_specification.environment
-    return _SecretsSource(
-        grpc_address=contract.get(env.NVCF_FQDN_GRPC, ""),
-        worker_token=contract.get(env.NVCF_WORKER_TOKEN, ""),
-        grpc_tls=contract.get(env.NVCF_FQDN_GRPC_TLS, "false").lower() == "true",
-        grpc_ca=contract.get(env.NVCF_FQDN_GRPC_CA) or None,
-    )
 
 
 def _kube(handle: object) -> KubeInstance:

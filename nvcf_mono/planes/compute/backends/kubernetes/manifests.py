@@ -216,13 +216,13 @@ def _worker_env(
             env.INFERENCE_READY_TIMEOUT: f"{ready_timeout:g}",
             env.BASE_ASSET_DIR: f"{DATA_DIR}/assets",
             env.BASE_RESPONSE_DIR: f"{DATA_DIR}/responses",
-            env.SECRETS_FILE: f"{SECRETS_DIR}/{SECRET_FILE_KEY}",
-            # The agent keeps the secrets in the instance's Secret (mounted, read-only): the worker neither
-            # fetches them nor rewrites the file.
+            # The agent keeps the secrets in the instance's Secret (mounted, read-only): the worker has no
+            # file to write. It still asks every secrets_refresh, for its telemetry endpoints' secrets.
             env.FUNCTION_SECRETS_PRESENT: "false",
-            env.SECRETS_REFRESH_INTERVAL: "0",
+            env.SECRETS_REFRESH_INTERVAL: f"{settings.secrets_refresh:g}",
         }
     )
+    values.pop(env.SECRETS_FILE, None)
     if is_task(spec.message):
         values.update(_task_paths())
     if telemetry_proxy:

@@ -45,10 +45,11 @@ from nvcf_mono.planes.compute.backends.local.users import InstanceUsers, Slot, r
 from nvcf_mono.planes.compute.config import HealthSettings, Image, LocalSettings
 from nvcf_mono.planes.compute.gpus import Inventory
 from nvcf_mono.planes.compute.health import Completion, LaunchFailure, Observation
-from nvcf_mono.planes.compute.log_shipping import LogShipper, logs_target, resource_of
+from nvcf_mono.planes.compute.log_shipping import LogShipper, Renewal, logs_target, resource_of
 from nvcf_mono.plugin import PluginConfigError
 from nvcf_mono.ports import spare_port
 from nvcf_mono.state_dir import write_private
+from nvcf_mono.worker.secrets import ContractSource
 
 INFERENCE, WORKER = "inference", "worker"
 LOGS = {INFERENCE: "inference.log", WORKER: "worker.log"}
@@ -315,7 +316,10 @@ class LocalBackend:
         target = logs_target(contract)
         if target is not None and self._shipper is not None:
             resource = resource_of(contract, inst.instance_id)
-            self._shipper.watch(inst.instance_id, inst.log_path(INFERENCE), target, resource, from_end=from_end)
+            renewal = Renewal(ContractSource.of(contract), self._local.secrets_refresh)
+            self._shipper.watch(
+                inst.instance_id, inst.log_path(INFERENCE), target, resource, from_end=from_end, renewal=renewal
+            )
 
     async def adopt(self, spec: LaunchSpec, recorded: AgentInstance) -> LocalInstance:
         inst = self._new_instance(spec, recorded.port, recorded.health_port)

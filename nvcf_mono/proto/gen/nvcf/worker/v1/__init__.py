@@ -224,6 +224,12 @@ class SecretsResponse(betterproto.Message):
     secrets_json: str = betterproto.string_field(1)
     """JSON object: name -> value (a string, or an object as given)."""
 
+    telemetry_exports_json: Optional[str] = betterproto.string_field(2, optional=True)
+    """
+    NVCF_TELEMETRY_EXPORTS as it is now (a telemetry's secret may have been replaced since the
+     instance started); unset: no telemetry endpoint, or a platform that does not say.
+    """
+
 
 @dataclass(eq=False, repr=False)
 class AssetRequest(betterproto.Message):

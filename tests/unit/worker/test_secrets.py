@@ -1,0 +1,74 @@
+"""Telemetry credentials renewed in place, and sent by the checked session with every request.
+
+The session test sends real requests to an HTTP server on 127.0.0.1 (allowed as an operator's network).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from nvcf_mono.contracts.egress import parse
+from nvcf_mono.contracts.telemetry import targets
+from nvcf_mono.egress_requests import checked_session
+from nvcf_mono.tracing import Credentials
+from nvcf_mono.worker.secrets import renew_credentials
+
+URL = "https://otel.example.com/v1/{}"
+
+
+def _exports(token: str, *, url: str = URL) -> str:
+    signal = {"headers": {"Authorization": f"Bearer {token}"}, "networks": []}
+    return json.dumps({s: {"url": url.format(s), **signal} for s in ("traces", "logs")})
+
+
+def test_only_the_credentials_of_the_same_endpoints_are_renewed() -> None:
+    exports = targets(_exports("old"))
+    assert renew_credentials(exports, _exports("old")) == []
+    assert renew_credentials(exports, _exports("new")) == ["traces", "logs"]
+    assert exports["logs"].credentials.current() == {"Authorization": "Bearer new"}
+    assert exports["logs"].headers == {"Authorization": "Bearer old"}  # what it started with, unchanged
+    # Another endpoint (never, as versions keep theirs), nothing, or something unreadable: kept as they are.
+    assert renew_credentials(exports, _exports("other", url="https://elsewhere.example.com/v1/{}")) == []
+    assert renew_credentials(exports, None) == []
+    assert renew_credentials(exports, '{"traces": 1}') == []
+    assert exports["traces"].credentials.current() == {"Authorization": "Bearer new"}
+
+
+@contextmanager
+def _server(seen: list[str]) -> Iterator[str]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            seen.append(self.headers.get("Authorization", ""))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/logs"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_the_checked_session_sends_the_current_credentials_over_the_exporters() -> None:
+    seen: list[str] = []
+    credentials = Credentials({"Authorization": "Bearer old"})
+    with _server(seen) as url, checked_session(parse(["127.0.0.0/8"]), credentials=credentials) as session:
+        # As the OpenTelemetry exporter sends: the headers it was made with, on each request.
+        made_with = {"authorization": "Bearer old"}
+        assert session.post(url, data=b"x", headers=made_with, timeout=5).status_code == 200
+        assert credentials.renew({"Authorization": "Bearer new"})
+        assert not credentials.renew({"Authorization": "Bearer new"})
+        assert session.post(url, data=b"x", headers=made_with, timeout=5).status_code == 200
+    assert seen == ["Bearer old", "Bearer new"]
