@@ -80,7 +80,7 @@ class _Adapter(HTTPAdapter):
         self.poolmanager.pool_classes_by_scheme = self._pools
 
     def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:
-        if self._credentials is not None:
+        if self._credentials is not None and self._credentials.belong(request.url or ""):
             # Last, over what the exporter was made with: a secret replaced since applies at once.
             request.headers.update(self._credentials.current())
         if self._proxy is not None:

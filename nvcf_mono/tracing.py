@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, final
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -49,16 +50,21 @@ class TracingUnavailable(RuntimeError):
 class Credentials:
     """The headers that authenticate to a receiver, renewed in place while exporters send with them (a
     telemetry endpoint's secret replaced while the instance runs). Replaced whole, never edited, so a
-    sender in another thread reads the old set or the new one.
+    sender in another thread reads the old set or the new one. ``url``: they go to its origin only.
     """
 
-    __slots__ = ("_headers",)
+    __slots__ = ("_headers", "_origin")
 
-    def __init__(self, headers: Mapping[str, str]) -> None:
+    def __init__(self, headers: Mapping[str, str], url: str) -> None:
         self._headers = dict(headers)
+        self._origin = _origin(url)
 
     def current(self) -> dict[str, str]:
         return dict(self._headers)
+
+    def belong(self, url: str) -> bool:
+        """Whether ``url`` is on the receiver's origin (scheme, host and port), where they may go."""
+        return _origin(url) == self._origin
 
     def renew(self, headers: Mapping[str, str]) -> bool:
         """Send with ``headers`` from now on; whether they differ from the current ones."""
@@ -84,7 +90,7 @@ class OtlpTarget:
     networks: tuple[str, ...] | None = None
     proxy: str | None = None
     credentials: Credentials = attrs.field(
-        default=attrs.Factory(lambda self: Credentials(self.headers), takes_self=True), eq=False, repr=False
+        default=attrs.Factory(lambda self: Credentials(self.headers, self.url), takes_self=True), eq=False, repr=False
     )
 
     def session(self) -> Any:
@@ -102,6 +108,15 @@ class OtlpTarget:
     def at(cls, endpoint: str, signal: str) -> OtlpTarget:
         """The receiver of ``signal`` (traces, metrics, logs) of the collector whose base URL is ``endpoint``."""
         return cls(f"{endpoint.rstrip('/')}/v1/{signal}")
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1  # never equal to a real one
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port or {"http": 80, "https": 443}.get(parts.scheme)
 
 
 def setup(

@@ -30,6 +30,17 @@ TOKEN = "tenant-OTLP-token-7"
 CLIENT_TRACE = "5bf92f3577b34da6a3ce929d0e0e4736"
 #: The receivers run on loopback, which the operator must allow (public addresses only, by default).
 LOOPBACK = {"plugins.control.telemetry_networks": '["127.0.0.0/8"]'}
+#: The echo server, printing a line every 0.3 s (its output, which the agent sends to the logs endpoint).
+CHATTY = json.dumps(
+    [
+        "{python}",
+        "-u",
+        "-c",
+        "import os, runpy, sys, threading, time; threading.Thread(target=lambda: [print('tick') or time.sleep(0.3)"
+        " for _ in iter(int, 1)], daemon=True).start(); sys.argv = ['echo', '--port', os.environ['PORT']];"
+        " runpy.run_module('nvcf_mono.testing.echo_server', run_name='__main__')",
+    ]
+)
 
 
 @attrs.define
@@ -213,10 +224,11 @@ async def test_a_replaced_secret_reaches_the_running_instances_exports(tmp_path:
     """PUT /v2/nvcf/secrets/telemetries/{id} while an instance runs: within the refresh interval its worker's
     exports and the agent sending its output carry the new token, without a restart.
     """
-    settings = {**LOOPBACK, "plugins.compute.local.secrets_refresh": "0.5"}
+    settings = {**LOOPBACK, "plugins.compute.local.secrets_refresh": "0.5", "images.chatty.command": CHATTY}
     async with otlp_receiver() as (url, got), compute_platform(tmp_path, **settings) as p:
         tid = await telemetry_endpoint(p.admin, url, "TRACES", "LOGS")
-        fid, _, d = await create(p.admin, function(telemetries={"tracesTelemetryId": tid, "logsTelemetryId": tid}))
+        chosen = {"tracesTelemetryId": tid, "logsTelemetryId": tid}
+        fid, _, d = await create(p.admin, function("chatty", containerImage="chatty", telemetries=chosen))
         await deploy(p.admin, d, spec())
         await wait_status(p.admin, d, "ACTIVE")
         assert (await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": "before"})).status == 200
@@ -234,15 +246,15 @@ async def test_a_replaced_secret_reaches_the_running_instances_exports(tmp_path:
                 r["auth"] == f"Bearer {rotated}" and r["resource"].get("service.name") == service for r in got.records
             )
 
-        # The worker's own log, and the server's output the agent sends (its lines of each call).
+        # The worker's own log (its lines about calls), and the server's output the agent sends.
         for i in range(40):
             reply = await p.key.post(f"/v2/nvcf/pexec/functions/{fid}", {"message": f"after-{i}"})
             assert reply.status == 200, reply.body
-            if await sent_with("nvcf-mono-worker") and await sent_with("echo"):
+            if await sent_with("nvcf-mono-worker") and await sent_with("chatty"):
                 break
             await anyio.sleep(0.5)
         await wait_for(lambda: sent_with("nvcf-mono-worker"), timeout=10, what="the worker's log with the new token")
-        await wait_for(lambda: sent_with("echo"), timeout=10, what="the server's output with the new token")
+        await wait_for(lambda: sent_with("chatty"), timeout=10, what="the server's output with the new token")
 
         async def traced() -> bool:
             return f"Bearer {rotated}" in got.auth_of.get("traces", set())

@@ -63,12 +63,15 @@ def _server(seen: list[str]) -> Iterator[str]:
 
 def test_the_checked_session_sends_the_current_credentials_over_the_exporters() -> None:
     seen: list[str] = []
-    credentials = Credentials({"Authorization": "Bearer old"})
-    with _server(seen) as url, checked_session(parse(["127.0.0.0/8"]), credentials=credentials) as session:
-        # As the OpenTelemetry exporter sends: the headers it was made with, on each request.
-        made_with = {"authorization": "Bearer old"}
-        assert session.post(url, data=b"x", headers=made_with, timeout=5).status_code == 200
-        assert credentials.renew({"Authorization": "Bearer new"})
-        assert not credentials.renew({"Authorization": "Bearer new"})
-        assert session.post(url, data=b"x", headers=made_with, timeout=5).status_code == 200
-    assert seen == ["Bearer old", "Bearer new"]
+    with _server(seen) as url, _server(seen) as elsewhere:
+        credentials = Credentials({"Authorization": "Bearer old"}, url)
+        with checked_session(parse(["127.0.0.0/8"]), credentials=credentials) as session:
+            # As the OpenTelemetry exporter sends: the headers it was made with, on each request.
+            made_with = {"authorization": "Bearer old"}
+            assert session.post(url, data=b"x", headers=made_with, timeout=5).status_code == 200
+            assert credentials.renew({"Authorization": "Bearer new"})
+            assert not credentials.renew({"Authorization": "Bearer new"})
+            assert session.post(url, data=b"x", headers=made_with, timeout=5).status_code == 200
+            # Only to the receiver's origin: another port of the same host gets none of it.
+            assert session.post(elsewhere, data=b"x", timeout=5).status_code == 200
+    assert seen == ["Bearer old", "Bearer new", ""]
