@@ -216,7 +216,9 @@ async def test_graceful_undeploy_waits_for_the_queue_to_drain(tmp_path: Path) ->
         await p.admin.post(d, {"deploymentSpecifications": [spec(1, 1)]})
         await wait_status(p.admin, d, "ACTIVE")
         region = p.host.settings.node.region
-        await p.bus.ensure_stream(stream_specs.request_stream(region, vid, max_msgs=100, max_msg_size=1024 * 1024))
+        await p.bus.ensure_stream(
+            stream_specs.request_stream(region, vid, max_msgs=100, max_msg_size=1024 * 1024, duplicate_window=30.0)
+        )
         queue = p.bus.stream(subjects.request_stream(region, vid))
         await queue.ensure_consumer(stream_specs.request_consumer(region, vid, ack_wait=30))
         await queue.publish(subjects.request_subject(region, vid, "r1"), b"{}", msg_id="r1")
