@@ -340,7 +340,8 @@ class LogShipper:
 
     async def _renew(self, w: _Watched, renewal: Renewal) -> None:
         """Ask for the instance's telemetry credentials every ``renewal.every`` seconds; a failed ask keeps
-        the current ones until the next.
+        the current ones until the next. (A backend that asks for the instance's secrets anyway passes
+        no renewal and calls :meth:`renew` with what it got.)
         """
         while True:
             await anyio.sleep(renewal.every)
@@ -349,10 +350,17 @@ class LogShipper:
             except Exception as err:  # grpclib's errors, OSError, a timeout: all mean "not now"
                 self._log.debug("instance %s: cannot ask for its telemetry credentials: %s", w.instance_id, err)
                 continue
-            if renew_credentials({"logs": w.target}, fetched.telemetry_exports):
-                self._log.info(
-                    "instance %s: its logs endpoint's secret was replaced: sending with the new one", w.instance_id
-                )
+            self.renew(w.instance_id, fetched.telemetry_exports)
+
+    def renew(self, instance_id: str, telemetry_exports: str | None) -> None:
+        """Send the instance's output with the logs credentials ``telemetry_exports`` (``NVCF_TELEMETRY_EXPORTS``
+        as the platform answers it now) names, from the next post on.
+        """
+        w = self._watched.get(instance_id)
+        if w is not None and renew_credentials({"logs": w.target}, telemetry_exports):
+            self._log.info(
+                "instance %s: its logs endpoint's secret was replaced: sending with the new one", instance_id
+            )
 
     async def _post(self, w: _Watched, lines: list[Line]) -> None:
         headers = {**w.target.credentials.current(), "Content-Type": "application/x-protobuf"}

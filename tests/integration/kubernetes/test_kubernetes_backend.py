@@ -382,13 +382,16 @@ async def test_the_function_containers_log_goes_to_its_logs_endpoint_once_across
     """The agent follows the inference container's log (timestamps on) and posts it as OTLP log records.
     A stream cut short is followed again from a little before its last line, whose earlier lines are
     not sent twice; a restarted container's new log is followed too. The worker's own log (the
-    ``utils`` container) is not the function's and is not sent.
+    ``utils`` container) is not the function's and is not sent. A secret replaced meanwhile is sent with from
+    the agent's next look at the instance's secrets on.
     """
     async with otlp_receiver() as (url, got), emulated_cluster(tmp_path) as kc:
         await gpu_nodes(kc)
-        async with compute_platform(tmp_path, [k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig)], **LOOPBACK) as p:
+        cluster = k8s_cluster("gpu-a", CLUSTER, kc.kubeconfig, secrets_refresh="0.5")
+        async with compute_platform(tmp_path, [cluster], **LOOPBACK) as p:
             await registered(p, CLUSTER, {"H100": 16, "L40S": 4})
-            chosen = {"logsTelemetryId": await telemetry_endpoint(p.admin, url, "LOGS")}
+            tid = await telemetry_endpoint(p.admin, url, "LOGS")
+            chosen = {"logsTelemetryId": tid}
             fid, _, d = await create(p.admin, function("on-k8s", containerImage=IMAGE, telemetries=chosen))
             await deploy(p.admin, d, spec("H100"))
             name = (await one_pod(kc))["metadata"]["name"]
@@ -431,6 +434,24 @@ async def test_the_function_containers_log_goes_to_its_logs_endpoint_once_across
                 what="the restarted container's line",
             )
 
+            # A new secret: the next lines go with it.
+            rotated = "tenant-OTLP-token-8"
+            got.tokens.add(rotated)
+            secret = {"secret": {"name": "collector", "value": rotated}}
+            assert (await p.admin.put(f"/v2/nvcf/secrets/telemetries/{tid}", secret)).status == 204
+            lines = 0
+
+            async def rotated_sent() -> bool:
+                nonlocal lines
+                if any(r["body"].startswith("rotated") and r["auth"] == f"Bearer {rotated}" for r in got.records):
+                    return True
+                lines += 1
+                kc.write_log(name, "inference", f"rotated {lines}")  # a line a round until one goes with it
+                await anyio.sleep(0.5)
+                return False
+
+            await wait_for(rotated_sent, timeout=20, what="a line after the rotation, with the new token")
+
             # Undeployed: the lines written before the pod went still go out; then the agent stops asking.
             kc.write_log(name, "inference", "shutting down")
             assert (await p.admin.delete(d)).status == 200
@@ -438,7 +459,8 @@ async def test_the_function_containers_log_goes_to_its_logs_endpoint_once_across
             asked = len(kc.server.log_requests)
             await anyio.sleep(2.5)
             assert len(kc.server.log_requests) == asked, "the agent still follows a released instance's log"
-            assert bodies().count("model loaded") == 1 and got.auth == {f"Bearer {TOKEN}"}
+            assert bodies().count("model loaded") == 1
+            assert got.auth == {f"Bearer {TOKEN}", f"Bearer {rotated}"}
 
 
 async def _last_is(bodies: list[str], line: str) -> bool:

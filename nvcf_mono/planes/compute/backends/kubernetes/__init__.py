@@ -50,7 +50,7 @@ from nvcf_mono.planes.compute.backends.kubernetes.extensions import ExtensionFai
 from nvcf_mono.planes.compute.config import ClusterSettings, ComputeConfig, KubernetesSettings
 from nvcf_mono.planes.compute.gpus import Inventory, static_inventory
 from nvcf_mono.planes.compute.health import LaunchFailure, Observation
-from nvcf_mono.planes.compute.log_shipping import LogShipper, Put, Renewal, logs_target, resource_of
+from nvcf_mono.planes.compute.log_shipping import LogShipper, Put, logs_target, resource_of
 from nvcf_mono.planes.compute.log_stamps import Mark, StampedLines
 from nvcf_mono.reval.engine import RequestError, RevalRequest, Validator, ValidatorSettings
 from nvcf_mono.worker.secrets import ContractSource, fetch_secrets
@@ -455,10 +455,13 @@ class KubernetesBackend:
         async with limiter:
             try:
                 with anyio.fail_after(site.settings.api_timeout):
-                    values = json.dumps((await fetch_secrets(inst.secrets_source)).values, sort_keys=True)
+                    fetched = await fetch_secrets(inst.secrets_source)
             except Exception as err:  # not now: the next round asks again
                 self._log.debug("instance %s: cannot fetch its secrets: %s", inst.instance_id, err)
                 return
+            if self._shipper is not None:  # the same answer renews what its output is sent with
+                self._shipper.renew(inst.instance_id, fetched.telemetry_exports)
+            values = json.dumps(fetched.values, sort_keys=True)
             if values == inst.secrets_json:
                 return
             namespace, name = inst.secret_ref
@@ -733,8 +736,8 @@ class KubernetesBackend:
             await self._chart_lines(site, name, inst.helm.namespace, mark, put)
 
         produce = charts_pods if inst.helm is not None else one_container
-        renewal = Renewal(ContractSource.of(contract), site.settings.secrets_refresh)
-        self._shipper.follow(name, produce, target, resource_of(contract, name), renewal=renewal)
+        # Its credentials are renewed by _refresh_secrets, which asks for the instance's secrets anyway.
+        self._shipper.follow(name, produce, target, resource_of(contract, name))
 
     async def _chart_lines(self, site: Site, name: str, namespace: str, mark: Mark | None, put: Put) -> None:
         """Every container of the chart's pods in ``namespace`` (not the worker's own), followed as each pod
