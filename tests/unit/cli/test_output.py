@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import io
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from nvcf_mono.cli import main
 from nvcf_mono.cli.context import CliContext
 from nvcf_mono.cli.output import cell, fields, table
+from tests.support.http_thread import QuietHandler, serving
 
 
 def _ctx() -> tuple[CliContext, io.StringIO]:
@@ -41,7 +40,7 @@ def test_a_servers_error_text_is_shown_not_obeyed() -> None:
     """An error's detail may be a shared function's own text, read by a caller of another account."""
     detail = "no such\x1b[2J\x1b]0;pwned\x07 thing\nsecond line"
 
-    class Problem(BaseHTTPRequestHandler):
+    class Problem(QuietHandler):
         def do_GET(self) -> None:
             body = json.dumps({"status": 404, "title": "Not Found", "detail": detail}).encode()
             self.send_response(404)
@@ -50,25 +49,15 @@ def test_a_servers_error_text_is_shown_not_obeyed() -> None:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, *_: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Problem)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(Problem) as url:
         err = io.StringIO()
         ctx = CliContext(
-            environ={"NVCF_API_URL": f"http://127.0.0.1:{server.server_port}", "NVCF_TOKEN": "t"},
+            environ={"NVCF_API_URL": url, "NVCF_TOKEN": "t"},
             stdout=io.StringIO(),
             stderr=err,
             run_host=lambda *_: 1,
         )
         assert main(["function", "get", "fid"], ctx) == 1
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
     printed = err.getvalue()
     assert "\x1b" not in printed and "\x07" not in printed
     assert "no such\\x1b[2J\\x1b]0;pwned\\x07 thing" in printed

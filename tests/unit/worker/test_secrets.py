@@ -6,16 +6,15 @@ The session test sends real requests to an HTTP server on 127.0.0.1 (allowed as 
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from nvcf_mono.contracts.egress import parse
 from nvcf_mono.contracts.telemetry import targets
 from nvcf_mono.egress_requests import checked_session
 from nvcf_mono.tracing import Credentials
 from nvcf_mono.worker.secrets import renew_credentials
+from tests.support.http_thread import QuietHandler, serving
 
 URL = "https://otel.example.com/v1/{}"
 
@@ -40,25 +39,17 @@ def test_only_the_credentials_of_the_same_endpoints_are_renewed() -> None:
 
 @contextmanager
 def _server(seen: list[str]) -> Iterator[str]:
-    class Handler(BaseHTTPRequestHandler):
+    """A receiver that notes each request's Authorization header; its URL."""
+
+    class Handler(QuietHandler):
         def do_POST(self) -> None:
             seen.append(self.headers.get("Authorization", ""))
             self.send_response(200)
             self.send_header("Content-Length", "0")
             self.end_headers()
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1/logs"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serving(Handler) as base:
+        yield f"{base}/v1/logs"
 
 
 def test_the_checked_session_sends_the_current_credentials_over_the_exporters() -> None:
